@@ -1,0 +1,160 @@
+//! Convenience for users: leases instead of raw grants, fenced writes from a lease, metrics
+//! and tracing around both.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use tracing::{Instrument, warn};
+
+use crate::error::{ErrorKind, Result};
+use crate::{Fence, Fenced, FencedStore, Lease, LockService, ResourceKey, Ttl, WriteBatch, metrics};
+
+/// What users call on a lock service: leases with a lifecycle, plus metrics and tracing.
+///
+/// Implemented for every `Arc<S>` where `S: LockService`, including
+/// `Arc<dyn LockService<Fencing = Fenced>>`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use palisade_core::{LockServiceExt, MemoryLockService, ResourceKey};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> palisade_core::Result<()> {
+/// let locks = Arc::new(MemoryLockService::new());
+/// let key = ResourceKey::new("alloc", "WH-01")?;
+/// let lease = locks.lock(&key, Duration::from_secs(30), Duration::from_secs(5)).await?;
+/// assert!(locks.try_lock(&key, Duration::from_secs(30)).await?.is_none()); // held
+/// let fence = lease.fence();
+/// lease.release().await?;
+/// let next = locks.try_lock(&key, Duration::from_secs(30)).await?.expect("free again");
+/// assert!(next.fence() > fence);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait LockServiceExt {
+    /// The service the leases come from.
+    type Service: LockService + ?Sized;
+
+    /// Takes the lock if it is free, without waiting; `Ok(None)` if it is held.
+    /// `ttl` is validated ([`Ttl::new`]).
+    async fn try_lock(&self, key: &ResourceKey, ttl: Duration) -> Result<Option<Lease<Self::Service>>>;
+
+    /// Takes the lock, waiting up to `wait`; [`ErrorKind::Timeout`] if it does not come free.
+    /// `ttl` and `wait` are validated.
+    async fn lock(&self, key: &ResourceKey, ttl: Duration, wait: Duration) -> Result<Lease<Self::Service>>;
+}
+
+#[async_trait]
+impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
+    type Service = S;
+
+    async fn try_lock(&self, key: &ResourceKey, ttl: Duration) -> Result<Option<Lease<S>>> {
+        let ttl = Ttl::new(ttl)?;
+        let backend = self.backend();
+        let started = Instant::now();
+        let span = tracing::debug_span!("lock.try_acquire", backend, key = %key);
+        match (**self).try_acquire(key, ttl).instrument(span).await {
+            Ok(Some(grant)) => {
+                metrics::record_acquire(backend, "acquired", Some(started.elapsed()));
+                Ok(Some(Lease::new(Arc::clone(self), grant)))
+            }
+            Ok(None) => {
+                metrics::record_acquire(backend, "busy", None);
+                Ok(None)
+            }
+            Err(e) => {
+                metrics::record_acquire(backend, "error", None);
+                Err(e)
+            }
+        }
+    }
+
+    async fn lock(&self, key: &ResourceKey, ttl: Duration, wait: Duration) -> Result<Lease<S>> {
+        let ttl = Ttl::new(ttl)?;
+        crate::validate_wait(wait)?;
+        let backend = self.backend();
+        let started = Instant::now();
+        let span = tracing::debug_span!("lock.acquire", backend, key = %key);
+        match (**self).acquire(key, ttl, wait).instrument(span).await {
+            Ok(grant) => {
+                metrics::record_acquire(backend, "acquired", Some(started.elapsed()));
+                Ok(Lease::new(Arc::clone(self), grant))
+            }
+            Err(e) => {
+                let outcome = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
+                metrics::record_acquire(backend, outcome, None);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What users call on a fenced store: writes that take their fence from a lease.
+///
+/// Implemented for every [`FencedStore`], including `dyn FencedStore` and `Arc`s of them.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use palisade_core::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, MemoryFencedStore,
+///                     MemoryLockService, ResourceKey, WriteBatch};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> palisade_core::Result<()> {
+/// let locks = Arc::new(MemoryLockService::new());
+/// let store = MemoryFencedStore::new();
+/// let key = ResourceKey::new("alloc", "WH-01")?;
+///
+/// let old = locks.lock(&key, Duration::from_millis(20), Duration::from_secs(1)).await?;
+/// tokio::time::sleep(Duration::from_millis(40)).await;             // a "GC pause" past the TTL
+/// let new = locks.lock(&key, Duration::from_secs(30), Duration::from_secs(1)).await?;
+/// store.write(&new, &WriteBatch::new().put("stock/WH-01", b"9".to_vec())).await?;
+///
+/// let err = store.write(&old, &WriteBatch::new().put("stock/WH-01", b"8".to_vec())).await.unwrap_err();
+/// assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }));
+/// assert_eq!(store.read("stock/WH-01").await?.unwrap().value, b"9");
+/// # Ok(()) }
+/// ```
+///
+/// A lease of an unfenced service (Redlock) cannot be written with:
+///
+/// ```compile_fail
+/// use palisade_core::{FencedStoreExt, Lease, LockService, MemoryFencedStore, Unfenced, WriteBatch};
+/// async fn stale<S: LockService<Fencing = Unfenced>>(store: &MemoryFencedStore, lease: &Lease<S>) {
+///     store.write(lease, &WriteBatch::new()).await; // expected `Fenced`, found `Unfenced`
+/// }
+/// ```
+#[async_trait]
+pub trait FencedStoreExt: FencedStore {
+    /// Applies `batch` under the lease's resource and fence (see [`FencedStore::apply`]).
+    ///
+    /// The write goes to the store even if the lease is known to be lost: the store, not
+    /// the local clock, is the judge (fencing rule 6). A stale fence is counted in
+    /// `lock_fence_rejected_total` and logged.
+    async fn write<S>(&self, lease: &Lease<S>, batch: &WriteBatch) -> Result<()>
+    where
+        S: LockService<Fencing = Fenced> + ?Sized,
+    {
+        self.write_fenced(lease.key(), lease.fence(), batch).await
+    }
+
+    /// [`FencedStore::apply`] with metrics and tracing, for callers holding a raw fence
+    /// (a fence passed to another process, for example).
+    async fn write_fenced(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+        let store = self.backend();
+        let span = tracing::debug_span!("store.fenced_write", store, resource = %resource, fence = fence.get());
+        let result = self.apply(resource, fence, batch).instrument(span).await;
+        if let Err(e) = &result {
+            if let Some((presented, current)) = e.stale_fence_details() {
+                metrics::record_fence_rejected(store);
+                warn!(store, resource = %resource, %presented, %current, "stale fence rejected");
+            }
+        }
+        result
+    }
+}
+
+impl<T: FencedStore + ?Sized> FencedStoreExt for T {}

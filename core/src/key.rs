@@ -1,0 +1,170 @@
+//! Resource keys: what a lock protects.
+
+use std::fmt;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The longest domain a [`ResourceKey`] accepts, in bytes.
+pub const MAX_DOMAIN_LEN: usize = 64;
+/// The longest id a [`ResourceKey`] accepts, in bytes.
+pub const MAX_ID_LEN: usize = 192;
+
+/// The name of a resource a lock protects: a domain (the kind of thing, `alloc`) and an id (which
+/// one, `WH-01`).
+///
+/// Both parts are validated on construction: non-empty, at most [`MAX_DOMAIN_LEN`] /
+/// [`MAX_ID_LEN`] bytes, and only ASCII letters, digits, `-`, `_` and `.`. The character set
+/// keeps keys safe in every backend's key space: no `:` (our separator), no `{`/`}` (Redis
+/// Cluster hash tags), no `/` (etcd and ZooKeeper paths), no whitespace or control characters
+/// an operator could not type into `redis-cli`.
+///
+/// ```
+/// use palisade_core::ResourceKey;
+///
+/// let key = ResourceKey::new("alloc", "WH-01")?;
+/// assert_eq!(key.lock_key(), "lock:{alloc:WH-01}");
+/// assert_eq!(key.fence_key(), "fence:{alloc:WH-01}");
+/// assert!(ResourceKey::new("alloc", "").is_err());
+/// assert!(ResourceKey::new("alloc", "a b").is_err());
+/// # Ok::<(), palisade_core::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResourceKey {
+    domain: String,
+    id: String,
+}
+
+impl ResourceKey {
+    /// Validates and builds a key. Bad input is an [`ErrorKind::InvalidKey`] error, never a panic.
+    pub fn new(domain: impl Into<String>, id: impl Into<String>) -> Result<Self> {
+        let domain = domain.into();
+        let id = id.into();
+        validate_part("domain", &domain, MAX_DOMAIN_LEN)?;
+        validate_part("id", &id, MAX_ID_LEN)?;
+        Ok(ResourceKey { domain, id })
+    }
+
+    /// Parses the `domain:id` form that [`Display`](fmt::Display) prints.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.split_once(':') {
+            Some((domain, id)) => ResourceKey::new(domain, id),
+            None => Err(Error::new(
+                ErrorKind::InvalidKey,
+                "core",
+                format!("resource key {:?} is not of the form domain:id", truncate(s)),
+            )),
+        }
+    }
+
+    /// The kind of resource (`alloc`).
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// Which resource of that kind (`WH-01`).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The lock key as it appears in a key-value server: `lock:{domain:id}`.
+    ///
+    /// The braces are a Redis Cluster hash tag: the lock key and the fence key hash to the same
+    /// slot, so one script may touch both atomically (fencing rule 4).
+    pub fn lock_key(&self) -> String {
+        format!("lock:{{{}:{}}}", self.domain, self.id)
+    }
+
+    /// The fence counter key as it appears in a key-value server: `fence:{domain:id}`.
+    pub fn fence_key(&self) -> String {
+        format!("fence:{{{}:{}}}", self.domain, self.id)
+    }
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
+fn validate_part(what: &str, value: &str, max: usize) -> Result<()> {
+    let invalid = |why: String| Err(Error::new(ErrorKind::InvalidKey, "core", why));
+    if value.is_empty() {
+        return invalid(format!("resource key {what} is empty"));
+    }
+    if value.len() > max {
+        return invalid(format!(
+            "resource key {what} is {} bytes long; at most {max} are allowed",
+            value.len()
+        ));
+    }
+    if let Some(bad) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return invalid(format!(
+            "resource key {what} {:?} contains {bad:?}; only ASCII letters, digits, '-', '_' and '.' are allowed",
+            truncate(value)
+        ));
+    }
+    Ok(())
+}
+
+impl fmt::Display for ResourceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.domain, self.id)
+    }
+}
+
+impl fmt::Debug for ResourceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ResourceKey({self})")
+    }
+}
+
+impl std::str::FromStr for ResourceKey {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        ResourceKey::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_seed_key_and_renders_layout() {
+        let k = ResourceKey::new("alloc", "WH-01").unwrap();
+        assert_eq!(k.to_string(), "alloc:WH-01");
+        assert_eq!(k.lock_key(), "lock:{alloc:WH-01}");
+        assert_eq!(k.fence_key(), "fence:{alloc:WH-01}");
+        assert_eq!(ResourceKey::parse("alloc:WH-01").unwrap(), k);
+    }
+
+    #[test]
+    fn rejects_bad_parts_with_invalid_key() {
+        let long_id = "x".repeat(MAX_ID_LEN + 1);
+        let long_domain = "d".repeat(MAX_DOMAIN_LEN + 1);
+        let cases: Vec<(&str, &str)> = vec![
+            ("", "a"),
+            ("a", ""),
+            ("a:b", "c"),
+            ("a", "b:c"),
+            ("a", "{tag}"),
+            ("a", "x/y"),
+            ("a", "white space"),
+            ("a", "ünïcode"),
+            ("a", "nul\0"),
+            ("a", &long_id),
+            (&long_domain, "a"),
+        ];
+        for (d, i) in cases {
+            let err = ResourceKey::new(d, i).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidKey, "{d:?}/{i:?}");
+        }
+        assert_eq!(ResourceKey::parse("nocolon").unwrap_err().kind(), ErrorKind::InvalidKey);
+    }
+
+    #[test]
+    fn length_bounds_are_inclusive() {
+        assert!(ResourceKey::new("d".repeat(MAX_DOMAIN_LEN), "x".repeat(MAX_ID_LEN)).is_ok());
+    }
+}

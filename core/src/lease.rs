@@ -1,0 +1,322 @@
+//! The lease a caller holds: a grant plus its local lifecycle.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, warn};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::renewal::{Progress, Renewal};
+use crate::{Fence, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, metrics};
+
+/// A held lock: the grant, its fence, its local deadline, and a signal that fires if it is lost.
+///
+/// Get one from [`LockServiceExt::try_lock`](crate::LockServiceExt::try_lock) or
+/// [`lock`](crate::LockServiceExt::lock). Carry [`Lease::fence`] into every write the lock
+/// protects ([`FencedStoreExt::write`](crate::FencedStoreExt::write) does it for you).
+///
+/// # The local deadline is a hint, not safety
+///
+/// [`safe_until`](Lease::safe_until) and [`lost`](Lease::lost) are computed from the local
+/// monotonic clock and whatever the backend reports. They save wasted work; they cannot
+/// stop a paused process from waking up and writing. Only the fenced store can, which is why
+/// writes go through it.
+///
+/// # Release on drop is not immediate!
+///
+/// Dropping a lease without calling [`release`](Lease::release) spawns a best-effort release
+/// on the current Tokio runtime and returns at once: the lock may stay held for a moment
+/// after the drop, or until its TTL if the runtime is shutting down or the release fails.
+/// Call `release().await` when you want to know that the lock is free.
+pub struct Lease<S: LockService + ?Sized> {
+    shared: Arc<LeaseShared<S>>,
+    released: bool,
+}
+
+/// What the lease, its watchdog and its renewal task share.
+pub(crate) struct LeaseShared<S: LockService + ?Sized> {
+    pub(crate) service: Arc<S>,
+    pub(crate) grant: Grant<S::Fencing>,
+    timing: Mutex<Timing>,
+    changed: Notify,
+    /// Fires when the lease is lost; never fires after a release.
+    lost: CancellationToken,
+    /// Fires when the lease is released (or dropped): stops the watchdog and renewals.
+    done: CancellationToken,
+}
+
+#[derive(Clone, Copy)]
+struct Timing {
+    deadline: Instant,
+    ttl: Ttl,
+}
+
+impl<S: LockService + ?Sized> LeaseShared<S> {
+    fn timing(&self) -> Timing {
+        *self.timing.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn ttl(&self) -> Ttl {
+        self.timing().ttl
+    }
+
+    pub(crate) fn done(&self) -> &CancellationToken {
+        &self.done
+    }
+
+    pub(crate) fn lost_token(&self) -> &CancellationToken {
+        &self.lost
+    }
+
+    /// Fires the lost signal once, with a reason for the log.
+    pub(crate) fn mark_lost(&self, why: &str) {
+        if self.done.is_cancelled() || self.lost.is_cancelled() {
+            return;
+        }
+        warn!(
+            backend = self.service.backend(),
+            key = %self.grant.key(),
+            reason = why,
+            "lock lease lost"
+        );
+        metrics::record_lost(self.service.backend());
+        self.lost.cancel();
+    }
+
+    /// Extends on the backend and moves the local deadline. Refuses locally once lost.
+    pub(crate) async fn extend(&self, ttl: Ttl) -> Result<()> {
+        let backend = self.service.backend();
+        if self.lost.is_cancelled() {
+            return Err(Error::new(ErrorKind::LeaseLost, backend, "lease already lost; not extending"));
+        }
+        if self.done.is_cancelled() {
+            return Err(Error::new(ErrorKind::NotHolder, backend, "lease already released"));
+        }
+        let sent_at = Instant::now();
+        if sent_at >= self.timing().deadline {
+            self.mark_lost("deadline passed before extend");
+            return Err(Error::new(ErrorKind::LeaseLost, backend, "lease deadline passed; not extending"));
+        }
+        let span = tracing::debug_span!("lock.extend", backend, key = %self.grant.key());
+        match self.service.extend(&self.grant, ttl).instrument(span).await {
+            Ok(()) => {
+                {
+                    let mut t = self.timing.lock().unwrap_or_else(PoisonError::into_inner);
+                    t.deadline = sent_at + ttl.get();
+                    t.ttl = ttl;
+                }
+                self.changed.notify_one();
+                Ok(())
+            }
+            Err(e) => {
+                if e.kind() == ErrorKind::NotHolder {
+                    self.mark_lost("backend says we no longer hold the lock");
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Fires `lost` at the local deadline (moved by extensions) or when the backend reports loss.
+async fn watchdog<S: LockService + ?Sized>(shared: Arc<LeaseShared<S>>) {
+    let backend_lost = shared.grant.lost_token().clone();
+    loop {
+        let deadline = shared.timing().deadline;
+        tokio::select! {
+            _ = shared.done.cancelled() => return,
+            _ = shared.lost.cancelled() => return,
+            _ = backend_lost.cancelled() => {
+                shared.mark_lost("backend reported the lease lost");
+                return;
+            }
+            _ = shared.changed.notified() => continue,
+            _ = tokio::time::sleep_until(deadline) => {
+                if Instant::now() >= shared.timing().deadline {
+                    shared.mark_lost("TTL elapsed without a successful extension");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl<S: LockService + ?Sized> Lease<S> {
+    /// Wraps a fresh grant in a lease and starts its deadline watchdog.
+    ///
+    /// Must be called inside a Tokio runtime. Users get leases from
+    /// [`LockServiceExt`](crate::LockServiceExt); backend authors rarely call this directly.
+    pub fn new(service: Arc<S>, grant: Grant<S::Fencing>) -> Self {
+        let timing = Timing {
+            deadline: grant.requested_at() + grant.ttl().get(),
+            ttl: grant.ttl(),
+        };
+        let shared = Arc::new(LeaseShared {
+            service,
+            grant,
+            timing: Mutex::new(timing),
+            changed: Notify::new(),
+            lost: CancellationToken::new(),
+            done: CancellationToken::new(),
+        });
+        tokio::spawn(watchdog(Arc::clone(&shared)));
+        Lease { shared, released: false }
+    }
+
+    /// The locked resource.
+    pub fn key(&self) -> &ResourceKey {
+        self.shared.grant.key()
+    }
+
+    /// The holder's owner token.
+    pub fn token(&self) -> OwnerToken {
+        self.shared.grant.token()
+    }
+
+    /// The underlying grant.
+    pub fn grant(&self) -> &Grant<S::Fencing> {
+        &self.shared.grant
+    }
+
+    /// The service that granted the lease.
+    pub fn service(&self) -> &Arc<S> {
+        &self.shared.service
+    }
+
+    /// The TTL of the latest successful acquisition or extension.
+    pub fn ttl(&self) -> Ttl {
+        self.shared.ttl()
+    }
+
+    /// When the lease expires by the local monotonic clock: the time the last acquire or
+    /// extend request was *sent*, plus its TTL. The server's own expiry is no earlier.
+    pub fn deadline(&self) -> Instant {
+        self.shared.timing().deadline
+    }
+
+    /// The deadline minus a clock-drift margin ([`Ttl::drift_margin`]): finish or abandon
+    /// protected work before this instant. Once the lease is lost it is the moment of loss
+    /// at the latest.
+    pub fn safe_until(&self) -> Instant {
+        let t = self.shared.timing();
+        t.deadline.checked_sub(t.ttl.drift_margin()).unwrap_or(t.deadline)
+    }
+
+    /// How long until [`safe_until`](Lease::safe_until); zero once lost or past it.
+    pub fn time_left(&self) -> Duration {
+        if self.is_lost() {
+            return Duration::ZERO;
+        }
+        self.safe_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the lease is known to be lost (deadline passed, backend reported loss, or a
+    /// renewal failed).
+    pub fn is_lost(&self) -> bool {
+        self.shared.lost.is_cancelled()
+    }
+
+    /// A future that completes when the lease is lost. It never completes after a release.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.shared.lost.clone().cancelled_owned()
+    }
+
+    /// A token cancelled when the lease is lost (a child token: cancelling it does not mark
+    /// the lease lost).
+    pub fn lost_token(&self) -> CancellationToken {
+        self.shared.lost.child_token()
+    }
+
+    /// Extends the lease so it expires `ttl` from now.
+    ///
+    /// Refuses with [`ErrorKind::LeaseLost`] without contacting the backend once the lease is
+    /// known to be lost; a [`ErrorKind::NotHolder`] from the backend marks it lost.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        self.shared.extend(Ttl::new(ttl)?).await
+    }
+
+    /// Releases the lock and waits for the backend to confirm.
+    ///
+    /// Returns [`ErrorKind::NotHolder`] if the lock was no longer ours (it expired and maybe
+    /// was taken over): whatever the lease protected may have been done by someone else.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.shared.done.cancel();
+        let backend = self.shared.service.backend();
+        let span = tracing::debug_span!("lock.release", backend, key = %self.key());
+        self.shared.service.release(&self.shared.grant).instrument(span).await
+    }
+
+    /// Keeps the lease alive while `progress` keeps moving: the seed's "extend only when a
+    /// heartbeat proves forward progress; never renew on a timer alone".
+    ///
+    /// Every third of the TTL the renewal task compares `progress` with what it saw last time.
+    /// If it moved, it extends the lease by its TTL. If it stalled, it does not extend, so a
+    /// hung handler loses the lease within one TTL. A failed extension is logged at error
+    /// level, counted in `lock_renew_failed_total`, and fires the lost signal.
+    ///
+    /// The task stops when the returned [`Renewal`] is stopped or dropped, the lease is
+    /// released, or the lease is lost.
+    pub fn renew_on_progress(&self, progress: &Progress) -> Renewal {
+        let every = (self.ttl().get() / 3).max(Duration::from_millis(1));
+        self.renew_on_progress_every(progress, every)
+    }
+
+    /// [`renew_on_progress`](Lease::renew_on_progress) with an explicit check interval
+    /// (it should be well under the TTL).
+    pub fn renew_on_progress_every(&self, progress: &Progress, every: Duration) -> Renewal {
+        Renewal::start(Arc::clone(&self.shared), progress.clone(), every)
+    }
+}
+
+impl<S: LockService<Fencing = Fenced> + ?Sized> Lease<S> {
+    /// The fence issued with this grant: carry it into every write the lock protects.
+    ///
+    /// Only leases of fenced services have one. An efficiency lock's lease does not, so it
+    /// cannot be used for a fenced write:
+    ///
+    /// ```compile_fail
+    /// use palisade_core::{Lease, LockService, Unfenced};
+    /// fn fence_of<S: LockService<Fencing = Unfenced>>(lease: &Lease<S>) {
+    ///     let _ = lease.fence(); // no method `fence` on a lease of an unfenced service
+    /// }
+    /// ```
+    pub fn fence(&self) -> Fence {
+        self.shared.grant.fence()
+    }
+}
+
+impl<S: LockService + ?Sized> Drop for Lease<S> {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.shared.done.cancel();
+        let shared = Arc::clone(&self.shared);
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    if let Err(e) = shared.service.release(&shared.grant).await {
+                        debug!(key = %shared.grant.key(), error = %e, "release on drop failed");
+                    }
+                });
+            }
+            Err(_) => debug!(key = %self.key(), "lease dropped outside a runtime; it will expire at its TTL"),
+        }
+    }
+}
+
+impl<S: LockService + ?Sized> fmt::Debug for Lease<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("backend", &self.shared.service.backend())
+            .field("grant", &self.shared.grant)
+            .field("lost", &self.is_lost())
+            .finish_non_exhaustive()
+    }
+}

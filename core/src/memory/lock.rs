@@ -1,0 +1,225 @@
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::service::timeout_error;
+use crate::{
+    Capabilities, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting,
+    validate_wait,
+};
+
+const BACKEND: &str = "memory";
+
+/// An in-process lock service: a mutex-protected table of holders and per-resource fence
+/// counters.
+///
+/// Fences are gap-free per resource and survive release and expiry, but not the process.
+/// Waiters are woken on release (not FIFO). Share one instance (behind an `Arc`) among the
+/// tasks that contend.
+#[derive(Debug, Default)]
+pub struct MemoryLockService {
+    slots: Mutex<HashMap<ResourceKey, Slot>>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    holder: Option<Holder>,
+    last_fence: u64,
+    released: Arc<Notify>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Holder {
+    token: OwnerToken,
+    expires: Instant,
+}
+
+enum Attempt {
+    Granted(Grant<Fenced>),
+    Held { until: Instant, released: Arc<Notify> },
+}
+
+impl MemoryLockService {
+    /// An empty service.
+    pub fn new() -> Self {
+        MemoryLockService::default()
+    }
+
+    /// The last fence issued for `key`, if any (for tests and diagnostics).
+    pub fn last_fence(&self, key: &ResourceKey) -> Option<Fence> {
+        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        slots.get(key).filter(|s| s.last_fence > 0).map(|s| Fence::new(s.last_fence))
+    }
+
+    fn attempt(&self, key: &ResourceKey, ttl: Ttl) -> Result<Attempt> {
+        let requested_at = Instant::now();
+        let token = OwnerToken::generate()?;
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = slots.entry(key.clone()).or_default();
+        let now = Instant::now();
+        if let Some(holder) = slot.holder.filter(|h| h.expires > now) {
+            return Ok(Attempt::Held {
+                until: holder.expires,
+                released: Arc::clone(&slot.released),
+            });
+        }
+        let fence = slot
+            .last_fence
+            .checked_add(1)
+            .ok_or_else(|| Error::new(ErrorKind::Backend, BACKEND, "fence counter exhausted"))?;
+        slot.last_fence = fence;
+        slot.holder = Some(Holder {
+            token,
+            expires: now + ttl.get(),
+        });
+        Ok(Attempt::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
+    }
+
+    fn with_own_slot<T>(&self, grant: &Grant<Fenced>, f: impl FnOnce(&mut Slot, Instant) -> T) -> Result<T> {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        match slots.get_mut(grant.key()) {
+            Some(slot) if slot.holder.is_some_and(|h| h.token == grant.token() && h.expires > now) => {
+                Ok(f(slot, now))
+            }
+            _ => Err(Error::new(
+                ErrorKind::NotHolder,
+                BACKEND,
+                format!("lock {} is not held by this owner token", grant.key()),
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl LockService for MemoryLockService {
+    type Fencing = Fenced;
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fence_source: FenceSource::Counter,
+            fences_survive_release: true,
+            fences_survive_restart: false,
+            gap_free: true,
+            waiting: Waiting::Native,
+        }
+    }
+
+    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
+        match self.attempt(key, ttl)? {
+            Attempt::Granted(grant) => Ok(Some(grant)),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        validate_wait(wait)?;
+        let give_up = Instant::now() + wait;
+        loop {
+            let (until, released) = match self.attempt(key, ttl)? {
+                Attempt::Granted(grant) => return Ok(grant),
+                Attempt::Held { until, released } => (until, released),
+            };
+            // Register before re-checking the clock so a release in between is not missed.
+            let notified = released.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if Instant::now() >= give_up {
+                return Err(timeout_error(BACKEND, key, wait));
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(until.min(give_up)) => {}
+            }
+        }
+    }
+
+    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> {
+        self.with_own_slot(grant, |slot, now| {
+            slot.holder = Some(Holder {
+                token: grant.token(),
+                expires: now + ttl.get(),
+            });
+        })
+    }
+
+    async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
+        self.with_own_slot(grant, |slot, _| {
+            slot.holder = None;
+            slot.released.notify_waiters();
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> ResourceKey {
+        ResourceKey::new("alloc", "WH-01").unwrap()
+    }
+
+    #[tokio::test]
+    async fn grants_exclusively_with_gap_free_fences() {
+        let svc = MemoryLockService::new();
+        let ttl = Ttl::from_millis(10_000).unwrap();
+        let g1 = svc.try_acquire(&key(), ttl).await.unwrap().unwrap();
+        assert!(svc.try_acquire(&key(), ttl).await.unwrap().is_none());
+        svc.release(&g1).await.unwrap();
+        let g2 = svc.try_acquire(&key(), ttl).await.unwrap().unwrap();
+        assert_eq!(g1.fence().get() + 1, g2.fence().get());
+        assert_eq!(svc.last_fence(&key()), Some(g2.fence()));
+    }
+
+    #[tokio::test]
+    async fn only_the_owner_releases_or_extends() {
+        let svc = MemoryLockService::new();
+        let ttl = Ttl::from_millis(10_000).unwrap();
+        let mine = svc.try_acquire(&key(), ttl).await.unwrap().unwrap();
+        let forged = Grant::<Fenced>::new(key(), OwnerToken::generate().unwrap(), mine.fence(), ttl, Instant::now());
+        assert_eq!(svc.release(&forged).await.unwrap_err().kind(), ErrorKind::NotHolder);
+        assert_eq!(svc.extend(&forged, ttl).await.unwrap_err().kind(), ErrorKind::NotHolder);
+        svc.release(&mine).await.unwrap();
+        assert_eq!(svc.release(&mine).await.unwrap_err().kind(), ErrorKind::NotHolder);
+    }
+
+    #[tokio::test]
+    async fn expiry_lets_another_in_and_old_holder_cannot_extend() {
+        let svc = MemoryLockService::new();
+        let short = Ttl::from_millis(20).unwrap();
+        let old = svc.try_acquire(&key(), short).await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let new = svc.try_acquire(&key(), short).await.unwrap().unwrap();
+        assert!(new.fence() > old.fence());
+        assert_eq!(svc.extend(&old, short).await.unwrap_err().kind(), ErrorKind::NotHolder);
+    }
+
+    #[tokio::test]
+    async fn waiters_wake_on_release_and_time_out_otherwise() {
+        let svc = Arc::new(MemoryLockService::new());
+        let ttl = Ttl::from_millis(10_000).unwrap();
+        let held = svc.try_acquire(&key(), ttl).await.unwrap().unwrap();
+        let waiter = {
+            let svc = Arc::clone(&svc);
+            tokio::spawn(async move { svc.acquire(&key(), ttl, Duration::from_secs(5)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        svc.release(&held).await.unwrap();
+        let got = waiter.await.unwrap().unwrap();
+        assert!(got.fence() > held.fence());
+        let err = svc.acquire(&key(), ttl, Duration::from_millis(20)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout);
+        assert!(err.is_retryable());
+        let err = svc.acquire(&key(), ttl, Duration::ZERO).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    }
+}

@@ -1,0 +1,140 @@
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, PoisonError};
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+use crate::store::{conflict_error, storable_fence, validate_record_key};
+use crate::{Fence, FencedStore, Record, ResourceKey, WriteBatch, WriteOp};
+
+const BACKEND: &str = "memory";
+
+/// An in-process fenced store: watermarks and records in one mutex, so the fence check and the
+/// write are one atomic step by construction.
+#[derive(Debug, Default)]
+pub struct MemoryFencedStore {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    watermarks: HashMap<ResourceKey, Fence>,
+    records: BTreeMap<String, Record>,
+}
+
+impl MemoryFencedStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        MemoryFencedStore::default()
+    }
+
+    fn apply_ops(&self, fence: Option<(&ResourceKey, Fence)>, batch: &WriteBatch) -> Result<()> {
+        batch.validate()?;
+        if let Some((_, f)) = fence {
+            storable_fence(BACKEND, f)?;
+        }
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((resource, presented)) = fence {
+            if let Some(&current) = state.watermarks.get(resource) {
+                if presented < current {
+                    return Err(Error::stale_fence(BACKEND, presented, current));
+                }
+            }
+        }
+        // Conditions see the state before the batch (see `WriteBatch`).
+        for op in batch.ops() {
+            let holds = match op {
+                WriteOp::Create { key, .. } => !state.records.contains_key(key),
+                WriteOp::Check { key, expected } => state.records.get(key).map(|r| &r.value) == expected.as_ref(),
+                WriteOp::Put { .. } | WriteOp::Delete { .. } => true,
+            };
+            if !holds {
+                return Err(conflict_error(BACKEND, op));
+            }
+        }
+        if let Some((resource, presented)) = fence {
+            state.watermarks.insert(resource.clone(), presented);
+        }
+        let record_fence = fence.map(|(_, f)| f);
+        for op in batch.ops() {
+            match op {
+                WriteOp::Put { key, value } | WriteOp::Create { key, value } => {
+                    state.records.insert(key.clone(), Record { value: value.clone(), fence: record_fence });
+                }
+                WriteOp::Delete { key } => {
+                    state.records.remove(key);
+                }
+                WriteOp::Check { .. } => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl FencedStore for MemoryFencedStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+        self.apply_ops(Some((resource, fence)), batch)
+    }
+
+    async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
+        self.apply_ops(None, batch)
+    }
+
+    async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
+        Ok(self.state.lock().unwrap_or_else(PoisonError::into_inner).watermarks.get(resource).copied())
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Record>> {
+        validate_record_key(key)?;
+        Ok(self.state.lock().unwrap_or_else(PoisonError::into_inner).records.get(key).cloned())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(state
+            .records
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    fn res() -> ResourceKey {
+        ResourceKey::new("alloc", "WH-01").unwrap()
+    }
+
+    #[tokio::test]
+    async fn equal_accepted_lower_rejected_data_untouched() {
+        let s = MemoryFencedStore::new();
+        s.apply(&res(), Fence::new(5), &WriteBatch::new().put("k", b"a".to_vec())).await.unwrap();
+        s.apply(&res(), Fence::new(5), &WriteBatch::new().put("k", b"b".to_vec())).await.unwrap();
+        let err = s.apply(&res(), Fence::new(4), &WriteBatch::new().put("k", b"c".to_vec())).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(4), current: Fence::new(5) });
+        let r = s.read("k").await.unwrap().unwrap();
+        assert_eq!((r.value.as_slice(), r.fence), (&b"b"[..], Some(Fence::new(5))));
+        assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(5)));
+    }
+
+    #[tokio::test]
+    async fn failed_condition_writes_nothing_and_keeps_watermark() {
+        let s = MemoryFencedStore::new();
+        s.apply(&res(), Fence::new(1), &WriteBatch::new().put("done/1", b"x".to_vec())).await.unwrap();
+        let batch = WriteBatch::new().put("other", b"y".to_vec()).create("done/1", b"z".to_vec());
+        let err = s.apply(&res(), Fence::new(2), &batch).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Conflict);
+        assert!(s.read("other").await.unwrap().is_none());
+        assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(1)));
+        assert_eq!(s.list("done/").await.unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,211 @@
+//! The lock service contract that every backend implements.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::{Capabilities, Fenced, Fencing, Grant, ResourceKey, Ttl, validate_wait};
+
+/// A distributed lock service: grants exclusive, expiring leases on resources.
+///
+/// This is the small surface a backend author implements. Users normally go through
+/// [`LockServiceExt`](crate::LockServiceExt) (`try_lock`, `lock`), which wraps grants in a
+/// [`Lease`](crate::Lease) with a lost signal, local deadlines, renewal and metrics.
+///
+/// `Arc<dyn LockService<Fencing = Fenced>>` (alias [`DynLockService`]) works wherever a
+/// concrete service does.
+///
+/// Every method's "Behavior" list is a contract that `palisade-conformance` checks.
+///
+/// # Implementing
+///
+/// ```
+/// use async_trait::async_trait;
+/// use palisade_core::{Capabilities, Error, ErrorKind, Fenced, Grant, LockService, ResourceKey, Result, Ttl};
+///
+/// struct MyService;
+///
+/// fn sketch() -> Error {
+///     Error::new(ErrorKind::Unsupported, "mine", "a sketch")
+/// }
+///
+/// #[async_trait]
+/// impl LockService for MyService {
+///     type Fencing = Fenced;
+///     fn backend(&self) -> &'static str { "mine" }
+///     fn capabilities(&self) -> Capabilities { Capabilities::default() }
+///     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
+///         // One atomic round trip: take the lock if free and issue the next fence.
+///         Err(sketch())
+///     }
+///     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> { Err(sketch()) }
+///     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> { Err(sketch()) }
+/// }
+/// ```
+#[async_trait]
+pub trait LockService: Send + Sync + 'static {
+    /// [`Fenced`] if grants carry a fence, [`Unfenced`](crate::Unfenced) otherwise.
+    type Fencing: Fencing;
+
+    /// The backend's short name (`"memory"`, `"redis"`), used in errors, logs and metric labels.
+    fn backend(&self) -> &'static str;
+
+    /// The guarantees this service makes.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Takes the lock on `key` for `ttl` if nobody holds it; returns `Ok(None)` at once if
+    /// somebody does.
+    ///
+    /// Behavior:
+    /// - At most one unexpired grant of a key exists at any time (mutual exclusion).
+    /// - A fenced service issues, in the same atomic step as the grant, a fence strictly greater
+    ///   than every fence it issued earlier for `key`. There is never a grant without a fence,
+    ///   nor a fence spent without a grant.
+    /// - The grant's owner token is fresh and unguessable.
+    /// - The grant's `requested_at` was taken before the request was sent.
+    /// - A holder that neither extends nor releases loses the lock after `ttl` (plus the
+    ///   backend's documented expiry margin); then another caller can take it.
+    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Self::Fencing>>>;
+
+    /// Takes the lock on `key`, waiting up to `wait` for the holder to release it or to expire.
+    ///
+    /// Behavior:
+    /// - Everything `try_acquire` guarantees.
+    /// - A `wait` of zero or above 24 h is [`ErrorKind::InvalidArgument`].
+    /// - When the lock does not come free within `wait`: [`ErrorKind::Timeout`] (retryable).
+    /// - The default implementation retries `try_acquire` with exponential backoff and full
+    ///   jitter (2 ms doubling up to 250 ms); backends with native queues override it.
+    async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Self::Fencing>> {
+        validate_wait(wait)?;
+        let give_up = Instant::now() + wait;
+        let mut backoff = Backoff::new();
+        loop {
+            if let Some(grant) = self.try_acquire(key, ttl).await? {
+                return Ok(grant);
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(timeout_error(self.backend(), key, wait));
+            }
+            tokio::time::sleep(backoff.next_delay().min(give_up - now)).await;
+        }
+    }
+
+    /// Extends the grant so it expires `ttl` from now.
+    ///
+    /// Behavior:
+    /// - Only the holder of the grant's owner token can extend it; anyone else, or a grant that
+    ///   has expired or been released, gets [`ErrorKind::NotHolder`] and nothing changes.
+    async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<()>;
+
+    /// Releases the grant so another caller can take the lock.
+    ///
+    /// Behavior:
+    /// - Only the holder of the grant's owner token can release it; a grant that has expired,
+    ///   been taken over, or already been released gets [`ErrorKind::NotHolder`] and the
+    ///   current holder (if any) keeps the lock.
+    /// - A fenced service never reuses or lowers a fence because of a release.
+    async fn release(&self, grant: &Grant<Self::Fencing>) -> Result<()>;
+}
+
+/// A fenced lock service behind a pointer: what `palisade::connect_lock` returns.
+pub type DynLockService = dyn LockService<Fencing = Fenced>;
+
+#[async_trait]
+impl<S: LockService + ?Sized> LockService for Arc<S> {
+    type Fencing = S::Fencing;
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Self::Fencing>>> {
+        (**self).try_acquire(key, ttl).await
+    }
+    async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Self::Fencing>> {
+        (**self).acquire(key, ttl, wait).await
+    }
+    async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<()> {
+        (**self).extend(grant, ttl).await
+    }
+    async fn release(&self, grant: &Grant<Self::Fencing>) -> Result<()> {
+        (**self).release(grant).await
+    }
+}
+
+/// The [`ErrorKind::Timeout`] error for a wait that ran out.
+pub fn timeout_error(backend: &'static str, key: &ResourceKey, wait: Duration) -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        backend,
+        format!("lock {key} was not free within {wait:?}"),
+    )
+}
+
+/// Exponential backoff with full jitter, for polling acquisition and reconnects.
+///
+/// Delays start at 2 ms and double up to 250 ms; each delay is drawn uniformly from
+/// `[0, ceiling]` so that contending clients spread out instead of retrying in lockstep.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    ceiling: Duration,
+    max: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    /// Backoff from 2 ms to 250 ms.
+    pub fn new() -> Self {
+        Backoff::with_bounds(Duration::from_millis(2), Duration::from_millis(250))
+    }
+
+    /// Backoff from `first` doubling up to `max`.
+    pub fn with_bounds(first: Duration, max: Duration) -> Self {
+        let mut seed = [0u8; 8];
+        // A failed seed only makes the jitter predictable; it never affects safety.
+        let _ = getrandom::fill(&mut seed);
+        Backoff {
+            ceiling: first,
+            max,
+            rng: u64::from_le_bytes(seed) | 1,
+        }
+    }
+
+    /// The next delay to sleep.
+    pub fn next_delay(&mut self) -> Duration {
+        // xorshift64: fast, seeded from the OS, good enough for jitter.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let ceiling_ns = u64::try_from(self.ceiling.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let delay = Duration::from_nanos(self.rng % (ceiling_ns + 1));
+        self.ceiling = (self.ceiling * 2).min(self.max);
+        delay
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_stays_within_its_ceiling() {
+        let mut b = Backoff::with_bounds(Duration::from_millis(2), Duration::from_millis(16));
+        let mut ceiling = Duration::from_millis(2);
+        for _ in 0..50 {
+            let d = b.next_delay();
+            assert!(d <= ceiling, "{d:?} > {ceiling:?}");
+            ceiling = (ceiling * 2).min(Duration::from_millis(16));
+        }
+    }
+}

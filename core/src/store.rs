@@ -1,0 +1,327 @@
+//! The fenced store contract: the store, not the clock, decides whether a write is stale.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::{Fence, ResourceKey};
+
+/// The longest record key, in bytes.
+pub const MAX_RECORD_KEY_LEN: usize = 512;
+/// The largest record value, in bytes.
+pub const MAX_RECORD_VALUE_LEN: usize = 64 * 1024;
+
+/// A store that applies writes only when they carry a fence at least as high as any fence it
+/// has accepted for the resource.
+///
+/// This is the portable, record-level surface that every store implements and the
+/// conformance suite checks. Stores also offer native APIs for the user's own statements
+/// (for example `palisade_sqlite::SqliteStore::begin_fenced`), with the same guarantees.
+///
+/// Records are a flat key space (`String` keys, byte values) shared by all resources; the
+/// fence watermark is kept per [`ResourceKey`]. Users normally call
+/// [`FencedStoreExt::write`](crate::FencedStoreExt::write) with a lease.
+#[async_trait]
+pub trait FencedStore: Send + Sync + 'static {
+    /// The store's short name (`"sqlite"`, `"postgres"`), used in errors and metric labels.
+    fn backend(&self) -> &'static str;
+
+    /// Applies `batch` under `fence` for `resource`, atomically.
+    ///
+    /// Behavior:
+    /// - The batch is validated first ([`WriteBatch::validate`]); a fence above
+    ///   [`Fence::MAX_STORABLE`] is [`ErrorKind::InvalidArgument`].
+    /// - If `fence` is lower than the resource's watermark (the highest fence accepted for
+    ///   it), nothing is written and the result is [`ErrorKind::StaleFence`] with the presented
+    ///   fence and the watermark.
+    /// - Otherwise the watermark becomes `fence` (equal fences are accepted: one grant writes
+    ///   many times) and the operations apply in order, in the **same** transaction as the
+    ///   check. Each written record remembers `fence`.
+    /// - If any `Create` or `Check` does not hold, nothing is written (the watermark included)
+    ///   and the result is [`ErrorKind::Conflict`].
+    /// - All or nothing: no partial batch is ever visible, whatever fails.
+    /// - `Ok(())` means applied. Zero rows updated is never reported as success.
+    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()>;
+
+    /// Applies `batch` without any fence check and without touching watermarks: the seed's
+    /// naive lock, kept for efficiency locks (which have no fence) and for comparisons.
+    ///
+    /// Behavior: like [`apply`](FencedStore::apply) minus the fence; records written this way
+    /// carry no fence.
+    async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()>;
+
+    /// The highest fence accepted for `resource`, or `None` if it has never been written.
+    async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>>;
+
+    /// Reads one record.
+    async fn read(&self, key: &str) -> Result<Option<Record>>;
+
+    /// Reads every record whose key starts with `prefix`, in key order.
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>>;
+}
+
+/// A fenced store behind a pointer: what `palisade::connect_store` returns.
+pub type DynFencedStore = dyn FencedStore;
+
+#[async_trait]
+impl<T: FencedStore + ?Sized> FencedStore for Arc<T> {
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
+    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+        (**self).apply(resource, fence, batch).await
+    }
+    async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
+        (**self).apply_unfenced(batch).await
+    }
+    async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
+        (**self).watermark(resource).await
+    }
+    async fn read(&self, key: &str) -> Result<Option<Record>> {
+        (**self).read(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
+        (**self).list(prefix).await
+    }
+}
+
+/// A stored record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The value bytes.
+    pub value: Vec<u8>,
+    /// The fence of the write that stored it (`None` for unfenced writes).
+    pub fence: Option<Fence>,
+}
+
+/// One operation in a [`WriteBatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOp {
+    /// Stores `value` at `key`, replacing any previous value.
+    Put {
+        /// The record key.
+        key: String,
+        /// The new value.
+        value: Vec<u8>,
+    },
+    /// Stores `value` at `key`, which must not exist yet ([`ErrorKind::Conflict`] otherwise).
+    /// This is how "is job J already done?" goes inside the fenced transaction (fencing rule 3).
+    Create {
+        /// The record key.
+        key: String,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Deletes `key` if it exists.
+    Delete {
+        /// The record key.
+        key: String,
+    },
+    /// Requires `key` to hold exactly `expected` (`None`: to be absent), or the batch fails with
+    /// [`ErrorKind::Conflict`]. Guards a read-modify-write against a write that slipped in
+    /// between the read and this batch.
+    Check {
+        /// The record key.
+        key: String,
+        /// The value it must hold, or `None` for "must not exist".
+        expected: Option<Vec<u8>>,
+    },
+}
+
+impl WriteOp {
+    /// The key the operation touches.
+    pub fn key(&self) -> &str {
+        match self {
+            WriteOp::Put { key, .. }
+            | WriteOp::Create { key, .. }
+            | WriteOp::Delete { key }
+            | WriteOp::Check { key, .. } => key,
+        }
+    }
+}
+
+/// An ordered list of record operations applied all or nothing.
+///
+/// Conditions (`Check`, and the absence `Create` requires) are evaluated against the state
+/// **before** the batch, so a `Check` and a `Put` of the same key form a compare-and-swap.
+///
+/// ```
+/// use palisade_core::WriteBatch;
+///
+/// let batch = WriteBatch::new()
+///     .check("stock/WH-01/SKU-1", Some(b"10".to_vec()))
+///     .put("stock/WH-01/SKU-1", b"9".to_vec())
+///     .create("done/job-17", b"1".to_vec());
+/// assert_eq!(batch.len(), 3);
+/// assert!(batch.validate().is_ok());
+/// // A key may be written once per batch (DynamoDB transactions allow no more).
+/// assert!(batch.clone().put("done/job-17", vec![]).validate().is_err());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteBatch {
+    ops: Vec<WriteOp>,
+}
+
+impl WriteBatch {
+    /// The most operations one batch may hold (DynamoDB's transaction limit, less the fence item,
+    /// rounded down).
+    pub const MAX_OPS: usize = 64;
+
+    /// An empty batch.
+    pub fn new() -> Self {
+        WriteBatch::default()
+    }
+
+    /// Appends an operation.
+    pub fn push(mut self, op: WriteOp) -> Self {
+        self.ops.push(op);
+        self
+    }
+
+    /// Appends [`WriteOp::Put`].
+    pub fn put(self, key: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.push(WriteOp::Put { key: key.into(), value: value.into() })
+    }
+
+    /// Appends [`WriteOp::Create`].
+    pub fn create(self, key: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.push(WriteOp::Create { key: key.into(), value: value.into() })
+    }
+
+    /// Appends [`WriteOp::Delete`].
+    pub fn delete(self, key: impl Into<String>) -> Self {
+        self.push(WriteOp::Delete { key: key.into() })
+    }
+
+    /// Appends [`WriteOp::Check`].
+    pub fn check(self, key: impl Into<String>, expected: Option<Vec<u8>>) -> Self {
+        self.push(WriteOp::Check { key: key.into(), expected })
+    }
+
+    /// The operations in order.
+    pub fn ops(&self) -> &[WriteOp] {
+        &self.ops
+    }
+
+    /// How many operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Checks the batch every store must refuse: more than [`WriteBatch::MAX_OPS`] operations,
+    /// a key written twice or checked twice, a malformed key ([`ErrorKind::InvalidKey`]) or an
+    /// oversized value. A key may be checked and written in one batch (read-modify-write).
+    /// An empty batch is valid: it only checks and raises the watermark.
+    pub fn validate(&self) -> Result<()> {
+        if self.ops.len() > Self::MAX_OPS {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "core",
+                format!("write batch has {} operations; at most {} are allowed", self.ops.len(), Self::MAX_OPS),
+            ));
+        }
+        let mut written = HashSet::with_capacity(self.ops.len());
+        let mut checked = HashSet::new();
+        for op in &self.ops {
+            validate_record_key(op.key())?;
+            let seen = if matches!(op, WriteOp::Check { .. }) { &mut checked } else { &mut written };
+            if !seen.insert(op.key()) {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    "core",
+                    format!("record key {:?} is written (or checked) twice in one write batch", op.key()),
+                ));
+            }
+            if let WriteOp::Put { value, .. } | WriteOp::Create { value, .. } = op {
+                if value.len() > MAX_RECORD_VALUE_LEN {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        "core",
+                        format!("record value of {} bytes exceeds {MAX_RECORD_VALUE_LEN}", value.len()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a record key: non-empty, at most [`MAX_RECORD_KEY_LEN`] bytes, no control characters.
+pub fn validate_record_key(key: &str) -> Result<()> {
+    let why = if key.is_empty() {
+        "record key is empty".to_string()
+    } else if key.len() > MAX_RECORD_KEY_LEN {
+        format!("record key is {} bytes; at most {MAX_RECORD_KEY_LEN} are allowed", key.len())
+    } else if key.chars().any(char::is_control) {
+        "record key contains a control character".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(Error::new(ErrorKind::InvalidKey, "core", why))
+}
+
+/// Converts a fence for a signed 64-bit column, or explains why a store cannot hold it.
+pub fn storable_fence(backend: &'static str, fence: Fence) -> Result<i64> {
+    fence.to_i64().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            backend,
+            format!("fence {fence} is above the largest storable fence {}", Fence::MAX_STORABLE),
+        )
+    })
+}
+
+/// The [`ErrorKind::Conflict`] error for a failed `Create` or `Check`.
+pub fn conflict_error(backend: &'static str, op: &WriteOp) -> Error {
+    let what = match op {
+        WriteOp::Create { key, .. } => format!("record {key:?} already exists"),
+        WriteOp::Check { key, expected: None } => format!("record {key:?} exists but must be absent"),
+        WriteOp::Check { key, .. } => format!("record {key:?} changed since it was read"),
+        other => format!("condition on {:?} failed", other.key()),
+    };
+    Error::new(ErrorKind::Conflict, backend, what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_refuses_what_no_store_can_do() {
+        assert!(WriteBatch::new().validate().is_ok());
+        let too_many = (0..=WriteBatch::MAX_OPS).fold(WriteBatch::new(), |b, i| b.put(format!("k{i}"), vec![]));
+        assert_eq!(too_many.validate().unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(
+            WriteBatch::new().put("", vec![]).validate().unwrap_err().kind(),
+            ErrorKind::InvalidKey
+        );
+        assert_eq!(
+            WriteBatch::new().put("a\nb", vec![]).validate().unwrap_err().kind(),
+            ErrorKind::InvalidKey
+        );
+        assert_eq!(
+            WriteBatch::new()
+                .put("k", vec![0; MAX_RECORD_VALUE_LEN + 1])
+                .validate()
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            WriteBatch::new().put("k", vec![]).delete("k").validate().unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            WriteBatch::new().check("k", None).check("k", None).validate().unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        assert!(WriteBatch::new().check("k", Some(b"1".to_vec())).put("k", b"2".to_vec()).validate().is_ok());
+    }
+}

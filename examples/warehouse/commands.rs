@@ -1,0 +1,197 @@
+//! `setup`, `show`, `allocate`, and dispatch.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade::prelude::*;
+use palisade::{DynFencedStore, DynLockService};
+use serde_json::json;
+
+use crate::cli::{Cli, Command};
+use crate::inventory::{Mode, Outcome, Warehouse};
+use crate::simulate;
+
+/// The exit code for an error: 2 for bad input, 1 for everything else.
+pub fn exit_code_for(e: &AppError) -> u8 {
+    match e {
+        AppError::Usage(_) => 2,
+        AppError::Runtime(_) => 1,
+    }
+}
+
+/// A failure, already sorted into bad input and runtime trouble.
+#[derive(Debug)]
+pub enum AppError {
+    Usage(String),
+    Runtime(String),
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::Usage(m) | AppError::Runtime(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<Error> for AppError {
+    fn from(e: Error) -> Self {
+        match e.kind() {
+            ErrorKind::InvalidKey | ErrorKind::InvalidArgument | ErrorKind::InvalidConfig | ErrorKind::Unsupported => {
+                AppError::Usage(e.to_string())
+            }
+            _ => AppError::Runtime(e.to_string()),
+        }
+    }
+}
+
+pub async fn connect(cli: &Cli) -> Result<(Arc<DynLockService>, Arc<DynFencedStore>), AppError> {
+    let locks = palisade::connect_lock(&cli.lock).await?;
+    let store = palisade::connect_store(&cli.store).await?;
+    Ok((locks, store))
+}
+
+pub async fn run(cli: Cli) -> Result<ExitCode, AppError> {
+    match &cli.command {
+        Command::Simulate(args) => simulate::run(&cli, args).await,
+        Command::Setup { sku, qty } => setup(&cli, sku, *qty).await,
+        Command::Show { sku } => show(&cli, sku).await,
+        Command::Allocate { sku, qty, ttl_ms, think_ms, job, wait_ms } => {
+            allocate(&cli, sku, *qty, *ttl_ms, *think_ms, job.as_deref(), *wait_ms).await
+        }
+    }
+}
+
+fn warn_if_single_process(cli: &Cli) {
+    if cli.lock.starts_with("memory:") {
+        eprintln!(
+            "warehouse: note: {} locks only exclude within this process; use a lock server to coordinate processes",
+            cli.lock
+        );
+    }
+}
+
+/// Rule 5: a grant below the store's watermark means the lock service lost its counter.
+async fn check_regression(store: &DynFencedStore, lease: &Lease<DynLockService>) -> Result<(), AppError> {
+    if let Some(watermark) = store.watermark(lease.key()).await? {
+        if lease.fence() < watermark {
+            return Err(AppError::Runtime(format!(
+                "fence regression: the lock service issued fence {} for {} but the store has accepted {}; \
+                 the lock service lost its counter (or is not shared across processes). \
+                 Every write would be refused; fix the lock service's durability",
+                lease.fence(),
+                lease.key(),
+                watermark
+            )));
+        }
+    }
+    Ok(())
+}
+
+async fn setup(cli: &Cli, sku: &str, qty: u32) -> Result<ExitCode, AppError> {
+    let key = Warehouse::resource(sku)?;
+    let (locks, store) = connect(cli).await?;
+    let warehouse = Warehouse::new(Arc::clone(&store), "wh");
+    let lease = locks.lock(&key, Duration::from_secs(30), Duration::from_secs(60)).await?;
+    check_regression(&store, &lease).await?;
+    warehouse.set_stock(&lease, sku, i64::from(qty)).await?;
+    println!("{}", json!({"event": "setup", "sku": sku, "qty": qty, "fence": lease.fence().get()}));
+    lease.release().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn show(cli: &Cli, sku: &str) -> Result<ExitCode, AppError> {
+    Warehouse::resource(sku)?;
+    let store = palisade::connect_store(&cli.store).await?;
+    let warehouse = Warehouse::new(store, "wh");
+    let stock = warehouse
+        .stock(sku)
+        .await?
+        .ok_or_else(|| AppError::Runtime(format!("unknown SKU {sku:?}: run `warehouse setup --sku {sku} --qty N` first")))?;
+    let audit = warehouse.audit().await?;
+    let allocations: usize = audit.values().sum();
+    let duplicate_jobs = audit.values().filter(|&&n| n > 1).count();
+    println!(
+        "{}",
+        json!({
+            "sku": sku,
+            "qty": stock.qty,
+            "fence": stock.fence.map(|f| f.get()),
+            "allocations": allocations,
+            "duplicate_jobs": duplicate_jobs,
+        })
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn emit(value: serde_json::Value) -> Result<(), AppError> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{value}").and_then(|()| out.flush()).map_err(|e| AppError::Runtime(format!("stdout: {e}")))
+}
+
+async fn allocate(
+    cli: &Cli,
+    sku: &str,
+    qty: u32,
+    ttl_ms: u64,
+    think_ms: u64,
+    job: Option<&str>,
+    wait_ms: u64,
+) -> Result<ExitCode, AppError> {
+    let key = Warehouse::resource(sku)?;
+    let job = match job {
+        Some(job) => {
+            palisade::validate_record_key(job)?;
+            if job.contains('/') {
+                return Err(AppError::Usage("job id must not contain '/'".into()));
+            }
+            job.to_string()
+        }
+        None => format!("job-{}", palisade::OwnerToken::generate()?),
+    };
+    warn_if_single_process(cli);
+    let (locks, store) = connect(cli).await?;
+    let warehouse = Warehouse::new(Arc::clone(&store), "wh");
+    let lease = locks.lock(&key, Duration::from_millis(ttl_ms), Duration::from_millis(wait_ms)).await?;
+    let fence = lease.fence().get();
+    emit(json!({"event": "acquired", "fence": fence, "job": job}))?;
+    check_regression(&store, &lease).await?;
+    let attempt = lease.token().to_string();
+    let outcome = warehouse
+        .allocate(&lease, Mode::Fenced, sku, &job, &attempt, i64::from(qty), Duration::from_millis(think_ms))
+        .await?;
+    let code = match outcome {
+        Outcome::Applied => {
+            emit(json!({"event": "write", "fence": fence, "applied": true}))?;
+            ExitCode::SUCCESS
+        }
+        Outcome::StaleFence { presented, current } => {
+            emit(json!({"event": "write", "fence": presented.get(), "applied": false, "reason": "stale_fence", "current": current.get()}))?;
+            eprintln!("warehouse: write refused: fence {presented} is stale, the store has accepted {current}");
+            ExitCode::from(3)
+        }
+        Outcome::AlreadyDone => {
+            emit(json!({"event": "write", "fence": fence, "applied": false, "reason": "already_done"}))?;
+            eprintln!("warehouse: job {job} was already applied by another worker; nothing to do");
+            ExitCode::from(5)
+        }
+        Outcome::InsufficientStock { available } => {
+            emit(json!({"event": "write", "fence": fence, "applied": false, "reason": "insufficient_stock"}))?;
+            eprintln!("warehouse: insufficient stock for {sku}: {available} available, {qty} requested");
+            ExitCode::from(1)
+        }
+        Outcome::UnknownSku => {
+            eprintln!("warehouse: unknown SKU {sku:?}: run `warehouse setup --sku {sku} --qty N` first");
+            ExitCode::from(1)
+        }
+    };
+    // A stale holder no longer holds the lock: NotHolder is expected and harmless here.
+    if let Err(e) = lease.release().await {
+        if e.kind() != ErrorKind::NotHolder {
+            eprintln!("warehouse: release failed: {e}");
+        }
+    }
+    Ok(code)
+}

@@ -1,0 +1,354 @@
+//! `simulate`: N workers, a job queue with redelivery, injected pauses past the TTL.
+//!
+//! The queue behaves like a real one: a job handed to a worker is handed out again if the
+//! worker has not acknowledged it within the TTL (a visibility timeout). So when a holder
+//! pauses past its TTL, its lock expires, its job is redelivered, another worker takes the lock
+//! and applies the job, and the paused holder then wakes and writes: the seed's incident.
+//! Redelivered jobs jump the queue, as a job whose deadline has passed would in a real system
+//! (and as the seed tells it: "another pod acquires the lock and completes the shipment").
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use palisade::prelude::*;
+use palisade::{CancellationToken, DynLockService};
+use serde_json::json;
+use tokio::sync::{Mutex, mpsc};
+use tokio::time::Instant;
+
+use crate::cli::{Cli, SimulateArgs};
+use crate::commands::{AppError, connect};
+use crate::inventory::{Mode, Outcome, Warehouse};
+
+#[derive(Debug, Clone, Copy)]
+struct Delivery {
+    job: u64,
+    attempt: u32,
+}
+
+#[derive(Default)]
+struct Counters {
+    applied: AtomicU64,
+    fence_rejected: AtomicU64,
+    already_done: AtomicU64,
+    pauses: AtomicU64,
+    redeliveries: AtomicU64,
+    lock_errors: AtomicU64,
+    finished_jobs: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+struct Sim {
+    args: Settings,
+    locks: Arc<DynLockService>,
+    warehouse: Warehouse,
+    run_id: String,
+    queue: mpsc::UnboundedSender<Delivery>,
+    redeliver: mpsc::UnboundedSender<Delivery>,
+    counters: Counters,
+    job_done: Vec<AtomicBool>,
+    acquire_latencies: std::sync::Mutex<Vec<Duration>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    workers: u32,
+    jobs: u64,
+    skus: u32,
+    ttl: Duration,
+    pause_every: u64,
+    pause: Duration,
+    mode: Mode,
+}
+
+pub async fn run(cli: &Cli, args: &SimulateArgs) -> Result<ExitCode, AppError> {
+    palisade::Ttl::new(Duration::from_millis(args.ttl_ms))?;
+    let settings = Settings {
+        workers: args.workers,
+        jobs: args.jobs,
+        skus: args.skus,
+        ttl: Duration::from_millis(args.ttl_ms),
+        pause_every: args.pause_every,
+        pause: Duration::from_millis(args.pause_ms.unwrap_or(args.ttl_ms.saturating_mul(2).saturating_add(50))),
+        mode: if args.unfenced { Mode::Unfenced } else { Mode::Fenced },
+    };
+    if settings.pause_every > 0 && settings.pause <= settings.ttl {
+        eprintln!("warehouse: note: --pause-ms is not longer than --ttl-ms, so pauses will not outlive leases");
+    }
+    let (locks, store) = connect(cli).await?;
+    let run_id = palisade::OwnerToken::generate()?.to_string()[..8].to_string();
+    let warehouse = Warehouse::new(store, format!("sim/{run_id}"));
+    let initial = i64::try_from(settings.jobs).unwrap_or(i64::MAX);
+    for s in 0..settings.skus {
+        warehouse.seed_stock(&sku_name(s), initial).await?;
+    }
+
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (redeliver_tx, redeliver_rx) = mpsc::unbounded_channel();
+    let sim = Arc::new(Sim {
+        args: settings,
+        locks,
+        warehouse,
+        run_id: run_id.clone(),
+        queue: tx,
+        redeliver: redeliver_tx,
+        counters: Counters::default(),
+        job_done: (0..settings.jobs).map(|_| AtomicBool::new(false)).collect(),
+        acquire_latencies: std::sync::Mutex::new(Vec::with_capacity(usize::try_from(settings.jobs).unwrap_or(0))),
+    });
+    for job in 0..settings.jobs {
+        let _ = sim.queue.send(Delivery { job, attempt: 1 });
+    }
+
+    let started = Instant::now();
+    let rx = Arc::new(Mutex::new(Queues { fresh: rx, redelivered: redeliver_rx }));
+    let stop = CancellationToken::new();
+    let mut workers = Vec::new();
+    for w in 0..settings.workers {
+        workers.push(tokio::spawn(worker(Arc::clone(&sim), Arc::clone(&rx), stop.clone(), w)));
+    }
+
+    let progress = Progress::start(settings.jobs);
+    loop {
+        let finished = sim.counters.finished_jobs.load(Ordering::SeqCst);
+        progress.update(finished, started.elapsed());
+        if finished >= settings.jobs && sim.counters.in_flight.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    for w in workers {
+        let _ = w.await;
+    }
+    let elapsed = started.elapsed();
+    progress.finish();
+
+    let report = report(&sim, elapsed).await?;
+    let duplicates = report["duplicates"].as_u64().unwrap_or(0);
+    if args.json {
+        println!("{report}");
+    } else {
+        print_human(&report);
+    }
+    if settings.mode == Mode::Fenced && duplicates > 0 {
+        eprintln!("warehouse: SAFETY VIOLATION: {duplicates} duplicate allocations with fencing on");
+        return Ok(ExitCode::from(4));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn sku_name(s: u32) -> String {
+    format!("SKU-{s:04}")
+}
+
+struct Queues {
+    fresh: mpsc::UnboundedReceiver<Delivery>,
+    redelivered: mpsc::UnboundedReceiver<Delivery>,
+}
+
+async fn worker(sim: Arc<Sim>, rx: Arc<Mutex<Queues>>, stop: CancellationToken, id: u32) {
+    loop {
+        let delivery = {
+            let mut rx = rx.lock().await;
+            let Queues { fresh, redelivered } = &mut *rx;
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                d = redelivered.recv() => d,
+                d = fresh.recv() => d,
+            }
+        };
+        let Some(delivery) = delivery else { return };
+        if sim.job_done[job_index(delivery.job)].load(Ordering::SeqCst) {
+            continue; // a stale redelivery of a job already finished
+        }
+        sim.counters.in_flight.fetch_add(1, Ordering::SeqCst);
+        let acked = Arc::new(AtomicBool::new(false));
+        arm_redelivery(&sim, delivery, Arc::clone(&acked));
+        process(&sim, delivery, id).await;
+        acked.store(true, Ordering::SeqCst);
+        sim.counters.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn job_index(job: u64) -> usize {
+    usize::try_from(job).unwrap_or(usize::MAX)
+}
+
+/// The visibility timeout: unacknowledged after one TTL, the job goes back on the queue.
+fn arm_redelivery(sim: &Arc<Sim>, delivery: Delivery, acked: Arc<AtomicBool>) {
+    let sim = Arc::clone(sim);
+    tokio::spawn(async move {
+        tokio::time::sleep(sim.args.ttl).await;
+        if !acked.load(Ordering::SeqCst) && !sim.job_done[job_index(delivery.job)].load(Ordering::SeqCst) {
+            sim.counters.redeliveries.fetch_add(1, Ordering::SeqCst);
+            let _ = sim.redeliver.send(Delivery { job: delivery.job, attempt: delivery.attempt + 1 });
+        }
+    });
+}
+
+async fn process(sim: &Sim, delivery: Delivery, worker: u32) {
+    let sku = sku_name(u32::try_from(delivery.job % u64::from(sim.args.skus)).unwrap_or(0));
+    let key = match ResourceKey::new("alloc", format!("{}.{sku}", sim.run_id)) {
+        Ok(key) => key,
+        Err(_) => return,
+    };
+    let started = Instant::now();
+    let wait = (sim.args.ttl * 50).max(Duration::from_secs(10));
+    let lease = match sim.locks.lock(&key, sim.args.ttl, wait).await {
+        Ok(lease) => lease,
+        Err(_) => {
+            // Not acknowledged: the queue redelivers it.
+            sim.counters.lock_errors.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+    };
+    if let Ok(mut l) = sim.acquire_latencies.lock() {
+        l.push(started.elapsed());
+    }
+    let pause = if sim.args.pause_every > 0 && (delivery.job + 1) % sim.args.pause_every == 0 && delivery.attempt == 1 {
+        sim.counters.pauses.fetch_add(1, Ordering::SeqCst);
+        sim.args.pause
+    } else {
+        Duration::ZERO
+    };
+    let job = format!("job-{:09}", delivery.job);
+    let attempt = format!("a{}-w{worker}-f{}", delivery.attempt, lease.fence());
+    let outcome = sim.warehouse.allocate(&lease, sim.args.mode, &sku, &job, &attempt, 1, pause).await;
+    let finished = match outcome {
+        Ok(Outcome::Applied) => {
+            sim.counters.applied.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+        Ok(Outcome::AlreadyDone) => {
+            sim.counters.already_done.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+        Ok(Outcome::StaleFence { .. }) => {
+            sim.counters.fence_rejected.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+        Ok(Outcome::InsufficientStock { .. } | Outcome::UnknownSku) | Err(_) => {
+            sim.counters.lock_errors.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+    };
+    if finished && !sim.job_done[job_index(delivery.job)].swap(true, Ordering::SeqCst) {
+        sim.counters.finished_jobs.fetch_add(1, Ordering::SeqCst);
+    }
+    let _ = lease.release().await; // NotHolder after a pause is expected
+}
+
+async fn report(sim: &Sim, elapsed: Duration) -> Result<serde_json::Value, AppError> {
+    let audit = sim.warehouse.audit().await?;
+    let allocations: usize = audit.values().sum();
+    let duplicates = audit.values().filter(|&&n| n > 1).count();
+    let mut stock_decrements = 0i64;
+    for s in 0..sim.args.skus {
+        let left = sim.warehouse.stock(&sku_name(s)).await?.map_or(0, |st| st.qty);
+        stock_decrements += i64::try_from(sim.args.jobs).unwrap_or(i64::MAX) - left;
+    }
+    let mut latencies = sim.acquire_latencies.lock().map(|l| l.clone()).unwrap_or_default();
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let rank = ((p / 100.0) * (latencies.len() - 1) as f64).round() as usize;
+        latencies[rank.min(latencies.len() - 1)].as_secs_f64() * 1000.0
+    };
+    let c = &sim.counters;
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    Ok(json!({
+        "mode": if sim.args.mode == Mode::Fenced { "fenced" } else { "unfenced" },
+        "run": sim.run_id,
+        "jobs": sim.args.jobs,
+        "workers": sim.args.workers,
+        "skus": sim.args.skus,
+        "ttl_ms": sim.args.ttl.as_millis() as u64,
+        "pause_every": sim.args.pause_every,
+        "pause_ms": sim.args.pause.as_millis() as u64,
+        "applied": c.applied.load(Ordering::SeqCst),
+        "fence_rejected": c.fence_rejected.load(Ordering::SeqCst),
+        "already_done": c.already_done.load(Ordering::SeqCst),
+        "duplicates": duplicates,
+        "audit_allocations": allocations,
+        "jobs_applied": audit.len(),
+        "stock_decrements": stock_decrements,
+        "lost_updates": i64::try_from(allocations).unwrap_or(i64::MAX) - stock_decrements,
+        "pauses": c.pauses.load(Ordering::SeqCst),
+        "redeliveries": c.redeliveries.load(Ordering::SeqCst),
+        "errors": c.lock_errors.load(Ordering::SeqCst),
+        "elapsed_ms": elapsed.as_millis() as u64,
+        "jobs_per_sec": (sim.args.jobs as f64 / secs * 10.0).round() / 10.0,
+        "acquire_p50_ms": (pct(50.0) * 1000.0).round() / 1000.0,
+        "acquire_p99_ms": (pct(99.0) * 1000.0).round() / 1000.0,
+        "lock": sim.locks.backend(),
+        "store": sim.warehouse.store().backend(),
+    }))
+}
+
+fn print_human(r: &serde_json::Value) {
+    println!("warehouse simulation ({}), run {}", r["mode"].as_str().unwrap_or("?"), r["run"].as_str().unwrap_or("?"));
+    println!(
+        "  {} jobs, {} workers, {} SKUs, TTL {} ms, a {} ms pause every {} jobs ({} pauses)",
+        r["jobs"], r["workers"], r["skus"], r["ttl_ms"], r["pause_ms"], r["pause_every"], r["pauses"]
+    );
+    println!(
+        "  applied {}   stale writes refused {}   already done {}   redeliveries {}   errors {}",
+        r["applied"], r["fence_rejected"], r["already_done"], r["redeliveries"], r["errors"]
+    );
+    println!(
+        "  duplicates {} (jobs applied more than once, from the audit table)   lost stock updates {}",
+        r["duplicates"], r["lost_updates"]
+    );
+    println!(
+        "  {} ms, {} jobs/s, acquire p50 {} ms p99 {} ms  [{} lock, {} store]",
+        r["elapsed_ms"], r["jobs_per_sec"], r["acquire_p50_ms"], r["acquire_p99_ms"],
+        r["lock"].as_str().unwrap_or("?"), r["store"].as_str().unwrap_or("?")
+    );
+}
+
+/// A progress bar on a terminal, a progress line every 2 s otherwise; silent for short runs.
+struct Progress {
+    bar: Option<ProgressBar>,
+    total: u64,
+    last_line: std::sync::Mutex<Instant>,
+}
+
+impl Progress {
+    fn start(total: u64) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(total);
+            if let Ok(style) = ProgressStyle::with_template("{spinner} {pos}/{len} jobs [{elapsed_precise}] {wide_bar} {per_sec}") {
+                bar.set_style(style);
+            }
+            bar
+        });
+        Progress { bar, total, last_line: std::sync::Mutex::new(Instant::now()) }
+    }
+
+    fn update(&self, done: u64, elapsed: Duration) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(done);
+            return;
+        }
+        if let Ok(mut last) = self.last_line.lock() {
+            if last.elapsed() >= Duration::from_secs(2) {
+                *last = Instant::now();
+                eprintln!("progress: {done}/{} jobs after {:.1} s", self.total, elapsed.as_secs_f64());
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

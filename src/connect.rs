@@ -1,0 +1,197 @@
+//! Choosing a backend by URL.
+
+use std::sync::Arc;
+
+use palisade_core::{DynFencedStore, DynLockService, Error, ErrorKind, Result};
+
+const BACKEND: &str = "palisade";
+
+/// Schemes this crate knows, the cargo feature that enables each, and whether this build has it.
+struct Scheme {
+    names: &'static [&'static str],
+    feature: &'static str,
+    enabled: bool,
+    /// `false` for backends announced but not yet shipped in this release.
+    shipped: bool,
+}
+
+const LOCK_SCHEMES: &[Scheme] = &[
+    Scheme { names: &["memory"], feature: "memory", enabled: cfg!(feature = "memory"), shipped: true },
+    Scheme { names: &["redis", "rediss"], feature: "redis", enabled: false, shipped: false },
+    Scheme { names: &["redlock"], feature: "redlock", enabled: false, shipped: false },
+    Scheme { names: &["etcd", "etcds"], feature: "etcd", enabled: false, shipped: false },
+    Scheme { names: &["zk"], feature: "zookeeper", enabled: false, shipped: false },
+];
+
+const STORE_SCHEMES: &[Scheme] = &[
+    Scheme { names: &["memory"], feature: "memory", enabled: cfg!(feature = "memory"), shipped: true },
+    Scheme { names: &["sqlite"], feature: "sqlite", enabled: cfg!(feature = "sqlite"), shipped: true },
+    Scheme { names: &["postgres", "postgresql"], feature: "postgres", enabled: false, shipped: false },
+    Scheme { names: &["dynamodb"], feature: "dynamodb", enabled: false, shipped: false },
+];
+
+fn scheme_of(url: &str) -> Result<&str> {
+    match url.split_once(':') {
+        Some((scheme, _)) if !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || c == '+') => {
+            Ok(scheme)
+        }
+        _ => Err(Error::new(
+            ErrorKind::InvalidConfig,
+            BACKEND,
+            "malformed URL: expected SCHEME:… (for example memory:// or sqlite://warehouse.db)",
+        )),
+    }
+}
+
+/// Finds `scheme` in `table`; errors say which feature to enable or which schemes exist.
+fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
+    let lower = scheme.to_ascii_lowercase();
+    match table.iter().find(|s| s.names.contains(&lower.as_str())) {
+        Some(s) if s.enabled => Ok(()),
+        Some(s) if s.shipped => Err(Error::new(
+            ErrorKind::Unsupported,
+            BACKEND,
+            format!("{what} scheme `{scheme}` needs palisade's cargo feature `{}`", s.feature),
+        )),
+        Some(s) => Err(Error::new(
+            ErrorKind::Unsupported,
+            BACKEND,
+            format!(
+                "{what} scheme `{scheme}` belongs to the `{}` backend, which this release of palisade does not ship yet",
+                s.feature
+            ),
+        )),
+        None => {
+            let known: Vec<&str> = table.iter().flat_map(|s| s.names.iter().copied()).collect();
+            Err(Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                format!("unknown {what} scheme `{scheme}` (known: {})", known.join(", ")),
+            ))
+        }
+    }
+}
+
+/// Connects to a fenced lock service by URL.
+///
+/// | URL | service |
+/// |---|---|
+/// | `memory://` or `memory://NAME` | the in-process [`MemoryLockService`](palisade_core::MemoryLockService); every call with the same `NAME` in one process shares one instance |
+///
+/// Errors: a malformed URL or unknown scheme is [`ErrorKind::InvalidConfig`]; a scheme whose
+/// cargo feature is off is [`ErrorKind::Unsupported`] and names the feature.
+pub async fn connect_lock(url: &str) -> Result<Arc<DynLockService>> {
+    let scheme = scheme_of(url)?;
+    check_scheme("lock service", scheme, LOCK_SCHEMES)?;
+    match scheme.to_ascii_lowercase().as_str() {
+        #[cfg(feature = "memory")]
+        "memory" => Ok(memory::lock_service(memory::instance_name(url)?)),
+        _ => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("scheme `{scheme}` is not wired"))),
+    }
+}
+
+/// Connects to a fenced store by URL.
+///
+/// | URL | store |
+/// |---|---|
+/// | `memory://` or `memory://NAME` | the in-process [`MemoryFencedStore`](palisade_core::MemoryFencedStore), shared per `NAME` |
+/// | `sqlite://PATH`, `sqlite:PATH`, `sqlite::memory:` | [`palisade_sqlite::SqliteStore`] (`?synchronous=full\|normal\|off`) |
+///
+/// Errors: as for [`connect_lock`]; an unreachable server is [`ErrorKind::Unavailable`].
+pub async fn connect_store(url: &str) -> Result<Arc<DynFencedStore>> {
+    let scheme = scheme_of(url)?;
+    check_scheme("store", scheme, STORE_SCHEMES)?;
+    match scheme.to_ascii_lowercase().as_str() {
+        #[cfg(feature = "memory")]
+        "memory" => Ok(memory::store(memory::instance_name(url)?)),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(palisade_sqlite::SqliteStore::connect(url).await?)),
+        _ => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("scheme `{scheme}` is not wired"))),
+    }
+}
+
+#[cfg(feature = "memory")]
+mod memory {
+    //! Named in-process instances, so `memory://x` means the same service everywhere in a process.
+
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+    use palisade_core::{
+        DynFencedStore, DynLockService, Error, ErrorKind, MemoryFencedStore, MemoryLockService, Result,
+    };
+
+    type Registry<T> = OnceLock<Mutex<HashMap<String, Arc<T>>>>;
+    static LOCKS: Registry<MemoryLockService> = OnceLock::new();
+    static STORES: Registry<MemoryFencedStore> = OnceLock::new();
+
+    pub(super) fn instance_name(url: &str) -> Result<String> {
+        let rest = url.get("memory:".len()..).unwrap_or("");
+        let name = rest.strip_prefix("//").unwrap_or(rest).trim_end_matches('/');
+        if name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
+            Ok(name.to_string())
+        } else {
+            Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "memory",
+                "a memory:// URL takes an optional instance name of letters, digits, '-', '_' and '.'",
+            ))
+        }
+    }
+
+    fn get<T: Default>(registry: &Registry<T>, name: String) -> Arc<T> {
+        let map = registry.get_or_init(Default::default);
+        let mut map = map.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(map.entry(name).or_default())
+    }
+
+    pub(super) fn lock_service(name: String) -> Arc<DynLockService> {
+        let service: Arc<MemoryLockService> = get(&LOCKS, name);
+        service
+    }
+
+    pub(super) fn store(name: String) -> Arc<DynFencedStore> {
+        let store: Arc<MemoryFencedStore> = get(&STORES, name);
+        store
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unknown_and_malformed_urls_are_invalid_config() {
+        for url in ["", "nocolon", "ftp://x", ":x", "m e://"] {
+            let err = connect_lock(url).await.err().expect(url);
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
+        }
+        let err = connect_store("mysql://x").await.err().expect("mysql");
+        assert!(err.to_string().contains("sqlite"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn unshipped_backends_are_unsupported_and_named() {
+        let err = connect_lock("redis://127.0.0.1:6379").await.err().expect("redis");
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert!(err.to_string().contains("`redis`"), "{err}");
+        let err = connect_store("postgres://x").await.err().expect("pg");
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+    }
+
+    #[cfg(feature = "memory")]
+    #[tokio::test]
+    async fn memory_instances_are_shared_by_name() {
+        use palisade_core::{LockServiceExt, ResourceKey};
+        use std::time::Duration;
+        let key = ResourceKey::new("t", "shared").unwrap();
+        let a = connect_lock("memory://conn-test").await.unwrap();
+        let b = connect_lock("memory://conn-test").await.unwrap();
+        let other = connect_lock("memory://conn-other").await.unwrap();
+        let held = a.try_lock(&key, Duration::from_secs(10)).await.unwrap().unwrap();
+        assert!(b.try_lock(&key, Duration::from_secs(10)).await.unwrap().is_none());
+        assert!(other.try_lock(&key, Duration::from_secs(10)).await.unwrap().is_some());
+        held.release().await.unwrap();
+        assert_eq!(connect_lock("memory://bad name").await.err().map(|e| e.kind()), Some(ErrorKind::InvalidConfig));
+    }
+}

@@ -1,0 +1,52 @@
+//! # Palisade
+//!
+//! Distributed locks that are *safe*, not theatre. Every lock Palisade grants carries a
+//! **fencing token**, an integer that only ever grows; every write the lock protects goes
+//! through a **fenced store** that rejects a token lower than one it has already accepted. A
+//! holder that sleeps past its TTL and wakes up still believing it owns the lock gets a typed
+//! [`ErrorKind::StaleFence`], and the data stays untouched.
+//!
+//! This is the facade crate: it re-exports [`palisade_core`] and, behind cargo features, each
+//! backend and store, and it connects to them by URL.
+//!
+//! | feature | default | gives |
+//! |---|---|---|
+//! | `memory` | yes | `memory://[NAME]` lock service and store (one process) |
+//! | `sqlite` | yes | `sqlite://PATH`, `sqlite::memory:` fenced store ([`sqlite`]) |
+//! | `full` | no | everything available in this release |
+//!
+//! ```
+//! use std::time::Duration;
+//! use palisade::prelude::*;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> palisade::Result<()> {
+//! let locks = palisade::connect_lock("memory://").await?;
+//! let store = palisade::connect_store("sqlite::memory:").await?;
+//! let key = ResourceKey::new("alloc", "WH-01")?;
+//!
+//! let lease = locks.lock(&key, Duration::from_secs(30), Duration::from_secs(5)).await?;
+//! store.write(&lease, &WriteBatch::new().put("stock/WH-01/SKU-1", b"99".to_vec())).await?;
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod connect;
+
+pub use connect::{connect_lock, connect_store};
+pub use palisade_core::*;
+
+/// The embedded SQLite fenced store.
+#[cfg(feature = "sqlite")]
+pub use palisade_sqlite as sqlite;
+
+/// The names most programs need: `use palisade::prelude::*;`.
+pub mod prelude {
+    pub use palisade_core::{
+        DynFencedStore, DynLockService, Error, ErrorKind, Fence, FencedStore, FencedStoreExt, Lease, LockService,
+        LockServiceExt, Progress, ResourceKey, WriteBatch,
+    };
+}

@@ -1,0 +1,132 @@
+//! Connection settings for the SQLite store.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use palisade_core::{Error, ErrorKind, Result};
+
+use crate::store::BACKEND;
+
+/// How hard SQLite syncs commits to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Sync every commit (survives power loss). The default.
+    #[default]
+    Full,
+    /// Sync at checkpoints only (survives process crashes, not power loss).
+    Normal,
+    /// Never sync (tests and throwaway simulations only).
+    Off,
+}
+
+/// Where and how to open the store.
+#[derive(Debug, Clone)]
+pub struct SqliteConfig {
+    /// The database file, or `None` for a private in-memory database.
+    pub path: Option<PathBuf>,
+    /// Commit durability. Default: [`Synchronous::Full`].
+    pub synchronous: Synchronous,
+    /// How long a writer waits for another writer's transaction. Default: 5 s.
+    pub busy_timeout: Duration,
+    /// Pool size (forced to 1 for in-memory databases, which live in one connection). Default: 8.
+    pub max_connections: u32,
+    /// The watermark table. Default: `palisade_fences`.
+    pub fences_table: String,
+    /// The record table. Default: `palisade_records`.
+    pub records_table: String,
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        SqliteConfig {
+            path: None,
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+            max_connections: 8,
+            fences_table: "palisade_fences".into(),
+            records_table: "palisade_records".into(),
+        }
+    }
+}
+
+impl SqliteConfig {
+    /// Parses `sqlite::memory:`, `sqlite://PATH` or `sqlite:PATH`, with optional
+    /// `?synchronous=full|normal|off` and `&busy_timeout_ms=N`.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let invalid = |why: String| Err(Error::new(ErrorKind::InvalidConfig, BACKEND, why));
+        let Some(rest) = url.strip_prefix("sqlite:") else {
+            return invalid("a SQLite URL starts with `sqlite:`".into());
+        };
+        let rest = rest.strip_prefix("//").unwrap_or(rest);
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let mut config = SqliteConfig::default();
+        if path.is_empty() {
+            return invalid("the SQLite URL has no path (use sqlite::memory: for an in-memory store)".into());
+        }
+        if path != ":memory:" {
+            config.path = Some(PathBuf::from(path));
+        }
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match name {
+                "synchronous" => {
+                    config.synchronous = match value.to_ascii_lowercase().as_str() {
+                        "full" => Synchronous::Full,
+                        "normal" => Synchronous::Normal,
+                        "off" => Synchronous::Off,
+                        other => return invalid(format!("synchronous={other:?}: use full, normal or off")),
+                    }
+                }
+                "busy_timeout_ms" => match value.parse::<u64>() {
+                    Ok(ms) => config.busy_timeout = Duration::from_millis(ms),
+                    Err(_) => return invalid(format!("busy_timeout_ms={value:?} is not a whole number")),
+                },
+                other => return invalid(format!("unknown SQLite URL parameter {other:?}")),
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// Checks a table name and returns it double-quoted for SQL.
+pub(crate) fn quote_ident(name: &str) -> Result<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            BACKEND,
+            format!("table name {name:?} must be 1-63 ASCII letters, digits or '_', not starting with a digit"),
+        ));
+    }
+    Ok(format!("\"{name}\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_url_forms() {
+        assert!(SqliteConfig::from_url("sqlite::memory:").unwrap().path.is_none());
+        assert!(SqliteConfig::from_url("sqlite://:memory:").unwrap().path.is_none());
+        let c = SqliteConfig::from_url("sqlite://wh.db?synchronous=normal&busy_timeout_ms=50").unwrap();
+        assert_eq!(c.path.unwrap(), PathBuf::from("wh.db"));
+        assert_eq!(c.synchronous, Synchronous::Normal);
+        assert_eq!(c.busy_timeout, Duration::from_millis(50));
+        assert_eq!(SqliteConfig::from_url("sqlite:/tmp/x.db").unwrap().path.unwrap(), PathBuf::from("/tmp/x.db"));
+        for bad in ["postgres://x", "sqlite://", "sqlite://a?synchronous=maybe", "sqlite://a?x=1", "sqlite://a?busy_timeout_ms=z"] {
+            assert_eq!(SqliteConfig::from_url(bad).unwrap_err().kind(), ErrorKind::InvalidConfig, "{bad}");
+        }
+    }
+
+    #[test]
+    fn quotes_only_plain_identifiers() {
+        assert_eq!(quote_ident("palisade_fences").unwrap(), "\"palisade_fences\"");
+        for bad in ["", "1abc", "a\"b", "a b", "a;drop", &"x".repeat(64)] {
+            assert!(quote_ident(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! # palisade-sqlite
+//!
+//! Palisade's embedded fenced store: SQLite in WAL mode, no server. The fence check, the
+//! watermark raise and the write run in **one** `BEGIN IMMEDIATE` transaction, so a stale
+//! holder's write is refused atomically (fencing rule 1).
+//!
+//! Two ways to write:
+//!
+//! - the portable record API, [`FencedStore`] (what the conformance suite and the examples use);
+//! - your **own statements** on your own tables, in a [`FencedTransaction`] from
+//!   [`SqliteStore::begin_fenced`]: the transaction starts by checking and raising the
+//!   resource's watermark, then runs whatever you run, and commits only what you commit.
+//!
+//! ```
+//! use palisade_core::{ErrorKind, Fence, ResourceKey};
+//! use palisade_sqlite::SqliteStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> palisade_core::Result<()> {
+//! let store = SqliteStore::connect("sqlite::memory:").await?;
+//! sqlx::query("CREATE TABLE inventory (sku TEXT PRIMARY KEY, qty INTEGER NOT NULL)")
+//!     .execute(store.pool()).await.map_err(palisade_sqlite::map_err)?;
+//! sqlx::query("INSERT INTO inventory VALUES ('SKU-1', 10)")
+//!     .execute(store.pool()).await.map_err(palisade_sqlite::map_err)?;
+//!
+//! let wh = ResourceKey::new("alloc", "WH-01")?;
+//! let mut tx = store.begin_fenced(&wh, Fence::new(42)).await?;   // checks and raises the watermark
+//! sqlx::query("UPDATE inventory SET qty = qty - 1 WHERE sku = 'SKU-1'")
+//!     .execute(tx.conn()).await.map_err(palisade_sqlite::map_err)?;
+//! tx.commit().await?;
+//!
+//! // A holder with an older fence is refused before it can run anything.
+//! let err = store.begin_fenced(&wh, Fence::new(41)).await.unwrap_err();
+//! assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }));
+//! # Ok(()) }
+//! ```
+//!
+//! ## Durability
+//!
+//! File databases run with `journal_mode=WAL` and `synchronous=FULL` by default: a committed
+//! watermark survives power loss, so a restarted store never forgets a fence it accepted.
+//! `?synchronous=normal` trades that for speed (a power cut may lose the last commits, and with
+//! them watermarks; a process crash loses nothing).
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod config;
+mod store;
+mod transaction;
+
+pub use config::{SqliteConfig, Synchronous};
+pub use store::{SqliteStore, map_err};
+pub use transaction::FencedTransaction;

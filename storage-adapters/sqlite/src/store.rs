@@ -1,0 +1,327 @@
+//! The SQLite fenced store.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use palisade_core::{
+    Error, ErrorKind, Fence, FencedStore, Record, ResourceKey, Result, WriteBatch, WriteOp, conflict_error,
+    storable_fence, validate_record_key,
+};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{AssertSqlSafe, Row, SqliteConnection, SqlitePool};
+use tracing::debug;
+
+use crate::config::{SqliteConfig, Synchronous, quote_ident};
+use crate::transaction::FencedTransaction;
+
+pub(crate) const BACKEND: &str = "sqlite";
+
+/// Maps a sqlx error to a Palisade error: busy/locked databases and pool timeouts are
+/// [`ErrorKind::Unavailable`] (retryable), everything else [`ErrorKind::Backend`].
+pub fn map_err(e: sqlx::Error) -> Error {
+    let kind = match &e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => ErrorKind::Unavailable,
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+        sqlx::Error::Database(db) if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6)) => {
+            ErrorKind::Unavailable
+        }
+        _ => ErrorKind::Backend,
+    };
+    Error::new(kind, BACKEND, "SQLite operation failed").with_source(e)
+}
+
+/// The SQL for a configured pair of tables, built once.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    create_fences: String,
+    create_records: String,
+    pub(crate) raise_watermark: String,
+    pub(crate) read_watermark: String,
+    put: String,
+    create: String,
+    delete: String,
+    read: String,
+    list: String,
+}
+
+impl Statements {
+    fn new(fences: &str, records: &str) -> Result<Self> {
+        let f = quote_ident(fences)?;
+        let r = quote_ident(records)?;
+        Ok(Statements {
+            create_fences: format!(
+                "CREATE TABLE IF NOT EXISTS {f} (resource TEXT PRIMARY KEY NOT NULL, fence INTEGER NOT NULL) WITHOUT ROWID"
+            ),
+            create_records: format!(
+                "CREATE TABLE IF NOT EXISTS {r} (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL, fence INTEGER) WITHOUT ROWID"
+            ),
+            // Rule 2: `<=`, so one grant may write many times; zero rows changed is a rejection.
+            raise_watermark: format!(
+                "INSERT INTO {f} (resource, fence) VALUES (?1, ?2) \
+                 ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE {f}.fence <= excluded.fence"
+            ),
+            read_watermark: format!("SELECT fence FROM {f} WHERE resource = ?1"),
+            put: format!(
+                "INSERT INTO {r} (key, value, fence) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value, fence = excluded.fence"
+            ),
+            create: format!("INSERT INTO {r} (key, value, fence) VALUES (?1, ?2, ?3) ON CONFLICT (key) DO NOTHING"),
+            delete: format!("DELETE FROM {r} WHERE key = ?1"),
+            read: format!("SELECT value, fence FROM {r} WHERE key = ?1"),
+            list: format!(
+                "SELECT key, value, fence FROM {r} WHERE key >= ?1 AND substr(key, 1, length(?1)) = ?1 ORDER BY key"
+            ),
+        })
+    }
+}
+
+fn sql(s: &str) -> AssertSqlSafe<String> {
+    // Table names are validated and quoted by `quote_ident`; values are always bound.
+    AssertSqlSafe(s.to_string())
+}
+
+/// A fenced store in a SQLite database.
+///
+/// Cheap to clone (it is a pool handle). See the crate docs for the two write APIs.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    statements: Arc<Statements>,
+}
+
+impl SqliteStore {
+    /// Opens the store at a URL (`sqlite::memory:`, `sqlite://PATH[?synchronous=…]`), creating
+    /// the database file and the tables if missing.
+    pub async fn connect(url: &str) -> Result<Self> {
+        SqliteStore::open(SqliteConfig::from_url(url)?).await
+    }
+
+    /// Opens the store with explicit settings, creating the database file and tables if missing.
+    pub async fn open(config: SqliteConfig) -> Result<Self> {
+        let statements = Statements::new(&config.fences_table, &config.records_table)?;
+        let synchronous = match config.synchronous {
+            Synchronous::Full => SqliteSynchronous::Full,
+            Synchronous::Normal => SqliteSynchronous::Normal,
+            Synchronous::Off => SqliteSynchronous::Off,
+        };
+        let (options, pool_options) = match &config.path {
+            Some(path) => (
+                SqliteConnectOptions::new()
+                    .filename(path)
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal),
+                SqlitePoolOptions::new().max_connections(config.max_connections.max(1)),
+            ),
+            // An in-memory database lives and dies with its one connection: never recycle it.
+            None => (
+                SqliteConnectOptions::from_str("sqlite::memory:").map_err(map_err)?,
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .min_connections(1)
+                    .idle_timeout(None)
+                    .max_lifetime(None),
+            ),
+        };
+        let options = options.synchronous(synchronous).busy_timeout(config.busy_timeout);
+        let pool = pool_options.connect_with(options).await.map_err(|e| {
+            let mut err = map_err(e);
+            if err.kind() == ErrorKind::Backend {
+                err = Error::new(ErrorKind::Unavailable, BACKEND, "cannot open the SQLite database").with_source(err);
+            }
+            err
+        })?;
+        let store = SqliteStore { pool, statements: Arc::new(statements) };
+        store.migrate().await?;
+        debug!(path = ?config.path, "sqlite fenced store open");
+        Ok(store)
+    }
+
+    /// Creates the watermark and record tables if they do not exist. [`open`](Self::open)
+    /// runs it; call it yourself after [`from_pool`](Self::from_pool).
+    pub async fn migrate(&self) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        sqlx::query(sql(&self.statements.create_fences)).execute(&mut *tx).await.map_err(map_err)?;
+        sqlx::query(sql(&self.statements.create_records)).execute(&mut *tx).await.map_err(map_err)?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    /// Wraps an existing pool (your own settings) with the default table names. Run
+    /// [`migrate`](Self::migrate) before use.
+    pub fn from_pool(pool: SqlitePool) -> Result<Self> {
+        let c = SqliteConfig::default();
+        Ok(SqliteStore { pool, statements: Arc::new(Statements::new(&c.fences_table, &c.records_table)?) })
+    }
+
+    /// The connection pool, for your own reads and schema.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Starts a transaction for your own statements under `fence` for `resource`.
+    ///
+    /// Behavior:
+    /// - The transaction is `BEGIN IMMEDIATE` (it holds SQLite's write lock from the start, so
+    ///   no other writer can slip in between the fence check and your statements).
+    /// - Its first statement checks and raises the watermark. If `fence` is lower than the
+    ///   watermark the transaction is rolled back and the result is
+    ///   [`ErrorKind::StaleFence`]; none of your statements run.
+    /// - Nothing is written unless you call [`FencedTransaction::commit`]; dropping the
+    ///   transaction rolls it back, watermark raise included.
+    pub async fn begin_fenced(&self, resource: &ResourceKey, fence: Fence) -> Result<FencedTransaction> {
+        let fence_i64 = storable_fence(BACKEND, fence)?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
+        if let Err(e) = raise_watermark(&mut tx, &self.statements, resource, fence, fence_i64).await {
+            // This native path bypasses `FencedStoreExt`, so it counts its own rejections.
+            if e.stale_fence_details().is_some() {
+                palisade_core::metrics::record_fence_rejected(BACKEND);
+            }
+            return Err(e);
+        }
+        Ok(FencedTransaction::new(tx, resource.clone(), fence))
+    }
+
+    async fn apply_batch(&self, fence: Option<(&ResourceKey, Fence)>, batch: &WriteBatch) -> Result<()> {
+        batch.validate()?;
+        let fence_i64 = match fence {
+            Some((_, f)) => Some(storable_fence(BACKEND, f)?),
+            None => None,
+        };
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
+        if let (Some((resource, f)), Some(fi)) = (fence, fence_i64) {
+            raise_watermark(&mut tx, &self.statements, resource, f, fi).await?;
+        }
+        // Conditions see the state before the batch, so all checks run before any write.
+        // On error `tx` is dropped, which rolls everything back: all or nothing.
+        let (checks, writes): (Vec<&WriteOp>, Vec<&WriteOp>) =
+            batch.ops().iter().partition(|op| matches!(op, WriteOp::Check { .. }));
+        for op in checks.into_iter().chain(writes) {
+            apply_op(&mut tx, &self.statements, op, fence_i64).await?;
+        }
+        tx.commit().await.map_err(map_err)
+    }
+}
+
+/// Raises the watermark inside `conn`'s transaction, or reports the stale fence.
+pub(crate) async fn raise_watermark(
+    conn: &mut SqliteConnection,
+    statements: &Statements,
+    resource: &ResourceKey,
+    fence: Fence,
+    fence_i64: i64,
+) -> Result<()> {
+    let changed = sqlx::query(sql(&statements.raise_watermark))
+        .bind(resource.to_string())
+        .bind(fence_i64)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+    if changed == 1 {
+        return Ok(());
+    }
+    let current: i64 = sqlx::query_scalar(sql(&statements.read_watermark))
+        .bind(resource.to_string())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Err(Error::stale_fence(BACKEND, fence, Fence::new(u64::try_from(current).unwrap_or(0))))
+}
+
+async fn apply_op(conn: &mut SqliteConnection, s: &Statements, op: &WriteOp, fence: Option<i64>) -> Result<()> {
+    match op {
+        WriteOp::Put { key, value } => {
+            sqlx::query(sql(&s.put)).bind(key).bind(value).bind(fence).execute(&mut *conn).await.map_err(map_err)?;
+        }
+        WriteOp::Create { key, value } => {
+            let created = sqlx::query(sql(&s.create))
+                .bind(key)
+                .bind(value)
+                .bind(fence)
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?
+                .rows_affected();
+            if created == 0 {
+                return Err(conflict_error(BACKEND, op));
+            }
+        }
+        WriteOp::Delete { key } => {
+            sqlx::query(sql(&s.delete)).bind(key).execute(&mut *conn).await.map_err(map_err)?;
+        }
+        WriteOp::Check { key, expected } => {
+            let actual: Option<Vec<u8>> = sqlx::query_scalar(sql(&s.read))
+                .bind(key)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(map_err)?;
+            if actual.as_ref() != expected.as_ref() {
+                return Err(conflict_error(BACKEND, op));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fence_from_column(v: Option<i64>) -> Option<Fence> {
+    v.and_then(|v| u64::try_from(v).ok()).map(Fence::new)
+}
+
+#[async_trait]
+impl FencedStore for SqliteStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+        self.apply_batch(Some((resource, fence)), batch).await
+    }
+
+    async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
+        self.apply_batch(None, batch).await
+    }
+
+    async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
+        let v: Option<i64> = sqlx::query_scalar(sql(&self.statements.read_watermark))
+            .bind(resource.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(fence_from_column(v))
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Record>> {
+        validate_record_key(key)?;
+        let row = sqlx::query(sql(&self.statements.read))
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        row.map(|row| {
+            Ok(Record {
+                value: row.try_get(0).map_err(map_err)?,
+                fence: fence_from_column(row.try_get(1).map_err(map_err)?),
+            })
+        })
+        .transpose()
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
+        let rows = sqlx::query(sql(&self.statements.list))
+            .bind(prefix)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        rows.into_iter()
+            .map(|row| {
+                Ok((
+                    row.try_get(0).map_err(map_err)?,
+                    Record {
+                        value: row.try_get(1).map_err(map_err)?,
+                        fence: fence_from_column(row.try_get(2).map_err(map_err)?),
+                    },
+                ))
+            })
+            .collect()
+    }
+}

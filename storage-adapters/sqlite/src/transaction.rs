@@ -1,0 +1,48 @@
+//! A transaction for the user's own statements, opened under a fence.
+
+use palisade_core::{Fence, ResourceKey, Result};
+use sqlx::{Sqlite, SqliteConnection, Transaction};
+
+use crate::store::map_err;
+
+/// An open SQLite transaction whose first statement accepted the fence.
+///
+/// Run your statements on [`conn`](Self::conn), then [`commit`](Self::commit). Dropping it
+/// without committing rolls everything back, the watermark raise included.
+#[derive(Debug)]
+pub struct FencedTransaction {
+    tx: Transaction<'static, Sqlite>,
+    resource: ResourceKey,
+    fence: Fence,
+}
+
+impl FencedTransaction {
+    pub(crate) fn new(tx: Transaction<'static, Sqlite>, resource: ResourceKey, fence: Fence) -> Self {
+        FencedTransaction { tx, resource, fence }
+    }
+
+    /// The connection to run your statements on (`.execute(tx.conn())`).
+    pub fn conn(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+
+    /// The resource whose watermark this transaction raised.
+    pub fn resource(&self) -> &ResourceKey {
+        &self.resource
+    }
+
+    /// The fence this transaction writes under (store it on your rows if you like).
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+
+    /// Commits your statements and the watermark raise together.
+    pub async fn commit(self) -> Result<()> {
+        self.tx.commit().await.map_err(map_err)
+    }
+
+    /// Rolls everything back.
+    pub async fn rollback(self) -> Result<()> {
+        self.tx.rollback().await.map_err(map_err)
+    }
+}

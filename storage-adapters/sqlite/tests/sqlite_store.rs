@@ -1,0 +1,175 @@
+//! SQLite store semantics: the fence check and the write are one transaction.
+
+use std::sync::Arc;
+
+use palisade_core::{ErrorKind, Fence, FencedStore, ResourceKey, WriteBatch};
+use palisade_sqlite::{SqliteConfig, SqliteStore, Synchronous, map_err};
+
+fn res() -> ResourceKey {
+    ResourceKey::new("alloc", "WH-01").unwrap()
+}
+
+async fn file_store(dir: &tempfile::TempDir) -> SqliteStore {
+    SqliteStore::connect(&format!("sqlite://{}/store.db", dir.path().display())).await.unwrap()
+}
+
+#[tokio::test]
+async fn equal_fence_accepted_lower_rejected_data_byte_for_byte_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = file_store(&dir).await;
+    assert_eq!(s.watermark(&res()).await.unwrap(), None);
+    s.apply(&res(), Fence::new(7), &WriteBatch::new().put("k", vec![1, 2, 3])).await.unwrap();
+    s.apply(&res(), Fence::new(7), &WriteBatch::new().put("k", vec![4, 5, 6])).await.unwrap();
+    s.apply(&res(), Fence::new(9), &WriteBatch::new().put("k", vec![7, 8, 9])).await.unwrap();
+    let err = s.apply(&res(), Fence::new(8), &WriteBatch::new().put("k", vec![0]).put("j", vec![0])).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(8), current: Fence::new(9) });
+    let r = s.read("k").await.unwrap().unwrap();
+    assert_eq!(r.value, vec![7, 8, 9]);
+    assert_eq!(r.fence, Some(Fence::new(9)));
+    assert!(s.read("j").await.unwrap().is_none());
+    assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(9)));
+}
+
+#[tokio::test]
+async fn a_failed_condition_rolls_back_the_whole_batch() {
+    let s = SqliteStore::connect("sqlite::memory:").await.unwrap();
+    s.apply(&res(), Fence::new(1), &WriteBatch::new().put("done/1", b"x".to_vec()).put("qty", b"10".to_vec()))
+        .await
+        .unwrap();
+    let batch = WriteBatch::new()
+        .put("qty", b"9".to_vec())
+        .delete("done/1")
+        .create("new", b"n".to_vec())
+        .check("absent", Some(b"v".to_vec()));
+    let err = s.apply(&res(), Fence::new(2), &batch).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    assert_eq!(s.read("qty").await.unwrap().unwrap().value, b"10");
+    assert!(s.read("done/1").await.unwrap().is_some());
+    assert!(s.read("new").await.unwrap().is_none());
+    assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(1)), "watermark rolled back too");
+    let err = s.apply(&res(), Fence::new(2), &WriteBatch::new().create("done/1", b"y".to_vec())).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    s.apply(&res(), Fence::new(2), &WriteBatch::new().check("qty", Some(b"10".to_vec())).put("qty", b"9".to_vec()))
+        .await
+        .unwrap();
+    assert_eq!(s.read("qty").await.unwrap().unwrap().value, b"9");
+}
+
+#[tokio::test]
+async fn concurrent_writers_with_interleaved_fences_lose_no_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(file_store(&dir).await);
+    // Fences 1..=120 presented in a scrambled order by 8 concurrent writers.
+    let fences: Vec<u64> = (1..=120u64).map(|i| (i * 37) % 120 + 1).collect();
+    let mut tasks = Vec::new();
+    for chunk in fences.chunks(15) {
+        let s = Arc::clone(&s);
+        let chunk = chunk.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for f in chunk {
+                let batch = WriteBatch::new().put("value", f.to_string()).create(format!("log/{f:04}"), vec![]);
+                outcomes.push((f, s.apply(&res(), Fence::new(f), &batch).await));
+            }
+            outcomes
+        }));
+    }
+    let mut accepted = Vec::new();
+    for t in tasks {
+        for (f, outcome) in t.await.unwrap() {
+            match outcome {
+                Ok(()) => accepted.push(f),
+                Err(e) => {
+                    let (presented, current) = e.stale_fence_details().expect("only stale-fence rejections");
+                    assert_eq!(presented, Fence::new(f));
+                    assert!(current > presented);
+                }
+            }
+        }
+    }
+    accepted.sort_unstable();
+    let logged: Vec<u64> =
+        s.list("log/").await.unwrap().iter().map(|(k, _)| k[4..].parse().unwrap()).collect();
+    assert_eq!(logged, accepted, "every accepted write is visible, no rejected one is");
+    assert!(accepted.contains(&120), "the highest fence is always accepted");
+    assert_eq!(s.read("value").await.unwrap().unwrap().value, b"120");
+    assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(120)));
+}
+
+#[tokio::test]
+async fn own_statements_commit_with_the_watermark_or_not_at_all() {
+    let s = SqliteStore::connect("sqlite::memory:").await.unwrap();
+    sqlx::query("CREATE TABLE inventory (sku TEXT PRIMARY KEY, qty INTEGER NOT NULL)")
+        .execute(s.pool())
+        .await
+        .map_err(map_err)
+        .unwrap();
+    sqlx::query("INSERT INTO inventory VALUES ('S1', 10)").execute(s.pool()).await.unwrap();
+    let qty = |s: SqliteStore| async move {
+        sqlx::query_scalar::<_, i64>("SELECT qty FROM inventory WHERE sku = 'S1'").fetch_one(s.pool()).await.unwrap()
+    };
+
+    // Dropped without commit: nothing happened, watermark included.
+    {
+        let mut tx = s.begin_fenced(&res(), Fence::new(5)).await.unwrap();
+        sqlx::query("UPDATE inventory SET qty = qty - 1").execute(tx.conn()).await.unwrap();
+    }
+    assert_eq!(qty(s.clone()).await, 10);
+    assert_eq!(s.watermark(&res()).await.unwrap(), None);
+
+    let mut tx = s.begin_fenced(&res(), Fence::new(5)).await.unwrap();
+    assert_eq!(tx.fence(), Fence::new(5));
+    sqlx::query("UPDATE inventory SET qty = qty - 1").execute(tx.conn()).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(qty(s.clone()).await, 9);
+
+    let err = s.begin_fenced(&res(), Fence::new(4)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(4), current: Fence::new(5) });
+    assert_eq!(qty(s.clone()).await, 9);
+}
+
+#[tokio::test]
+async fn watermarks_survive_reopening_and_tables_are_configurable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("custom.db");
+    let config = || SqliteConfig {
+        path: Some(path.clone()),
+        synchronous: Synchronous::Full,
+        fences_table: "my_fences".into(),
+        records_table: "my_records".into(),
+        ..SqliteConfig::default()
+    };
+    {
+        let s = SqliteStore::open(config()).await.unwrap();
+        s.apply(&res(), Fence::new(42), &WriteBatch::new().put("k", b"v".to_vec())).await.unwrap();
+        s.pool().close().await;
+    }
+    let s = SqliteStore::open(config()).await.unwrap();
+    let err = s.apply(&res(), Fence::new(41), &WriteBatch::new()).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }));
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM my_fences").fetch_one(s.pool()).await.unwrap();
+    assert_eq!(n, 1);
+    let bad = SqliteConfig { fences_table: "x; DROP TABLE y".into(), ..config() };
+    assert_eq!(SqliteStore::open(bad).await.unwrap_err().kind(), ErrorKind::InvalidConfig);
+}
+
+#[tokio::test]
+async fn bad_input_is_typed() {
+    let s = SqliteStore::connect("sqlite::memory:").await.unwrap();
+    let err = s.apply(&res(), Fence::new(u64::MAX), &WriteBatch::new()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(s.read("").await.unwrap_err().kind(), ErrorKind::InvalidKey);
+    let err = SqliteStore::connect("sqlite:///nonexistent-dir/x/y.db").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert_eq!(SqliteStore::connect("sqlite://").await.unwrap_err().kind(), ErrorKind::InvalidConfig);
+}
+
+#[tokio::test]
+async fn unfenced_writes_ignore_and_keep_watermarks() {
+    let s = SqliteStore::connect("sqlite::memory:").await.unwrap();
+    s.apply(&res(), Fence::new(3), &WriteBatch::new().put("k", b"a".to_vec())).await.unwrap();
+    s.apply_unfenced(&WriteBatch::new().put("k", b"b".to_vec())).await.unwrap();
+    let r = s.read("k").await.unwrap().unwrap();
+    assert_eq!((r.value.as_slice(), r.fence), (&b"b"[..], None));
+    assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(3)));
+}
