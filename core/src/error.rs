@@ -113,11 +113,7 @@ pub struct Error {
 
 impl Error {
     /// A new error of `kind` from `backend` (e.g. `"redis"`, `"sqlite"`, `"core"`).
-    pub fn new(
-        kind: ErrorKind,
-        backend: impl Into<Cow<'static, str>>,
-        message: impl Into<Cow<'static, str>>,
-    ) -> Self {
+    pub fn new(kind: ErrorKind, backend: impl Into<Cow<'static, str>>, message: impl Into<Cow<'static, str>>) -> Self {
         Error {
             kind,
             backend: backend.into(),
@@ -220,11 +216,7 @@ mod tests {
         assert!(Error::new(ErrorKind::Unavailable, "redis", "down").is_retryable());
         assert!(!Error::new(ErrorKind::OutcomeUnknown, "redis", "?").is_retryable());
         assert!(!Error::stale_fence("sqlite", Fence::new(1), Fence::new(2)).is_retryable());
-        assert!(
-            Error::new(ErrorKind::Backend, "x", "y")
-                .with_retryable(true)
-                .is_retryable()
-        );
+        assert!(Error::new(ErrorKind::Backend, "x", "y").with_retryable(true).is_retryable());
     }
 
     #[test]

@@ -147,11 +147,11 @@ pub trait FencedStoreExt: FencedStore {
         let store = self.backend();
         let span = tracing::debug_span!("store.fenced_write", store, resource = %resource, fence = fence.get());
         let result = self.apply(resource, fence, batch).instrument(span).await;
-        if let Err(e) = &result {
-            if let Some((presented, current)) = e.stale_fence_details() {
-                metrics::record_fence_rejected(store);
-                warn!(store, resource = %resource, %presented, %current, "stale fence rejected");
-            }
+        if let Err(e) = &result
+            && let Some((presented, current)) = e.stale_fence_details()
+        {
+            metrics::record_fence_rejected(store);
+            warn!(store, resource = %resource, %presented, %current, "stale fence rejected");
         }
         result
     }

@@ -65,15 +65,7 @@ impl<F: Fencing> Grant<F> {
     /// `requested_at` must be taken **before** the acquire request was sent, so the local
     /// deadline errs early, never late.
     pub fn new(key: ResourceKey, token: OwnerToken, fence: F::Token, ttl: Ttl, requested_at: Instant) -> Self {
-        Grant {
-            key,
-            token,
-            fence,
-            ttl,
-            requested_at,
-            handle: None,
-            lost: CancellationToken::new(),
-        }
+        Grant { key, token, fence, ttl, requested_at, handle: None, lost: CancellationToken::new() }
     }
 
     /// Attaches a backend-specific handle (a ZooKeeper node path, an etcd key), returned by

@@ -90,15 +90,9 @@ fn validate_part(what: &str, value: &str, max: usize) -> Result<()> {
         return invalid(format!("resource key {what} is empty"));
     }
     if value.len() > max {
-        return invalid(format!(
-            "resource key {what} is {} bytes long; at most {max} are allowed",
-            value.len()
-        ));
+        return invalid(format!("resource key {what} is {} bytes long; at most {max} are allowed", value.len()));
     }
-    if let Some(bad) = value
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-    {
+    if let Some(bad) = value.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
         return invalid(format!(
             "resource key {what} {:?} contains {bad:?}; only ASCII letters, digits, '-', '_' and '.' are allowed",
             truncate(value)

@@ -152,10 +152,7 @@ impl<S: LockService + ?Sized> Lease<S> {
     /// Must be called inside a Tokio runtime. Users get leases from
     /// [`LockServiceExt`](crate::LockServiceExt); backend authors rarely call this directly.
     pub fn new(service: Arc<S>, grant: Grant<S::Fencing>) -> Self {
-        let timing = Timing {
-            deadline: grant.requested_at() + grant.ttl().get(),
-            ttl: grant.ttl(),
-        };
+        let timing = Timing { deadline: grant.requested_at() + grant.ttl().get(), ttl: grant.ttl() };
         let shared = Arc::new(LeaseShared {
             service,
             grant,

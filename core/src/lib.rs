@@ -82,8 +82,8 @@ pub use memory::{MemoryFencedStore, MemoryLockService};
 pub use renewal::{Progress, Renewal};
 pub use service::{Backoff, DynLockService, LockService, timeout_error};
 pub use store::{
-    DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WriteBatch, WriteOp,
-    conflict_error, storable_fence, validate_record_key,
+    DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WriteBatch, WriteOp, conflict_error,
+    storable_fence, validate_record_key,
 };
 pub use token::OwnerToken;
 pub use ttl::{Ttl, validate_wait};

@@ -139,11 +139,7 @@ impl<S: LockService + ?Sized> LockService for Arc<S> {
 
 /// The [`ErrorKind::Timeout`] error for a wait that ran out.
 pub fn timeout_error(backend: &'static str, key: &ResourceKey, wait: Duration) -> Error {
-    Error::new(
-        ErrorKind::Timeout,
-        backend,
-        format!("lock {key} was not free within {wait:?}"),
-    )
+    Error::new(ErrorKind::Timeout, backend, format!("lock {key} was not free within {wait:?}"))
 }
 
 /// Exponential backoff with full jitter, for polling acquisition and reconnects.
@@ -168,11 +164,7 @@ impl Backoff {
         let mut seed = [0u8; 8];
         // A failed seed only makes the jitter predictable; it never affects safety.
         let _ = getrandom::fill(&mut seed);
-        Backoff {
-            ceiling: first,
-            max,
-            rng: u64::from_le_bytes(seed) | 1,
-        }
+        Backoff { ceiling: first, max, rng: u64::from_le_bytes(seed) | 1 }
     }
 
     /// The next delay to sleep.

@@ -239,14 +239,14 @@ impl WriteBatch {
                     format!("record key {:?} is written (or checked) twice in one write batch", op.key()),
                 ));
             }
-            if let WriteOp::Put { value, .. } | WriteOp::Create { value, .. } = op {
-                if value.len() > MAX_RECORD_VALUE_LEN {
-                    return Err(Error::new(
-                        ErrorKind::InvalidArgument,
-                        "core",
-                        format!("record value of {} bytes exceeds {MAX_RECORD_VALUE_LEN}", value.len()),
-                    ));
-                }
+            if let WriteOp::Put { value, .. } | WriteOp::Create { value, .. } = op
+                && value.len() > MAX_RECORD_VALUE_LEN
+            {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    "core",
+                    format!("record value of {} bytes exceeds {MAX_RECORD_VALUE_LEN}", value.len()),
+                ));
             }
         }
         Ok(())
@@ -298,20 +298,10 @@ mod tests {
         assert!(WriteBatch::new().validate().is_ok());
         let too_many = (0..=WriteBatch::MAX_OPS).fold(WriteBatch::new(), |b, i| b.put(format!("k{i}"), vec![]));
         assert_eq!(too_many.validate().unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(WriteBatch::new().put("", vec![]).validate().unwrap_err().kind(), ErrorKind::InvalidKey);
+        assert_eq!(WriteBatch::new().put("a\nb", vec![]).validate().unwrap_err().kind(), ErrorKind::InvalidKey);
         assert_eq!(
-            WriteBatch::new().put("", vec![]).validate().unwrap_err().kind(),
-            ErrorKind::InvalidKey
-        );
-        assert_eq!(
-            WriteBatch::new().put("a\nb", vec![]).validate().unwrap_err().kind(),
-            ErrorKind::InvalidKey
-        );
-        assert_eq!(
-            WriteBatch::new()
-                .put("k", vec![0; MAX_RECORD_VALUE_LEN + 1])
-                .validate()
-                .unwrap_err()
-                .kind(),
+            WriteBatch::new().put("k", vec![0; MAX_RECORD_VALUE_LEN + 1]).validate().unwrap_err().kind(),
             ErrorKind::InvalidArgument
         );
         assert_eq!(

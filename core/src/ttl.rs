@@ -52,7 +52,7 @@ impl Ttl {
     /// Whole milliseconds, rounded up, as backends with millisecond TTLs want them.
     pub fn as_millis_ceil(self) -> u64 {
         let ms = self.0.as_millis();
-        let rounded = if self.0.subsec_nanos() % 1_000_000 == 0 { ms } else { ms + 1 };
+        let rounded = if self.0.subsec_nanos().is_multiple_of(1_000_000) { ms } else { ms + 1 };
         u64::try_from(rounded).unwrap_or(u64::MAX)
     }
 
@@ -104,10 +104,7 @@ mod tests {
     fn bounds_are_enforced() {
         assert_eq!(Ttl::new(Duration::ZERO).unwrap_err().kind(), ErrorKind::InvalidArgument);
         assert_eq!(Ttl::new(Duration::from_micros(999)).unwrap_err().kind(), ErrorKind::InvalidArgument);
-        assert_eq!(
-            Ttl::new(Ttl::MAX + Duration::from_secs(1)).unwrap_err().kind(),
-            ErrorKind::InvalidArgument
-        );
+        assert_eq!(Ttl::new(Ttl::MAX + Duration::from_secs(1)).unwrap_err().kind(), ErrorKind::InvalidArgument);
         assert!(Ttl::new(Ttl::MIN).is_ok());
         assert!(Ttl::new(Ttl::MAX).is_ok());
         assert_eq!(validate_wait(Duration::ZERO).unwrap_err().kind(), ErrorKind::InvalidArgument);

@@ -1,5 +1,7 @@
 //! The lease lifecycle: deadlines, lost signals, release, and progress-gated renewal.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -102,7 +104,12 @@ async fn progress_keeps_the_lease_past_several_ttls_and_a_stall_loses_it() {
     let stalled_at = Instant::now();
     tokio::time::timeout(ttl * 3, lease.lost()).await.expect("stalled lease is lost");
     assert!(stalled_at.elapsed() <= ttl + ttl / 3 + Duration::from_millis(50), "{:?}", stalled_at.elapsed());
-    assert!(renewal.is_finished() || { tokio::time::sleep(Duration::from_millis(20)).await; renewal.is_finished() });
+    assert!(
+        renewal.is_finished() || {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            renewal.is_finished()
+        }
+    );
     let next = svc.lock(&key("f"), ttl, Duration::from_secs(1)).await.unwrap();
     assert!(next.fence() > lease.fence());
 }
@@ -137,7 +144,10 @@ impl LockService for FlakyExtend {
 }
 
 /// Sums a counter over its labels. One snapshot per test: taking a snapshot drains it.
-fn counter(snapshot: &[(metrics_util::CompositeKey, Option<metrics::Unit>, Option<metrics::SharedString>, DebugValue)], name: &str) -> u64 {
+fn counter(
+    snapshot: &[(metrics_util::CompositeKey, Option<metrics::Unit>, Option<metrics::SharedString>, DebugValue)],
+    name: &str,
+) -> u64 {
     snapshot
         .iter()
         .filter(|(k, _, _, _)| k.key().name() == name)

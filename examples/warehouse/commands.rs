@@ -10,7 +10,7 @@ use palisade::{DynFencedStore, DynLockService};
 use serde_json::json;
 
 use crate::cli::{Cli, Command};
-use crate::inventory::{Mode, Outcome, Warehouse};
+use crate::inventory::{Mode, Order, Outcome, Warehouse};
 use crate::simulate;
 
 /// The exit code for an error: 2 for bad input, 1 for everything else.
@@ -75,17 +75,17 @@ fn warn_if_single_process(cli: &Cli) {
 
 /// Rule 5: a grant below the store's watermark means the lock service lost its counter.
 async fn check_regression(store: &DynFencedStore, lease: &Lease<DynLockService>) -> Result<(), AppError> {
-    if let Some(watermark) = store.watermark(lease.key()).await? {
-        if lease.fence() < watermark {
-            return Err(AppError::Runtime(format!(
-                "fence regression: the lock service issued fence {} for {} but the store has accepted {}; \
-                 the lock service lost its counter (or is not shared across processes). \
-                 Every write would be refused; fix the lock service's durability",
-                lease.fence(),
-                lease.key(),
-                watermark
-            )));
-        }
+    if let Some(watermark) = store.watermark(lease.key()).await?
+        && lease.fence() < watermark
+    {
+        return Err(AppError::Runtime(format!(
+            "fence regression: the lock service issued fence {} for {} but the store has accepted {}; \
+             the lock service lost its counter (or is not shared across processes). \
+             Every write would be refused; fix the lock service's durability",
+            lease.fence(),
+            lease.key(),
+            watermark
+        )));
     }
     Ok(())
 }
@@ -106,10 +106,9 @@ async fn show(cli: &Cli, sku: &str) -> Result<ExitCode, AppError> {
     Warehouse::resource(sku)?;
     let store = palisade::connect_store(&cli.store).await?;
     let warehouse = Warehouse::new(store, "wh");
-    let stock = warehouse
-        .stock(sku)
-        .await?
-        .ok_or_else(|| AppError::Runtime(format!("unknown SKU {sku:?}: run `warehouse setup --sku {sku} --qty N` first")))?;
+    let stock = warehouse.stock(sku).await?.ok_or_else(|| {
+        AppError::Runtime(format!("unknown SKU {sku:?}: run `warehouse setup --sku {sku} --qty N` first"))
+    })?;
     let audit = warehouse.audit().await?;
     let allocations: usize = audit.values().sum();
     let duplicate_jobs = audit.values().filter(|&&n| n > 1).count();
@@ -141,6 +140,9 @@ async fn allocate(
     wait_ms: u64,
 ) -> Result<ExitCode, AppError> {
     let key = Warehouse::resource(sku)?;
+    let ttl = palisade::Ttl::new(Duration::from_millis(ttl_ms))?.get();
+    let wait = Duration::from_millis(wait_ms);
+    palisade::validate_wait(wait)?;
     let job = match job {
         Some(job) => {
             palisade::validate_record_key(job)?;
@@ -154,13 +156,18 @@ async fn allocate(
     warn_if_single_process(cli);
     let (locks, store) = connect(cli).await?;
     let warehouse = Warehouse::new(Arc::clone(&store), "wh");
-    let lease = locks.lock(&key, Duration::from_millis(ttl_ms), Duration::from_millis(wait_ms)).await?;
+    let lease = locks.lock(&key, ttl, wait).await?;
     let fence = lease.fence().get();
     emit(json!({"event": "acquired", "fence": fence, "job": job}))?;
     check_regression(&store, &lease).await?;
     let attempt = lease.token().to_string();
     let outcome = warehouse
-        .allocate(&lease, Mode::Fenced, sku, &job, &attempt, i64::from(qty), Duration::from_millis(think_ms))
+        .allocate(
+            &lease,
+            Mode::Fenced,
+            &Order { sku, job: &job, attempt: &attempt, qty: i64::from(qty) },
+            Duration::from_millis(think_ms),
+        )
         .await?;
     let code = match outcome {
         Outcome::Applied => {
@@ -168,7 +175,9 @@ async fn allocate(
             ExitCode::SUCCESS
         }
         Outcome::StaleFence { presented, current } => {
-            emit(json!({"event": "write", "fence": presented.get(), "applied": false, "reason": "stale_fence", "current": current.get()}))?;
+            emit(
+                json!({"event": "write", "fence": presented.get(), "applied": false, "reason": "stale_fence", "current": current.get()}),
+            )?;
             eprintln!("warehouse: write refused: fence {presented} is stale, the store has accepted {current}");
             ExitCode::from(3)
         }
@@ -188,10 +197,10 @@ async fn allocate(
         }
     };
     // A stale holder no longer holds the lock: NotHolder is expected and harmless here.
-    if let Err(e) = lease.release().await {
-        if e.kind() != ErrorKind::NotHolder {
-            eprintln!("warehouse: release failed: {e}");
-        }
+    if let Err(e) = lease.release().await
+        && e.kind() != ErrorKind::NotHolder
+    {
+        eprintln!("warehouse: release failed: {e}");
     }
     Ok(code)
 }

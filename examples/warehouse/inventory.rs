@@ -50,6 +50,16 @@ pub struct Warehouse {
     prefix: String,
 }
 
+/// One allocation request: which SKU, how many, for which job, and a unique attempt id (the
+/// audit record's key, so a job applied twice shows up as two records).
+#[derive(Debug, Clone, Copy)]
+pub struct Order<'a> {
+    pub sku: &'a str,
+    pub job: &'a str,
+    pub attempt: &'a str,
+    pub qty: i64,
+}
+
 /// A stock level and the fence that last wrote it.
 #[derive(Debug, Clone, Copy)]
 pub struct Stock {
@@ -119,12 +129,10 @@ impl Warehouse {
         &self,
         lease: &Lease<DynLockService>,
         mode: Mode,
-        sku: &str,
-        job: &str,
-        attempt: &str,
-        n: i64,
+        order: &Order<'_>,
         pause: Duration,
     ) -> palisade::Result<Outcome> {
+        let Order { sku, job, attempt, qty: n } = *order;
         let inventory_key = self.inventory_key(sku);
         let done_key = self.done_key(job);
         let audit_key = format!("{}{job}/{attempt}", self.audit_prefix());

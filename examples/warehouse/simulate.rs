@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::cli::{Cli, SimulateArgs};
 use crate::commands::{AppError, connect};
-use crate::inventory::{Mode, Outcome, Warehouse};
+use crate::inventory::{Mode, Order, Outcome, Warehouse};
 
 #[derive(Debug, Clone, Copy)]
 struct Delivery {
@@ -211,15 +211,18 @@ async fn process(sim: &Sim, delivery: Delivery, worker: u32) {
     if let Ok(mut l) = sim.acquire_latencies.lock() {
         l.push(started.elapsed());
     }
-    let pause = if sim.args.pause_every > 0 && (delivery.job + 1) % sim.args.pause_every == 0 && delivery.attempt == 1 {
-        sim.counters.pauses.fetch_add(1, Ordering::SeqCst);
-        sim.args.pause
-    } else {
-        Duration::ZERO
-    };
+    let pause =
+        if sim.args.pause_every > 0 && (delivery.job + 1).is_multiple_of(sim.args.pause_every) && delivery.attempt == 1
+        {
+            sim.counters.pauses.fetch_add(1, Ordering::SeqCst);
+            sim.args.pause
+        } else {
+            Duration::ZERO
+        };
     let job = format!("job-{:09}", delivery.job);
     let attempt = format!("a{}-w{worker}-f{}", delivery.attempt, lease.fence());
-    let outcome = sim.warehouse.allocate(&lease, sim.args.mode, &sku, &job, &attempt, 1, pause).await;
+    let order = Order { sku: &sku, job: &job, attempt: &attempt, qty: 1 };
+    let outcome = sim.warehouse.allocate(&lease, sim.args.mode, &order, pause).await;
     let finished = match outcome {
         Ok(Outcome::Applied) => {
             sim.counters.applied.fetch_add(1, Ordering::SeqCst);
@@ -309,8 +312,12 @@ fn print_human(r: &serde_json::Value) {
     );
     println!(
         "  {} ms, {} jobs/s, acquire p50 {} ms p99 {} ms  [{} lock, {} store]",
-        r["elapsed_ms"], r["jobs_per_sec"], r["acquire_p50_ms"], r["acquire_p99_ms"],
-        r["lock"].as_str().unwrap_or("?"), r["store"].as_str().unwrap_or("?")
+        r["elapsed_ms"],
+        r["jobs_per_sec"],
+        r["acquire_p50_ms"],
+        r["acquire_p99_ms"],
+        r["lock"].as_str().unwrap_or("?"),
+        r["store"].as_str().unwrap_or("?")
     );
 }
 
@@ -325,7 +332,9 @@ impl Progress {
     fn start(total: u64) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new(total);
-            if let Ok(style) = ProgressStyle::with_template("{spinner} {pos}/{len} jobs [{elapsed_precise}] {wide_bar} {per_sec}") {
+            if let Ok(style) =
+                ProgressStyle::with_template("{spinner} {pos}/{len} jobs [{elapsed_precise}] {wide_bar} {per_sec}")
+            {
                 bar.set_style(style);
             }
             bar
@@ -338,11 +347,11 @@ impl Progress {
             bar.set_position(done);
             return;
         }
-        if let Ok(mut last) = self.last_line.lock() {
-            if last.elapsed() >= Duration::from_secs(2) {
-                *last = Instant::now();
-                eprintln!("progress: {done}/{} jobs after {:.1} s", self.total, elapsed.as_secs_f64());
-            }
+        if let Ok(mut last) = self.last_line.lock()
+            && last.elapsed() >= Duration::from_secs(2)
+        {
+            *last = Instant::now();
+            eprintln!("progress: {done}/{} jobs after {:.1} s", self.total, elapsed.as_secs_f64());
         }
     }
 

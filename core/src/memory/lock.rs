@@ -9,8 +9,7 @@ use tokio::time::Instant;
 use crate::error::{Error, ErrorKind, Result};
 use crate::service::timeout_error;
 use crate::{
-    Capabilities, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting,
-    validate_wait,
+    Capabilities, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting, validate_wait,
 };
 
 const BACKEND: &str = "memory";
@@ -63,20 +62,14 @@ impl MemoryLockService {
         let slot = slots.entry(key.clone()).or_default();
         let now = Instant::now();
         if let Some(holder) = slot.holder.filter(|h| h.expires > now) {
-            return Ok(Attempt::Held {
-                until: holder.expires,
-                released: Arc::clone(&slot.released),
-            });
+            return Ok(Attempt::Held { until: holder.expires, released: Arc::clone(&slot.released) });
         }
         let fence = slot
             .last_fence
             .checked_add(1)
             .ok_or_else(|| Error::new(ErrorKind::Backend, BACKEND, "fence counter exhausted"))?;
         slot.last_fence = fence;
-        slot.holder = Some(Holder {
-            token,
-            expires: now + ttl.get(),
-        });
+        slot.holder = Some(Holder { token, expires: now + ttl.get() });
         Ok(Attempt::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
     }
 
@@ -84,9 +77,7 @@ impl MemoryLockService {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         match slots.get_mut(grant.key()) {
-            Some(slot) if slot.holder.is_some_and(|h| h.token == grant.token() && h.expires > now) => {
-                Ok(f(slot, now))
-            }
+            Some(slot) if slot.holder.is_some_and(|h| h.token == grant.token() && h.expires > now) => Ok(f(slot, now)),
             _ => Err(Error::new(
                 ErrorKind::NotHolder,
                 BACKEND,
@@ -145,10 +136,7 @@ impl LockService for MemoryLockService {
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> {
         self.with_own_slot(grant, |slot, now| {
-            slot.holder = Some(Holder {
-                token: grant.token(),
-                expires: now + ttl.get(),
-            });
+            slot.holder = Some(Holder { token: grant.token(), expires: now + ttl.get() });
         })
     }
 

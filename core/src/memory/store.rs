@@ -34,12 +34,11 @@ impl MemoryFencedStore {
             storable_fence(BACKEND, f)?;
         }
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((resource, presented)) = fence {
-            if let Some(&current) = state.watermarks.get(resource) {
-                if presented < current {
-                    return Err(Error::stale_fence(BACKEND, presented, current));
-                }
-            }
+        if let Some((resource, presented)) = fence
+            && let Some(&current) = state.watermarks.get(resource)
+            && presented < current
+        {
+            return Err(Error::stale_fence(BACKEND, presented, current));
         }
         // Conditions see the state before the batch (see `WriteBatch`).
         for op in batch.ops() {

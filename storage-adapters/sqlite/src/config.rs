@@ -117,7 +117,13 @@ mod tests {
         assert_eq!(c.synchronous, Synchronous::Normal);
         assert_eq!(c.busy_timeout, Duration::from_millis(50));
         assert_eq!(SqliteConfig::from_url("sqlite:/tmp/x.db").unwrap().path.unwrap(), PathBuf::from("/tmp/x.db"));
-        for bad in ["postgres://x", "sqlite://", "sqlite://a?synchronous=maybe", "sqlite://a?x=1", "sqlite://a?busy_timeout_ms=z"] {
+        for bad in [
+            "postgres://x",
+            "sqlite://",
+            "sqlite://a?synchronous=maybe",
+            "sqlite://a?x=1",
+            "sqlite://a?busy_timeout_ms=z",
+        ] {
             assert_eq!(SqliteConfig::from_url(bad).unwrap_err().kind(), ErrorKind::InvalidConfig, "{bad}");
         }
     }

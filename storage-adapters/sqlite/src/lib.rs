@@ -6,7 +6,7 @@
 //!
 //! Two ways to write:
 //!
-//! - the portable record API, [`FencedStore`] (what the conformance suite and the examples use);
+//! - the portable record API, [`FencedStore`](palisade_core::FencedStore) (what the conformance suite and the examples use);
 //! - your **own statements** on your own tables, in a [`FencedTransaction`] from
 //!   [`SqliteStore::begin_fenced`]: the transaction starts by checking and raising the
 //!   resource's watermark, then runs whatever you run, and commits only what you commit.

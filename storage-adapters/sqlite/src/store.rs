@@ -23,7 +23,9 @@ pub fn map_err(e: sqlx::Error) -> Error {
     let kind = match &e {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => ErrorKind::Unavailable,
         // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
-        sqlx::Error::Database(db) if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6)) => {
+        sqlx::Error::Database(db)
+            if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6)) =>
+        {
             ErrorKind::Unavailable
         }
         _ => ErrorKind::Backend,
@@ -107,20 +109,13 @@ impl SqliteStore {
         };
         let (options, pool_options) = match &config.path {
             Some(path) => (
-                SqliteConnectOptions::new()
-                    .filename(path)
-                    .create_if_missing(true)
-                    .journal_mode(SqliteJournalMode::Wal),
+                SqliteConnectOptions::new().filename(path).create_if_missing(true).journal_mode(SqliteJournalMode::Wal),
                 SqlitePoolOptions::new().max_connections(config.max_connections.max(1)),
             ),
             // An in-memory database lives and dies with its one connection: never recycle it.
             None => (
                 SqliteConnectOptions::from_str("sqlite::memory:").map_err(map_err)?,
-                SqlitePoolOptions::new()
-                    .max_connections(1)
-                    .min_connections(1)
-                    .idle_timeout(None)
-                    .max_lifetime(None),
+                SqlitePoolOptions::new().max_connections(1).min_connections(1).idle_timeout(None).max_lifetime(None),
             ),
         };
         let options = options.synchronous(synchronous).busy_timeout(config.busy_timeout);
@@ -250,11 +245,8 @@ async fn apply_op(conn: &mut SqliteConnection, s: &Statements, op: &WriteOp, fen
             sqlx::query(sql(&s.delete)).bind(key).execute(&mut *conn).await.map_err(map_err)?;
         }
         WriteOp::Check { key, expected } => {
-            let actual: Option<Vec<u8>> = sqlx::query_scalar(sql(&s.read))
-                .bind(key)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(map_err)?;
+            let actual: Option<Vec<u8>> =
+                sqlx::query_scalar(sql(&s.read)).bind(key).fetch_optional(&mut *conn).await.map_err(map_err)?;
             if actual.as_ref() != expected.as_ref() {
                 return Err(conflict_error(BACKEND, op));
             }
@@ -292,11 +284,8 @@ impl FencedStore for SqliteStore {
 
     async fn read(&self, key: &str) -> Result<Option<Record>> {
         validate_record_key(key)?;
-        let row = sqlx::query(sql(&self.statements.read))
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
+        let row =
+            sqlx::query(sql(&self.statements.read)).bind(key).fetch_optional(&self.pool).await.map_err(map_err)?;
         row.map(|row| {
             Ok(Record {
                 value: row.try_get(0).map_err(map_err)?,
@@ -307,11 +296,7 @@ impl FencedStore for SqliteStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
-        let rows = sqlx::query(sql(&self.statements.list))
-            .bind(prefix)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(map_err)?;
+        let rows = sqlx::query(sql(&self.statements.list)).bind(prefix).fetch_all(&self.pool).await.map_err(map_err)?;
         rows.into_iter()
             .map(|row| {
                 Ok((

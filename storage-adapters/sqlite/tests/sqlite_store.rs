@@ -1,5 +1,7 @@
 //! SQLite store semantics: the fence check and the write are one transaction.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
 use std::sync::Arc;
 
 use palisade_core::{ErrorKind, Fence, FencedStore, ResourceKey, WriteBatch};
@@ -88,8 +90,7 @@ async fn concurrent_writers_with_interleaved_fences_lose_no_update() {
         }
     }
     accepted.sort_unstable();
-    let logged: Vec<u64> =
-        s.list("log/").await.unwrap().iter().map(|(k, _)| k[4..].parse().unwrap()).collect();
+    let logged: Vec<u64> = s.list("log/").await.unwrap().iter().map(|(k, _)| k[4..].parse().unwrap()).collect();
     assert_eq!(logged, accepted, "every accepted write is visible, no rejected one is");
     assert!(accepted.contains(&120), "the highest fence is always accepted");
     assert_eq!(s.read("value").await.unwrap().unwrap().value, b"120");
