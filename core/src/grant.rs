@@ -25,6 +25,11 @@ pub trait Fencing: sealed::Sealed + Send + Sync + 'static {
     type Token: Copy + Send + Sync + fmt::Debug + 'static;
     /// `true` for [`Fenced`].
     const ISSUES_FENCES: bool;
+    /// The fence a token carries, if any (for code generic over both kinds).
+    fn fence_of(token: Self::Token) -> Option<Fence>;
+    /// Rebuilds a token from what [`fence_of`](Fencing::fence_of) gave, for proxies that carry
+    /// grants over a wire; `None` if a fenced token arrives without its fence.
+    fn token_from(fence: Option<Fence>) -> Option<Self::Token>;
 }
 
 /// Marker: the service issues a strictly increasing [`Fence`] with every grant.
@@ -38,11 +43,23 @@ pub enum Unfenced {}
 impl Fencing for Fenced {
     type Token = Fence;
     const ISSUES_FENCES: bool = true;
+    fn fence_of(token: Fence) -> Option<Fence> {
+        Some(token)
+    }
+    fn token_from(fence: Option<Fence>) -> Option<Fence> {
+        fence
+    }
 }
 
 impl Fencing for Unfenced {
     type Token = ();
     const ISSUES_FENCES: bool = false;
+    fn fence_of((): ()) -> Option<Fence> {
+        None
+    }
+    fn token_from(_: Option<Fence>) -> Option<()> {
+        Some(())
+    }
 }
 
 /// One grant of a lock, as a backend reports it: the raw material of a [`Lease`](crate::Lease).
@@ -88,6 +105,11 @@ impl<F: Fencing> Grant<F> {
     /// The fence, or `()` for unfenced services.
     pub fn fence_token(&self) -> F::Token {
         self.fence
+    }
+
+    /// The fence if the service issues them, `None` otherwise (for code generic over both).
+    pub fn fence_if_any(&self) -> Option<Fence> {
+        F::fence_of(self.fence)
     }
 
     /// The TTL asked for at acquisition.

@@ -271,6 +271,14 @@ impl<S: LockService + ?Sized> Lease<S> {
     }
 }
 
+impl<S: LockService + ?Sized> Lease<S> {
+    /// The fence if the service issues them, `None` for an efficiency lock (for code generic over
+    /// both; fenced code calls [`fence`](Lease::fence)).
+    pub fn fence_if_any(&self) -> Option<Fence> {
+        self.shared.grant.fence_if_any()
+    }
+}
+
 impl<S: LockService<Fencing = Fenced> + ?Sized> Lease<S> {
     /// The fence issued with this grant: carry it into every write the lock protects.
     ///

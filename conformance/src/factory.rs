@@ -1,0 +1,117 @@
+//! What a backend author supplies: factories of independent clients, and their timing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use palisade_core::{FencedStore, LockService, ResourceKey, Result};
+
+/// The timing a lock service's scenarios use.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// The TTL scenarios acquire with. Short keeps the suite fast; it must be above the
+    /// backend's minimum (etcd raises TTLs below about 2 s).
+    pub ttl: Duration,
+    /// How long after the TTL the backend may take to let another client in (server-side
+    /// expiry resolution, session timeouts, polling intervals).
+    pub expiry_margin: Duration,
+}
+
+impl Timing {
+    /// Timing with `ttl` and `expiry_margin`.
+    pub fn new(ttl: Duration, expiry_margin: Duration) -> Self {
+        Timing { ttl, expiry_margin }
+    }
+
+    /// TTL plus margin: by then a holder that stopped must have lost the lock.
+    pub fn expiry_bound(&self) -> Duration {
+        self.ttl + self.expiry_margin
+    }
+}
+
+/// How a child process (the holder the process-level scenarios freeze with `SIGSTOP`) reaches
+/// the same lock service as the parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessAccess {
+    /// The child builds its own client with the same factory (any service behind a server).
+    Direct,
+    /// The service lives in the parent's memory; the parent serves it to the child over a
+    /// loopback relay ([`relay`](crate::relay)).
+    Relay,
+}
+
+/// Hands out independent clients of one lock service.
+///
+/// "Independent" means what a separate process would have: its own connection or session, so
+/// one client's pause or crash does not take the others with it.
+#[async_trait]
+pub trait LockServiceFactory: Send + Sync + 'static {
+    /// The service type.
+    type Service: LockService;
+
+    /// A new, independent client.
+    async fn client(&self) -> Result<Arc<Self::Service>>;
+
+    /// The TTL and expiry margin scenarios use.
+    fn timing(&self) -> Timing;
+
+    /// How a child process reaches the same service. Default: [`ProcessAccess::Direct`].
+    fn process_access(&self) -> ProcessAccess {
+        ProcessAccess::Direct
+    }
+}
+
+/// Hands out independent clients of one fenced store.
+///
+/// A child process builds its own client with the same factory, so the store must be
+/// reachable from another process (a server, or a file such as SQLite's).
+#[async_trait]
+pub trait FencedStoreFactory: Send + Sync + 'static {
+    /// The store type.
+    type Store: FencedStore;
+
+    /// A new, independent client.
+    async fn client(&self) -> Result<Arc<Self::Store>>;
+}
+
+/// A fresh random namespace: scenarios never see each other's keys, records or fences.
+#[derive(Debug, Clone)]
+pub struct Namespace {
+    domain: String,
+}
+
+impl Namespace {
+    /// A namespace with a random 8-hex-digit name.
+    pub fn new() -> Self {
+        let mut bytes = [0u8; 4];
+        // A weak name only risks a collision between scenarios, which then fail loudly.
+        let _ = getrandom::fill(&mut bytes);
+        Namespace { domain: format!("cf{:02x}{:02x}{:02x}{:02x}", bytes[0], bytes[1], bytes[2], bytes[3]) }
+    }
+
+    /// Rebuilds a namespace from its name (in a child process).
+    pub fn from_name(name: &str) -> Self {
+        Namespace { domain: name.to_string() }
+    }
+
+    /// The namespace's name (the resource keys' domain).
+    pub fn name(&self) -> &str {
+        &self.domain
+    }
+
+    /// A resource key in this namespace.
+    pub fn key(&self, id: &str) -> Result<ResourceKey> {
+        ResourceKey::new(self.domain.clone(), id)
+    }
+
+    /// A record key in this namespace.
+    pub fn record(&self, name: &str) -> String {
+        format!("{}/{name}", self.domain)
+    }
+}
+
+impl Default for Namespace {
+    fn default() -> Self {
+        Namespace::new()
+    }
+}

@@ -1,0 +1,183 @@
+//! Running scenarios: a runtime, a local metrics recorder, reports and failures.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tokio::time::Instant;
+
+/// What a passing scenario measured (timings, counts), for the test log.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The scenario's name.
+    pub scenario: &'static str,
+    /// How long it ran.
+    pub elapsed: Duration,
+    /// Figures worth reading (handoff latency, achieved rate, …).
+    pub notes: Vec<String>,
+}
+
+/// A broken guarantee: which scenario, and what was observed.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The scenario's name.
+    pub scenario: &'static str,
+    /// What went wrong, naming the guarantee.
+    pub message: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "conformance scenario `{}` failed: {}", self.scenario, self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// A scenario's result.
+pub type Outcome = Result<Report, Failure>;
+
+/// Fails the scenario with a formatted message unless the condition holds.
+#[macro_export]
+macro_rules! ensure {
+    ($ctx:expr, $cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($ctx.fail(format!($($msg)+)));
+        }
+    };
+}
+
+/// Unwraps a `Result`, failing the scenario with context on `Err`.
+#[macro_export]
+macro_rules! attempt {
+    ($ctx:expr, $result:expr, $what:expr) => {
+        match $result {
+            Ok(v) => v,
+            Err(e) => return Err($ctx.fail(format!("{}: {}", $what, e))),
+        }
+    };
+}
+
+/// What a scenario knows about the run it is part of.
+pub struct Ctx {
+    scenario: &'static str,
+    test_name: String,
+    started: Instant,
+    notes: Mutex<Vec<String>>,
+    metrics: Option<Snapshotter>,
+}
+
+impl Ctx {
+    /// A context for `scenario`, re-executable as the libtest test `test_name` (the child role
+    /// of process-level scenarios runs by re-executing the test binary on that name).
+    pub fn new(scenario: &'static str, test_name: impl Into<String>) -> Self {
+        Ctx {
+            scenario,
+            test_name: test_name.into(),
+            started: Instant::now(),
+            notes: Mutex::new(Vec::new()),
+            metrics: None,
+        }
+    }
+
+    fn with_metrics(mut self, snapshotter: Snapshotter) -> Self {
+        self.metrics = Some(snapshotter);
+        self
+    }
+
+    /// The scenario's name.
+    pub fn scenario(&self) -> &'static str {
+        self.scenario
+    }
+
+    /// The libtest name of the test running this scenario.
+    pub fn test_name(&self) -> &str {
+        &self.test_name
+    }
+
+    /// A failure of this scenario.
+    pub fn fail(&self, message: impl Into<String>) -> Failure {
+        Failure { scenario: self.scenario, message: message.into() }
+    }
+
+    /// Records a figure for the report.
+    pub fn note(&self, note: impl Into<String>) {
+        self.notes.lock().unwrap_or_else(PoisonError::into_inner).push(note.into());
+    }
+
+    /// The scenario's report so far.
+    pub fn report(&self) -> Report {
+        Report {
+            scenario: self.scenario,
+            elapsed: self.started.elapsed(),
+            notes: self.notes.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+        }
+    }
+
+    /// How much the counter `name` (all labels summed) went up since the last call, or `None`
+    /// when the scenario runs without the harness's recorder.
+    pub fn take_counter(&self, name: &str) -> Option<u64> {
+        let snapshotter = self.metrics.as_ref()?;
+        Some(
+            snapshotter
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .filter(|(k, _, _, _)| k.key().name() == name)
+                .map(|(_, _, _, v)| if let DebugValue::Counter(c) = v { c } else { 0 })
+                .sum(),
+        )
+    }
+}
+
+/// Runs one scenario the way the suite macros do: on a current-thread Tokio runtime inside a
+/// local `metrics` recorder (so counters are this scenario's own), printing the report and
+/// panicking with the failure. `make` builds the scenario future from its context.
+pub fn run<F, Fut>(scenario: &'static str, test_name: &str, make: F)
+where
+    F: FnOnce(Arc<Ctx>) -> Fut,
+    Fut: Future<Output = Outcome>,
+{
+    let recorder = DebuggingRecorder::new();
+    let ctx = Arc::new(Ctx::new(scenario, test_name).with_metrics(recorder.snapshotter()));
+    let outcome = metrics::with_local_recorder(&recorder, || {
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => return Err(ctx.fail(format!("cannot build a Tokio runtime: {e}"))),
+        };
+        runtime.block_on(make(Arc::clone(&ctx)))
+    });
+    match outcome {
+        Ok(report) => {
+            let notes = if report.notes.is_empty() { String::new() } else { format!(" [{}]", report.notes.join("; ")) };
+            println!("conformance: {scenario} ok in {:.3} s{notes}", report.elapsed.as_secs_f64());
+        }
+        Err(failure) => panic!("{failure}"),
+    }
+}
+
+/// The libtest name of a test generated at `module_path` (which starts with the crate name,
+/// which libtest leaves out).
+pub fn test_name(module_path: &str, function: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, rest)) => format!("{rest}::{function}"),
+        None => function.to_string(),
+    }
+}
+
+/// Reads the environment variable naming a backend's server.
+///
+/// A missing variable **fails** the test, in CI and out of it: a backend test that skips when
+/// its server is absent reports green without having run. Start the servers with the
+/// project's test command (`scripts/test`) or `scripts/services up`.
+pub fn require_env(name: &str) -> String {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => v,
+        _ => panic!(
+            "environment variable {name} is not set: this test needs its server. Run `scripts/test` \
+             (which starts every server on loopback) or `scripts/services up` and export the printed variables"
+        ),
+    }
+}

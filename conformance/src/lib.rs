@@ -1,0 +1,221 @@
+//! # palisade-conformance
+//!
+//! The scenarios every Palisade lock service and fenced store must pass, as a library. A
+//! backend author runs them with one line:
+//!
+//! ```
+//! // In a test file, e.g. tests/conformance.rs, with your own factories in place of these:
+//! use palisade_conformance::memory::{MemoryLockFactory, MemoryStoreFactory};
+//!
+//! palisade_conformance::lock_service_suite!(MemoryLockFactory::new());
+//! palisade_conformance::fenced_store_suite!(MemoryStoreFactory::new());
+//! // end_to_end_suite!(MyLockFactory::new(), MyStoreFactory::new()) pairs a service with a
+//! // store that a child process can reach too (a server, or a file such as SQLite's).
+//! # fn main() {}
+//! ```
+//!
+//! Each macro stamps out one `#[test]` per scenario (in a module named after the suite), so a
+//! failure names the scenario and the guarantee it checks. The factory expression is evaluated
+//! inside each scenario's own runtime and hands out **independent clients** (their own
+//! connection or session) of one backend; every scenario works in a fresh random
+//! [`Namespace`]. A factory declares its [`Timing`] (the TTL to use and how long the backend
+//! may take to notice expiry) and, for in-process services, that a child process must reach
+//! it through the loopback [`relay`]. Capabilities come from the service itself.
+//!
+//! Nothing is skipped for lack of a server: a backend's test reads its server's address with
+//! [`require_env`], which fails when the variable is missing. Scenarios that do not apply to a
+//! service (a service without fences) assert the documented refusal instead.
+//!
+//! ## Scenarios
+//!
+//! | # | scenario | suite | the guarantee it checks |
+//! |---|---|---|---|
+//! | 1 | [`mutual_exclusion`](lock::mutual_exclusion) | lock | at most one holder; no lost update in the critical section |
+//! | 2 | [`owner_only_release_and_extend`](lock::owner_only_release_and_extend) | lock | a foreign token cannot release or extend; no double release |
+//! | 3 | [`expiry_and_takeover`](lock::expiry_and_takeover) | lock | a silent holder loses the lock after TTL (+ margin), not before; lost signal fired |
+//! | 4 | [`fence_monotonicity`](lock::fence_monotonicity) | lock | fences strictly increase across release, expiry, takeover; gap-free if declared |
+//! | 5 | [`progress_gated_renewal`](lock::progress_gated_renewal) | lock | progress keeps the lease past 3 TTLs; a stall loses it within TTL + margin |
+//! | 6 | [`wait_and_handoff`](lock::wait_and_handoff) | lock | a waiter gets a released lock; `Timeout` otherwise; handoff latency reported |
+//! | 7 | [`bad_input`](lock::bad_input) | lock | bad keys, TTLs and waits are typed errors |
+//! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted, higher raises the watermark, lower refused, data untouched |
+//! | 9 | [`concurrent_interleaved_fences`](store::concurrent_interleaved_fences) | store | concurrent scrambled fences: exactly the writes ≥ the watermark land |
+//! | 10 | [`atomicity`](store::atomicity) | store | multi-operation writes are all or nothing; conditions see the state before the batch |
+//! | – | [`store_bad_input`](store::store_bad_input) | store | malformed batches refused; unfenced writes keep watermarks |
+//! | 11a | [`paused_holder_in_process`](e2e::paused_holder_in_process) | end to end | a holder paused past TTL gets `StaleFence`; metric +1; lost fired |
+//! | 11b | [`paused_holder_process`](e2e::paused_holder_process) | end to end | the same with a real process frozen by `SIGSTOP` and thawed by `SIGCONT` |
+//! | 12 | [`killed_holder`](e2e::killed_holder) | end to end | after `SIGKILL` of the holder the next one proceeds within TTL + margin |
+//! | – | [`stale_write_before_new_holder_writes`](e2e::stale_write_before_new_holder_writes) | end to end | fencing rule 3: a fence orders writes, the "done" check in the write stops the job running twice |
+//! | 13 | [`load`](e2e::load) | end to end | sustained rate across keys: no duplicate side effects; fences gap-free if declared |
+//!
+//! ## Without the macros
+//!
+//! [`run_lock_scenarios`], [`run_store_scenarios`] and [`run_end_to_end_scenarios`] run the
+//! in-process scenarios from any async test. The process-level ones (11b, 12) re-execute the
+//! test binary on the running test's name, so they need the macros; and the metric check of
+//! 11a needs the macros' local recorder (without it the scenario says so in its report).
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod child;
+pub mod e2e;
+mod factory;
+pub mod harness;
+pub mod lock;
+pub mod memory;
+pub mod relay;
+pub mod store;
+
+pub use factory::{FencedStoreFactory, LockServiceFactory, Namespace, ProcessAccess, Timing};
+pub use harness::{Ctx, Failure, Outcome, Report, require_env};
+
+/// Whether this process is the holder child of a process-level scenario (tests that run such a
+/// scenario by hand use it to skip their own assertions in the child).
+pub fn is_child_process() -> bool {
+    child::role().is_some()
+}
+
+/// Runs lock scenarios 1–7 in the caller's runtime; stops at the first failure.
+pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Vec<Report>, Failure> {
+    let mut reports = Vec::new();
+    macro_rules! go {
+        ($($name:ident),*) => {$(
+            reports.push(lock::$name(&Ctx::new(stringify!($name), ""), factory).await?);
+        )*};
+    }
+    go!(
+        mutual_exclusion,
+        owner_only_release_and_extend,
+        expiry_and_takeover,
+        fence_monotonicity,
+        progress_gated_renewal,
+        wait_and_handoff,
+        bad_input
+    );
+    Ok(reports)
+}
+
+/// Runs store scenarios 8–10 and the bad-input scenario in the caller's runtime.
+pub async fn run_store_scenarios<F: FencedStoreFactory>(factory: &F) -> Result<Vec<Report>, Failure> {
+    let mut reports = Vec::new();
+    macro_rules! go {
+        ($($name:ident),*) => {$(
+            reports.push(store::$name(&Ctx::new(stringify!($name), ""), factory).await?);
+        )*};
+    }
+    go!(equal_higher_lower, concurrent_interleaved_fences, atomicity, store_bad_input);
+    Ok(reports)
+}
+
+/// Runs the in-process end-to-end scenarios (11a, rule 3, 13) in the caller's runtime.
+pub async fn run_end_to_end_scenarios<L: LockServiceFactory, S: FencedStoreFactory>(
+    lf: &L,
+    sf: &S,
+) -> Result<Vec<Report>, Failure> {
+    let mut reports = Vec::new();
+    macro_rules! go {
+        ($($name:ident),*) => {$(
+            reports.push(e2e::$name(&Ctx::new(stringify!($name), ""), lf, sf).await?);
+        )*};
+    }
+    go!(paused_holder_in_process, stale_write_before_new_holder_writes, load);
+    Ok(reports)
+}
+
+/// One `#[test]` running one scenario through [`harness::run`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __scenario_test {
+    ($group:ident, $name:ident, ($($factory:expr),+)) => {
+        #[test]
+        fn $name() {
+            let test = $crate::harness::test_name(module_path!(), stringify!($name));
+            $crate::harness::run(stringify!($name), &test, |ctx| async move {
+                $crate::__scenario_call!($group, $name, ctx, ($($factory),+))
+            });
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __scenario_call {
+    ($group:ident, $name:ident, $ctx:ident, ($factory:expr)) => {{
+        let factory = $factory;
+        $crate::$group::$name(&$ctx, &factory).await
+    }};
+    ($group:ident, $name:ident, $ctx:ident, ($lock:expr, $store:expr)) => {{
+        let (lock_factory, store_factory) = ($lock, $store);
+        $crate::e2e::$name(&$ctx, &lock_factory, &store_factory).await
+    }};
+}
+
+/// Stamps out one `#[test]` per lock service scenario (1–7) in a module
+/// (`lock_service_conformance`, or the name given first).
+///
+/// ```
+/// use palisade_conformance::memory::MemoryLockFactory;
+///
+/// palisade_conformance::lock_service_suite!(MemoryLockFactory::new());
+/// palisade_conformance::lock_service_suite!(second_instance, MemoryLockFactory::new());
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! lock_service_suite {
+    ($factory:expr) => {
+        $crate::lock_service_suite!(lock_service_conformance, $factory);
+    };
+    ($module:ident, $factory:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__scenario_test!(lock, mutual_exclusion, ($factory));
+            $crate::__scenario_test!(lock, owner_only_release_and_extend, ($factory));
+            $crate::__scenario_test!(lock, expiry_and_takeover, ($factory));
+            $crate::__scenario_test!(lock, fence_monotonicity, ($factory));
+            $crate::__scenario_test!(lock, progress_gated_renewal, ($factory));
+            $crate::__scenario_test!(lock, wait_and_handoff, ($factory));
+            $crate::__scenario_test!(lock, bad_input, ($factory));
+        }
+    };
+}
+
+/// Stamps out one `#[test]` per fenced store scenario (8–10 and bad input) in a module
+/// (`fenced_store_conformance`, or the name given first).
+#[macro_export]
+macro_rules! fenced_store_suite {
+    ($factory:expr) => {
+        $crate::fenced_store_suite!(fenced_store_conformance, $factory);
+    };
+    ($module:ident, $factory:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__scenario_test!(store, equal_higher_lower, ($factory));
+            $crate::__scenario_test!(store, concurrent_interleaved_fences, ($factory));
+            $crate::__scenario_test!(store, atomicity, ($factory));
+            $crate::__scenario_test!(store, store_bad_input, ($factory));
+        }
+    };
+}
+
+/// Stamps out one `#[test]` per end-to-end scenario (11a, 11b, 12, rule 3, 13) for a lock
+/// service factory and a store factory, in a module (`end_to_end_conformance`, or the name
+/// given first). The store must be reachable from a child process (a server or a file).
+#[macro_export]
+macro_rules! end_to_end_suite {
+    ($lock:expr, $store:expr) => {
+        $crate::end_to_end_suite!(end_to_end_conformance, $lock, $store);
+    };
+    ($module:ident, $lock:expr, $store:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__scenario_test!(e2e, paused_holder_in_process, ($lock, $store));
+            $crate::__scenario_test!(e2e, paused_holder_process, ($lock, $store));
+            $crate::__scenario_test!(e2e, killed_holder, ($lock, $store));
+            $crate::__scenario_test!(e2e, stale_write_before_new_holder_writes, ($lock, $store));
+            $crate::__scenario_test!(e2e, load, ($lock, $store));
+        }
+    };
+}

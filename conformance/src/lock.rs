@@ -1,0 +1,343 @@
+//! Lock service scenarios (1–7).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use palisade_core::{ErrorKind, Fencing, Grant, LockService, LockServiceExt, OwnerToken, Progress, ResourceKey, Ttl};
+use tokio::time::Instant;
+
+use crate::harness::{Ctx, Failure, Outcome};
+use crate::{LockServiceFactory, Namespace, attempt, ensure};
+
+type Service<F> = <F as LockServiceFactory>::Service;
+
+pub(crate) async fn client<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Result<Arc<Service<F>>, Failure> {
+    factory.client().await.map_err(|e| ctx.fail(format!("factory could not make a client: {e}")))
+}
+
+pub(crate) fn key(ctx: &Ctx, ns: &Namespace, id: &str) -> Result<ResourceKey, Failure> {
+    ns.key(id).map_err(|e| ctx.fail(format!("namespace key: {e}")))
+}
+
+/// Generous bound for waits that should succeed: never the thing under test.
+pub(crate) fn patience(factory_ttl: Duration) -> Duration {
+    (factory_ttl * 20).max(Duration::from_secs(20))
+}
+
+/// **1. Mutual exclusion.** `LockService::try_acquire`/`acquire`: at most one unexpired grant
+/// of a key exists at a time. 4 independent clients × 20 rounds contend for one key; a
+/// non-atomic read-modify-write of a shared counter inside the critical section never sees a
+/// second holder and loses no increment; every round completes.
+pub async fn mutual_exclusion<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    const CLIENTS: u64 = 4;
+    const ROUNDS: u64 = 20;
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "mutex")?;
+    let ttl = factory.timing().ttl;
+    let holders = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let value = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let svc = client(ctx, factory).await?;
+        let (key, holders, overlaps, value) = (key.clone(), holders.clone(), overlaps.clone(), value.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let lease = svc.lock(&key, ttl, patience(ttl)).await?;
+                if holders.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                let v = value.load(Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                value.store(v + 1, Ordering::SeqCst);
+                holders.fetch_sub(1, Ordering::SeqCst);
+                lease.release().await?;
+            }
+            Ok::<(), palisade_core::Error>(())
+        }));
+    }
+    for t in tasks {
+        attempt!(ctx, attempt!(ctx, t.await, "client task panicked"), "a contending client failed");
+    }
+    ensure!(
+        ctx,
+        overlaps.load(Ordering::SeqCst) == 0,
+        "{} times a client got the lock while another held it",
+        overlaps.load(Ordering::SeqCst)
+    );
+    let got = value.load(Ordering::SeqCst);
+    ensure!(
+        ctx,
+        got == CLIENTS * ROUNDS,
+        "lost updates inside the critical section: counter {got}, expected {}",
+        CLIENTS * ROUNDS
+    );
+    ctx.note(format!("{} exclusive rounds", CLIENTS * ROUNDS));
+    Ok(ctx.report())
+}
+
+/// **2. Owner-only release and extend.** `LockService::extend`/`release`: a grant carrying
+/// another owner token cannot release or extend the lock (`NotHolder`, and the holder keeps
+/// it); a released grant cannot be released again (`NotHolder`).
+pub async fn owner_only_release_and_extend<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "owner")?;
+    let ttl = attempt!(ctx, Ttl::new(factory.timing().ttl * 4), "ttl");
+    let holder = client(ctx, factory).await?;
+    let other = client(ctx, factory).await?;
+    let mine = attempt!(ctx, holder.try_acquire(&key, ttl).await, "try_acquire");
+    let Some(mine) = mine else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let token = attempt!(ctx, OwnerToken::generate(), "token");
+    let mut forged: Grant<<Service<F> as LockService>::Fencing> =
+        Grant::new(key.clone(), token, mine.fence_token(), ttl, Instant::now());
+    if let Some(handle) = mine.handle() {
+        forged = forged.with_handle(handle);
+    }
+    let err = other.release(&forged).await.err().map(|e| e.kind());
+    ensure!(ctx, err == Some(ErrorKind::NotHolder), "release with a foreign token gave {err:?}, expected NotHolder");
+    let err = other.extend(&forged, ttl).await.err().map(|e| e.kind());
+    ensure!(ctx, err == Some(ErrorKind::NotHolder), "extend with a foreign token gave {err:?}, expected NotHolder");
+    let busy = attempt!(ctx, other.try_acquire(&key, ttl).await, "try_acquire by the other client");
+    ensure!(ctx, busy.is_none(), "the holder lost the lock to a foreign release or extend");
+    attempt!(ctx, holder.extend(&mine, ttl).await, "the owner's own extend");
+    attempt!(ctx, holder.release(&mine).await, "the owner's own release");
+    let err = holder.release(&mine).await.err().map(|e| e.kind());
+    ensure!(ctx, err == Some(ErrorKind::NotHolder), "a second release gave {err:?}, expected NotHolder");
+    let err = holder.extend(&mine, ttl).await.err().map(|e| e.kind());
+    ensure!(ctx, err == Some(ErrorKind::NotHolder), "extend after release gave {err:?}, expected NotHolder");
+    Ok(ctx.report())
+}
+
+/// **3. Expiry and takeover.** A holder that neither extends nor releases loses the lock after
+/// its TTL (plus the declared margin), and not before; another client then gets it with a
+/// higher fence; the first holder's lost signal has fired by then.
+pub async fn expiry_and_takeover<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "expiry")?;
+    let timing = factory.timing();
+    let a = client(ctx, factory).await?;
+    let b = client(ctx, factory).await?;
+    let started = Instant::now();
+    let first = attempt!(ctx, a.try_lock(&key, timing.ttl).await, "try_lock");
+    let Some(first) = first else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let acquired = Instant::now();
+    let taken_over = loop {
+        if let Some(lease) = attempt!(ctx, b.try_lock(&key, timing.ttl).await, "takeover try_lock") {
+            break lease;
+        }
+        ensure!(
+            ctx,
+            acquired.elapsed() <= timing.expiry_bound() + Duration::from_millis(250),
+            "nobody could take the lock {:?} after the holder went silent (TTL {:?} + margin {:?})",
+            acquired.elapsed(),
+            timing.ttl,
+            timing.expiry_margin
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let took = started.elapsed();
+    // The grant's TTL counts from the server's receipt, which is after `started`; allow for a
+    // coarse server clock (1 ms) and nothing else.
+    ensure!(
+        ctx,
+        took + Duration::from_millis(2) >= timing.ttl,
+        "the lock was taken over after {took:?}, before its TTL {:?}",
+        timing.ttl
+    );
+    if let (Some(fa), Some(fb)) = (first.fence_if_any(), taken_over.fence_if_any()) {
+        ensure!(ctx, fb > fa, "takeover fence {fb} is not above the expired holder's {fa}");
+    }
+    let lost = tokio::time::timeout(Duration::from_millis(20), first.lost()).await.is_ok();
+    ensure!(ctx, lost, "the expired holder's lost signal had not fired when another client took the lock");
+    ctx.note(format!("takeover after {:.0} ms (TTL {} ms)", took.as_secs_f64() * 1e3, timing.ttl.as_millis()));
+    let err = first.release().await.err().map(|e| e.kind());
+    ensure!(ctx, err == Some(ErrorKind::NotHolder), "release by the expired holder gave {err:?}, expected NotHolder");
+    attempt!(ctx, taken_over.release().await, "release by the new holder");
+    Ok(ctx.report())
+}
+
+/// **4. Fence monotonicity.** Over grants that end by release, by expiry and takeover, and by
+/// extension then release, each grant's fence is strictly above every earlier one of the
+/// resource, and exactly one above the previous where the service declares `gap_free`. A
+/// service declaring no fence must hand out none (the documented refusal).
+pub async fn fence_monotonicity<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "fences")?;
+    let timing = factory.timing();
+    let a = client(ctx, factory).await?;
+    let b = client(ctx, factory).await?;
+    let caps = a.capabilities();
+    let issues = <<Service<F> as LockService>::Fencing as Fencing>::ISSUES_FENCES;
+    ensure!(
+        ctx,
+        caps.issues_fences() == issues,
+        "capabilities say fence source {:?}, but the type says fences: {issues}",
+        caps.fence_source
+    );
+    let mut fences = Vec::new();
+    for round in 0..9 {
+        let (holder, next) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let lease = attempt!(ctx, holder.lock(&key, timing.ttl, patience(timing.ttl)).await, "lock");
+        fences.push(lease.fence_if_any());
+        match round % 3 {
+            0 => attempt!(ctx, lease.release().await, "release"),
+            1 => {
+                // Let it expire; the other client takes over.
+                let taken = attempt!(ctx, next.lock(&key, timing.ttl, patience(timing.ttl)).await, "takeover");
+                fences.push(taken.fence_if_any());
+                attempt!(ctx, taken.release().await, "release after takeover");
+                drop(lease);
+            }
+            _ => {
+                attempt!(ctx, lease.extend(timing.ttl).await, "extend");
+                attempt!(ctx, lease.release().await, "release after extend");
+            }
+        }
+    }
+    if !issues {
+        ensure!(ctx, fences.iter().all(Option::is_none), "an unfenced service handed out a fence");
+        ctx.note("no fences, as declared (efficiency lock)");
+        return Ok(ctx.report());
+    }
+    let fences: Vec<u64> = fences.into_iter().map(|f| f.map_or(0, |f| f.get())).collect();
+    for pair in fences.windows(2) {
+        ensure!(
+            ctx,
+            pair[1] > pair[0],
+            "fences went {} then {}: not strictly increasing ({fences:?})",
+            pair[0],
+            pair[1]
+        );
+        if caps.gap_free {
+            ensure!(
+                ctx,
+                pair[1] == pair[0] + 1,
+                "declared gap-free but fences went {} then {} ({fences:?})",
+                pair[0],
+                pair[1]
+            );
+        }
+    }
+    ctx.note(format!("{} grants, fences {}..={}", fences.len(), fences[0], fences[fences.len() - 1]));
+    Ok(ctx.report())
+}
+
+/// **5. Progress-gated renewal.** `Lease::renew_on_progress`: a holder that keeps making
+/// progress keeps the lock past three TTLs (another client cannot take it); once its progress
+/// stalls it loses the lock within TTL + margin, its lost signal fires, and another client
+/// gets it.
+pub async fn progress_gated_renewal<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "renewal")?;
+    let timing = factory.timing();
+    let a = client(ctx, factory).await?;
+    let b = client(ctx, factory).await?;
+    let lease = attempt!(ctx, a.lock(&key, timing.ttl, patience(timing.ttl)).await, "lock");
+    let progress = Progress::new();
+    let _renewal = lease.renew_on_progress(&progress);
+    let until = Instant::now() + timing.ttl * 3;
+    while Instant::now() < until {
+        progress.tick();
+        let stolen = attempt!(ctx, b.try_lock(&key, timing.ttl).await, "probe");
+        ensure!(ctx, stolen.is_none(), "another client took the lock while its holder was making progress");
+        tokio::time::sleep(timing.ttl / 10).await;
+    }
+    ensure!(ctx, !lease.is_lost(), "a progressing holder's lease was lost");
+    let stalled = Instant::now();
+    let bound = timing.expiry_bound() + timing.ttl / 3 + Duration::from_millis(100);
+    let lost = tokio::time::timeout(bound, lease.lost()).await.is_ok();
+    ensure!(ctx, lost, "a stalled holder's lease was not lost within {bound:?}");
+    let taken = loop {
+        if let Some(l) = attempt!(ctx, b.try_lock(&key, timing.ttl).await, "takeover") {
+            break l;
+        }
+        ensure!(
+            ctx,
+            stalled.elapsed() <= bound + timing.expiry_margin,
+            "the stalled holder still had the lock after {:?}",
+            stalled.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    ctx.note(format!("lost {:.0} ms after the stall", stalled.elapsed().as_secs_f64() * 1e3));
+    attempt!(ctx, taken.release().await, "release");
+    Ok(ctx.report())
+}
+
+/// **6. Wait and handoff.** `acquire` with a wait timeout gets the lock when the holder
+/// releases it, and fails with `Timeout` (retryable) when the holder keeps it. Handoff latency
+/// (release returned → waiter holds) is reported, not asserted.
+pub async fn wait_and_handoff<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "handoff")?;
+    let timing = factory.timing();
+    let long = timing.ttl * 4;
+    let a = client(ctx, factory).await?;
+    let b = client(ctx, factory).await?;
+    let mut handoffs = Vec::new();
+    for _ in 0..8 {
+        let held = attempt!(ctx, a.lock(&key, long, patience(timing.ttl)).await, "holder lock");
+        let waiter = {
+            let (b, key) = (Arc::clone(&b), key.clone());
+            tokio::spawn(async move {
+                let lease = b.lock(&key, long, patience(long)).await;
+                (lease, Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        attempt!(ctx, held.release().await, "holder release");
+        let released = Instant::now();
+        let (lease, got_at) = attempt!(ctx, waiter.await, "waiter task");
+        let lease = attempt!(ctx, lease, "the waiter did not get the released lock");
+        handoffs.push(got_at.saturating_duration_since(released));
+        attempt!(ctx, lease.release().await, "waiter release");
+    }
+    handoffs.sort();
+    ctx.note(format!(
+        "handoff p50 {:.2} ms, max {:.2} ms",
+        handoffs[handoffs.len() / 2].as_secs_f64() * 1e3,
+        handoffs[handoffs.len() - 1].as_secs_f64() * 1e3
+    ));
+    let held = attempt!(ctx, a.lock(&key, long, patience(timing.ttl)).await, "holder lock");
+    let wait = timing.ttl / 2;
+    let started = Instant::now();
+    let err = b.lock(&key, long, wait).await.err();
+    let kind = err.as_ref().map(|e| e.kind());
+    ensure!(ctx, kind == Some(ErrorKind::Timeout), "waiting on a held lock gave {kind:?}, expected Timeout");
+    ensure!(ctx, err.is_some_and(|e| e.is_retryable()), "Timeout must be retryable");
+    ensure!(ctx, started.elapsed() >= wait, "Timeout came after {:?}, before the wait of {wait:?}", started.elapsed());
+    attempt!(ctx, held.release().await, "release");
+    Ok(ctx.report())
+}
+
+/// **7. Bad input.** Invalid keys, a zero TTL, a TTL above the maximum and a wait of zero are
+/// typed errors (`InvalidKey`, `InvalidArgument`), never a panic or a grant. The service's own
+/// `acquire` refuses a zero wait too (backends that override it must validate).
+pub async fn bad_input<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let svc = client(ctx, factory).await?;
+    for (domain, id) in
+        [("", "x"), (ns.name(), ""), (ns.name(), "a b"), (ns.name(), "a:b"), (ns.name(), "{x}"), (ns.name(), "x/y")]
+    {
+        let kind = ResourceKey::new(domain, id).err().map(|e| e.kind());
+        ensure!(ctx, kind == Some(ErrorKind::InvalidKey), "key {domain:?}/{id:?} gave {kind:?}, expected InvalidKey");
+    }
+    let key = key(ctx, &ns, "bad-input")?;
+    for ttl in [Duration::ZERO, Ttl::MAX + Duration::from_secs(1), Duration::from_secs(u64::MAX / 4)] {
+        let kind = svc.try_lock(&key, ttl).await.err().map(|e| e.kind());
+        ensure!(ctx, kind == Some(ErrorKind::InvalidArgument), "TTL {ttl:?} gave {kind:?}, expected InvalidArgument");
+    }
+    let kind = svc.lock(&key, factory.timing().ttl, Duration::ZERO).await.err().map(|e| e.kind());
+    ensure!(ctx, kind == Some(ErrorKind::InvalidArgument), "a zero wait gave {kind:?}, expected InvalidArgument");
+    let ttl = attempt!(ctx, Ttl::new(factory.timing().ttl), "ttl");
+    let kind = svc.acquire(&key, ttl, Duration::ZERO).await.err().map(|e| e.kind());
+    ensure!(
+        ctx,
+        kind == Some(ErrorKind::InvalidArgument),
+        "the service's acquire with a zero wait gave {kind:?}, expected InvalidArgument"
+    );
+    let free = attempt!(ctx, svc.try_lock(&key, factory.timing().ttl).await, "try_lock after bad input");
+    ensure!(ctx, free.is_some(), "bad input left the key locked");
+    Ok(ctx.report())
+}

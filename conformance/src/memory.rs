@@ -1,0 +1,62 @@
+//! Factories for the in-memory reference implementations.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use palisade_core::{MemoryFencedStore, MemoryLockService, Result};
+
+use crate::{FencedStoreFactory, LockServiceFactory, ProcessAccess, Timing};
+
+/// Clients of one shared [`MemoryLockService`]; child processes reach it through the relay.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLockFactory {
+    service: Arc<MemoryLockService>,
+}
+
+impl MemoryLockFactory {
+    /// A factory over a fresh service.
+    pub fn new() -> Self {
+        MemoryLockFactory::default()
+    }
+}
+
+#[async_trait]
+impl LockServiceFactory for MemoryLockFactory {
+    type Service = MemoryLockService;
+
+    async fn client(&self) -> Result<Arc<MemoryLockService>> {
+        Ok(Arc::clone(&self.service))
+    }
+
+    fn timing(&self) -> Timing {
+        Timing::new(Duration::from_millis(200), Duration::from_millis(50))
+    }
+
+    fn process_access(&self) -> ProcessAccess {
+        ProcessAccess::Relay
+    }
+}
+
+/// Clients of one shared [`MemoryFencedStore`] (in-process only: not for the process-level
+/// end-to-end scenarios, whose child process needs its own path to the store).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStoreFactory {
+    store: Arc<MemoryFencedStore>,
+}
+
+impl MemoryStoreFactory {
+    /// A factory over a fresh store.
+    pub fn new() -> Self {
+        MemoryStoreFactory::default()
+    }
+}
+
+#[async_trait]
+impl FencedStoreFactory for MemoryStoreFactory {
+    type Store = MemoryFencedStore;
+
+    async fn client(&self) -> Result<Arc<MemoryFencedStore>> {
+        Ok(Arc::clone(&self.store))
+    }
+}
