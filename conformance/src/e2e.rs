@@ -147,6 +147,30 @@ async fn play_holder<L: LockServiceFactory, S: FencedStoreFactory>(
     Ok(ctx.report())
 }
 
+/// What both process-level scenarios start with: a namespace, the relay if the service needs
+/// one, the second client B with its store, and the holder process.
+struct ProcessSetup<L: LockServiceFactory, S: FencedStoreFactory> {
+    ns: Namespace,
+    key: palisade_core::ResourceKey,
+    timing: crate::Timing,
+    _relay: Option<Relay>,
+    b: Arc<L::Service>,
+    store_b: Arc<S::Store>,
+    holder: HolderProcess,
+}
+
+impl<L: LockServiceFactory, S: FencedStoreFactory> ProcessSetup<L, S> {
+    async fn start(ctx: &Ctx, lf: &L, sf: &S) -> std::result::Result<Self, Failure> {
+        let ns = Namespace::new();
+        let key = key(ctx, &ns, "paused")?;
+        let relay = relay_for(ctx, lf).await?;
+        let b = client(ctx, lf).await?;
+        let store_b = store_client(ctx, sf).await?;
+        let holder = HolderProcess::spawn(ctx, &ns, relay.as_ref().map(Relay::addr)).await?;
+        Ok(ProcessSetup { ns, key, timing: lf.timing(), _relay: relay, b, store_b, holder })
+    }
+}
+
 fn parse_fence(s: &str) -> Option<Fence> {
     s.parse().ok().map(Fence::new)
 }
@@ -162,13 +186,7 @@ pub async fn paused_holder_process<L: LockServiceFactory, S: FencedStoreFactory>
     if let Some(role) = child::role() {
         return play_holder(ctx, lf, sf, role).await;
     }
-    let ns = Namespace::new();
-    let key = key(ctx, &ns, "paused")?;
-    let timing = lf.timing();
-    let relay = relay_for(ctx, lf).await?;
-    let b = client(ctx, lf).await?;
-    let store_b = store_client(ctx, sf).await?;
-    let mut holder = HolderProcess::spawn(ctx, &ns, relay.as_ref().map(Relay::addr)).await?;
+    let ProcessSetup { ns, key, timing, _relay, b, store_b, mut holder } = ProcessSetup::start(ctx, lf, sf).await?;
     let fa = holder.expect(ctx, "acquired", Duration::from_secs(120)).await?;
     holder.signal(ctx, Signal::SIGSTOP)?;
     let frozen = Instant::now();
@@ -213,13 +231,7 @@ pub async fn killed_holder<L: LockServiceFactory, S: FencedStoreFactory>(ctx: &C
     if let Some(role) = child::role() {
         return play_holder(ctx, lf, sf, role).await;
     }
-    let ns = Namespace::new();
-    let key = key(ctx, &ns, "paused")?;
-    let timing = lf.timing();
-    let relay = relay_for(ctx, lf).await?;
-    let b = client(ctx, lf).await?;
-    let store_b = store_client(ctx, sf).await?;
-    let mut holder = HolderProcess::spawn(ctx, &ns, relay.as_ref().map(Relay::addr)).await?;
+    let ProcessSetup { key, timing, _relay, b, store_b, mut holder, ns } = ProcessSetup::start(ctx, lf, sf).await?;
     let _ = holder.expect(ctx, "acquired", Duration::from_secs(120)).await?;
     let granted = Instant::now();
     holder.signal(ctx, Signal::SIGKILL)?;
