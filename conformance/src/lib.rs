@@ -60,6 +60,7 @@
 mod child;
 pub mod e2e;
 mod factory;
+mod fn_factory;
 pub mod harness;
 pub mod lock;
 pub mod memory;
@@ -67,6 +68,7 @@ pub mod relay;
 pub mod store;
 
 pub use factory::{FencedStoreFactory, LockServiceFactory, Namespace, ProcessAccess, Timing};
+pub use fn_factory::{FnLockFactory, FnStoreFactory, lock_factory, store_factory};
 pub use harness::{Ctx, Failure, Outcome, Report, require_env};
 
 /// Whether this process is the holder child of a process-level scenario (tests that run such a

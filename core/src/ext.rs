@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
-use tracing::{Instrument, warn};
+use tracing::{Instrument, error, warn};
 
 use crate::error::{ErrorKind, Result};
 use crate::{Fence, Fenced, FencedStore, Lease, LockService, ResourceKey, Ttl, WriteBatch, metrics};
@@ -45,7 +45,27 @@ pub trait LockServiceExt {
     /// Takes the lock, waiting up to `wait`; [`ErrorKind::Timeout`] if it does not come free.
     /// `ttl` and `wait` are validated.
     async fn lock(&self, key: &ResourceKey, ttl: Duration, wait: Duration) -> Result<Lease<Self::Service>>;
+
+    /// [`lock`](LockServiceExt::lock), then checks the grant against `store`'s watermark for
+    /// the resource (fencing rule 5), at the cost of one watermark read.
+    ///
+    /// A fence below the watermark means the lock service lost its counter (a restart without
+    /// persistence, a failover to a lagging replica, `FLUSHALL`, a restore): every write under
+    /// it would be refused. The regression is logged at error level and counted in
+    /// `lock_fence_regression_total`; the grant is released; the service's counter is moved to
+    /// the watermark plus [`REGRESSION_GAP`] ([`LockService::advance_fence`]), far enough to
+    /// outrank grants issued before the loss that have not written yet; and the lock is taken
+    /// again. No stale write is ever accepted on the way. A service that cannot move its
+    /// counter gives [`ErrorKind::FenceRegression`].
+    async fn lock_checked<T>(&self, store: &T, key: &ResourceKey, ttl: Duration, wait: Duration) -> Result<Lease<Self::Service>>
+    where
+        T: FencedStore + ?Sized,
+        Self::Service: LockService<Fencing = Fenced>;
 }
+
+/// How far [`LockServiceExt::lock_checked`] moves a regressed fence counter above the store's
+/// watermark: 2³⁰, about a billion, as etcd advises for `--bump-revision` after a restore.
+pub const REGRESSION_GAP: u64 = 1 << 30;
 
 #[async_trait]
 impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
@@ -89,6 +109,48 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
                 Err(e)
             }
         }
+    }
+
+    async fn lock_checked<T>(&self, store: &T, key: &ResourceKey, ttl: Duration, wait: Duration) -> Result<Lease<S>>
+    where
+        T: FencedStore + ?Sized,
+        S: LockService<Fencing = Fenced>,
+    {
+        let backend = self.backend();
+        // Two rounds: the first may find and repair a regression, the second must be clean.
+        for _ in 0..2 {
+            let lease = self.lock(key, ttl, wait).await?;
+            let Some(watermark) = store.watermark(key).await? else { return Ok(lease) };
+            if lease.fence() >= watermark {
+                return Ok(lease);
+            }
+            metrics::record_fence_regression(backend);
+            error!(
+                backend,
+                store = store.backend(),
+                key = %key,
+                fence = lease.fence().get(),
+                watermark = watermark.get(),
+                "FENCE REGRESSION: the lock service issued a fence below the store's watermark; it lost its counter"
+            );
+            // Give the useless grant back before moving the counter; a failed release only
+            // delays the next grant until the TTL.
+            let _ = lease.release().await;
+            let floor = Fence::new(watermark.get().saturating_add(REGRESSION_GAP));
+            self.advance_fence(key, floor).await.map_err(|e| {
+                crate::Error::new(
+                    ErrorKind::FenceRegression,
+                    backend,
+                    format!("fence regression on {key}: issued below watermark {watermark}, and the counter cannot be moved"),
+                )
+                .with_source(e)
+            })?;
+        }
+        Err(crate::Error::new(
+            ErrorKind::FenceRegression,
+            backend,
+            format!("fence regression on {key}: still below the store's watermark after moving the counter"),
+        ))
     }
 }
 

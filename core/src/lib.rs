@@ -73,7 +73,7 @@ mod ttl;
 
 pub use capabilities::{Capabilities, FenceSource, Waiting};
 pub use error::{BoxError, Error, ErrorKind, Result};
-pub use ext::{FencedStoreExt, LockServiceExt};
+pub use ext::{FencedStoreExt, LockServiceExt, REGRESSION_GAP};
 pub use fence::Fence;
 pub use grant::{Fenced, Fencing, Grant, Unfenced};
 pub use key::{MAX_DOMAIN_LEN, MAX_ID_LEN, ResourceKey};

@@ -10,6 +10,7 @@
 //! | `lock_fence_rejected_total` | counter | `store` | writes refused for a stale fence: a holder outlived its lease |
 //! | `lock_lost_total` | counter | `backend` | leases lost before release (deadline, backend report, failed renewal) |
 //! | `lock_renew_failed_total` | counter | `backend` | progress-gated renewals that failed |
+//! | `lock_fence_regression_total` | counter | `backend` | grants below a store's watermark: the service lost its counter |
 //!
 //! A sustained non-zero rate of `lock_fence_rejected_total` in steady state means TTLs are too
 //! tight or handlers got slower: alert on it, as the seed advises.
@@ -26,6 +27,14 @@ pub const LOCK_FENCE_REJECTED_TOTAL: &str = "lock_fence_rejected_total";
 pub const LOCK_LOST_TOTAL: &str = "lock_lost_total";
 /// Counter of failed progress-gated renewals, by `backend`.
 pub const LOCK_RENEW_FAILED_TOTAL: &str = "lock_renew_failed_total";
+
+/// Counter of grants found below a store's watermark, by `backend`.
+pub const LOCK_FENCE_REGRESSION_TOTAL: &str = "lock_fence_regression_total";
+
+/// Records a fence regression.
+pub fn record_fence_regression(backend: &'static str) {
+    metrics::counter!(LOCK_FENCE_REGRESSION_TOTAL, "backend" => backend).increment(1);
+}
 
 /// Records one acquisition attempt's outcome (and its latency when it succeeded).
 pub fn record_acquire(backend: &'static str, outcome: &'static str, elapsed: Option<Duration>) {

@@ -109,6 +109,23 @@ pub trait LockService: Send + Sync + 'static {
     ///   current holder (if any) keeps the lock.
     /// - A fenced service never reuses or lowers a fence because of a release.
     async fn release(&self, grant: &Grant<Self::Fencing>) -> Result<()>;
+
+    /// Moves `key`'s fence counter so that the next grant's fence is above `floor`; never lowers
+    /// it. This is the recovery from a fence regression (fencing rule 5): the service lost its
+    /// counter, and a store holds a watermark above what it now issues.
+    ///
+    /// Behavior:
+    /// - Atomic with respect to grants: no grant issued after it returns has a fence ≤ `floor`.
+    /// - Default: [`ErrorKind::Unsupported`] (services whose fences cannot be moved, like etcd
+    ///   revisions, recover by operator action instead).
+    async fn advance_fence(&self, key: &ResourceKey, floor: crate::Fence) -> Result<()> {
+        let _ = floor;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            self.backend(),
+            format!("cannot move the fence counter of {key}; restore the lock service's data instead"),
+        ))
+    }
 }
 
 /// A fenced lock service behind a pointer: what `palisade::connect_lock` returns.
@@ -134,6 +151,9 @@ impl<S: LockService + ?Sized> LockService for Arc<S> {
     }
     async fn release(&self, grant: &Grant<Self::Fencing>) -> Result<()> {
         (**self).release(grant).await
+    }
+    async fn advance_fence(&self, key: &ResourceKey, floor: crate::Fence) -> Result<()> {
+        (**self).advance_fence(key, floor).await
     }
 }
 

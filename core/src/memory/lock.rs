@@ -49,6 +49,15 @@ impl MemoryLockService {
         MemoryLockService::default()
     }
 
+    /// Forgets every fence counter, as a Redis restarted without persistence would: the next
+    /// grants start again from 1 (for fence-regression tests).
+    pub fn forget_fences(&self) {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        for slot in slots.values_mut() {
+            slot.last_fence = 0;
+        }
+    }
+
     /// The last fence issued for `key`, if any (for tests and diagnostics).
     pub fn last_fence(&self, key: &ResourceKey) -> Option<Fence> {
         let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
@@ -145,6 +154,13 @@ impl LockService for MemoryLockService {
             slot.holder = None;
             slot.released.notify_waiters();
         })
+    }
+
+    async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = slots.entry(key.clone()).or_default();
+        slot.last_fence = slot.last_fence.max(floor.get());
+        Ok(())
     }
 }
 

@@ -4,36 +4,21 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use palisade_conformance::FencedStoreFactory;
 use palisade_conformance::memory::MemoryLockFactory;
-use palisade_core::Result;
+use palisade_conformance::{FencedStoreFactory, store_factory};
 use palisade_sqlite::SqliteStore;
 
-/// Independent clients (each its own pool) of one database file that a child process can open
-/// too: the path is fixed per test binary, and scenarios keep apart by namespace.
-struct SqliteFactory {
-    url: String,
+/// Independent clients (each its own pool) of one database file that a child process opens too:
+/// the path is fixed per test binary, and scenarios keep apart by namespace. Speed over
+/// power-loss durability: the scenarios test semantics, not fsync.
+fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
+    store_factory(|| async {
+        let path = format!("{}/palisade-sqlite-conformance.db", env!("CARGO_TARGET_TMPDIR"));
+        Ok(Arc::new(SqliteStore::connect(&format!("sqlite://{path}?synchronous=normal&busy_timeout_ms=30000")).await?))
+    })
 }
 
-impl SqliteFactory {
-    fn new() -> Self {
-        let path: PathBuf = [env!("CARGO_TARGET_TMPDIR"), "palisade-sqlite-conformance.db"].iter().collect();
-        // Speed over power-loss durability: the scenarios test semantics, not fsync.
-        SqliteFactory { url: format!("sqlite://{}?synchronous=normal&busy_timeout_ms=30000", path.display()) }
-    }
-}
-
-#[palisade_core::async_trait]
-impl FencedStoreFactory for SqliteFactory {
-    type Store = SqliteStore;
-
-    async fn client(&self) -> Result<Arc<SqliteStore>> {
-        Ok(Arc::new(SqliteStore::connect(&self.url).await?))
-    }
-}
-
-palisade_conformance::fenced_store_suite!(SqliteFactory::new());
-palisade_conformance::end_to_end_suite!(MemoryLockFactory::new(), SqliteFactory::new());
+palisade_conformance::fenced_store_suite!(sqlite());
+palisade_conformance::end_to_end_suite!(MemoryLockFactory::new(), sqlite());

@@ -1,0 +1,52 @@
+//! # palisade-redis
+//!
+//! Palisade's Redis lock service: the seed's engineered approach, done atomically.
+//!
+//! - **Acquire is one round trip**: one Lua script runs `SET lock:{d:id} TOKEN NX PX ttl` and,
+//!   only if that succeeded, `INCR fence:{d:id}`, returning the fence. There is never a lock
+//!   without a fence nor a fence spent without a lock. The braces are a Redis Cluster hash tag:
+//!   both keys live in one slot, so the script is legal on a cluster too.
+//! - **Fence keys never expire** and the library never deletes them.
+//! - **Release and extend** are compare-token scripts: only the holder's 128-bit owner token
+//!   can release or extend. A release publishes on `palisade:released:lock:{d:id}`, which wakes
+//!   waiters at once; waiters also wake when the holder's remaining TTL (returned by the
+//!   acquire script) runs out, and every 250 ms at the latest.
+//! - **Eviction guard**: at connect, `maxmemory-policy` must be `noeviction` or `volatile-*`
+//!   (which never evict keys without a TTL, such as fence keys); anything else fails the
+//!   connection unless [`RedisConfig::allow_eviction`] is set.
+//! - **Fence regression** (Redis restarted without persistence, failover to a lagging replica,
+//!   `FLUSHALL`): the counter restarts low. Acquire with
+//!   [`LockServiceExt::lock_checked`](palisade_core::LockServiceExt::lock_checked), which
+//!   compares the grant with the store's watermark and moves the counter above it
+//!   ([`LockService::advance_fence`](palisade_core::LockService::advance_fence)) before
+//!   granting again. Stores reject the low fences meanwhile: safety never depends on Redis.
+//!
+//! ## Durability settings that avoid regressions
+//!
+//! | setting | what survives | cost (see the README's benchmark) |
+//! |---|---|---|
+//! | none (`--save '' --appendonly no`) | nothing: a restart loses every fence counter | baseline |
+//! | `appendonly yes`, `appendfsync everysec` | a crash loses up to 1 s of increments | small |
+//! | `appendonly yes`, `appendfsync always` | every acknowledged increment | one fsync per acquire |
+//! | `WAIT 1 100` after acquire on a replicated primary | failover to that replica | a replica round trip |
+//!
+//! With any of them, keep `lock_checked` (or your own watermark check) in place: it is what
+//! turns a lost counter into a logged, repaired incident instead of a stuck system.
+//!
+//! ## Connecting
+//!
+//! `redis://[user:password@]host:port[/db]`; `rediss://` needs this crate's `tls` feature.
+//! Connect and response timeouts are explicit ([`RedisConfig`]): the client's own 500 ms
+//! default response timeout would make a slow server look like a lost lock.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod config;
+mod errors;
+mod scripts;
+mod service;
+mod waiters;
+
+pub use config::RedisConfig;
+pub use service::RedisLockService;

@@ -1,0 +1,221 @@
+//! The Redis lock service.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use palisade_core::{
+    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
+    Ttl, Waiting, timeout_error, validate_wait,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::config::RedisConfig;
+use crate::errors::map;
+use crate::scripts::{ACQUIRE, ADVANCE_FENCE, EXTEND, RELEASE};
+use crate::waiters::Waiters;
+
+pub(crate) const BACKEND: &str = "redis";
+
+/// The longest a waiter sleeps between attempts when no release notification arrives.
+const MAX_WAIT_STEP: Duration = Duration::from_millis(250);
+
+/// A lock service on one Redis server (or a Redis Cluster's primary for the key's slot).
+///
+/// One instance is one client: a multiplexed connection that reconnects, plus a pub/sub
+/// connection for release notifications opened on first wait. Share it behind an `Arc`.
+pub struct RedisLockService {
+    config: RedisConfig,
+    conn: ConnectionManager,
+    waiters: Waiters,
+}
+
+enum Attempt {
+    Granted(Grant<Fenced>),
+    Held { remaining: Duration },
+}
+
+impl RedisLockService {
+    /// Connects with default timeouts (see [`RedisConfig`]).
+    pub async fn connect(url: &str) -> Result<Self> {
+        RedisLockService::connect_with(RedisConfig::new(url)).await
+    }
+
+    /// Connects, then checks that the server's eviction policy cannot evict fence keys.
+    pub async fn connect_with(config: RedisConfig) -> Result<Self> {
+        config.check_scheme()?;
+        #[cfg(feature = "tls")]
+        {
+            // rustls needs one process-wide crypto provider; another library may have set it.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let client = redis::Client::open(config.url.as_str()).map_err(|e| {
+            Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis URL {}", config.redacted_url())).with_source(e)
+        })?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = client.get_connection_manager_with_config(manager_config).await.map_err(|e| {
+            Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", config.redacted_url()))
+                .with_source(e)
+                .with_retryable(true)
+        })?;
+        let service = RedisLockService { waiters: Waiters::new(client), conn, config };
+        service.check_eviction_policy().await?;
+        debug!(url = %service.config.redacted_url(), "redis lock service connected");
+        Ok(service)
+    }
+
+    /// The seed: "eviction policies must never evict lock or fence keys". Fence keys have no
+    /// TTL, so `noeviction` and the `volatile-*` policies are safe; `allkeys-*` are not.
+    async fn check_eviction_policy(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let reply: redis::RedisResult<Vec<String>> =
+            redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut conn).await;
+        let policy = match reply {
+            Ok(pair) if pair.len() == 2 => pair[1].clone(),
+            Ok(_) | Err(_) => {
+                warn!(url = %self.config.redacted_url(), "cannot read maxmemory-policy (CONFIG disabled?); make sure it never evicts keys without a TTL");
+                return Ok(());
+            }
+        };
+        if policy == "noeviction" || policy.starts_with("volatile-") || self.config.allow_eviction {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::InvalidConfig,
+            BACKEND,
+            format!(
+                "maxmemory-policy is {policy}, which can evict fence keys and silently restart fences; \
+                 use noeviction (or a volatile-* policy), or set RedisConfig::allow_eviction if this Redis never fills up"
+            ),
+        ))
+    }
+
+    async fn attempt(&self, key: &ResourceKey, ttl: Ttl) -> Result<Attempt> {
+        let token = OwnerToken::generate()?;
+        let mut conn = self.conn.clone();
+        let requested_at = Instant::now();
+        let (granted, value): (i64, i64) = ACQUIRE
+            .key(key.lock_key())
+            .key(key.fence_key())
+            .arg(token.to_string())
+            .arg(ttl.as_millis_ceil())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map(e, "acquire"))?;
+        if granted == 1 {
+            let fence = u64::try_from(value)
+                .map_err(|_| Error::new(ErrorKind::Backend, BACKEND, format!("fence key {} holds {value}", key.fence_key())))?;
+            return Ok(Attempt::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)));
+        }
+        // PTTL is -1 for a lock without expiry (never set by us) and -2 if it just vanished.
+        let remaining = u64::try_from(value).map_or(Duration::from_millis(1), Duration::from_millis);
+        Ok(Attempt::Held { remaining })
+    }
+}
+
+#[async_trait]
+impl LockService for RedisLockService {
+    type Fencing = Fenced;
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fence_source: FenceSource::Counter,
+            fences_survive_release: true,
+            // Only with persistence (appendonly): the library cannot know, so it does not claim it.
+            fences_survive_restart: false,
+            gap_free: true,
+            waiting: Waiting::Native,
+        }
+    }
+
+    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
+        match self.attempt(key, ttl).await? {
+            Attempt::Granted(grant) => Ok(Some(grant)),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        validate_wait(wait)?;
+        let give_up = Instant::now() + wait;
+        let released = self.waiters.watch(&Waiters::channel(&key.lock_key()));
+        loop {
+            // Register for the release message before trying, so a release in between wakes us.
+            let notified = released.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let remaining = match self.attempt(key, ttl).await? {
+                Attempt::Granted(grant) => return Ok(grant),
+                Attempt::Held { remaining } => remaining,
+            };
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(timeout_error(BACKEND, key, wait));
+            }
+            let step = (remaining + Duration::from_millis(1)).min(MAX_WAIT_STEP);
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until((now + step).min(give_up)) => {}
+            }
+        }
+    }
+
+    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let extended: i64 = EXTEND
+            .key(grant.key().lock_key())
+            .arg(grant.token().to_string())
+            .arg(ttl.as_millis_ceil())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map(e, "extend"))?;
+        if extended == 1 {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorKind::NotHolder, BACKEND, format!("{} is not held by this owner token", grant.key().lock_key())))
+        }
+    }
+
+    async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let lock_key = grant.key().lock_key();
+        let released: i64 = RELEASE
+            .key(&lock_key)
+            .arg(grant.token().to_string())
+            .arg(Waiters::channel(&lock_key))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map(e, "release"))?;
+        if released == 1 {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorKind::NotHolder, BACKEND, format!("{lock_key} is not held by this owner token")))
+        }
+    }
+
+    async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
+        let floor = i64::try_from(floor.get())
+            .map_err(|_| Error::new(ErrorKind::InvalidArgument, BACKEND, "fence floor above i64::MAX"))?;
+        let mut conn = self.conn.clone();
+        let now: i64 =
+            ADVANCE_FENCE.key(key.fence_key()).arg(floor).invoke_async(&mut conn).await.map_err(|e| map(e, "advance fence"))?;
+        warn!(key = %key, fence = now, "fence counter moved past the store's watermark");
+        Ok(())
+    }
+}
+
+impl fmt::Debug for RedisLockService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLockService").field("config", &self.config).finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,30 @@
+//! The Redis lock service against a real Redis (started by `scripts/test`, address in
+//! `PALISADE_REDIS_URL`): the lock suite, and end to end with the SQLite store.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_redis::RedisLockService;
+use palisade_sqlite::SqliteStore;
+
+/// Each client is its own connection, as a separate process would have.
+fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
+    let url = require_env("PALISADE_REDIS_URL");
+    lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
+        let url = url.clone();
+        async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
+    })
+}
+
+fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
+    store_factory(|| async {
+        let path = format!("{}/palisade-redis-e2e.db", env!("CARGO_TARGET_TMPDIR"));
+        Ok(Arc::new(SqliteStore::connect(&format!("sqlite://{path}?synchronous=normal&busy_timeout_ms=30000")).await?))
+    })
+}
+
+palisade_conformance::lock_service_suite!(redis());
+palisade_conformance::end_to_end_suite!(redis(), sqlite());

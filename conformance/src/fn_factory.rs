@@ -1,0 +1,96 @@
+//! Factories from closures, so a backend's test needs no factory type of its own.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use palisade_core::{FencedStore, LockService, Result};
+
+use crate::{FencedStoreFactory, LockServiceFactory, ProcessAccess, Timing};
+
+/// A [`LockServiceFactory`] that calls a closure for each client.
+pub struct FnLockFactory<F> {
+    make: F,
+    timing: Timing,
+    access: ProcessAccess,
+}
+
+/// A lock service factory from `make` (called once per client), reached directly by child
+/// processes.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use palisade_conformance::{Timing, lock_factory};
+/// use palisade_core::MemoryLockService;
+///
+/// let shared = Arc::new(MemoryLockService::new());
+/// let factory = lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
+///     let shared = Arc::clone(&shared);
+///     async move { Ok(shared) }
+/// });
+/// # let _ = factory;
+/// ```
+pub fn lock_factory<S, F, Fut>(timing: Timing, make: F) -> FnLockFactory<F>
+where
+    S: LockService,
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Arc<S>>> + Send,
+{
+    FnLockFactory { make, timing, access: ProcessAccess::Direct }
+}
+
+impl<F> FnLockFactory<F> {
+    /// Child processes reach the service through the relay (for in-process services).
+    pub fn via_relay(mut self) -> Self {
+        self.access = ProcessAccess::Relay;
+        self
+    }
+}
+
+#[async_trait]
+impl<S, F, Fut> LockServiceFactory for FnLockFactory<F>
+where
+    S: LockService,
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Arc<S>>> + Send,
+{
+    type Service = S;
+    async fn client(&self) -> Result<Arc<S>> {
+        (self.make)().await
+    }
+    fn timing(&self) -> Timing {
+        self.timing
+    }
+    fn process_access(&self) -> ProcessAccess {
+        self.access
+    }
+}
+
+/// A [`FencedStoreFactory`] that calls a closure for each client.
+pub struct FnStoreFactory<F> {
+    make: F,
+}
+
+/// A fenced store factory from `make` (called once per client, in this process or a child).
+pub fn store_factory<S, F, Fut>(make: F) -> FnStoreFactory<F>
+where
+    S: FencedStore,
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Arc<S>>> + Send,
+{
+    FnStoreFactory { make }
+}
+
+#[async_trait]
+impl<S, F, Fut> FencedStoreFactory for FnStoreFactory<F>
+where
+    S: FencedStore,
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Arc<S>>> + Send,
+{
+    type Store = S;
+    async fn client(&self) -> Result<Arc<S>> {
+        (self.make)().await
+    }
+}

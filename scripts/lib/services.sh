@@ -1,0 +1,106 @@
+# Real servers on loopback for Palisade's tests. Sourced by scripts/test and scripts/services.
+#
+# Every server binds 127.0.0.1 explicitly, on a free port, with a data directory of its own
+# under $PALISADE_SERVICES_DIR. Missing packages are installed (Debian, as root). Each start
+# function exports the variable the tests read (PALISADE_REDIS_URL, PALISADE_POSTGRES_URL) and
+# records the server's PID in $PALISADE_SERVICES_DIR/pids.
+
+: "${PALISADE_SERVICES_DIR:=$(mktemp -d /tmp/palisade-services.XXXXXX)}"
+export PALISADE_SERVICES_DIR
+mkdir -p "$PALISADE_SERVICES_DIR"
+# PostgreSQL runs as its own user and must be able to reach its data directory below this one.
+chmod 755 "$PALISADE_SERVICES_DIR"
+
+svc_log() { printf 'services: %s\n' "$*" >&2; }
+
+# A free TCP port on 127.0.0.1 (asked of the kernel, then double-checked).
+svc_free_port() {
+  local port
+  for _ in 1 2 3 4 5; do
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return 0
+    fi
+  done
+  svc_log "no free port found"
+  return 1
+}
+
+svc_apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    svc_log "need root to install: $*"
+    return 1
+  fi
+  if [ ! -f "$PALISADE_SERVICES_DIR/.apt-updated" ]; then
+    apt-get update -qq >/dev/null && touch "$PALISADE_SERVICES_DIR/.apt-updated"
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+svc_wait() { # description, tries (x 50 ms), command...
+  local what=$1 tries=$2
+  shift 2
+  for _ in $(seq "$tries"); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.05
+  done
+  svc_log "$what did not become ready"
+  return 1
+}
+
+svc_record_pid() { echo "$1 $2" >>"$PALISADE_SERVICES_DIR/pids"; }
+
+# start_redis NAME [extra redis-server args...]: exports PALISADE_REDIS_URL (for NAME=redis).
+start_redis() {
+  local name=$1
+  shift
+  command -v redis-server >/dev/null || svc_apt_install redis-server redis-tools
+  local port dir
+  port=$(svc_free_port)
+  dir="$PALISADE_SERVICES_DIR/$name"
+  mkdir -p "$dir"
+  redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+    --daemonize no --logfile "$dir/redis.log" "$@" </dev/null >/dev/null 2>&1 &
+  svc_record_pid "$!" "$name"
+  svc_wait "redis ($name)" 100 sh -c "redis-cli -p $port ping | grep -q PONG"
+  echo "$port" >"$dir/port"
+  svc_log "$name on 127.0.0.1:$port"
+  if [ "$name" = redis ]; then export PALISADE_REDIS_URL="redis://127.0.0.1:$port"; fi
+}
+
+# start_postgres: exports PALISADE_POSTGRES_URL.
+start_postgres() {
+  local bin=/usr/lib/postgresql/15/bin
+  [ -x "$bin/postgres" ] || svc_apt_install postgresql-15
+  local port dir
+  port=$(svc_free_port)
+  dir="$PALISADE_SERVICES_DIR/postgres"
+  rm -rf "$dir" # a fresh cluster every start: tests own their data
+  mkdir -p "$dir"
+  chown postgres:postgres "$dir"
+  # PostgreSQL refuses to run as root.
+  setpriv --reuid=postgres --regid=postgres --init-groups "$bin/initdb" -D "$dir/data" -U postgres \
+    --auth=trust --no-sync -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1
+  setpriv --reuid=postgres --regid=postgres --init-groups "$bin/postgres" -D "$dir/data" -p "$port" -k "$dir" \
+    -c listen_addresses=127.0.0.1 -c max_connections=300 </dev/null >"$dir/postgres.log" 2>&1 &
+  svc_record_pid "$!" postgres
+  svc_wait "postgres" 200 "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"
+  svc_log "postgres on 127.0.0.1:$port"
+  export PALISADE_POSTGRES_URL="postgres://postgres@127.0.0.1:$port/postgres"
+}
+
+# stop_services: stops every recorded server by PID (PostgreSQL with SIGINT, a fast shutdown).
+stop_services() {
+  local pids="$PALISADE_SERVICES_DIR/pids"
+  [ -f "$pids" ] || return 0
+  while read -r pid name; do
+    if [ "$name" = postgres ]; then kill -INT "$pid" 2>/dev/null; else kill -TERM "$pid" 2>/dev/null; fi
+  done <"$pids"
+  while read -r pid _; do
+    # Our own children are reaped by wait; others are polled until gone.
+    wait "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  done <"$pids"
+  rm -f "$pids"
+}

@@ -1,0 +1,107 @@
+//! Connection settings and schema.
+
+use std::fmt;
+use std::time::Duration;
+
+use palisade_core::{Error, ErrorKind, Result};
+
+use crate::store::BACKEND;
+
+/// Where and how to connect.
+#[derive(Clone)]
+pub struct PostgresConfig {
+    /// `postgres://user[:password]@host:port/db`.
+    pub url: String,
+    /// Pool size. Default: 16.
+    pub max_connections: u32,
+    /// How long to wait for a pooled connection. Default: 10 s.
+    pub acquire_timeout: Duration,
+    /// The watermark table. Default: `palisade_fences`.
+    pub fences_table: String,
+    /// The record table. Default: `palisade_records`.
+    pub records_table: String,
+    /// Create the tables at connect if missing. Default: true.
+    pub migrate: bool,
+}
+
+impl PostgresConfig {
+    /// Settings for `url` with the defaults above.
+    pub fn new(url: impl Into<String>) -> Self {
+        PostgresConfig {
+            url: url.into(),
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(10),
+            fences_table: "palisade_fences".into(),
+            records_table: "palisade_records".into(),
+            migrate: true,
+        }
+    }
+
+    /// The DDL that creates both tables (idempotent), for your own migration tool.
+    pub fn schema_sql(&self) -> Result<String> {
+        let f = quote_ident(&self.fences_table)?;
+        let r = quote_ident(&self.records_table)?;
+        Ok(format!(
+            "CREATE TABLE IF NOT EXISTS {f} (resource TEXT PRIMARY KEY, fence BIGINT NOT NULL);\n\
+             CREATE TABLE IF NOT EXISTS {r} (key TEXT PRIMARY KEY, value BYTEA NOT NULL, fence BIGINT);"
+        ))
+    }
+
+    /// The URL without its password, for logs and errors.
+    pub fn redacted_url(&self) -> String {
+        let Some((scheme, rest)) = self.url.split_once("://") else { return "<malformed URL>".to_string() };
+        let (authority, tail) = rest.split_once('/').map_or((rest, ""), |(a, t)| (a, t));
+        let db = tail.split('?').next().unwrap_or("");
+        match authority.rsplit_once('@') {
+            Some((userinfo, host)) => {
+                let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+                format!("{scheme}://{user}@{host}/{db}")
+            }
+            None => format!("{scheme}://{authority}/{db}"),
+        }
+    }
+}
+
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("url", &self.redacted_url())
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("fences_table", &self.fences_table)
+            .field("records_table", &self.records_table)
+            .field("migrate", &self.migrate)
+            .finish()
+    }
+}
+
+/// Checks an identifier and returns it double-quoted.
+pub(crate) fn quote_ident(name: &str) -> Result<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            BACKEND,
+            format!("identifier {name:?} must be 1-63 ASCII letters, digits or '_', not starting with a digit"),
+        ));
+    }
+    Ok(format!("\"{name}\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show_and_identifiers_are_checked() {
+        let c = PostgresConfig::new("postgres://app:s3cret@db:5432/app?sslmode=require");
+        assert_eq!(c.redacted_url(), "postgres://app@db:5432/app");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        assert!(c.schema_sql().unwrap().contains("\"palisade_fences\""));
+        assert!(quote_ident("x\"; DROP TABLE y; --").is_err());
+        assert!(quote_ident("9x").is_err());
+    }
+}

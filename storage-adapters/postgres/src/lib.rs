@@ -1,0 +1,54 @@
+//! # palisade-postgres
+//!
+//! Palisade's PostgreSQL fenced store. The fence check and the write happen in **one
+//! transaction** whose first statement raises the resource's watermark:
+//!
+//! ```sql
+//! INSERT INTO palisade_fences (resource, fence) VALUES ($1, $2)
+//! ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence
+//!   WHERE palisade_fences.fence <= EXCLUDED.fence
+//! ```
+//!
+//! Zero rows affected means a higher fence was accepted before: the transaction rolls back and
+//! the caller gets `StaleFence { presented, current }`. The watermark row stays locked until
+//! commit, so concurrent fenced transactions on one resource are serialized, and a waiting one
+//! re-checks the committed watermark before it proceeds.
+//!
+//! Three ways to write:
+//!
+//! - the portable record API, [`FencedStore`](palisade_core::FencedStore);
+//! - your **own statements** in a [`PgFencedTransaction`] from [`PostgresStore::begin_fenced`];
+//! - the seed's **single-statement** form on a row that carries its own fence column,
+//!   [`PostgresStore::update_row_fenced`]: `UPDATE t SET …, fence = $f WHERE key = $k AND
+//!   fence <= $f`, zero rows mapped to `StaleFence`.
+//!
+//! ```no_run
+//! use palisade_core::{Fence, ResourceKey};
+//! use palisade_postgres::PostgresStore;
+//!
+//! # async fn demo() -> palisade_core::Result<()> {
+//! let store = PostgresStore::connect("postgres://app@127.0.0.1/app").await?;
+//! let wh = ResourceKey::new("alloc", "WH-01")?;
+//! let mut tx = store.begin_fenced(&wh, Fence::new(42)).await?;
+//! sqlx::query("UPDATE inventory SET qty = qty - 1 WHERE sku = 'SKU-1'")
+//!     .execute(tx.conn()).await.map_err(palisade_postgres::map_err)?;
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Schema
+//!
+//! [`PostgresStore::connect`] creates the two tables if missing ([`PostgresStore::migrate`]).
+//! To run the DDL with your own migration tool instead, take it from
+//! [`PostgresConfig::schema_sql`] and open the store with `migrate: false`.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod config;
+mod store;
+mod transaction;
+
+pub use config::PostgresConfig;
+pub use store::{FencedRow, PostgresStore, map_err};
+pub use transaction::PgFencedTransaction;

@@ -1,0 +1,346 @@
+//! The PostgreSQL fenced store.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use palisade_core::{
+    Error, ErrorKind, Fence, FencedStore, Record, ResourceKey, Result, WriteBatch, WriteOp, conflict_error,
+    storable_fence, validate_record_key,
+};
+use sqlx::postgres::{PgArguments, PgPoolOptions};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
+use tracing::debug;
+
+use crate::config::{PostgresConfig, quote_ident};
+use crate::transaction::PgFencedTransaction;
+
+pub(crate) const BACKEND: &str = "postgres";
+
+/// Maps a sqlx error: pool and connection trouble is [`ErrorKind::Unavailable`] (retryable),
+/// serialization failures and deadlocks too; everything else [`ErrorKind::Backend`].
+pub fn map_err(e: sqlx::Error) -> Error {
+    let kind = match &e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
+            ErrorKind::Unavailable
+        }
+        // 40001 serialization_failure, 40P01 deadlock_detected, 57P01 admin_shutdown.
+        sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01" | "57P01")) => {
+            ErrorKind::Unavailable
+        }
+        _ => ErrorKind::Backend,
+    };
+    Error::new(kind, BACKEND, "PostgreSQL operation failed").with_source(e)
+}
+
+/// A failed COMMIT whose reply never arrived may have committed: say so instead of guessing.
+fn map_commit_err(e: sqlx::Error) -> Error {
+    if matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) {
+        return Error::new(ErrorKind::OutcomeUnknown, BACKEND, "COMMIT was sent but not acknowledged; re-read before retrying")
+            .with_source(e)
+            .with_retryable(false);
+    }
+    map_err(e)
+}
+
+#[derive(Debug)]
+struct Statements {
+    schema: String,
+    raise_watermark: String,
+    read_watermark: String,
+    put: String,
+    create: String,
+    delete: String,
+    read_for_update: String,
+    read: String,
+    list: String,
+}
+
+impl Statements {
+    fn new(config: &PostgresConfig) -> Result<Self> {
+        let f = quote_ident(&config.fences_table)?;
+        let r = quote_ident(&config.records_table)?;
+        Ok(Statements {
+            schema: config.schema_sql()?,
+            // Rule 2: `<=`, so one grant may write many times; zero rows is a rejection.
+            raise_watermark: format!(
+                "INSERT INTO {f} (resource, fence) VALUES ($1, $2) \
+                 ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence WHERE {f}.fence <= EXCLUDED.fence"
+            ),
+            read_watermark: format!("SELECT fence FROM {f} WHERE resource = $1"),
+            put: format!(
+                "INSERT INTO {r} (key, value, fence) VALUES ($1, $2, $3) \
+                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence"
+            ),
+            create: format!("INSERT INTO {r} (key, value, fence) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING"),
+            delete: format!("DELETE FROM {r} WHERE key = $1"),
+            read_for_update: format!("SELECT value FROM {r} WHERE key = $1 FOR UPDATE"),
+            read: format!("SELECT value, fence FROM {r} WHERE key = $1"),
+            // `starts_with` keeps LIKE wildcards in the prefix literal.
+            list: format!("SELECT key, value, fence FROM {r} WHERE starts_with(key, $1) ORDER BY key COLLATE \"C\""),
+        })
+    }
+}
+
+fn sql(s: &str) -> AssertSqlSafe<String> {
+    // Identifiers are validated and quoted by `quote_ident`; values are always bound.
+    AssertSqlSafe(s.to_string())
+}
+
+/// Where [`PostgresStore::update_row_fenced`] finds a row and its fence.
+#[derive(Debug, Clone, Copy)]
+pub struct FencedRow<'a> {
+    /// Your table.
+    pub table: &'a str,
+    /// Its key column.
+    pub key_column: &'a str,
+    /// Its fence column (`BIGINT`).
+    pub fence_column: &'a str,
+}
+
+/// A fenced store in a PostgreSQL database. Cheap to clone (a pool handle).
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    statements: Arc<Statements>,
+}
+
+impl PostgresStore {
+    /// Connects with default settings and creates the tables if missing.
+    pub async fn connect(url: &str) -> Result<Self> {
+        PostgresStore::open(PostgresConfig::new(url)).await
+    }
+
+    /// Connects with explicit settings.
+    pub async fn open(config: PostgresConfig) -> Result<Self> {
+        if !(config.url.starts_with("postgres://") || config.url.starts_with("postgresql://")) {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                format!("not a PostgreSQL URL: {}", config.redacted_url()),
+            ));
+        }
+        let statements = Statements::new(&config)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections.max(1))
+            .acquire_timeout(config.acquire_timeout)
+            .connect(&config.url)
+            .await
+            .map_err(|e| {
+                Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", config.redacted_url()))
+                    .with_source(e)
+                    .with_retryable(true)
+            })?;
+        let store = PostgresStore { pool, statements: Arc::new(statements) };
+        if config.migrate {
+            store.migrate().await?;
+        }
+        debug!(url = %config.redacted_url(), "postgres fenced store connected");
+        Ok(store)
+    }
+
+    /// Creates the watermark and record tables if they do not exist.
+    ///
+    /// Runs under a transaction-scoped advisory lock: `CREATE TABLE IF NOT EXISTS` is not safe
+    /// against itself in concurrent sessions (two clients starting at once collide on the
+    /// catalog's unique index).
+    pub async fn migrate(&self) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7243010045)").execute(&mut *tx).await.map_err(map_err)?;
+        sqlx::raw_sql(sql(&self.statements.schema)).execute(&mut *tx).await.map_err(map_err)?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    /// The connection pool, for your own reads and schema.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Starts a transaction for your own statements under `fence` for `resource`.
+    ///
+    /// Behavior:
+    /// - Its first statement checks and raises the watermark (and keeps the watermark row locked
+    ///   until the transaction ends). If `fence` is lower, the transaction is rolled back and the
+    ///   result is [`ErrorKind::StaleFence`]; none of your statements run.
+    /// - Nothing is written unless you call [`PgFencedTransaction::commit`].
+    pub async fn begin_fenced(&self, resource: &ResourceKey, fence: Fence) -> Result<PgFencedTransaction> {
+        let fence_i64 = storable_fence(BACKEND, fence)?;
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        if let Err(e) = raise_watermark(&mut tx, &self.statements, resource, fence, fence_i64).await {
+            // This native path bypasses `FencedStoreExt`, so it counts its own rejections.
+            if e.stale_fence_details().is_some() {
+                palisade_core::metrics::record_fence_rejected(BACKEND);
+            }
+            return Err(e);
+        }
+        Ok(PgFencedTransaction::new(tx, resource.clone(), fence))
+    }
+
+    /// The seed's single-statement form, on a row of your own table that carries its own fence
+    /// column:
+    ///
+    /// ```sql
+    /// UPDATE {table} SET {set}, {fence_column} = $1 WHERE {key_column} = $2 AND {fence_column} <= $1
+    /// ```
+    ///
+    /// `set` is your SQL fragment (placeholders from `$3` on, bound by `bind`). Zero rows means
+    /// the row's fence is higher ([`ErrorKind::StaleFence`], with the row's fence as `current`)
+    /// or the row does not exist ([`ErrorKind::InvalidArgument`]). Identifiers are validated and
+    /// quoted; `set` is yours, so never build it from user input.
+    pub async fn update_row_fenced<'q>(
+        &self,
+        row: &FencedRow<'_>,
+        key: &'q str,
+        fence: Fence,
+        set: &str,
+        bind: impl FnOnce(Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments>,
+    ) -> Result<()> {
+        let FencedRow { table, key_column, fence_column } = *row;
+        let (t, k, f) = (quote_ident(table)?, quote_ident(key_column)?, quote_ident(fence_column)?);
+        let fence_i64 = storable_fence(BACKEND, fence)?;
+        let update = format!("UPDATE {t} SET {set}, {f} = $1 WHERE {k} = $2 AND {f} <= $1");
+        let rows = bind(sqlx::query(AssertSqlSafe(update)).bind(fence_i64).bind(key))
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        if rows > 0 {
+            return Ok(());
+        }
+        let current: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT {f} FROM {t} WHERE {k} = $1")))
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        match current {
+            Some(current) => {
+                palisade_core::metrics::record_fence_rejected(BACKEND);
+                Err(Error::stale_fence(BACKEND, fence, fence_from(current).unwrap_or_default()))
+            }
+            None => Err(Error::new(ErrorKind::InvalidArgument, BACKEND, format!("no row with {key_column} = {key:?} in {table}"))),
+        }
+    }
+
+    async fn apply_batch(&self, fence: Option<(&ResourceKey, Fence)>, batch: &WriteBatch) -> Result<()> {
+        batch.validate()?;
+        let fence_i64 = match fence {
+            Some((_, f)) => Some(storable_fence(BACKEND, f)?),
+            None => None,
+        };
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        if let (Some((resource, f)), Some(fi)) = (fence, fence_i64) {
+            raise_watermark(&mut tx, &self.statements, resource, f, fi).await?;
+        }
+        // Conditions see the state before the batch, so all checks run before any write.
+        // On error `tx` is dropped, which rolls everything back: all or nothing.
+        let (checks, writes): (Vec<&WriteOp>, Vec<&WriteOp>) =
+            batch.ops().iter().partition(|op| matches!(op, WriteOp::Check { .. }));
+        for op in checks.into_iter().chain(writes) {
+            apply_op(&mut tx, &self.statements, op, fence_i64).await?;
+        }
+        tx.commit().await.map_err(map_commit_err)
+    }
+}
+
+async fn raise_watermark(
+    conn: &mut PgConnection,
+    s: &Statements,
+    resource: &ResourceKey,
+    fence: Fence,
+    fence_i64: i64,
+) -> Result<()> {
+    let changed = sqlx::query(sql(&s.raise_watermark))
+        .bind(resource.to_string())
+        .bind(fence_i64)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+    if changed == 1 {
+        return Ok(());
+    }
+    let current: i64 =
+        sqlx::query_scalar(sql(&s.read_watermark)).bind(resource.to_string()).fetch_one(&mut *conn).await.map_err(map_err)?;
+    Err(Error::stale_fence(BACKEND, fence, Fence::new(u64::try_from(current).unwrap_or(0))))
+}
+
+async fn apply_op(conn: &mut PgConnection, s: &Statements, op: &WriteOp, fence: Option<i64>) -> Result<()> {
+    match op {
+        WriteOp::Put { key, value } => {
+            sqlx::query(sql(&s.put)).bind(key).bind(value).bind(fence).execute(&mut *conn).await.map_err(map_err)?;
+        }
+        WriteOp::Create { key, value } => {
+            let created = sqlx::query(sql(&s.create))
+                .bind(key)
+                .bind(value)
+                .bind(fence)
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?
+                .rows_affected();
+            if created == 0 {
+                return Err(conflict_error(BACKEND, op));
+            }
+        }
+        WriteOp::Delete { key } => {
+            sqlx::query(sql(&s.delete)).bind(key).execute(&mut *conn).await.map_err(map_err)?;
+        }
+        WriteOp::Check { key, expected } => {
+            let actual: Option<Vec<u8>> =
+                sqlx::query_scalar(sql(&s.read_for_update)).bind(key).fetch_optional(&mut *conn).await.map_err(map_err)?;
+            if actual.as_ref() != expected.as_ref() {
+                return Err(conflict_error(BACKEND, op));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fence_from(v: Option<i64>) -> Option<Fence> {
+    v.and_then(|v| u64::try_from(v).ok()).map(Fence::new)
+}
+
+#[async_trait]
+impl FencedStore for PostgresStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+        self.apply_batch(Some((resource, fence)), batch).await
+    }
+
+    async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
+        self.apply_batch(None, batch).await
+    }
+
+    async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
+        let v: Option<i64> = sqlx::query_scalar(sql(&self.statements.read_watermark))
+            .bind(resource.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(fence_from(v))
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Record>> {
+        validate_record_key(key)?;
+        let row = sqlx::query(sql(&self.statements.read)).bind(key).fetch_optional(&self.pool).await.map_err(map_err)?;
+        row.map(|row| {
+            Ok(Record { value: row.try_get(0).map_err(map_err)?, fence: fence_from(row.try_get(1).map_err(map_err)?) })
+        })
+        .transpose()
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
+        let rows = sqlx::query(sql(&self.statements.list)).bind(prefix).fetch_all(&self.pool).await.map_err(map_err)?;
+        rows.into_iter()
+            .map(|row| {
+                Ok((
+                    row.try_get(0).map_err(map_err)?,
+                    Record { value: row.try_get(1).map_err(map_err)?, fence: fence_from(row.try_get(2).map_err(map_err)?) },
+                ))
+            })
+            .collect()
+    }
+}
