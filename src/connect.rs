@@ -17,7 +17,7 @@ struct Scheme {
 
 const LOCK_SCHEMES: &[Scheme] = &[
     Scheme { names: &["memory"], feature: "memory", enabled: cfg!(feature = "memory"), shipped: true },
-    Scheme { names: &["redis", "rediss"], feature: "redis", enabled: false, shipped: false },
+    Scheme { names: &["redis", "rediss"], feature: "redis", enabled: cfg!(feature = "redis"), shipped: true },
     Scheme { names: &["redlock"], feature: "redlock", enabled: false, shipped: false },
     Scheme { names: &["etcd", "etcds"], feature: "etcd", enabled: false, shipped: false },
     Scheme { names: &["zk"], feature: "zookeeper", enabled: false, shipped: false },
@@ -26,7 +26,12 @@ const LOCK_SCHEMES: &[Scheme] = &[
 const STORE_SCHEMES: &[Scheme] = &[
     Scheme { names: &["memory"], feature: "memory", enabled: cfg!(feature = "memory"), shipped: true },
     Scheme { names: &["sqlite"], feature: "sqlite", enabled: cfg!(feature = "sqlite"), shipped: true },
-    Scheme { names: &["postgres", "postgresql"], feature: "postgres", enabled: false, shipped: false },
+    Scheme {
+        names: &["postgres", "postgresql"],
+        feature: "postgres",
+        enabled: cfg!(feature = "postgres"),
+        shipped: true,
+    },
     Scheme { names: &["dynamodb"], feature: "dynamodb", enabled: false, shipped: false },
 ];
 
@@ -77,6 +82,7 @@ fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
 /// | URL | service |
 /// |---|---|
 /// | `memory://` or `memory://NAME` | the in-process [`MemoryLockService`](palisade_core::MemoryLockService); every call with the same `NAME` in one process shares one instance |
+/// | `redis://[user:pass@]host:port[/db]`, `rediss://…` | `palisade_redis::RedisLockService` (feature `redis`, `redis-tls` for TLS) |
 ///
 /// Errors: a malformed URL or unknown scheme is [`ErrorKind::InvalidConfig`]; a scheme whose
 /// cargo feature is off is [`ErrorKind::Unsupported`] and names the feature.
@@ -86,6 +92,8 @@ pub async fn connect_lock(url: &str) -> Result<Arc<DynLockService>> {
     match scheme.to_ascii_lowercase().as_str() {
         #[cfg(feature = "memory")]
         "memory" => Ok(memory::lock_service(memory::instance_name(url)?)),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Ok(Arc::new(palisade_redis::RedisLockService::connect(url).await?)),
         _ => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("scheme `{scheme}` is not wired"))),
     }
 }
@@ -95,7 +103,8 @@ pub async fn connect_lock(url: &str) -> Result<Arc<DynLockService>> {
 /// | URL | store |
 /// |---|---|
 /// | `memory://` or `memory://NAME` | the in-process [`MemoryFencedStore`](palisade_core::MemoryFencedStore), shared per `NAME` |
-/// | `sqlite://PATH`, `sqlite:PATH`, `sqlite::memory:` | [`palisade_sqlite::SqliteStore`] (`?synchronous=full\|normal\|off`) |
+/// | `sqlite://PATH`, `sqlite:PATH`, `sqlite::memory:` | `palisade_sqlite::SqliteStore` (`?synchronous=full\|normal\|off`) |
+/// | `postgres://user[:pass]@host:port/db` | `palisade_postgres::PostgresStore` (feature `postgres`) |
 ///
 /// Errors: as for [`connect_lock`]; an unreachable server is [`ErrorKind::Unavailable`].
 pub async fn connect_store(url: &str) -> Result<Arc<DynFencedStore>> {
@@ -106,6 +115,8 @@ pub async fn connect_store(url: &str) -> Result<Arc<DynFencedStore>> {
         "memory" => Ok(memory::store(memory::instance_name(url)?)),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(palisade_sqlite::SqliteStore::connect(url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(palisade_postgres::PostgresStore::connect(url).await?)),
         _ => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("scheme `{scheme}` is not wired"))),
     }
 }
@@ -172,11 +183,16 @@ mod tests {
 
     #[tokio::test]
     async fn unshipped_backends_are_unsupported_and_named() {
-        let err = connect_lock("redis://127.0.0.1:6379").await.err().expect("redis");
+        let err = connect_lock("etcd://127.0.0.1:2379").await.err().expect("etcd");
         assert_eq!(err.kind(), ErrorKind::Unsupported);
-        assert!(err.to_string().contains("`redis`"), "{err}");
-        let err = connect_store("postgres://x").await.err().expect("pg");
+        assert!(err.to_string().contains("`etcd`"), "{err}");
+        let err = connect_store("dynamodb://t").await.err().expect("dynamodb");
         assert_eq!(err.kind(), ErrorKind::Unsupported);
+        if !cfg!(feature = "redis") {
+            let err = connect_lock("redis://127.0.0.1:6379").await.err().expect("redis");
+            assert_eq!(err.kind(), ErrorKind::Unsupported);
+            assert!(err.to_string().contains("cargo feature `redis`"), "{err}");
+        }
     }
 
     #[cfg(feature = "memory")]

@@ -12,7 +12,9 @@
 //! | feature | default | gives |
 //! |---|---|---|
 //! | `memory` | yes | `memory://[NAME]` lock service and store (one process) |
-//! | `sqlite` | yes | `sqlite://PATH`, `sqlite::memory:` fenced store ([`sqlite`]) |
+//! | `sqlite` | yes | `sqlite://PATH`, `sqlite::memory:` fenced store (`palisade::sqlite`) |
+//! | `redis` | no | `redis://` lock service (`palisade::redis`); `redis-tls` adds `rediss://` |
+//! | `postgres` | no | `postgres://` fenced store (`palisade::postgres`) |
 //! | `full` | no | everything available in this release |
 //!
 //! ```
@@ -42,6 +44,14 @@ pub use palisade_core::*;
 /// The embedded SQLite fenced store.
 #[cfg(feature = "sqlite")]
 pub use palisade_sqlite as sqlite;
+
+/// The Redis lock service.
+#[cfg(feature = "redis")]
+pub use palisade_redis as redis;
+
+/// The PostgreSQL fenced store.
+#[cfg(feature = "postgres")]
+pub use palisade_postgres as postgres;
 
 /// The names most programs need: `use palisade::prelude::*;`.
 pub mod prelude {

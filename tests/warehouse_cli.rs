@@ -2,42 +2,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+mod common;
 
+use std::process::Output;
+
+use common::{last_json, run};
 use serde_json::Value;
-
-/// The example binary, built (once per test run) in the profile this test was built in, so a
-/// filtered `cargo test --test warehouse_cli` never runs a stale or missing binary.
-fn warehouse() -> Command {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    let bin = BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test exe path");
-        let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
-        let release = profile_dir.file_name().is_some_and(|n| n == "release");
-        let mut build = Command::new(env!("CARGO"));
-        build.args(["build", "--quiet", "--example", "warehouse"]).current_dir(env!("CARGO_MANIFEST_DIR"));
-        if release {
-            build.arg("--release");
-        }
-        let status = build.status().expect("run cargo build");
-        assert!(status.success(), "building the warehouse example failed");
-        profile_dir.join("examples").join(format!("warehouse{}", std::env::consts::EXE_SUFFIX))
-    });
-    Command::new(bin)
-}
-
-fn run(args: &[&str]) -> Output {
-    warehouse().args(args).output().expect("spawn warehouse")
-}
-
-fn last_json(out: &Output) -> Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line =
-        stdout.lines().last().unwrap_or_else(|| panic!("no stdout; stderr: {}", String::from_utf8_lossy(&out.stderr)));
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {line}"))
-}
 
 fn store_url(dir: &tempfile::TempDir) -> String {
     format!("sqlite://{}/wh.db?synchronous=normal", dir.path().display())
@@ -133,6 +103,11 @@ fn setup_allocate_show_round_trip() {
     assert_eq!(out.status.code(), Some(1), "short stock is a runtime error");
     let out = run(&["allocate", "--sku", "NOPE", "--store", &store]);
     assert_eq!(out.status.code(), Some(1), "unknown SKU is a runtime error");
+    let out = run(&["show", "--sku", "SKU-1", "--store", "postgres://nobody@127.0.0.1:1/none"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The example is built with every feature, so PostgreSQL is known and just unreachable.
+    assert_eq!(out.status.code(), Some(1), "an unreachable server is a runtime error: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
 }
 
 #[test]
@@ -146,7 +121,7 @@ fn bad_input_exits_2_with_one_line() {
         vec!["setup", "--sku", "S", "--qty", "-1", "--store", &store],
         vec!["show", "--sku", "S", "--store", "ftp://nowhere"],
         vec!["show", "--sku", "S", "--store", "not a url"],
-        vec!["allocate", "--sku", "S", "--lock", "redis://127.0.0.1:1", "--store", &store],
+        vec!["allocate", "--sku", "S", "--lock", "etcd://127.0.0.1:1", "--store", &store],
         vec!["simulate", "--jobs", "0", "--store", &store],
         vec!["simulate", "--ttl-ms", "0", "--store", &store],
         vec!["frobnicate"],

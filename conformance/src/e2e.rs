@@ -345,7 +345,16 @@ impl LoadSettings {
 /// gap-free where declared. The achieved rate, acquisition latency and redone jobs are
 /// reported.
 pub async fn load<L: LockServiceFactory, S: FencedStoreFactory>(ctx: &Ctx, lf: &L, sf: &S) -> Outcome {
-    let settings = LoadSettings::from_env();
+    load_with(ctx, lf, sf, LoadSettings::from_env()).await
+}
+
+/// [`load`] with explicit settings (a long soak in one test, without touching the others).
+pub async fn load_with<L: LockServiceFactory, S: FencedStoreFactory>(
+    ctx: &Ctx,
+    lf: &L,
+    sf: &S,
+    settings: LoadSettings,
+) -> Outcome {
     let ns = Namespace::new();
     let timing = lf.timing();
     let mut clients = Vec::new();

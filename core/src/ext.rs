@@ -57,7 +57,13 @@ pub trait LockServiceExt {
     /// outrank grants issued before the loss that have not written yet; and the lock is taken
     /// again. No stale write is ever accepted on the way. A service that cannot move its
     /// counter gives [`ErrorKind::FenceRegression`].
-    async fn lock_checked<T>(&self, store: &T, key: &ResourceKey, ttl: Duration, wait: Duration) -> Result<Lease<Self::Service>>
+    async fn lock_checked<T>(
+        &self,
+        store: &T,
+        key: &ResourceKey,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease<Self::Service>>
     where
         T: FencedStore + ?Sized,
         Self::Service: LockService<Fencing = Fenced>;
@@ -141,7 +147,9 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
                 crate::Error::new(
                     ErrorKind::FenceRegression,
                     backend,
-                    format!("fence regression on {key}: issued below watermark {watermark}, and the counter cannot be moved"),
+                    format!(
+                        "fence regression on {key}: issued below watermark {watermark}, and the counter cannot be moved"
+                    ),
                 )
                 .with_source(e)
             })?;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_core::{
-    ErrorKind, Fence, FencedStore, FencedStoreExt, LockServiceExt, MemoryFencedStore, MemoryLockService, REGRESSION_GAP,
-    ResourceKey, WriteBatch,
+    ErrorKind, Fence, FencedStore, FencedStoreExt, LockServiceExt, MemoryFencedStore, MemoryLockService,
+    REGRESSION_GAP, ResourceKey, WriteBatch,
 };
 
 #[tokio::test]

@@ -91,7 +91,7 @@ async fn show(cli: &Cli, sku: &str) -> Result<ExitCode, AppError> {
     let stock = warehouse.stock(sku).await?.ok_or_else(|| {
         AppError::Runtime(format!("unknown SKU {sku:?}: run `warehouse setup --sku {sku} --qty N` first"))
     })?;
-    let audit = warehouse.audit().await?;
+    let audit = warehouse.audit(Some(sku)).await?;
     let allocations: usize = audit.values().sum();
     let duplicate_jobs = audit.values().filter(|&&n| n > 1).count();
     println!(

@@ -107,11 +107,17 @@ impl Warehouse {
         self.store.apply_unfenced(&WriteBatch::new().put(self.inventory_key(sku), qty.to_string())).await
     }
 
-    /// Audit entries per job.
-    pub async fn audit(&self) -> palisade::Result<BTreeMap<String, usize>> {
+    /// Audit entries per job, of one SKU or of all.
+    pub async fn audit(&self, sku: Option<&str>) -> palisade::Result<BTreeMap<String, usize>> {
         let prefix = self.audit_prefix();
+        let wanted = sku.map(|s| format!("sku={s} "));
         let mut per_job = BTreeMap::new();
-        for (key, _) in self.store.list(&prefix).await? {
+        for (key, record) in self.store.list(&prefix).await? {
+            if let Some(wanted) = &wanted
+                && !record.value.starts_with(wanted.as_bytes())
+            {
+                continue;
+            }
             let rest = &key[prefix.len()..];
             let job = rest.split_once('/').map_or(rest, |(job, _)| job);
             *per_job.entry(job.to_string()).or_insert(0) += 1;

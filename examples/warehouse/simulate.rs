@@ -248,7 +248,7 @@ async fn process(sim: &Sim, delivery: Delivery, worker: u32) {
 }
 
 async fn report(sim: &Sim, elapsed: Duration) -> Result<serde_json::Value, AppError> {
-    let audit = sim.warehouse.audit().await?;
+    let audit = sim.warehouse.audit(None).await?;
     let allocations: usize = audit.values().sum();
     let duplicates = audit.values().filter(|&&n| n > 1).count();
     let mut stock_decrements = 0i64;

@@ -52,7 +52,8 @@ impl RedisLockService {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let client = redis::Client::open(config.url.as_str()).map_err(|e| {
-            Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis URL {}", config.redacted_url())).with_source(e)
+            Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis URL {}", config.redacted_url()))
+                .with_source(e)
         })?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
@@ -109,8 +110,9 @@ impl RedisLockService {
             .await
             .map_err(|e| map(e, "acquire"))?;
         if granted == 1 {
-            let fence = u64::try_from(value)
-                .map_err(|_| Error::new(ErrorKind::Backend, BACKEND, format!("fence key {} holds {value}", key.fence_key())))?;
+            let fence = u64::try_from(value).map_err(|_| {
+                Error::new(ErrorKind::Backend, BACKEND, format!("fence key {} holds {value}", key.fence_key()))
+            })?;
             return Ok(Attempt::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)));
         }
         // PTTL is -1 for a lock without expiry (never set by us) and -2 if it just vanished.
@@ -182,7 +184,11 @@ impl LockService for RedisLockService {
         if extended == 1 {
             Ok(())
         } else {
-            Err(Error::new(ErrorKind::NotHolder, BACKEND, format!("{} is not held by this owner token", grant.key().lock_key())))
+            Err(Error::new(
+                ErrorKind::NotHolder,
+                BACKEND,
+                format!("{} is not held by this owner token", grant.key().lock_key()),
+            ))
         }
     }
 
@@ -207,8 +213,12 @@ impl LockService for RedisLockService {
         let floor = i64::try_from(floor.get())
             .map_err(|_| Error::new(ErrorKind::InvalidArgument, BACKEND, "fence floor above i64::MAX"))?;
         let mut conn = self.conn.clone();
-        let now: i64 =
-            ADVANCE_FENCE.key(key.fence_key()).arg(floor).invoke_async(&mut conn).await.map_err(|e| map(e, "advance fence"))?;
+        let now: i64 = ADVANCE_FENCE
+            .key(key.fence_key())
+            .arg(floor)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map(e, "advance fence"))?;
         warn!(key = %key, fence = now, "fence counter moved past the store's watermark");
         Ok(())
     }

@@ -63,7 +63,11 @@ impl Waiters {
             }
             let mut messages = pubsub.into_on_message();
             while let Some(msg) = messages.next().await {
-                let waiters = registry.lock().unwrap_or_else(PoisonError::into_inner).get(msg.get_channel_name()).and_then(Weak::upgrade);
+                let waiters = registry
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(msg.get_channel_name())
+                    .and_then(Weak::upgrade);
                 if let Some(notify) = waiters {
                     notify.notify_waiters();
                 }

@@ -36,9 +36,13 @@ pub fn map_err(e: sqlx::Error) -> Error {
 /// A failed COMMIT whose reply never arrived may have committed: say so instead of guessing.
 fn map_commit_err(e: sqlx::Error) -> Error {
     if matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) {
-        return Error::new(ErrorKind::OutcomeUnknown, BACKEND, "COMMIT was sent but not acknowledged; re-read before retrying")
-            .with_source(e)
-            .with_retryable(false);
+        return Error::new(
+            ErrorKind::OutcomeUnknown,
+            BACKEND,
+            "COMMIT was sent but not acknowledged; re-read before retrying",
+        )
+        .with_source(e)
+        .with_retryable(false);
     }
     map_err(e)
 }
@@ -207,17 +211,22 @@ impl PostgresStore {
         if rows > 0 {
             return Ok(());
         }
-        let current: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(format!("SELECT {f} FROM {t} WHERE {k} = $1")))
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
+        let current: Option<Option<i64>> =
+            sqlx::query_scalar(AssertSqlSafe(format!("SELECT {f} FROM {t} WHERE {k} = $1")))
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_err)?;
         match current {
             Some(current) => {
                 palisade_core::metrics::record_fence_rejected(BACKEND);
                 Err(Error::stale_fence(BACKEND, fence, fence_from(current).unwrap_or_default()))
             }
-            None => Err(Error::new(ErrorKind::InvalidArgument, BACKEND, format!("no row with {key_column} = {key:?} in {table}"))),
+            None => Err(Error::new(
+                ErrorKind::InvalidArgument,
+                BACKEND,
+                format!("no row with {key_column} = {key:?} in {table}"),
+            )),
         }
     }
 
@@ -259,8 +268,11 @@ async fn raise_watermark(
     if changed == 1 {
         return Ok(());
     }
-    let current: i64 =
-        sqlx::query_scalar(sql(&s.read_watermark)).bind(resource.to_string()).fetch_one(&mut *conn).await.map_err(map_err)?;
+    let current: i64 = sqlx::query_scalar(sql(&s.read_watermark))
+        .bind(resource.to_string())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(map_err)?;
     Err(Error::stale_fence(BACKEND, fence, Fence::new(u64::try_from(current).unwrap_or(0))))
 }
 
@@ -286,8 +298,11 @@ async fn apply_op(conn: &mut PgConnection, s: &Statements, op: &WriteOp, fence: 
             sqlx::query(sql(&s.delete)).bind(key).execute(&mut *conn).await.map_err(map_err)?;
         }
         WriteOp::Check { key, expected } => {
-            let actual: Option<Vec<u8>> =
-                sqlx::query_scalar(sql(&s.read_for_update)).bind(key).fetch_optional(&mut *conn).await.map_err(map_err)?;
+            let actual: Option<Vec<u8>> = sqlx::query_scalar(sql(&s.read_for_update))
+                .bind(key)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(map_err)?;
             if actual.as_ref() != expected.as_ref() {
                 return Err(conflict_error(BACKEND, op));
             }
@@ -325,7 +340,8 @@ impl FencedStore for PostgresStore {
 
     async fn read(&self, key: &str) -> Result<Option<Record>> {
         validate_record_key(key)?;
-        let row = sqlx::query(sql(&self.statements.read)).bind(key).fetch_optional(&self.pool).await.map_err(map_err)?;
+        let row =
+            sqlx::query(sql(&self.statements.read)).bind(key).fetch_optional(&self.pool).await.map_err(map_err)?;
         row.map(|row| {
             Ok(Record { value: row.try_get(0).map_err(map_err)?, fence: fence_from(row.try_get(1).map_err(map_err)?) })
         })
@@ -338,7 +354,10 @@ impl FencedStore for PostgresStore {
             .map(|row| {
                 Ok((
                     row.try_get(0).map_err(map_err)?,
-                    Record { value: row.try_get(1).map_err(map_err)?, fence: fence_from(row.try_get(2).map_err(map_err)?) },
+                    Record {
+                        value: row.try_get(1).map_err(map_err)?,
+                        fence: fence_from(row.try_get(2).map_err(map_err)?),
+                    },
                 ))
             })
             .collect()

@@ -1,0 +1,192 @@
+//! Redis + PostgreSQL, the seed's architecture, against real servers (started by
+//! `scripts/test`): the end-to-end conformance suite, the seed's SIGSTOP and SIGKILL chaos tests on real `warehouse allocate` processes, and a Redis restart that loses
+//! every fence counter.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{last_json, run, warehouse};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use palisade::postgres::{PostgresConfig, PostgresStore};
+use palisade::redis::RedisLockService;
+use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, REGRESSION_GAP, ResourceKey, WriteBatch};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use std::io::{BufRead, BufReader};
+
+fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
+    let url = require_env("PALISADE_REDIS_URL");
+    lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
+        let url = url.clone();
+        async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
+    })
+}
+
+fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
+    let url = require_env("PALISADE_POSTGRES_URL");
+    store_factory(move || {
+        let config = PostgresConfig { max_connections: 4, ..PostgresConfig::new(url.clone()) };
+        async move { Ok(Arc::new(PostgresStore::open(config).await?)) }
+    })
+}
+
+palisade_conformance::end_to_end_suite!(redis(), postgres());
+
+fn urls() -> (String, String) {
+    (require_env("PALISADE_REDIS_URL"), require_env("PALISADE_POSTGRES_URL"))
+}
+
+fn unique_sku(tag: &str) -> String {
+    format!("{tag}-{}", std::process::id()) + &format!("-{}", Instant::now().elapsed().subsec_nanos())
+}
+
+/// A running `warehouse allocate` whose stdout we read line by line.
+struct Allocator {
+    child: std::process::Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Allocator {
+    fn start(lock: &str, store: &str, sku: &str, ttl_ms: u64, think_ms: u64) -> Self {
+        let mut child = warehouse()
+            .args(["allocate", "--lock", lock, "--store", store, "--sku", sku, "--qty", "1"])
+            .args(["--ttl-ms", &ttl_ms.to_string(), "--think-ms", &think_ms.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Allocator { child, lines }
+    }
+
+    fn next_event(&mut self) -> serde_json::Value {
+        let line = self.lines.next().expect("allocate said nothing").unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).unwrap())
+    }
+}
+
+fn setup_sku(lock: &str, store: &str, sku: &str, qty: &str) {
+    let out = run(&["setup", "--lock", lock, "--store", store, "--sku", sku, "--qty", qty]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The seed's chaos test: a real holder process is frozen with SIGSTOP past its TTL; a second
+/// process allocates; the first is thawed and its write is refused (exit 3). Inventory shows
+/// exactly one decrement and the audit table no duplicate.
+#[test]
+fn sigstop_holder_is_refused_after_it_thaws() {
+    let (lock, store) = urls();
+    let sku = unique_sku("STOP");
+    setup_sku(&lock, &store, &sku, "10");
+
+    let mut a = Allocator::start(&lock, &store, &sku, 1000, 3000);
+    let acquired = a.next_event();
+    assert_eq!(acquired["event"], "acquired");
+    kill(a.pid(), Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(1300));
+
+    let b = run(&["allocate", "--lock", &lock, "--store", &store, "--sku", &sku, "--ttl-ms", "5000"]);
+    assert_eq!(b.status.code(), Some(0), "{}", String::from_utf8_lossy(&b.stderr));
+    assert!(last_json(&b)["fence"].as_u64() > acquired["fence"].as_u64());
+
+    kill(a.pid(), Signal::SIGCONT).unwrap();
+    let wrote = a.next_event();
+    let status = a.child.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "the thawed holder must be refused: {wrote}");
+    assert_eq!(wrote["applied"], false);
+    assert_eq!(wrote["reason"], "stale_fence");
+
+    let shown = last_json(&run(&["show", "--store", &store, "--sku", &sku]));
+    assert_eq!(shown["qty"], 9, "exactly one decrement: {shown}");
+    assert_eq!(shown["allocations"], 1, "{shown}");
+    assert_eq!(shown["duplicate_jobs"], 0, "{shown}");
+}
+
+/// SIGKILL of the holder: the next process completes within the TTL plus one acquisition.
+#[test]
+fn sigkill_holder_is_replaced_within_ttl() {
+    let (lock, store) = urls();
+    let sku = unique_sku("KILL");
+    setup_sku(&lock, &store, &sku, "10");
+    let mut a = Allocator::start(&lock, &store, &sku, 1000, 30_000);
+    assert_eq!(a.next_event()["event"], "acquired");
+    let killed = Instant::now();
+    kill(a.pid(), Signal::SIGKILL).unwrap();
+    let _ = a.child.wait();
+    let b = run(&["allocate", "--lock", &lock, "--store", &store, "--sku", &sku, "--ttl-ms", "5000"]);
+    let took = killed.elapsed();
+    assert_eq!(b.status.code(), Some(0), "{}", String::from_utf8_lossy(&b.stderr));
+    // TTL 1 s, plus process start-up and one acquisition; generous for a loaded CI machine.
+    assert!(took < Duration::from_millis(1000 + 2000), "next holder took {took:?}");
+    let shown = last_json(&run(&["show", "--store", &store, "--sku", &sku]));
+    assert_eq!(shown["qty"], 9);
+}
+
+/// A Redis of the test's own, restarted without persistence between two grants: every fence
+/// counter restarts at 1. The store refuses the low fences; `lock_checked` notices the
+/// regression, moves the counter past the watermark plus the gap, and writes succeed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_without_persistence_is_detected_and_repaired() {
+    let server = require_env("PALISADE_REDIS_SERVER");
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let start = || {
+        let child = Command::new(&server)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child
+    };
+    let url = format!("redis://127.0.0.1:{port}");
+    let store = PostgresStore::connect(&require_env("PALISADE_POSTGRES_URL")).await.unwrap();
+    let key = ResourceKey::new("regress", unique_sku("R")).unwrap();
+    let record = format!("regress/{}", key.id());
+    let ttl = Duration::from_secs(5);
+
+    let mut redis_server = start();
+    let locks = Arc::new(RedisLockService::connect(&url).await.unwrap());
+    for _ in 0..3 {
+        let lease = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        store.write(&lease, &WriteBatch::new().put(record.clone(), lease.fence().to_string())).await.unwrap();
+        lease.release().await.unwrap();
+    }
+    let watermark = store.watermark(&key).await.unwrap().unwrap();
+    assert_eq!(watermark.get(), 3);
+
+    // Restart without persistence: the counter is gone.
+    redis_server.kill().unwrap();
+    redis_server.wait().unwrap();
+    let mut redis_server = start();
+    let locks = Arc::new(RedisLockService::connect(&url).await.unwrap());
+
+    let naive = locks.lock(&key, ttl, ttl).await.unwrap();
+    assert_eq!(naive.fence().get(), 1, "the counter restarted");
+    let err = store.write(&naive, &WriteBatch::new().put(record.clone(), b"stale".to_vec())).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "no stale write is accepted: {err}");
+    naive.release().await.unwrap();
+
+    let lease = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+    assert!(lease.fence().get() > watermark.get() + REGRESSION_GAP, "fence {} after repair", lease.fence());
+    store.write(&lease, &WriteBatch::new().put(record.clone(), b"after".to_vec())).await.unwrap();
+    assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"after");
+    lease.release().await.unwrap();
+    redis_server.kill().unwrap();
+    redis_server.wait().unwrap();
+}
