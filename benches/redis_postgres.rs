@@ -1,0 +1,414 @@
+//! Redis lock service and PostgreSQL store, each against its raw operation in the same run.
+//!
+//! ```sh
+//! scripts/services up && source .services/env
+//! PALISADE_REDIS_SERVER=$(command -v redis-server) cargo bench --bench redis_postgres --features redis,postgres
+//! ```
+//!
+//! Prints a Markdown report: ratios are what to compare across machines, not absolute times.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)] // a benchmark binary: panics are its errors
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use palisade::postgres::{FencedRow, PostgresConfig, PostgresStore};
+use palisade::redis::RedisLockService;
+use palisade::{Fence, FencedStore, LockService, LockServiceExt, ResourceKey, Ttl, WriteBatch};
+use redis::AsyncCommands;
+
+fn env(name: &str) -> String {
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} is not set: run scripts/services up and source .services/env"))
+}
+
+struct Stats {
+    p50: Duration,
+    p99: Duration,
+}
+
+fn stats(mut v: Vec<Duration>) -> Stats {
+    v.sort_unstable();
+    let at = |p: usize| v[(v.len() - 1) * p / 100];
+    Stats { p50: at(50), p99: at(99) }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+const CYCLES: usize = 5000;
+
+async fn raw_cycle_latency(url: &str, prefix: &str) -> Stats {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_connection_manager().await.unwrap();
+    let mut lat = Vec::with_capacity(CYCLES);
+    for i in 0..CYCLES {
+        let key = format!("{prefix}:raw:{}", i % 64);
+        let t = Instant::now();
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg("token")
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: i64 = conn.del(&key).await.unwrap();
+        lat.push(t.elapsed());
+    }
+    stats(lat)
+}
+
+async fn palisade_cycle_latency(svc: &Arc<RedisLockService>, prefix: &str, with_lease: bool) -> Stats {
+    let ttl = Ttl::from_millis(30_000).unwrap();
+    let mut lat = Vec::with_capacity(CYCLES);
+    for i in 0..CYCLES {
+        let key = ResourceKey::new(prefix, format!("p{}", i % 64)).unwrap();
+        let t = Instant::now();
+        if with_lease {
+            let lease = svc.try_lock(&key, ttl.get()).await.unwrap().unwrap();
+            lease.release().await.unwrap();
+        } else {
+            let grant = svc.try_acquire(&key, ttl).await.unwrap().unwrap();
+            svc.release(&grant).await.unwrap();
+        }
+        lat.push(t.elapsed());
+    }
+    stats(lat)
+}
+
+async fn raw_throughput(url: &str, prefix: &str, tasks: usize, for_: Duration) -> f64 {
+    let client = redis::Client::open(url).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let mut conn = conn.clone();
+        let key = format!("{prefix}:rawtp:{t}");
+        handles.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while start.elapsed() < for_ {
+                let _: Option<String> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg("token")
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let _: i64 = conn.del(&key).await.unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The same two Lua scripts through the redis crate directly: what the server's script
+/// execution costs, without any of Palisade's client code.
+async fn raw_script_throughput(url: &str, prefix: &str, tasks: usize, for_: Duration) -> f64 {
+    let acquire = redis::Script::new(
+        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, redis.call('INCR', KEYS[2])} end \
+         return {0, redis.call('PTTL', KEYS[1])}",
+    );
+    let release = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) redis.call('PUBLISH', ARGV[2], '1') return 1 end return 0",
+    );
+    let client = redis::Client::open(url).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let mut conn = conn.clone();
+        let (acquire, release) = (acquire.clone(), release.clone());
+        let (lock, fence, channel) = (
+            format!("lock:{{{prefix}:s{t}}}"),
+            format!("fence:{{{prefix}:s{t}}}"),
+            format!("palisade:released:{prefix}{t}"),
+        );
+        handles.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while start.elapsed() < for_ {
+                let _: (i64, i64) =
+                    acquire.key(&lock).key(&fence).arg("token").arg(30_000).invoke_async(&mut conn).await.unwrap();
+                let _: i64 = release.key(&lock).arg("token").arg(&channel).invoke_async(&mut conn).await.unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn palisade_throughput(svc: &Arc<RedisLockService>, prefix: &str, tasks: usize, for_: Duration) -> f64 {
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let svc = Arc::clone(svc);
+        let key = ResourceKey::new(prefix, format!("tp{t}")).unwrap();
+        handles.push(tokio::spawn(async move {
+            let ttl = Ttl::from_millis(30_000).unwrap();
+            let mut n = 0u64;
+            while start.elapsed() < for_ {
+                let g = svc.try_acquire(&key, ttl).await.unwrap().unwrap();
+                svc.release(&g).await.unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn handoff(url: &str, prefix: &str) -> Stats {
+    let a = Arc::new(RedisLockService::connect(url).await.unwrap());
+    let b = Arc::new(RedisLockService::connect(url).await.unwrap());
+    let key = ResourceKey::new(prefix, "handoff").unwrap();
+    let mut lat = Vec::new();
+    for _ in 0..200 {
+        let held = a.lock(&key, Duration::from_secs(30), Duration::from_secs(5)).await.unwrap();
+        let (b2, k2) = (Arc::clone(&b), key.clone());
+        let waiter = tokio::spawn(async move {
+            let lease = b2.lock(&k2, Duration::from_secs(30), Duration::from_secs(10)).await.unwrap();
+            (Instant::now(), lease)
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let (got, lease) = waiter.await.unwrap();
+        lat.push(got.saturating_duration_since(released));
+        lease.release().await.unwrap();
+    }
+    stats(lat)
+}
+
+fn start_redis(server: &str, args: &[&str]) -> (std::process::Child, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(server)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args(args)
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (child, format!("redis://127.0.0.1:{port}"), dir)
+}
+
+async fn pg_writers(
+    writers: usize,
+    for_: Duration,
+    op: impl Fn(usize, u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync + 'static,
+) -> f64 {
+    let op = Arc::new(op);
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for w in 0..writers {
+        let op = Arc::clone(&op);
+        handles.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while start.elapsed() < for_ {
+                n += 1;
+                op(w, n).await;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let redis_url = env("PALISADE_REDIS_URL");
+    let pg_url = env("PALISADE_POSTGRES_URL");
+    let prefix = format!("bench{}", std::process::id());
+    let svc = Arc::new(RedisLockService::connect(&redis_url).await.unwrap());
+
+    println!("# Redis lock service and PostgreSQL store vs their raw operations\n");
+    println!("Loopback servers, one run; ratios compare like with like in that run.\n");
+
+    // Warm up connections and script caches.
+    let _ = raw_cycle_latency(&redis_url, &prefix).await;
+    let _ = palisade_cycle_latency(&svc, &prefix, false).await;
+
+    let raw = raw_cycle_latency(&redis_url, &prefix).await;
+    let service = palisade_cycle_latency(&svc, &prefix, false).await;
+    let lease = palisade_cycle_latency(&svc, &prefix, true).await;
+    println!("## Uncontended acquire + release ({CYCLES} cycles, one connection)\n");
+    println!("| path | p50 ms | p99 ms | p50 ratio to raw |");
+    println!("|---|---|---|---|");
+    println!("| raw `SET NX PX` + `DEL` | {} | {} | 1.00 |", ms(raw.p50), ms(raw.p99));
+    let r = |s: &Stats| s.p50.as_secs_f64() / raw.p50.as_secs_f64();
+    println!(
+        "| `try_acquire` + `release` (script: SET NX PX + INCR; compare-token DEL) | {} | {} | {:.2} |",
+        ms(service.p50),
+        ms(service.p99),
+        r(&service)
+    );
+    println!(
+        "| `try_lock` + `Lease::release` (plus lease watchdog, metrics, spans) | {} | {} | {:.2} |\n",
+        ms(lease.p50),
+        ms(lease.p99),
+        r(&lease)
+    );
+
+    let window = Duration::from_secs(3);
+    println!("## Throughput, distinct keys, one multiplexed connection\n");
+    println!(
+        "| tasks | raw `SET NX PX`+`DEL` /s | same Lua scripts, redis crate /s | palisade /s | palisade ÷ raw | palisade ÷ scripts |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for tasks in [1, 16, 64] {
+        let raw_tp = raw_throughput(&redis_url, &prefix, tasks, window).await;
+        let script_tp = raw_script_throughput(&redis_url, &prefix, tasks, window).await;
+        let p_tp = palisade_throughput(&svc, &prefix, tasks, window).await;
+        println!(
+            "| {tasks} | {raw_tp:.0} | {script_tp:.0} | {p_tp:.0} | {:.2} | {:.2} |",
+            p_tp / raw_tp,
+            p_tp / script_tp
+        );
+    }
+
+    let h = handoff(&redis_url, &prefix).await;
+    println!("\n## Contended handoff (release returned → waiter holds), 200 handoffs\n");
+    println!("p50 {} ms, p99 {} ms (release notification over pub/sub)\n", ms(h.p50), ms(h.p99));
+
+    if let Ok(server) = std::env::var("PALISADE_REDIS_SERVER") {
+        println!("## Durability cost: acquire + release on a Redis of the benchmark's own\n");
+        println!("| persistence | p50 ms | p99 ms | p50 ratio |");
+        println!("|---|---|---|---|");
+        let mut base = None;
+        for (name, args) in [
+            ("none (`--appendonly no`)", vec!["--appendonly", "no"]),
+            ("`appendonly yes`, `appendfsync everysec`", vec!["--appendonly", "yes", "--appendfsync", "everysec"]),
+            ("`appendonly yes`, `appendfsync always`", vec!["--appendonly", "yes", "--appendfsync", "always"]),
+        ] {
+            let (mut child, url, _dir) = start_redis(&server, &args);
+            let own = Arc::new(RedisLockService::connect(&url).await.unwrap());
+            let _ = palisade_cycle_latency(&own, &prefix, false).await;
+            let s = palisade_cycle_latency(&own, &prefix, false).await;
+            let b = *base.get_or_insert(s.p50.as_secs_f64());
+            println!("| {name} | {} | {} | {:.2} |", ms(s.p50), ms(s.p99), s.p50.as_secs_f64() / b);
+            drop(own);
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        println!();
+    }
+
+    // PostgreSQL: the seed's single-statement form vs the same UPDATE unfenced, 8 writers on
+    // their own rows; and the record API fenced vs unfenced.
+    let store =
+        PostgresStore::open(PostgresConfig { max_connections: 16, ..PostgresConfig::new(&pg_url) }).await.unwrap();
+    let table = format!("bench_inventory_{}", std::process::id());
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table} (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL, fence BIGINT NOT NULL)"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    for w in 0..8 {
+        sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {table} VALUES ('sku{w}', 1000000000, 0)")))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    let table: &'static str = Box::leak(table.into_boxed_str());
+    let writers = 8;
+    let mut rows = Vec::new();
+    for round in 1..=2u64 {
+        let plain = {
+            let pool = store.pool().clone();
+            pg_writers(writers, window, move |w, _| {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET qty = qty - 1 WHERE sku = $1")))
+                        .bind(format!("sku{w}"))
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                })
+            })
+            .await
+        };
+        let fenced = {
+            let store = store.clone();
+            pg_writers(writers, window, move |w, n| {
+                let store = store.clone();
+                Box::pin(async move {
+                    let key = format!("sku{w}");
+                    let row = FencedRow { table, key_column: "sku", fence_column: "fence" };
+                    store
+                        .update_row_fenced(&row, &key, Fence::new(round * 100_000_000 + n), "qty = qty - 1", |q| q)
+                        .await
+                        .unwrap();
+                })
+            })
+            .await
+        };
+        let rec_unfenced = {
+            let store = store.clone();
+            let prefix = prefix.clone();
+            pg_writers(writers, window, move |w, n| {
+                let store = store.clone();
+                let batch = WriteBatch::new().put(format!("{prefix}/rec/{w}"), n.to_string());
+                Box::pin(async move { store.apply_unfenced(&batch).await.unwrap() })
+            })
+            .await
+        };
+        let rec_fenced = {
+            let store = store.clone();
+            let prefix = prefix.clone();
+            pg_writers(writers, window, move |w, n| {
+                let store = store.clone();
+                let key = ResourceKey::new(prefix.clone(), format!("w{w}")).unwrap();
+                let batch = WriteBatch::new().put(format!("{prefix}/rec/{w}"), n.to_string());
+                Box::pin(async move { store.apply(&key, Fence::new(round * 100_000_000 + n), &batch).await.unwrap() })
+            })
+            .await
+        };
+        rows.push((plain, fenced, rec_unfenced, rec_fenced));
+    }
+    println!("## PostgreSQL, {writers} writers on their own rows ({}-s windows, two rounds)\n", window.as_secs());
+    println!(
+        "| round | plain `UPDATE` /s | seed form `UPDATE … WHERE fence <= $f` /s | overhead | record API unfenced /s | record API fenced /s | overhead |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (i, (plain, fenced, ru, rf)) in rows.iter().enumerate() {
+        println!(
+            "| {} | {plain:.0} | {fenced:.0} | {:+.1}% | {ru:.0} | {rf:.0} | {:+.1}% |",
+            i + 1,
+            (plain / fenced - 1.0) * 100.0,
+            (ru / rf - 1.0) * 100.0
+        );
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}"))).execute(store.pool()).await.unwrap();
+}
