@@ -80,10 +80,10 @@ pub use key::{MAX_DOMAIN_LEN, MAX_ID_LEN, ResourceKey};
 pub use lease::Lease;
 pub use memory::{MemoryFencedStore, MemoryLockService};
 pub use renewal::{Progress, Renewal};
-pub use service::{Backoff, DynLockService, LockService, timeout_error};
+pub use service::{AttemptOutcome, Backoff, DynLockService, LockService, timeout_error, wait_for_release};
 pub use store::{
     DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WriteBatch, WriteOp, conflict_error,
-    storable_fence, validate_record_key,
+    quote_sql_identifier, storable_fence, validate_record_key,
 };
 pub use token::OwnerToken;
 pub use ttl::{Ttl, validate_wait};

@@ -157,6 +157,65 @@ impl<S: LockService + ?Sized> LockService for Arc<S> {
     }
 }
 
+/// What one attempt of [`wait_for_release`] found.
+#[derive(Debug)]
+pub enum AttemptOutcome<G> {
+    /// The lock was granted.
+    Granted(G),
+    /// Somebody holds it for about `remaining` more (the holder's TTL left, as the service
+    /// knows it; waiters wake then at the latest).
+    Held {
+        /// Time left on the holder's grant.
+        remaining: Duration,
+    },
+}
+
+/// The waiting loop of a service that can wake waiters when a lock is released (an
+/// `acquire` override for [`Waiting::Native`](crate::Waiting::Native) backends).
+///
+/// Before each attempt it registers with `released`, so a release between the attempt and
+/// the wait is not missed; then it sleeps until `released` fires, the holder's grant runs out,
+/// or `max_step` passes (a bound on latency when notifications can be lost), whichever is
+/// first. It validates `wait` and gives up with [`ErrorKind::Timeout`] when it runs out.
+pub async fn wait_for_release<G, F, Fut>(
+    backend: &'static str,
+    key: &ResourceKey,
+    wait: Duration,
+    released: &tokio::sync::Notify,
+    max_step: Option<Duration>,
+    mut attempt: F,
+) -> Result<G>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<AttemptOutcome<G>>>,
+{
+    validate_wait(wait)?;
+    let give_up = Instant::now() + wait;
+    loop {
+        let notified = released.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let remaining = match attempt().await? {
+            AttemptOutcome::Granted(grant) => return Ok(grant),
+            AttemptOutcome::Held { remaining } => remaining,
+        };
+        let now = Instant::now();
+        if now >= give_up {
+            return Err(timeout_error(backend, key, wait));
+        }
+        // A millisecond past the holder's expiry, so the next attempt finds it expired.
+        let mut step = remaining.saturating_add(Duration::from_millis(1));
+        if let Some(max) = max_step {
+            step = step.min(max);
+        }
+        let wake = now.checked_add(step).map_or(give_up, |t| t.min(give_up));
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}
+
 /// The [`ErrorKind::Timeout`] error for a wait that ran out.
 pub fn timeout_error(backend: &'static str, key: &ResourceKey, wait: Duration) -> Error {
     Error::new(ErrorKind::Timeout, backend, format!("lock {key} was not free within {wait:?}"))

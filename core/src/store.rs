@@ -267,6 +267,25 @@ pub fn validate_record_key(key: &str) -> Result<()> {
     Err(Error::new(ErrorKind::InvalidKey, "core", why))
 }
 
+/// Checks a table or column name for a SQL store and returns it double-quoted: 1–63 ASCII
+/// letters, digits or `_`, not starting with a digit (PostgreSQL's limit; SQLite accepts it
+/// too). Anything else is [`ErrorKind::InvalidConfig`], so a configured name can never carry
+/// SQL.
+pub fn quote_sql_identifier(backend: &'static str, name: &str) -> Result<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            backend,
+            format!("identifier {name:?} must be 1-63 ASCII letters, digits or '_', not starting with a digit"),
+        ));
+    }
+    Ok(format!("\"{name}\""))
+}
+
 /// Converts a fence for a signed 64-bit column, or explains why a store cannot hold it.
 pub fn storable_fence(backend: &'static str, fence: Fence) -> Result<i64> {
     fence.to_i64().ok_or_else(|| {

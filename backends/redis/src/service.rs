@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::{
-    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
-    Ttl, Waiting, timeout_error, validate_wait,
+    AttemptOutcome, Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken,
+    ResourceKey, Result, Ttl, Waiting, wait_for_release,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
@@ -30,11 +30,6 @@ pub struct RedisLockService {
     config: RedisConfig,
     conn: ConnectionManager,
     waiters: Waiters,
-}
-
-enum Attempt {
-    Granted(Grant<Fenced>),
-    Held { remaining: Duration },
 }
 
 impl RedisLockService {
@@ -97,7 +92,7 @@ impl RedisLockService {
         ))
     }
 
-    async fn attempt(&self, key: &ResourceKey, ttl: Ttl) -> Result<Attempt> {
+    async fn attempt(&self, key: &ResourceKey, ttl: Ttl) -> Result<AttemptOutcome<Grant<Fenced>>> {
         let token = OwnerToken::generate()?;
         let mut conn = self.conn.clone();
         let requested_at = Instant::now();
@@ -113,11 +108,11 @@ impl RedisLockService {
             let fence = u64::try_from(value).map_err(|_| {
                 Error::new(ErrorKind::Backend, BACKEND, format!("fence key {} holds {value}", key.fence_key()))
             })?;
-            return Ok(Attempt::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)));
+            return Ok(AttemptOutcome::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)));
         }
         // PTTL is -1 for a lock without expiry (never set by us) and -2 if it just vanished.
         let remaining = u64::try_from(value).map_or(Duration::from_millis(1), Duration::from_millis);
-        Ok(Attempt::Held { remaining })
+        Ok(AttemptOutcome::Held { remaining })
     }
 }
 
@@ -142,34 +137,14 @@ impl LockService for RedisLockService {
 
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
         match self.attempt(key, ttl).await? {
-            Attempt::Granted(grant) => Ok(Some(grant)),
-            Attempt::Held { .. } => Ok(None),
+            AttemptOutcome::Granted(grant) => Ok(Some(grant)),
+            AttemptOutcome::Held { .. } => Ok(None),
         }
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
-        validate_wait(wait)?;
-        let give_up = Instant::now() + wait;
         let released = self.waiters.watch(&Waiters::channel(&key.lock_key()));
-        loop {
-            // Register for the release message before trying, so a release in between wakes us.
-            let notified = released.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let remaining = match self.attempt(key, ttl).await? {
-                Attempt::Granted(grant) => return Ok(grant),
-                Attempt::Held { remaining } => remaining,
-            };
-            let now = Instant::now();
-            if now >= give_up {
-                return Err(timeout_error(BACKEND, key, wait));
-            }
-            let step = (remaining + Duration::from_millis(1)).min(MAX_WAIT_STEP);
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep_until((now + step).min(give_up)) => {}
-            }
-        }
+        wait_for_release(BACKEND, key, wait, &released, Some(MAX_WAIT_STEP), || self.attempt(key, ttl)).await
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> {

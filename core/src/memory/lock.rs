@@ -7,9 +7,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::service::timeout_error;
 use crate::{
-    Capabilities, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting, validate_wait,
+    AttemptOutcome, Capabilities, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl,
+    Waiting, wait_for_release,
 };
 
 const BACKEND: &str = "memory";
@@ -40,7 +40,7 @@ struct Holder {
 
 enum Attempt {
     Granted(Grant<Fenced>),
-    Held { until: Instant, released: Arc<Notify> },
+    Held { until: Instant },
 }
 
 impl MemoryLockService {
@@ -64,6 +64,11 @@ impl MemoryLockService {
         slots.get(key).filter(|s| s.last_fence > 0).map(|s| Fence::new(s.last_fence))
     }
 
+    fn released_notify(&self, key: &ResourceKey) -> Arc<Notify> {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(&slots.entry(key.clone()).or_default().released)
+    }
+
     fn attempt(&self, key: &ResourceKey, ttl: Ttl) -> Result<Attempt> {
         let requested_at = Instant::now();
         let token = OwnerToken::generate()?;
@@ -71,7 +76,7 @@ impl MemoryLockService {
         let slot = slots.entry(key.clone()).or_default();
         let now = Instant::now();
         if let Some(holder) = slot.holder.filter(|h| h.expires > now) {
-            return Ok(Attempt::Held { until: holder.expires, released: Arc::clone(&slot.released) });
+            return Ok(Attempt::Held { until: holder.expires });
         }
         let fence = slot
             .last_fence
@@ -122,25 +127,17 @@ impl LockService for MemoryLockService {
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
-        validate_wait(wait)?;
-        let give_up = Instant::now() + wait;
-        loop {
-            let (until, released) = match self.attempt(key, ttl)? {
-                Attempt::Granted(grant) => return Ok(grant),
-                Attempt::Held { until, released } => (until, released),
-            };
-            // Register before re-checking the clock so a release in between is not missed.
-            let notified = released.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if Instant::now() >= give_up {
-                return Err(timeout_error(BACKEND, key, wait));
-            }
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep_until(until.min(give_up)) => {}
-            }
-        }
+        let released = self.released_notify(key);
+        // No notification is ever lost in one process, so no polling bound is needed.
+        wait_for_release(BACKEND, key, wait, &released, None, || async {
+            Ok(match self.attempt(key, ttl)? {
+                Attempt::Granted(grant) => AttemptOutcome::Granted(grant),
+                Attempt::Held { until } => {
+                    AttemptOutcome::Held { remaining: until.saturating_duration_since(Instant::now()) }
+                }
+            })
+        })
+        .await
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> {

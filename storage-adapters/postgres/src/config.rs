@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use palisade_core::{Error, ErrorKind, Result};
+use palisade_core::Result;
 
 use crate::store::BACKEND;
 
@@ -77,18 +77,7 @@ impl fmt::Debug for PostgresConfig {
 
 /// Checks an identifier and returns it double-quoted.
 pub(crate) fn quote_ident(name: &str) -> Result<String> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !ok {
-        return Err(Error::new(
-            ErrorKind::InvalidConfig,
-            BACKEND,
-            format!("identifier {name:?} must be 1-63 ASCII letters, digits or '_', not starting with a digit"),
-        ));
-    }
-    Ok(format!("\"{name}\""))
+    palisade_core::quote_sql_identifier(BACKEND, name)
 }
 
 #[cfg(test)]
