@@ -62,6 +62,35 @@ async fn raw_cycle_latency(url: &str, prefix: &str) -> Stats {
     stats(lat)
 }
 
+async fn raw_script_cycle_latency(url: &str, prefix: &str) -> Stats {
+    let (acquire, release) = scripts();
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_connection_manager().await.unwrap();
+    let mut lat = Vec::with_capacity(CYCLES);
+    for i in 0..CYCLES {
+        let (lock, fence) = (format!("lock:{{{prefix}:rs{}}}", i % 64), format!("fence:{{{prefix}:rs{}}}", i % 64));
+        let t = Instant::now();
+        let _: (i64, i64) =
+            acquire.key(&lock).key(&fence).arg("token").arg(30_000).invoke_async(&mut conn).await.unwrap();
+        let _: i64 = release.key(&lock).arg("token").arg("palisade:released:x").invoke_async(&mut conn).await.unwrap();
+        lat.push(t.elapsed());
+    }
+    stats(lat)
+}
+
+/// The acquire and release scripts of palisade-redis, verbatim in effect.
+fn scripts() -> (redis::Script, redis::Script) {
+    (
+        redis::Script::new(
+            "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, redis.call('INCR', KEYS[2])} end \
+             return {0, redis.call('PTTL', KEYS[1])}",
+        ),
+        redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) redis.call('PUBLISH', ARGV[2], '1') return 1 end return 0",
+        ),
+    )
+}
+
 async fn palisade_cycle_latency(svc: &Arc<RedisLockService>, prefix: &str, with_lease: bool) -> Stats {
     let ttl = Ttl::from_millis(30_000).unwrap();
     let mut lat = Vec::with_capacity(CYCLES);
@@ -116,13 +145,7 @@ async fn raw_throughput(url: &str, prefix: &str, tasks: usize, for_: Duration) -
 /// The same two Lua scripts through the redis crate directly: what the server's script
 /// execution costs, without any of Palisade's client code.
 async fn raw_script_throughput(url: &str, prefix: &str, tasks: usize, for_: Duration) -> f64 {
-    let acquire = redis::Script::new(
-        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, redis.call('INCR', KEYS[2])} end \
-         return {0, redis.call('PTTL', KEYS[1])}",
-    );
-    let release = redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) redis.call('PUBLISH', ARGV[2], '1') return 1 end return 0",
-    );
+    let (acquire, release) = scripts();
     let client = redis::Client::open(url).unwrap();
     let conn = client.get_connection_manager().await.unwrap();
     let start = Instant::now();
@@ -260,6 +283,8 @@ async fn main() {
     let _ = palisade_cycle_latency(&svc, &prefix, false).await;
 
     let raw = raw_cycle_latency(&redis_url, &prefix).await;
+    let _ = raw_script_cycle_latency(&redis_url, &prefix).await;
+    let raw_scripts = raw_script_cycle_latency(&redis_url, &prefix).await;
     let service = palisade_cycle_latency(&svc, &prefix, false).await;
     let lease = palisade_cycle_latency(&svc, &prefix, true).await;
     println!("## Uncontended acquire + release ({CYCLES} cycles, one connection)\n");
@@ -267,6 +292,12 @@ async fn main() {
     println!("|---|---|---|---|");
     println!("| raw `SET NX PX` + `DEL` | {} | {} | 1.00 |", ms(raw.p50), ms(raw.p99));
     let r = |s: &Stats| s.p50.as_secs_f64() / raw.p50.as_secs_f64();
+    println!(
+        "| the same two Lua scripts through the redis crate | {} | {} | {:.2} |",
+        ms(raw_scripts.p50),
+        ms(raw_scripts.p99),
+        r(&raw_scripts)
+    );
     println!(
         "| `try_acquire` + `release` (script: SET NX PX + INCR; compare-token DEL) | {} | {} | {:.2} |",
         ms(service.p50),
