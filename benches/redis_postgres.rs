@@ -375,7 +375,7 @@ async fn main() {
     let table: &'static str = Box::leak(table.into_boxed_str());
     let writers = 8;
     let mut rows = Vec::new();
-    for round in 1..=2u64 {
+    for round in 1..=5u64 {
         let plain = {
             let pool = store.pool().clone();
             pg_writers(writers, window, move |w, _| {
@@ -428,7 +428,10 @@ async fn main() {
         };
         rows.push((plain, fenced, rec_unfenced, rec_fenced));
     }
-    println!("## PostgreSQL, {writers} writers on their own rows ({}-s windows, two rounds)\n", window.as_secs());
+    println!(
+        "## PostgreSQL, {writers} writers on their own rows ({}-s windows, five interleaved rounds)\n",
+        window.as_secs()
+    );
     println!(
         "| round | plain `UPDATE` /s | seed form `UPDATE … WHERE fence <= $f` /s | overhead | record API unfenced /s | record API fenced /s | overhead |"
     );
@@ -441,5 +444,17 @@ async fn main() {
             (ru / rf - 1.0) * 100.0
         );
     }
+    let median = |f: &dyn Fn(&(f64, f64, f64, f64)) -> f64| {
+        let mut v: Vec<f64> = rows.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (plain, fenced) = (median(&|r| r.0), median(&|r| r.1));
+    let (ru, rf) = (median(&|r| r.2), median(&|r| r.3));
+    println!(
+        "| median | {plain:.0} | {fenced:.0} | {:+.1}% | {ru:.0} | {rf:.0} | {:+.1}% |",
+        (plain / fenced - 1.0) * 100.0,
+        (ru / rf - 1.0) * 100.0
+    );
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}"))).execute(store.pool()).await.unwrap();
 }
