@@ -444,13 +444,12 @@ async fn main() {
             (ru / rf - 1.0) * 100.0
         );
     }
-    let median = |f: &dyn Fn(&(f64, f64, f64, f64)) -> f64| {
-        let mut v: Vec<f64> = rows.iter().map(f).collect();
+    let median = |column: usize| {
+        let mut v: Vec<f64> = rows.iter().map(|r| [r.0, r.1, r.2, r.3][column]).collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (plain, fenced) = (median(&|r| r.0), median(&|r| r.1));
-    let (ru, rf) = (median(&|r| r.2), median(&|r| r.3));
+    let (plain, fenced, ru, rf) = (median(0), median(1), median(2), median(3));
     println!(
         "| median | {plain:.0} | {fenced:.0} | {:+.1}% | {ru:.0} | {rf:.0} | {:+.1}% |",
         (plain / fenced - 1.0) * 100.0,
