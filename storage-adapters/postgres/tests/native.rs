@@ -1,0 +1,112 @@
+//! The PostgreSQL store's native APIs: your own statements in a fenced transaction, and the
+//! seed's single-statement form on your own rows.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+use palisade_conformance::require_env;
+use palisade_core::{ErrorKind, Fence, FencedStore, ResourceKey};
+use palisade_postgres::{FencedRow, PostgresConfig, PostgresStore, map_err};
+
+async fn store() -> PostgresStore {
+    PostgresStore::connect(&require_env("PALISADE_POSTGRES_URL")).await.unwrap()
+}
+
+/// A table name no other test run uses: the process id and the clock's nanoseconds.
+fn unique(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{tag}_{}_{nanos}", std::process::id())
+}
+
+#[tokio::test]
+async fn own_statements_commit_with_the_watermark_or_not_at_all() {
+    let s = store().await;
+    let table = unique("inv");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE TABLE {table} (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL)")))
+        .execute(s.pool())
+        .await
+        .map_err(map_err)
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {table} VALUES ('S1', 10)"))).execute(s.pool()).await.unwrap();
+    let qty = |s: PostgresStore, table: String| async move {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!("SELECT qty FROM {table} WHERE sku = 'S1'")))
+            .fetch_one(s.pool())
+            .await
+            .unwrap()
+    };
+    let res = ResourceKey::new("native", table.clone()).unwrap();
+    {
+        let mut tx = s.begin_fenced(&res, Fence::new(5)).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET qty = qty - 1"))).execute(tx.conn()).await.unwrap();
+        // Dropped without commit.
+    }
+    assert_eq!(qty(s.clone(), table.clone()).await, 10);
+    assert_eq!(s.watermark(&res).await.unwrap(), None);
+
+    let mut tx = s.begin_fenced(&res, Fence::new(5)).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET qty = qty - 1"))).execute(tx.conn()).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(qty(s.clone(), table.clone()).await, 9);
+    let err = s.begin_fenced(&res, Fence::new(4)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(4), current: Fence::new(5) });
+    assert_eq!(qty(s.clone(), table.clone()).await, 9);
+}
+
+#[tokio::test]
+async fn the_seeds_single_statement_form_accepts_equal_and_refuses_lower() {
+    let s = store().await;
+    let table = unique("rows");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table} (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL, fence BIGINT NOT NULL DEFAULT 0)"
+    )))
+    .execute(s.pool())
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {table} (sku, qty) VALUES ('S1', 10)")))
+        .execute(s.pool())
+        .await
+        .unwrap();
+    let row = FencedRow { table: &table, key_column: "sku", fence_column: "fence" };
+    for _ in 0..2 {
+        // Equal fences: one grant writes twice (the seed's `fence < @fence` would refuse the second).
+        s.update_row_fenced(&row, "S1", Fence::new(42), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap();
+    }
+    let err = s.update_row_fenced(&row, "S1", Fence::new(41), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(41), current: Fence::new(42) });
+    let (qty, fence): (i64, i64) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT qty, fence FROM {table} WHERE sku = 'S1'")))
+            .fetch_one(s.pool())
+            .await
+            .unwrap();
+    assert_eq!((qty, fence), (8, 42));
+    let err = s.update_row_fenced(&row, "NOPE", Fence::new(50), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let bad = FencedRow { table: "x; DROP TABLE y", key_column: "sku", fence_column: "fence" };
+    let err = s.update_row_fenced(&bad, "S1", Fence::new(50), "qty = 1", |q| q).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+}
+
+#[tokio::test]
+async fn configurable_tables_and_bad_urls() {
+    let url = require_env("PALISADE_POSTGRES_URL");
+    let fences = unique("f");
+    let records = unique("r");
+    let config = PostgresConfig {
+        fences_table: fences.clone(),
+        records_table: records.clone(),
+        ..PostgresConfig::new(url.clone())
+    };
+    let s = PostgresStore::open(config).await.unwrap();
+    let res = ResourceKey::new("cfg", "x").unwrap();
+    s.apply(&res, Fence::new(3), &palisade_core::WriteBatch::new().put("k", b"v".to_vec())).await.unwrap();
+    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {fences}")))
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let bad = PostgresConfig { records_table: "no good".into(), ..PostgresConfig::new(url) };
+    assert_eq!(PostgresStore::open(bad).await.unwrap_err().kind(), ErrorKind::InvalidConfig);
+    assert_eq!(PostgresStore::connect("mysql://x").await.unwrap_err().kind(), ErrorKind::InvalidConfig);
+    let err = PostgresStore::connect("postgres://nobody:pw@127.0.0.1:1/none").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert!(!err.to_string().contains(":pw@"), "{err}");
+}
