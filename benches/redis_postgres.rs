@@ -9,7 +9,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)] // a benchmark binary: panics are its errors
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -222,26 +221,6 @@ async fn handoff(url: &str, prefix: &str) -> Stats {
     stats(lat)
 }
 
-fn start_redis(server: &str, args: &[&str]) -> (std::process::Child, String, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(server)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-        .args(args)
-        .arg("--dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    (child, format!("redis://127.0.0.1:{port}"), dir)
-}
-
 async fn pg_writers(
     writers: usize,
     for_: Duration,
@@ -342,15 +321,14 @@ async fn main() {
             ("`appendonly yes`, `appendfsync everysec`", vec!["--appendonly", "yes", "--appendfsync", "everysec"]),
             ("`appendonly yes`, `appendfsync always`", vec!["--appendonly", "yes", "--appendfsync", "always"]),
         ] {
-            let (mut child, url, _dir) = start_redis(&server, &args);
-            let own = Arc::new(RedisLockService::connect(&url).await.unwrap());
+            let own_server = palisade_conformance::servers::LoopbackServer::redis(&server, &args).unwrap();
+            let own = Arc::new(RedisLockService::connect(&own_server.redis_url()).await.unwrap());
             let _ = palisade_cycle_latency(&own, &prefix, false).await;
             let s = palisade_cycle_latency(&own, &prefix, false).await;
             let b = *base.get_or_insert(s.p50.as_secs_f64());
             println!("| {name} | {} | {} | {:.2} |", ms(s.p50), ms(s.p99), s.p50.as_secs_f64() / b);
             drop(own);
-            child.kill().unwrap();
-            child.wait().unwrap();
+            drop(own_server);
         }
         println!();
     }

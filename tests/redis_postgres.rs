@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,7 @@ use nix::unistd::Pid;
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::redis::RedisLockService;
 use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, REGRESSION_GAP, ResourceKey, WriteBatch};
+use palisade_conformance::servers::LoopbackServer;
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
 use std::io::{BufRead, BufReader};
 
@@ -135,32 +136,13 @@ fn sigkill_holder_is_replaced_within_ttl() {
 /// regression, moves the counter past the watermark plus the gap, and writes succeed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_without_persistence_is_detected_and_repaired() {
-    let server = require_env("PALISADE_REDIS_SERVER");
-    let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let start = || {
-        let child = Command::new(&server)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        child
-    };
-    let url = format!("redis://127.0.0.1:{port}");
+    let mut redis_server = LoopbackServer::redis(&require_env("PALISADE_REDIS_SERVER"), &[]).unwrap();
+    let url = redis_server.redis_url();
     let store = PostgresStore::connect(&require_env("PALISADE_POSTGRES_URL")).await.unwrap();
     let key = ResourceKey::new("regress", unique_sku("R")).unwrap();
     let record = format!("regress/{}", key.id());
     let ttl = Duration::from_secs(5);
 
-    let mut redis_server = start();
     let locks = Arc::new(RedisLockService::connect(&url).await.unwrap());
     for _ in 0..3 {
         let lease = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
@@ -171,9 +153,7 @@ async fn redis_restart_without_persistence_is_detected_and_repaired() {
     assert_eq!(watermark.get(), 3);
 
     // Restart without persistence: the counter is gone.
-    redis_server.kill().unwrap();
-    redis_server.wait().unwrap();
-    let mut redis_server = start();
+    redis_server.restart().unwrap();
     let locks = Arc::new(RedisLockService::connect(&url).await.unwrap());
 
     let naive = locks.lock(&key, ttl, ttl).await.unwrap();
@@ -187,6 +167,4 @@ async fn redis_restart_without_persistence_is_detected_and_repaired() {
     store.write(&lease, &WriteBatch::new().put(record.clone(), b"after".to_vec())).await.unwrap();
     assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"after");
     lease.release().await.unwrap();
-    redis_server.kill().unwrap();
-    redis_server.wait().unwrap();
 }

@@ -47,6 +47,12 @@
 //! | – | [`stale_write_before_new_holder_writes`](e2e::stale_write_before_new_holder_writes) | end to end | fencing rule 3: a fence orders writes, the "done" check in the write stops the job running twice |
 //! | 13 | [`load`](e2e::load) | end to end | sustained rate across keys: no duplicate side effects; fences gap-free if declared |
 //!
+//! ## Servers of a test's own
+//!
+//! [`servers::LoopbackServer`] starts a server process on a free loopback port with a data
+//! directory of its own, and can kill or restart it: for the chaos tests no shared server may
+//! suffer (a Redis restarted without persistence, a killed cluster leader).
+//!
 //! ## Without the macros
 //!
 //! [`run_lock_scenarios`], [`run_store_scenarios`] and [`run_end_to_end_scenarios`] run the
@@ -65,6 +71,7 @@ pub mod harness;
 pub mod lock;
 pub mod memory;
 pub mod relay;
+pub mod servers;
 pub mod store;
 
 pub use factory::{FencedStoreFactory, LockServiceFactory, Namespace, ProcessAccess, Timing};

@@ -65,6 +65,7 @@ mod key;
 mod lease;
 pub mod memory;
 pub mod metrics;
+mod redact;
 mod renewal;
 mod service;
 mod store;
@@ -79,6 +80,7 @@ pub use grant::{Fenced, Fencing, Grant, Unfenced};
 pub use key::{MAX_DOMAIN_LEN, MAX_ID_LEN, ResourceKey};
 pub use lease::Lease;
 pub use memory::{MemoryFencedStore, MemoryLockService};
+pub use redact::redact_url;
 pub use renewal::{Progress, Renewal};
 pub use service::{AttemptOutcome, Backoff, DynLockService, LockService, timeout_error, wait_for_release};
 pub use store::{

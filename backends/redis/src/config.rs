@@ -35,7 +35,7 @@ impl RedisConfig {
 
     /// The URL with any password replaced by `***`, for logs and errors.
     pub fn redacted_url(&self) -> String {
-        redact(&self.url)
+        palisade_core::redact_url(&self.url)
     }
 
     pub(crate) fn check_scheme(&self) -> Result<()> {
@@ -58,22 +58,6 @@ impl RedisConfig {
             BACKEND,
             format!("not a Redis URL: {} (expected redis://host:port)", self.redacted_url()),
         ))
-    }
-}
-
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return "<malformed URL>".to_string() };
-    let (authority, tail) = rest.split_once('/').map_or((rest, None), |(a, t)| (a, Some(t)));
-    let host = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            if userinfo.contains(':') { format!("{user}:***@{host}") } else { format!("{user}@{host}") }
-        }
-        None => authority.to_string(),
-    };
-    match tail {
-        Some(t) => format!("{scheme}://{host}/{}", t.split('?').next().unwrap_or("")),
-        None => format!("{scheme}://{host}"),
     }
 }
 

@@ -2,75 +2,42 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
 use palisade_conformance::require_env;
+use palisade_conformance::servers::LoopbackServer;
 use palisade_core::{ErrorKind, LockService, ResourceKey, Ttl};
 use palisade_redis::{RedisConfig, RedisLockService};
 
-/// A redis-server on a free loopback port with extra arguments; killed on drop.
-struct OwnRedis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl OwnRedis {
-    fn start(args: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(require_env("PALISADE_REDIS_SERVER"))
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(args)
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        OwnRedis { child, port, _dir: dir }
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A redis-server of the test's own, with extra arguments.
+fn own_redis(extra: &[&str]) -> LoopbackServer {
+    LoopbackServer::redis(&require_env("PALISADE_REDIS_SERVER"), extra).unwrap()
 }
 
 #[tokio::test]
 async fn password_auth_works_and_a_wrong_password_is_refused_without_leaking_it() {
-    let server = OwnRedis::start(&["--requirepass", "s3cret-pw"]);
-    let good = RedisLockService::connect(&format!("redis://:s3cret-pw@127.0.0.1:{}", server.port)).await.unwrap();
+    let server = own_redis(&["--requirepass", "s3cret-pw"]);
+    let good = RedisLockService::connect(&format!("redis://:s3cret-pw@127.0.0.1:{}", server.port())).await.unwrap();
     let key = ResourceKey::new("auth", "k").unwrap();
     let grant = good.try_acquire(&key, Ttl::from_millis(5000).unwrap()).await.unwrap().unwrap();
     good.release(&grant).await.unwrap();
     assert!(!format!("{good:?}").contains("s3cret-pw"));
 
-    let err = RedisLockService::connect(&format!("redis://:wrong-pw@127.0.0.1:{}", server.port)).await.unwrap_err();
+    let err = RedisLockService::connect(&format!("redis://:wrong-pw@127.0.0.1:{}", server.port())).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(!err.to_string().contains("wrong-pw"), "the password leaked into the error: {err}");
 }
 
 #[tokio::test]
 async fn an_eviction_policy_that_can_evict_fence_keys_is_refused_unless_allowed() {
-    let server = OwnRedis::start(&["--maxmemory-policy", "allkeys-lru"]);
-    let url = format!("redis://127.0.0.1:{}", server.port);
+    let server = own_redis(&["--maxmemory-policy", "allkeys-lru"]);
+    let url = server.redis_url();
     let err = RedisLockService::connect(&url).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
     assert!(err.to_string().contains("allkeys-lru"), "{err}");
     let config = RedisConfig { allow_eviction: true, ..RedisConfig::new(url) };
     RedisLockService::connect_with(config).await.unwrap();
 
-    let volatile = OwnRedis::start(&["--maxmemory-policy", "volatile-lru"]);
-    RedisLockService::connect(&format!("redis://127.0.0.1:{}", volatile.port)).await.unwrap();
+    let volatile = own_redis(&["--maxmemory-policy", "volatile-lru"]);
+    RedisLockService::connect(&volatile.redis_url()).await.unwrap();
 }
 
 #[tokio::test]

@@ -49,16 +49,7 @@ impl PostgresConfig {
 
     /// The URL without its password, for logs and errors.
     pub fn redacted_url(&self) -> String {
-        let Some((scheme, rest)) = self.url.split_once("://") else { return "<malformed URL>".to_string() };
-        let (authority, tail) = rest.split_once('/').map_or((rest, ""), |(a, t)| (a, t));
-        let db = tail.split('?').next().unwrap_or("");
-        match authority.rsplit_once('@') {
-            Some((userinfo, host)) => {
-                let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-                format!("{scheme}://{user}@{host}/{db}")
-            }
-            None => format!("{scheme}://{authority}/{db}"),
-        }
+        palisade_core::redact_url(&self.url)
     }
 }
 
@@ -87,7 +78,7 @@ mod tests {
     #[test]
     fn passwords_never_show_and_identifiers_are_checked() {
         let c = PostgresConfig::new("postgres://app:s3cret@db:5432/app?sslmode=require");
-        assert_eq!(c.redacted_url(), "postgres://app@db:5432/app");
+        assert_eq!(c.redacted_url(), "postgres://app:***@db:5432/app");
         assert!(!format!("{c:?}").contains("s3cret"));
         assert!(c.schema_sql().unwrap().contains("\"palisade_fences\""));
         assert!(quote_ident("x\"; DROP TABLE y; --").is_err());

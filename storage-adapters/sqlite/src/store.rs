@@ -188,9 +188,8 @@ impl SqliteStore {
         }
         // Conditions see the state before the batch, so all checks run before any write.
         // On error `tx` is dropped, which rolls everything back: all or nothing.
-        let (checks, writes): (Vec<&WriteOp>, Vec<&WriteOp>) =
-            batch.ops().iter().partition(|op| matches!(op, WriteOp::Check { .. }));
-        for op in checks.into_iter().chain(writes) {
+        let is_check = |op: &&WriteOp| matches!(op, WriteOp::Check { .. });
+        for op in batch.ops().iter().filter(is_check).chain(batch.ops().iter().filter(|op| !is_check(op))) {
             apply_op(&mut tx, &self.statements, op, fence_i64).await?;
         }
         tx.commit().await.map_err(map_err)
