@@ -2,6 +2,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::{
@@ -119,23 +120,32 @@ impl SqliteStore {
             ),
         };
         let options = options.synchronous(synchronous).busy_timeout(config.busy_timeout);
-        let pool = pool_options.connect_with(options).await.map_err(|e| {
-            let mut err = map_err(e);
-            if err.kind() == ErrorKind::Backend {
-                err = Error::new(ErrorKind::Unavailable, BACKEND, "cannot open the SQLite database").with_source(err);
+        let statements = Arc::new(statements);
+        // Several processes opening one new file at once contend for the switch to WAL and the
+        // schema creation, and SQLite reports some of that contention as SQLITE_BUSY at once
+        // instead of through the busy handler: retry it for as long as the busy timeout allows.
+        let give_up = tokio::time::Instant::now() + config.busy_timeout;
+        let mut backoff = palisade_core::Backoff::with_bounds(Duration::from_millis(5), Duration::from_millis(200));
+        loop {
+            match open_once(pool_options.clone(), options.clone(), Arc::clone(&statements)).await {
+                Ok(store) => {
+                    debug!(path = ?config.path, "sqlite fenced store open");
+                    return Ok(store);
+                }
+                Err(e) if e.kind() == ErrorKind::Unavailable && tokio::time::Instant::now() < give_up && is_busy(&e) => {
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                Err(e) => return Err(e),
             }
-            err
-        })?;
-        let store = SqliteStore { pool, statements: Arc::new(statements) };
-        store.migrate().await?;
-        debug!(path = ?config.path, "sqlite fenced store open");
-        Ok(store)
+        }
     }
 
     /// Creates the watermark and record tables if they do not exist. [`open`](Self::open)
     /// runs it; call it yourself after [`from_pool`](Self::from_pool).
     pub async fn migrate(&self) -> Result<()> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // IMMEDIATE: take the write lock first (through the busy handler) rather than upgrade a
+        // read of the schema, which SQLite refuses at once when another writer got there first.
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
         sqlx::query(sql(&self.statements.create_fences)).execute(&mut *tx).await.map_err(map_err)?;
         sqlx::query(sql(&self.statements.create_records)).execute(&mut *tx).await.map_err(map_err)?;
         tx.commit().await.map_err(map_err)
@@ -194,6 +204,36 @@ impl SqliteStore {
         }
         tx.commit().await.map_err(map_err)
     }
+}
+
+async fn open_once(
+    pool_options: SqlitePoolOptions,
+    options: SqliteConnectOptions,
+    statements: Arc<Statements>,
+) -> Result<SqliteStore> {
+    let pool = pool_options.connect_with(options).await.map_err(|e| {
+        let err = map_err(e);
+        if err.kind() == ErrorKind::Backend {
+            return Error::new(ErrorKind::Unavailable, BACKEND, "cannot open the SQLite database").with_source(err);
+        }
+        err
+    })?;
+    let store = SqliteStore { pool, statements };
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// Whether an error is SQLite's "database is busy/locked" (as opposed to, say, a missing
+/// directory, which retrying cannot fix).
+fn is_busy(e: &Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(sqlx::Error::Database(db)) = s.downcast_ref::<sqlx::Error>() {
+            return db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6));
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// Raises the watermark inside `conn`'s transaction, or reports the stale fence.

@@ -174,3 +174,18 @@ async fn unfenced_writes_ignore_and_keep_watermarks() {
     assert_eq!((r.value.as_slice(), r.fence), (&b"b"[..], None));
     assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(3)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_opening_one_new_file_at_once_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/fresh.db?synchronous=normal", dir.path().display());
+    let opens: Vec<_> = (0..16)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { SqliteStore::connect(&url).await.map(|_| ()) })
+        })
+        .collect();
+    for open in opens {
+        open.await.unwrap().unwrap();
+    }
+}
