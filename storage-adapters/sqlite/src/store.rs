@@ -132,7 +132,9 @@ impl SqliteStore {
                     debug!(path = ?config.path, "sqlite fenced store open");
                     return Ok(store);
                 }
-                Err(e) if e.kind() == ErrorKind::Unavailable && tokio::time::Instant::now() < give_up && is_busy(&e) => {
+                Err(e)
+                    if e.kind() == ErrorKind::Unavailable && tokio::time::Instant::now() < give_up && is_busy(&e) =>
+                {
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
                 Err(e) => return Err(e),
