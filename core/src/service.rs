@@ -173,24 +173,31 @@ pub enum AttemptOutcome<G> {
 /// The waiting loop of a service that can wake waiters when a lock is released (an
 /// `acquire` override for [`Waiting::Native`](crate::Waiting::Native) backends).
 ///
-/// Before each attempt it registers with `released`, so a release between the attempt and
-/// the wait is not missed; then it sleeps until `released` fires, the holder's grant runs out,
-/// or `max_step` passes (a bound on latency when notifications can be lost), whichever is
-/// first. It validates `wait` and gives up with [`ErrorKind::Timeout`] when it runs out.
-pub async fn wait_for_release<G, F, Fut>(
+/// The first attempt runs bare: an uncontended acquire costs one attempt and nothing else
+/// (no notifier, no subscription). Only when the lock is held does it ask `released` for the
+/// notifier; from then on it registers before each attempt, so a release between the attempt
+/// and the wait is not missed, and sleeps until the notifier fires, the holder's grant runs
+/// out, or `max_step` passes (a bound on latency when notifications can be lost), whichever
+/// is first. It validates `wait` and gives up with [`ErrorKind::Timeout`] when it runs out.
+pub async fn wait_for_release<G, F, Fut, N>(
     backend: &'static str,
     key: &ResourceKey,
     wait: Duration,
-    released: &tokio::sync::Notify,
+    released: N,
     max_step: Option<Duration>,
     mut attempt: F,
 ) -> Result<G>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<AttemptOutcome<G>>>,
+    N: FnOnce() -> std::sync::Arc<tokio::sync::Notify>,
 {
     validate_wait(wait)?;
     let give_up = Instant::now() + wait;
+    if let AttemptOutcome::Granted(grant) = attempt().await? {
+        return Ok(grant);
+    }
+    let released = released();
     loop {
         let notified = released.notified();
         tokio::pin!(notified);

@@ -143,8 +143,8 @@ impl LockService for RedisLockService {
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
-        let released = self.waiters.watch(&Waiters::channel(&key.lock_key()));
-        wait_for_release(BACKEND, key, wait, &released, Some(MAX_WAIT_STEP), || self.attempt(key, ttl)).await
+        let released = || self.waiters.watch(&Waiters::channel(&key.lock_key()));
+        wait_for_release(BACKEND, key, wait, released, Some(MAX_WAIT_STEP), || self.attempt(key, ttl)).await
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> {

@@ -127,16 +127,22 @@ impl LockService for MemoryLockService {
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
-        let released = self.released_notify(key);
         // No notification is ever lost in one process, so no polling bound is needed.
-        wait_for_release(BACKEND, key, wait, &released, None, || async {
-            Ok(match self.attempt(key, ttl)? {
-                Attempt::Granted(grant) => AttemptOutcome::Granted(grant),
-                Attempt::Held { until } => {
-                    AttemptOutcome::Held { remaining: until.saturating_duration_since(Instant::now()) }
-                }
-            })
-        })
+        wait_for_release(
+            BACKEND,
+            key,
+            wait,
+            || self.released_notify(key),
+            None,
+            || async {
+                Ok(match self.attempt(key, ttl)? {
+                    Attempt::Granted(grant) => AttemptOutcome::Granted(grant),
+                    Attempt::Held { until } => {
+                        AttemptOutcome::Held { remaining: until.saturating_duration_since(Instant::now()) }
+                    }
+                })
+            },
+        )
         .await
     }
 
