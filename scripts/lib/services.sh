@@ -55,18 +55,25 @@ svc_record_pid() { echo "$1 $2" >>"$PALISADE_SERVICES_DIR/pids"; }
 start_redis() {
   local name=$1
   shift
-  command -v redis-server >/dev/null || svc_apt_install redis-server redis-tools
-  local port dir
+  local port
   port=$(svc_free_port)
-  dir="$PALISADE_SERVICES_DIR/$name"
+  svc_redis_server "$name" "$port" "redis-cli -p $port ping" --port "$port" "$@"
+  if [ "$name" = redis ]; then export PALISADE_REDIS_URL="redis://127.0.0.1:$port"; fi
+}
+
+# svc_redis_server NAME PORT READY-COMMAND redis-server-args...: starts and waits for readiness.
+svc_redis_server() {
+  local name=$1 port=$2 ready=$3
+  shift 3
+  command -v redis-server >/dev/null || svc_apt_install redis-server redis-tools
+  local dir="$PALISADE_SERVICES_DIR/$name"
   mkdir -p "$dir"
-  redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+  redis-server --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
     --daemonize no --logfile "$dir/redis.log" "$@" </dev/null >/dev/null 2>&1 &
   svc_record_pid "$!" "$name"
-  svc_wait "redis ($name)" 100 sh -c "redis-cli -p $port ping | grep -q PONG"
+  svc_wait "redis ($name)" 100 sh -c "$ready | grep -q PONG"
   echo "$port" >"$dir/port"
   svc_log "$name on 127.0.0.1:$port"
-  if [ "$name" = redis ]; then export PALISADE_REDIS_URL="redis://127.0.0.1:$port"; fi
 }
 
 # start_postgres: exports PALISADE_POSTGRES_URL.
@@ -103,4 +110,36 @@ stop_services() {
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
   done <"$pids"
   rm -f "$pids"
+}
+
+# start_redis_tls: a TLS-only Redis that requires client certificates (mutual TLS), with a
+# throwaway CA. Exports PALISADE_REDIS_TLS_URL, PALISADE_REDIS_TLS_CA (the CA certificate, PEM)
+# and PALISADE_REDIS_TLS_CLIENT_CERT / _KEY (a client identity that CA signed).
+start_redis_tls() {
+  command -v openssl >/dev/null || svc_apt_install openssl
+  local dir="$PALISADE_SERVICES_DIR/redis-tls-certs"
+  mkdir -p "$dir"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=palisade test CA" \
+    -keyout "$dir/ca.key" -out "$dir/ca.crt" >/dev/null 2>&1
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+    -keyout "$dir/server.key" -out "$dir/server.csr" >/dev/null 2>&1
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n' >"$dir/ext.cnf"
+  openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial \
+    -days 2 -extfile "$dir/ext.cnf" -out "$dir/server.crt" >/dev/null 2>&1
+  # Extensions make these X.509 v3 certificates: rustls (webpki) refuses v1.
+  printf 'basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n' >"$dir/client-ext.cnf"
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=palisade test client" \
+    -keyout "$dir/client.key" -out "$dir/client.csr" >/dev/null 2>&1
+  openssl x509 -req -in "$dir/client.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial \
+    -days 2 -extfile "$dir/client-ext.cnf" -out "$dir/client.crt" >/dev/null 2>&1
+  local port
+  port=$(svc_free_port)
+  svc_redis_server redis-tls "$port" \
+    "redis-cli --tls --cacert $dir/ca.crt --cert $dir/client.crt --key $dir/client.key -h 127.0.0.1 -p $port ping" \
+    --port 0 --tls-port "$port" --tls-cert-file "$dir/server.crt" --tls-key-file "$dir/server.key" \
+    --tls-ca-cert-file "$dir/ca.crt" --tls-auth-clients yes
+  export PALISADE_REDIS_TLS_URL="rediss://127.0.0.1:$port"
+  export PALISADE_REDIS_TLS_CA="$dir/ca.crt"
+  export PALISADE_REDIS_TLS_CLIENT_CERT="$dir/client.crt"
+  export PALISADE_REDIS_TLS_CLIENT_KEY="$dir/client.key"
 }

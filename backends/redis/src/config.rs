@@ -20,6 +20,27 @@ pub struct RedisConfig {
     /// Accept a `maxmemory-policy` that may evict keys without a TTL (fence keys). Default:
     /// false. Set it only if this Redis never reaches `maxmemory`.
     pub allow_eviction: bool,
+    /// For `rediss://` only: the CA certificate(s), PEM, to trust instead of the platform's
+    /// root store (a private CA, a self-signed server). Default: none (platform roots).
+    pub tls_root_cert: Option<Vec<u8>>,
+    /// For `rediss://` only: a client certificate and key for mutual TLS
+    /// (`tls-auth-clients yes`). Default: none.
+    pub tls_client_identity: Option<TlsClientIdentity>,
+}
+
+/// A client certificate and its private key, both PEM, for mutual TLS. Never printed.
+#[derive(Clone)]
+pub struct TlsClientIdentity {
+    /// The client certificate chain, PEM.
+    pub certificate: Vec<u8>,
+    /// The client's private key, PEM.
+    pub private_key: Vec<u8>,
+}
+
+impl fmt::Debug for TlsClientIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TlsClientIdentity(<redacted>)")
+    }
 }
 
 impl RedisConfig {
@@ -30,7 +51,31 @@ impl RedisConfig {
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(5),
             allow_eviction: false,
+            tls_root_cert: None,
+            tls_client_identity: None,
         }
+    }
+
+    /// Trusts the CA certificate(s) in `pem` for `rediss://` instead of the platform roots.
+    pub fn with_tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_cert = Some(pem.into());
+        self
+    }
+
+    /// Presents a client certificate (mutual TLS) on `rediss://` connections.
+    pub fn with_tls_client_identity(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        private_key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls_client_identity =
+            Some(TlsClientIdentity { certificate: certificate.into(), private_key: private_key.into() });
+        self
+    }
+
+    /// Whether TLS certificates were configured (they only make sense with `rediss://`).
+    pub(crate) fn has_tls_material(&self) -> bool {
+        self.tls_root_cert.is_some() || self.tls_client_identity.is_some()
     }
 
     /// The URL with any password replaced by `***`, for logs and errors.
@@ -40,7 +85,17 @@ impl RedisConfig {
 
     pub(crate) fn check_scheme(&self) -> Result<()> {
         if self.url.starts_with("redis://") {
-            return Ok(());
+            // Certificates on a plain connection mean the URL or the settings are wrong; a
+            // silent plain-text connection would be the worst way to find out.
+            return if self.has_tls_material() {
+                Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    BACKEND,
+                    format!("TLS certificates are set but {} is not a rediss:// URL", self.redacted_url()),
+                ))
+            } else {
+                Ok(())
+            };
         }
         if self.url.starts_with("rediss://") {
             return if cfg!(feature = "tls") {
@@ -68,6 +123,8 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("allow_eviction", &self.allow_eviction)
+            .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "<set>"))
+            .field("tls_client_identity", &self.tls_client_identity)
             .finish()
     }
 }
@@ -93,5 +150,14 @@ mod tests {
         if !cfg!(feature = "tls") {
             assert_eq!(RedisConfig::new("rediss://h:1").check_scheme().unwrap_err().kind(), ErrorKind::Unsupported);
         }
+        let plain_with_ca = RedisConfig::new("redis://h:1").with_tls_root_cert(b"pem".to_vec());
+        assert_eq!(plain_with_ca.check_scheme().unwrap_err().kind(), ErrorKind::InvalidConfig);
+    }
+
+    #[test]
+    fn keys_never_show() {
+        let c = RedisConfig::new("rediss://h:1").with_tls_client_identity(b"CERT".to_vec(), b"SECRETKEY".to_vec());
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("SECRETKEY") && !shown.contains("CERT"), "{shown}");
     }
 }

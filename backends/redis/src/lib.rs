@@ -35,7 +35,10 @@
 //!
 //! ## Connecting
 //!
-//! `redis://[user:password@]host:port[/db]`; `rediss://` needs this crate's `tls` feature.
+//! `redis://[user:password@]host:port[/db]`; `rediss://` needs this crate's `tls` feature
+//! and verifies the server against the platform's root certificates, or against the CA you
+//! give [`RedisConfig::with_tls_root_cert`] (a private CA); mutual TLS via
+//! [`RedisConfig::with_tls_client_identity`].
 //! Connect and response timeouts are explicit ([`RedisConfig`]): the client's own 500 ms
 //! default response timeout would make a slow server look like a lost lock.
 
@@ -48,5 +51,5 @@ mod scripts;
 mod service;
 mod waiters;
 
-pub use config::RedisConfig;
+pub use config::{RedisConfig, TlsClientIdentity};
 pub use service::RedisLockService;

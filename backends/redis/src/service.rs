@@ -46,7 +46,7 @@ impl RedisLockService {
             // rustls needs one process-wide crypto provider; another library may have set it.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = redis::Client::open(config.url.as_str()).map_err(|e| {
+        let client = open_client(&config).map_err(|e| {
             Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis URL {}", config.redacted_url()))
                 .with_source(e)
         })?;
@@ -203,4 +203,20 @@ impl fmt::Debug for RedisLockService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLockService").field("config", &self.config).finish_non_exhaustive()
     }
+}
+
+/// A client for the URL, with the configured certificates for `rediss://`.
+fn open_client(config: &RedisConfig) -> redis::RedisResult<redis::Client> {
+    #[cfg(feature = "tls")]
+    if config.has_tls_material() {
+        let certificates = redis::TlsCertificates {
+            client_tls: config.tls_client_identity.as_ref().map(|id| redis::ClientTlsConfig {
+                client_cert: id.certificate.clone(),
+                client_key: id.private_key.clone(),
+            }),
+            root_cert: config.tls_root_cert.clone(),
+        };
+        return redis::Client::build_with_tls(config.url.as_str(), certificates);
+    }
+    redis::Client::open(config.url.as_str())
 }

@@ -1,0 +1,73 @@
+//! `rediss://` against a real TLS-only Redis that demands client certificates (started by
+//! `scripts/test`: `PALISADE_REDIS_TLS_URL`, a throwaway CA in `PALISADE_REDIS_TLS_CA`, a client
+//! identity in `PALISADE_REDIS_TLS_CLIENT_CERT` / `_KEY`). The whole lock suite runs over TLS,
+//! including release notifications, which use a second (pub/sub) connection.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_conformance::{LockServiceFactory, Timing, lock_factory, require_env};
+use palisade_core::{ErrorKind, LockService, ResourceKey, Ttl};
+use palisade_redis::{RedisConfig, RedisLockService};
+
+fn read(var: &str) -> Vec<u8> {
+    let path = require_env(var);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{var}={path}: {e}"))
+}
+
+fn tls_config() -> RedisConfig {
+    RedisConfig::new(require_env("PALISADE_REDIS_TLS_URL"))
+        .with_tls_root_cert(read("PALISADE_REDIS_TLS_CA"))
+        .with_tls_client_identity(read("PALISADE_REDIS_TLS_CLIENT_CERT"), read("PALISADE_REDIS_TLS_CLIENT_KEY"))
+}
+
+fn redis_tls() -> impl LockServiceFactory<Service = RedisLockService> {
+    let config = tls_config();
+    lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
+        let config = config.clone();
+        async move { Ok(Arc::new(RedisLockService::connect_with(config).await?)) }
+    })
+}
+
+palisade_conformance::lock_service_suite!(redis_tls());
+
+#[tokio::test]
+async fn a_server_signed_by_an_unknown_ca_is_refused() {
+    // Platform roots only: the throwaway CA is not among them, so the handshake must fail
+    // (and say so) rather than fall back to anything unverified.
+    let mut config = tls_config();
+    config.tls_root_cert = None;
+    let Err(err) = RedisLockService::connect_with(config).await else { panic!("an unknown CA must be refused") };
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
+    assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+}
+
+#[tokio::test]
+async fn the_server_refuses_a_client_without_a_certificate() {
+    let mut config = tls_config();
+    config.tls_client_identity = None;
+    let Err(err) = RedisLockService::connect_with(config).await else { panic!("mutual TLS must be enforced") };
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
+    assert!(err.to_string().contains("CertificateRequired"), "{err}");
+}
+
+#[tokio::test]
+async fn plain_text_to_the_tls_port_fails_cleanly() {
+    let url = require_env("PALISADE_REDIS_TLS_URL").replacen("rediss://", "redis://", 1);
+    let Err(err) = RedisLockService::connect_with(RedisConfig::new(url)).await else { panic!("no TLS, no service") };
+    assert!(matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::OutcomeUnknown), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_grant_over_tls_carries_a_fence() {
+    let service = RedisLockService::connect_with(tls_config()).await.unwrap();
+    let key = ResourceKey::new("tls", format!("grant-{}", std::process::id())).unwrap();
+    let ttl = Ttl::from_millis(5_000).unwrap();
+    let first = service.try_acquire(&key, ttl).await.unwrap().expect("free key");
+    service.release(&first).await.unwrap();
+    let second = service.try_acquire(&key, ttl).await.unwrap().expect("released key");
+    assert!(second.fence() > first.fence(), "{:?} then {:?}", first.fence(), second.fence());
+    service.release(&second).await.unwrap();
+}
