@@ -33,13 +33,20 @@ fn stats(mut v: Vec<Duration>) -> Stats {
     Stats { p50: at(50), p99: at(99) }
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
 
-const CYCLES: usize = 5000;
+/// Cycles per path per round; five rounds interleave the paths so drift hits them all alike.
+const CYCLES: usize = 1000;
+const ROUNDS: usize = 5;
 
-async fn raw_cycle_latency(url: &str, prefix: &str) -> Stats {
+async fn raw_cycle_latency(url: &str, prefix: &str) -> Vec<Duration> {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_connection_manager().await.unwrap();
     let mut lat = Vec::with_capacity(CYCLES);
@@ -58,10 +65,10 @@ async fn raw_cycle_latency(url: &str, prefix: &str) -> Stats {
         let _: i64 = conn.del(&key).await.unwrap();
         lat.push(t.elapsed());
     }
-    stats(lat)
+    lat
 }
 
-async fn raw_script_cycle_latency(url: &str, prefix: &str) -> Stats {
+async fn raw_script_cycle_latency(url: &str, prefix: &str) -> Vec<Duration> {
     let (acquire, release) = scripts();
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_connection_manager().await.unwrap();
@@ -74,7 +81,7 @@ async fn raw_script_cycle_latency(url: &str, prefix: &str) -> Stats {
         let _: i64 = release.key(&lock).arg("token").arg("palisade:released:x").invoke_async(&mut conn).await.unwrap();
         lat.push(t.elapsed());
     }
-    stats(lat)
+    lat
 }
 
 /// The acquire and release scripts of palisade-redis, verbatim in effect.
@@ -90,7 +97,7 @@ fn scripts() -> (redis::Script, redis::Script) {
     )
 }
 
-async fn palisade_cycle_latency(svc: &Arc<RedisLockService>, prefix: &str, with_lease: bool) -> Stats {
+async fn palisade_cycle_latency(svc: &Arc<RedisLockService>, prefix: &str, with_lease: bool) -> Vec<Duration> {
     let ttl = Ttl::from_millis(30_000).unwrap();
     let mut lat = Vec::with_capacity(CYCLES);
     for i in 0..CYCLES {
@@ -105,7 +112,7 @@ async fn palisade_cycle_latency(svc: &Arc<RedisLockService>, prefix: &str, with_
         }
         lat.push(t.elapsed());
     }
-    stats(lat)
+    lat
 }
 
 async fn raw_throughput(url: &str, prefix: &str, tasks: usize, for_: Duration) -> f64 {
@@ -259,14 +266,21 @@ async fn main() {
 
     // Warm up connections and script caches.
     let _ = raw_cycle_latency(&redis_url, &prefix).await;
+    let _ = raw_script_cycle_latency(&redis_url, &prefix).await;
     let _ = palisade_cycle_latency(&svc, &prefix, false).await;
 
-    let raw = raw_cycle_latency(&redis_url, &prefix).await;
-    let _ = raw_script_cycle_latency(&redis_url, &prefix).await;
-    let raw_scripts = raw_script_cycle_latency(&redis_url, &prefix).await;
-    let service = palisade_cycle_latency(&svc, &prefix, false).await;
-    let lease = palisade_cycle_latency(&svc, &prefix, true).await;
-    println!("## Uncontended acquire + release ({CYCLES} cycles, one connection)\n");
+    let (mut raw, mut raw_scripts, mut service, mut lease) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        raw.extend(raw_cycle_latency(&redis_url, &prefix).await);
+        raw_scripts.extend(raw_script_cycle_latency(&redis_url, &prefix).await);
+        service.extend(palisade_cycle_latency(&svc, &prefix, false).await);
+        lease.extend(palisade_cycle_latency(&svc, &prefix, true).await);
+    }
+    let (raw, raw_scripts, service, lease) = (stats(raw), stats(raw_scripts), stats(service), stats(lease));
+    println!(
+        "## Uncontended acquire + release ({} cycles per path, {ROUNDS} interleaved rounds, one connection)\n",
+        CYCLES * ROUNDS
+    );
     println!("| path | p50 ms | p99 ms | p50 ratio to raw |");
     println!("|---|---|---|---|");
     println!("| raw `SET NX PX` + `DEL` | {} | {} | 1.00 |", ms(raw.p50), ms(raw.p99));
@@ -291,15 +305,20 @@ async fn main() {
     );
 
     let window = Duration::from_secs(3);
-    println!("## Throughput, distinct keys, one multiplexed connection\n");
+    let tp_window = Duration::from_secs(2);
+    println!("## Throughput, distinct keys, one multiplexed connection (median of three interleaved 2-s rounds)\n");
     println!(
         "| tasks | raw `SET NX PX`+`DEL` /s | same Lua scripts, redis crate /s | palisade /s | palisade ÷ raw | palisade ÷ scripts |"
     );
     println!("|---|---|---|---|---|---|");
     for tasks in [1, 16, 64] {
-        let raw_tp = raw_throughput(&redis_url, &prefix, tasks, window).await;
-        let script_tp = raw_script_throughput(&redis_url, &prefix, tasks, window).await;
-        let p_tp = palisade_throughput(&svc, &prefix, tasks, window).await;
+        let (mut raws, mut scripts, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..3 {
+            raws.push(raw_throughput(&redis_url, &prefix, tasks, tp_window).await);
+            scripts.push(raw_script_throughput(&redis_url, &prefix, tasks, tp_window).await);
+            ours.push(palisade_throughput(&svc, &prefix, tasks, tp_window).await);
+        }
+        let (raw_tp, script_tp, p_tp) = (median(raws), median(scripts), median(ours));
         println!(
             "| {tasks} | {raw_tp:.0} | {script_tp:.0} | {p_tp:.0} | {:.2} | {:.2} |",
             p_tp / raw_tp,
@@ -324,7 +343,7 @@ async fn main() {
             let own_server = palisade_conformance::servers::LoopbackServer::redis(&server, &args).unwrap();
             let own = Arc::new(RedisLockService::connect(&own_server.redis_url()).await.unwrap());
             let _ = palisade_cycle_latency(&own, &prefix, false).await;
-            let s = palisade_cycle_latency(&own, &prefix, false).await;
+            let s = stats(palisade_cycle_latency(&own, &prefix, false).await);
             let b = *base.get_or_insert(s.p50.as_secs_f64());
             println!("| {name} | {} | {} | {:.2} |", ms(s.p50), ms(s.p99), s.p50.as_secs_f64() / b);
             drop(own);
