@@ -19,7 +19,7 @@ const LOCK_SCHEMES: &[Scheme] = &[
     Scheme { names: &["memory"], feature: "memory", enabled: cfg!(feature = "memory"), shipped: true },
     Scheme { names: &["redis", "rediss"], feature: "redis", enabled: cfg!(feature = "redis"), shipped: true },
     Scheme { names: &["redlock"], feature: "redlock", enabled: false, shipped: false },
-    Scheme { names: &["etcd", "etcds"], feature: "etcd", enabled: false, shipped: false },
+    Scheme { names: &["etcd", "etcds"], feature: "etcd", enabled: cfg!(feature = "etcd"), shipped: true },
     Scheme { names: &["zk"], feature: "zookeeper", enabled: false, shipped: false },
 ];
 
@@ -83,6 +83,7 @@ fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
 /// |---|---|
 /// | `memory://` or `memory://NAME` | the in-process [`MemoryLockService`](palisade_core::MemoryLockService); every call with the same `NAME` in one process shares one instance |
 /// | `redis://[user:pass@]host:port[/db]`, `rediss://…` | `palisade_redis::RedisLockService` (feature `redis`, `redis-tls` for TLS) |
+/// | `etcd://[user:pass@]host:port[,host:port…][?session_ttl_s=N]`, `etcds://…` | `palisade_etcd::EtcdLockService` (feature `etcd`, `etcd-tls` for TLS) |
 ///
 /// Errors: a malformed URL or unknown scheme is [`ErrorKind::InvalidConfig`]; a scheme whose
 /// cargo feature is off is [`ErrorKind::Unsupported`] and names the feature.
@@ -94,6 +95,8 @@ pub async fn connect_lock(url: &str) -> Result<Arc<DynLockService>> {
         "memory" => Ok(memory::lock_service(memory::instance_name(url)?)),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Arc::new(palisade_redis::RedisLockService::connect(url).await?)),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(Arc::new(palisade_etcd::EtcdLockService::connect(url).await?)),
         _ => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("scheme `{scheme}` is not wired"))),
     }
 }
@@ -183,9 +186,14 @@ mod tests {
 
     #[tokio::test]
     async fn unshipped_backends_are_unsupported_and_named() {
-        let err = connect_lock("etcd://127.0.0.1:2379").await.err().expect("etcd");
+        let err = connect_lock("zk://127.0.0.1:2181").await.err().expect("zk");
         assert_eq!(err.kind(), ErrorKind::Unsupported);
-        assert!(err.to_string().contains("`etcd`"), "{err}");
+        assert!(err.to_string().contains("`zookeeper`"), "{err}");
+        if !cfg!(feature = "etcd") {
+            let err = connect_lock("etcd://127.0.0.1:2379").await.err().expect("etcd");
+            assert_eq!(err.kind(), ErrorKind::Unsupported);
+            assert!(err.to_string().contains("cargo feature `etcd`"), "{err}");
+        }
         let err = connect_store("dynamodb://t").await.err().expect("dynamodb");
         assert_eq!(err.kind(), ErrorKind::Unsupported);
         if !cfg!(feature = "redis") {

@@ -15,6 +15,7 @@
 //! | `sqlite` | yes | `sqlite://PATH`, `sqlite::memory:` fenced store (`palisade::sqlite`) |
 //! | `redis` | no | `redis://` lock service (`palisade::redis`); `redis-tls` adds `rediss://` |
 //! | `postgres` | no | `postgres://` fenced store (`palisade::postgres`) |
+//! | `etcd` | no | `etcd://` lock service (`palisade::etcd`; needs `protoc` to build); `etcd-tls` adds `etcds://` |
 //! | `full` | no | everything available in this release |
 //!
 //! ```
@@ -52,6 +53,10 @@ pub use palisade_redis as redis;
 /// The PostgreSQL fenced store.
 #[cfg(feature = "postgres")]
 pub use palisade_postgres as postgres;
+
+/// The etcd lock service.
+#[cfg(feature = "etcd")]
+pub use palisade_etcd as etcd;
 
 /// The names most programs need: `use palisade::prelude::*;`.
 pub mod prelude {

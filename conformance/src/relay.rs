@@ -7,8 +7,8 @@
 //! connection drops, so a killed child's lock expires at its TTL as with a real server.
 //!
 //! Wire format, one request and one reply per line:
-//! `TRY key ttl_us` → `GRANT token fence|-` or `BUSY`;
-//! `EXTEND key token fence|- ttl_us` and `RELEASE key token fence|-` → `OK`;
+//! `TRY key ttl_us` → `GRANT token fence|- granted_ttl_us` or `BUSY`;
+//! `EXTEND key token fence|- ttl_us` → `OK granted_ttl_us`; `RELEASE key token fence|-` → `OK`;
 //! any request → `ERR kind message` on failure.
 
 use std::marker::PhantomData;
@@ -127,14 +127,16 @@ async fn handle<S: LockService>(service: &S, line: &str) -> Result<String> {
         ["TRY", key, ttl] => {
             let key = ResourceKey::parse(key)?;
             Ok(match service.try_acquire(&key, parse_ttl(ttl)?).await? {
-                Some(g) => format!("GRANT {} {}", g.token(), fence_text(g.fence_if_any())),
+                Some(g) => {
+                    format!("GRANT {} {} {}", g.token(), fence_text(g.fence_if_any()), g.ttl().get().as_micros())
+                }
                 None => "BUSY".to_string(),
             })
         }
         ["EXTEND", key, token, fence, ttl] => {
             let ttl = parse_ttl(ttl)?;
-            service.extend(&grant_from(key, token, fence, ttl)?, ttl).await?;
-            Ok("OK".to_string())
+            let granted = service.extend(&grant_from(key, token, fence, ttl)?, ttl).await?;
+            Ok(format!("OK {}", granted.get().as_micros()))
         }
         ["RELEASE", key, token, fence] => {
             let ttl = Ttl::new(Ttl::MIN)?;
@@ -196,18 +198,23 @@ impl<F: Fencing> LockService for RelayLockService<F> {
         let reply = self.call(format!("TRY {key} {}", ttl.get().as_micros())).await?;
         match reply.split(' ').collect::<Vec<_>>().as_slice() {
             ["BUSY"] => Ok(None),
-            ["GRANT", token, fence] => {
+            ["GRANT", token, fence, granted] => {
                 let token = OwnerToken::parse_hex(token)?;
                 let fence = F::token_from(parse_fence(fence)?).ok_or_else(|| proto_err("missing fence"))?;
-                Ok(Some(Grant::new(key.clone(), token, fence, ttl, requested_at)))
+                Ok(Some(Grant::new(key.clone(), token, fence, parse_ttl(granted)?, requested_at)))
             }
             _ => Err(proto_err("bad TRY reply")),
         }
     }
 
-    async fn extend(&self, grant: &Grant<F>, ttl: Ttl) -> Result<()> {
+    async fn extend(&self, grant: &Grant<F>, ttl: Ttl) -> Result<Ttl> {
         let fence = fence_text(grant.fence_if_any());
-        self.call(format!("EXTEND {} {} {fence} {}", grant.key(), grant.token(), ttl.get().as_micros())).await.map(drop)
+        let reply =
+            self.call(format!("EXTEND {} {} {fence} {}", grant.key(), grant.token(), ttl.get().as_micros())).await?;
+        match reply.split_once(' ') {
+            Some(("OK", granted)) => parse_ttl(granted),
+            _ => Err(proto_err("bad EXTEND reply")),
+        }
     }
 
     async fn release(&self, grant: &Grant<F>) -> Result<()> {

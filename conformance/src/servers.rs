@@ -21,27 +21,46 @@ impl LoopbackServer {
     /// Starts `program` with the arguments `args(port, data_dir)` builds, and waits up to 10 s
     /// until it accepts TCP connections on the port.
     pub fn start(program: &str, args: impl FnOnce(u16, &Path) -> Vec<String>) -> std::io::Result<Self> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        LoopbackServer::start_on(program, free_port()?, args)
+    }
+
+    /// [`start`](Self::start) on a port chosen by the caller (servers that must know each
+    /// other's ports before any of them starts, like the members of a cluster).
+    pub fn start_on(program: &str, port: u16, args: impl FnOnce(u16, &Path) -> Vec<String>) -> std::io::Result<Self> {
+        let server = LoopbackServer::spawn_unchecked(program, port, args)?;
+        server.wait_listening()?;
+        Ok(server)
+    }
+
+    /// Starts without waiting for the port (the caller checks readiness its own way).
+    fn spawn_unchecked(
+        program: &str,
+        port: u16,
+        args: impl FnOnce(u16, &Path) -> Vec<String>,
+    ) -> std::io::Result<Self> {
         let mut nonce = [0u8; 6];
-        // A weak nonce only risks a directory collision, which then fails loudly.
         let _ = getrandom::fill(&mut nonce);
         let dir = std::env::temp_dir()
             .join(format!("palisade-server-{port}-{}", nonce.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         std::fs::create_dir_all(&dir)?;
         let args = args(port, &dir);
         let mut server = LoopbackServer { child: None, port, dir, program: program.to_string(), args };
-        server.spawn()?;
+        server.child = Some(server.command().spawn()?);
         Ok(server)
     }
 
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        command
+    }
+
     fn spawn(&mut self) -> std::io::Result<()> {
-        let child = Command::new(&self.program)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        self.child = Some(child);
+        self.child = Some(self.command().spawn()?);
+        self.wait_listening()
+    }
+
+    fn wait_listening(&self) -> std::io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             if Instant::now() > deadline {
@@ -71,6 +90,38 @@ impl LoopbackServer {
             args.extend(extra.iter().map(|s| s.to_string()));
             args
         })
+    }
+
+    /// A single-member etcd (the binary at `program`) with fast elections, its data in its
+    /// own directory. Ready (healthy) when this returns.
+    pub fn etcd(program: &str) -> std::io::Result<Self> {
+        let peer = free_port()?;
+        let server = LoopbackServer::start(program, |port, dir| {
+            etcd_args("m0", port, peer, dir, &format!("m0=http://127.0.0.1:{peer}"), "palisade-single")
+        })?;
+        wait_etcd_healthy(&[server.port])?;
+        Ok(server)
+    }
+
+    /// Waits until this etcd member says it is healthy (after a restart).
+    pub fn wait_etcd_healthy(&self) -> std::io::Result<()> {
+        wait_etcd_healthy(&[self.port])
+    }
+
+    /// `etcd://127.0.0.1:PORT`.
+    pub fn etcd_url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it, deletes everything in its data directory, and starts it again: a server that
+    /// lost its state (for etcd, its revisions restart low).
+    pub fn wipe_and_restart(&mut self) -> std::io::Result<()> {
+        self.kill();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            if path.is_dir() { std::fs::remove_dir_all(&path)? } else { std::fs::remove_file(&path)? }
+        }
+        self.spawn()
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -108,5 +159,118 @@ impl Drop for LoopbackServer {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn etcd_args(name: &str, port: u16, peer: u16, dir: &Path, cluster: &str, token: &str) -> Vec<String> {
+    [
+        "--name",
+        name,
+        "--data-dir",
+        &dir.join("data").display().to_string(),
+        "--listen-client-urls",
+        &format!("http://127.0.0.1:{port}"),
+        "--advertise-client-urls",
+        &format!("http://127.0.0.1:{port}"),
+        "--listen-peer-urls",
+        &format!("http://127.0.0.1:{peer}"),
+        "--initial-advertise-peer-urls",
+        &format!("http://127.0.0.1:{peer}"),
+        "--initial-cluster",
+        cluster,
+        "--initial-cluster-token",
+        token,
+        "--initial-cluster-state",
+        "new",
+        "--heartbeat-interval",
+        "50",
+        "--election-timeout",
+        "300",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Whether an etcd member's `/health` says healthy (it has a leader and a quorum).
+fn etcd_healthy(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
+    if conn.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = conn.read_to_string(&mut reply);
+    reply.contains("\"health\":\"true\"")
+}
+
+fn wait_etcd_healthy(ports: &[u16]) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ports.iter().all(|p| etcd_healthy(*p)) {
+        if Instant::now() > deadline {
+            return Err(std::io::Error::other(format!("etcd on {ports:?} did not become healthy")));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// An etcd cluster of the test's own on loopback (fast elections: heartbeat 50 ms, election
+/// timeout 300 ms). Members are killed and their directories removed when it is dropped.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<LoopbackServer>,
+}
+
+impl EtcdCluster {
+    /// Starts `size` members and waits until every one is healthy.
+    pub fn start(program: &str, size: usize) -> std::io::Result<Self> {
+        let ports: Vec<(u16, u16)> =
+            (0..size).map(|_| Ok((free_port()?, free_port()?))).collect::<std::io::Result<_>>()?;
+        let cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("palisade-{}", ports[0].0);
+        let mut members = Vec::with_capacity(size);
+        for (i, (port, peer)) in ports.iter().enumerate() {
+            // Members wait for each other before they listen for clients, so start them all
+            // first and check readiness once.
+            members.push(LoopbackServer::spawn_unchecked(program, *port, |port, dir| {
+                etcd_args(&format!("m{i}"), port, *peer, dir, &cluster, &token)
+            })?);
+        }
+        wait_etcd_healthy(&ports.iter().map(|(p, _)| *p).collect::<Vec<_>>())?;
+        Ok(EtcdCluster { members })
+    }
+
+    /// `etcd://127.0.0.1:P0,127.0.0.1:P1,…` with every member.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.members.iter().map(|m| format!("127.0.0.1:{}", m.port)).collect();
+        format!("etcd://{}", hosts.join(","))
+    }
+
+    /// The client ports of the members, in member order (`m0`, `m1`, …).
+    pub fn client_ports(&self) -> Vec<u16> {
+        self.members.iter().map(|m| m.port).collect()
+    }
+
+    /// Kills member `i` (by its client port's position) with SIGKILL.
+    pub fn kill_member(&mut self, i: usize) {
+        if let Some(m) = self.members.get_mut(i) {
+            m.kill();
+        }
+    }
+
+    /// Whether member `i` reports itself healthy (part of a quorum with a leader).
+    pub fn member_healthy(&self, i: usize) -> bool {
+        self.members.get(i).is_some_and(|m| m.child.is_some() && etcd_healthy(m.port))
     }
 }

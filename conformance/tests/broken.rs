@@ -106,7 +106,7 @@ impl LockService for BrokenLock {
         }
     }
 
-    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> {
+    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         let now = Instant::now();
         let mut slots = self.slots.lock().unwrap();
         match slots.get_mut(grant.key()).and_then(|s| s.holder.as_mut()) {
@@ -114,7 +114,7 @@ impl LockService for BrokenLock {
                 if self.flaw != LockFlaw::ExtendDoesNothing {
                     *expires = now + ttl.get();
                 }
-                Ok(())
+                Ok(ttl)
             }
             _ => Err(Error::new(ErrorKind::NotHolder, "broken", "not held")),
         }

@@ -112,7 +112,8 @@ impl<F: Fencing> Grant<F> {
         F::fence_of(self.fence)
     }
 
-    /// The TTL asked for at acquisition.
+    /// The TTL granted at acquisition: what was asked for, or less where the backend caps it
+    /// (a session-based backend caps it at the session's remaining life).
     pub fn ttl(&self) -> Ttl {
         self.ttl
     }

@@ -104,11 +104,13 @@ impl<S: LockService + ?Sized> LeaseShared<S> {
         }
         let span = tracing::debug_span!("lock.extend", backend, key = %self.grant.key());
         match self.service.extend(&self.grant, ttl).instrument(span).await {
-            Ok(()) => {
+            Ok(granted) => {
+                // Never trust a backend to stay within what was asked.
+                let granted = if granted.get() <= ttl.get() { granted } else { ttl };
                 {
                     let mut t = self.timing.lock().unwrap_or_else(PoisonError::into_inner);
-                    t.deadline = sent_at + ttl.get();
-                    t.ttl = ttl;
+                    t.deadline = sent_at + granted.get();
+                    t.ttl = granted;
                 }
                 self.changed.notify_one();
                 Ok(())

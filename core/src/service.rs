@@ -41,7 +41,7 @@ use crate::{Capabilities, Fenced, Fencing, Grant, ResourceKey, Ttl, validate_wai
 ///         // One atomic round trip: take the lock if free and issue the next fence.
 ///         Err(sketch())
 ///     }
-///     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> { Err(sketch()) }
+///     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> { Err(sketch()) }
 ///     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> { Err(sketch()) }
 /// }
 /// ```
@@ -94,12 +94,16 @@ pub trait LockService: Send + Sync + 'static {
         }
     }
 
-    /// Extends the grant so it expires `ttl` from now.
+    /// Extends the grant so it expires `ttl` from now, and returns the TTL actually granted,
+    /// counted from when the request was sent.
     ///
     /// Behavior:
     /// - Only the holder of the grant's owner token can extend it; anyone else, or a grant that
     ///   has expired or been released, gets [`ErrorKind::NotHolder`] and nothing changes.
-    async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<()>;
+    /// - The returned TTL is at most `ttl`. A backend whose locks live in a session (etcd's
+    ///   lease, ZooKeeper's session) caps it at what the session is known to have left, so the
+    ///   holder's local deadline never outlives the server's.
+    async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<Ttl>;
 
     /// Releases the grant so another caller can take the lock.
     ///
@@ -146,7 +150,7 @@ impl<S: LockService + ?Sized> LockService for Arc<S> {
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Self::Fencing>> {
         (**self).acquire(key, ttl, wait).await
     }
-    async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<()> {
+    async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<Ttl> {
         (**self).extend(grant, ttl).await
     }
     async fn release(&self, grant: &Grant<Self::Fencing>) -> Result<()> {

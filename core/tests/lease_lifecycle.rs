@@ -132,7 +132,7 @@ impl LockService for FlakyExtend {
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
         self.inner.try_acquire(key, ttl).await
     }
-    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> {
+    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         if self.fail.load(Ordering::SeqCst) {
             return Err(Error::new(ErrorKind::Unavailable, "flaky", "injected"));
         }

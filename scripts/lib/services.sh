@@ -102,7 +102,8 @@ stop_services() {
   local pids="$PALISADE_SERVICES_DIR/pids"
   [ -f "$pids" ] || return 0
   while read -r pid name; do
-    if [ "$name" = postgres ]; then kill -INT "$pid" 2>/dev/null; else kill -TERM "$pid" 2>/dev/null; fi
+    # A server that already died is fine: `|| true` keeps `set -e` callers going.
+    if [ "$name" = postgres ]; then kill -INT "$pid" 2>/dev/null || true; else kill -TERM "$pid" 2>/dev/null || true; fi
   done <"$pids"
   while read -r pid _; do
     # Our own children are reaped by wait; others are polled until gone.
@@ -110,6 +111,10 @@ stop_services() {
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
   done <"$pids"
   rm -f "$pids"
+  if [ -f "$PALISADE_SERVICES_DIR/cleanup" ]; then
+    while read -r dir; do rm -rf "$dir"; done <"$PALISADE_SERVICES_DIR/cleanup"
+    rm -f "$PALISADE_SERVICES_DIR/cleanup"
+  fi
 }
 
 # start_redis_tls: a TLS-only Redis that requires client certificates (mutual TLS), with a
@@ -142,4 +147,37 @@ start_redis_tls() {
   export PALISADE_REDIS_TLS_CA="$dir/ca.crt"
   export PALISADE_REDIS_TLS_CLIENT_CERT="$dir/client.crt"
   export PALISADE_REDIS_TLS_CLIENT_KEY="$dir/client.key"
+}
+
+# start_etcd: a single-member etcd; exports PALISADE_ETCD_URL and PALISADE_ETCD_SERVER (the
+# binary, for tests that run clusters of their own). Installs protoc and the well-known protos
+# too: the etcd client crate needs them at build time.
+start_etcd() {
+  command -v etcd >/dev/null || svc_apt_install etcd-server etcd-client
+  command -v protoc >/dev/null && [ -f /usr/include/google/protobuf/descriptor.proto ] ||
+    svc_apt_install protobuf-compiler libprotobuf-dev
+  local port peer dir
+  port=$(svc_free_port)
+  peer=$(svc_free_port)
+  dir="$PALISADE_SERVICES_DIR/etcd"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  # The data lives in memory (/dev/shm when there is one): etcd fsyncs every write, and on a
+  # shared test disk that, not Palisade, would set the pace. Durability is not under test here.
+  local data=/dev/shm
+  [ -d "$data" ] && [ -w "$data" ] || data="$dir"
+  data=$(mktemp -d "$data/palisade-etcd.XXXXXX")
+  echo "$data" >>"$PALISADE_SERVICES_DIR/cleanup"
+  etcd --name n1 --data-dir "$data" \
+    --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "n1=http://127.0.0.1:$peer" --initial-cluster-state new \
+    --heartbeat-interval 50 --election-timeout 300 </dev/null >"$dir/etcd.log" 2>&1 &
+  svc_record_pid "$!" etcd
+  svc_wait "etcd" 200 sh -c "curl -s http://127.0.0.1:$port/health | grep -q '\"health\":\"true\"'"
+  echo "$port" >"$dir/port"
+  svc_log "etcd on 127.0.0.1:$port"
+  export PALISADE_ETCD_URL="etcd://127.0.0.1:$port"
+  PALISADE_ETCD_SERVER="$(command -v etcd)"
+  export PALISADE_ETCD_SERVER
 }

@@ -147,7 +147,7 @@ impl LockService for RedisLockService {
         wait_for_release(BACKEND, key, wait, released, Some(MAX_WAIT_STEP), || self.attempt(key, ttl)).await
     }
 
-    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> {
+    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         let mut conn = self.conn.clone();
         let extended: i64 = EXTEND
             .key(grant.key().lock_key())
@@ -157,7 +157,7 @@ impl LockService for RedisLockService {
             .await
             .map_err(|e| map(e, "extend"))?;
         if extended == 1 {
-            Ok(())
+            Ok(ttl)
         } else {
             Err(Error::new(
                 ErrorKind::NotHolder,

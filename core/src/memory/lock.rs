@@ -146,10 +146,11 @@ impl LockService for MemoryLockService {
         .await
     }
 
-    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<()> {
+    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         self.with_own_slot(grant, |slot, now| {
             slot.holder = Some(Holder { token: grant.token(), expires: now + ttl.get() });
         })
+        .map(|()| ttl)
     }
 
     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {

@@ -1,7 +1,9 @@
 //! The SQLite fenced store.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -91,6 +93,29 @@ fn sql(s: &str) -> AssertSqlSafe<String> {
 pub struct SqliteStore {
     pool: SqlitePool,
     statements: Arc<Statements>,
+    writers: WriteGate,
+    busy_timeout: Duration,
+}
+
+/// SQLite admits one writer at a time, and a writer that finds the database locked sleeps in
+/// the busy handler (up to 100 ms a try) however soon the lock frees. Writers of this process
+/// therefore queue here first, in arrival order, and meet the busy handler only when another
+/// process holds the lock. Every store opened on the same file in this process shares one gate.
+type WriteGate = Arc<tokio::sync::Mutex<()>>;
+
+fn write_gate(path: Option<&std::path::Path>) -> WriteGate {
+    static GATES: std::sync::LazyLock<Mutex<HashMap<PathBuf, std::sync::Weak<tokio::sync::Mutex<()>>>>> =
+        std::sync::LazyLock::new(Mutex::default);
+    let Some(path) = path else { return WriteGate::default() };
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut gates = GATES.lock().unwrap_or_else(PoisonError::into_inner);
+    gates.retain(|_, gate| gate.strong_count() > 0);
+    if let Some(gate) = gates.get(&path).and_then(std::sync::Weak::upgrade) {
+        return gate;
+    }
+    let gate = WriteGate::default();
+    gates.insert(path, Arc::downgrade(&gate));
+    gate
 }
 
 impl SqliteStore {
@@ -127,7 +152,16 @@ impl SqliteStore {
         let give_up = tokio::time::Instant::now() + config.busy_timeout;
         let mut backoff = palisade_core::Backoff::with_bounds(Duration::from_millis(5), Duration::from_millis(200));
         loop {
-            match open_once(pool_options.clone(), options.clone(), Arc::clone(&statements)).await {
+            let writers = write_gate(config.path.as_deref());
+            match open_once(
+                pool_options.clone(),
+                options.clone(),
+                Arc::clone(&statements),
+                writers,
+                config.busy_timeout,
+            )
+            .await
+            {
                 Ok(store) => {
                     debug!(path = ?config.path, "sqlite fenced store open");
                     return Ok(store);
@@ -147,6 +181,7 @@ impl SqliteStore {
     pub async fn migrate(&self) -> Result<()> {
         // IMMEDIATE: take the write lock first (through the busy handler) rather than upgrade a
         // read of the schema, which SQLite refuses at once when another writer got there first.
+        let _writer = self.writer().await?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
         sqlx::query(sql(&self.statements.create_fences)).execute(&mut *tx).await.map_err(map_err)?;
         sqlx::query(sql(&self.statements.create_records)).execute(&mut *tx).await.map_err(map_err)?;
@@ -157,7 +192,28 @@ impl SqliteStore {
     /// [`migrate`](Self::migrate) before use.
     pub fn from_pool(pool: SqlitePool) -> Result<Self> {
         let c = SqliteConfig::default();
-        Ok(SqliteStore { pool, statements: Arc::new(Statements::new(&c.fences_table, &c.records_table)?) })
+        Ok(SqliteStore {
+            pool,
+            statements: Arc::new(Statements::new(&c.fences_table, &c.records_table)?),
+            writers: WriteGate::default(),
+            busy_timeout: SqliteConfig::default().busy_timeout,
+        })
+    }
+
+    /// Waits for this process's turn to write, as long as the busy timeout allows (a
+    /// transaction left open elsewhere in the process must not hang every writer forever).
+    async fn writer(&self) -> Result<tokio::sync::OwnedMutexGuard<()>> {
+        tokio::time::timeout(self.busy_timeout, Arc::clone(&self.writers).lock_owned()).await.map_err(|_| {
+            Error::new(
+                ErrorKind::Unavailable,
+                BACKEND,
+                format!(
+                    "another writer of this process held the database for the whole busy timeout ({:?})",
+                    self.busy_timeout
+                ),
+            )
+            .with_retryable(true)
+        })
     }
 
     /// The connection pool, for your own reads and schema.
@@ -177,6 +233,7 @@ impl SqliteStore {
     ///   transaction rolls it back, watermark raise included.
     pub async fn begin_fenced(&self, resource: &ResourceKey, fence: Fence) -> Result<FencedTransaction> {
         let fence_i64 = storable_fence(BACKEND, fence)?;
+        let writer = self.writer().await?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
         if let Err(e) = raise_watermark(&mut tx, &self.statements, resource, fence, fence_i64).await {
             // This native path bypasses `FencedStoreExt`, so it counts its own rejections.
@@ -185,7 +242,7 @@ impl SqliteStore {
             }
             return Err(e);
         }
-        Ok(FencedTransaction::new(tx, resource.clone(), fence))
+        Ok(FencedTransaction::new(tx, resource.clone(), fence, writer))
     }
 
     async fn apply_batch(&self, fence: Option<(&ResourceKey, Fence)>, batch: &WriteBatch) -> Result<()> {
@@ -194,6 +251,7 @@ impl SqliteStore {
             Some((_, f)) => Some(storable_fence(BACKEND, f)?),
             None => None,
         };
+        let _writer = self.writer().await?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
         if let (Some((resource, f)), Some(fi)) = (fence, fence_i64) {
             raise_watermark(&mut tx, &self.statements, resource, f, fi).await?;
@@ -212,6 +270,8 @@ async fn open_once(
     pool_options: SqlitePoolOptions,
     options: SqliteConnectOptions,
     statements: Arc<Statements>,
+    writers: WriteGate,
+    busy_timeout: Duration,
 ) -> Result<SqliteStore> {
     let pool = pool_options.connect_with(options).await.map_err(|e| {
         let err = map_err(e);
@@ -220,7 +280,7 @@ async fn open_once(
         }
         err
     })?;
-    let store = SqliteStore { pool, statements };
+    let store = SqliteStore { pool, statements, writers, busy_timeout };
     store.migrate().await?;
     Ok(store)
 }

@@ -2,6 +2,7 @@
 
 use palisade_core::{Fence, ResourceKey, Result};
 use sqlx::{Sqlite, SqliteConnection, Transaction};
+use tokio::sync::OwnedMutexGuard;
 
 use crate::store::map_err;
 
@@ -14,11 +15,18 @@ pub struct FencedTransaction {
     tx: Transaction<'static, Sqlite>,
     resource: ResourceKey,
     fence: Fence,
+    /// This process's writers queue behind an open transaction (see `SqliteStore`).
+    _writer: OwnedMutexGuard<()>,
 }
 
 impl FencedTransaction {
-    pub(crate) fn new(tx: Transaction<'static, Sqlite>, resource: ResourceKey, fence: Fence) -> Self {
-        FencedTransaction { tx, resource, fence }
+    pub(crate) fn new(
+        tx: Transaction<'static, Sqlite>,
+        resource: ResourceKey,
+        fence: Fence,
+        writer: OwnedMutexGuard<()>,
+    ) -> Self {
+        FencedTransaction { tx, resource, fence, _writer: writer }
     }
 
     /// The connection to run your statements on (`.execute(tx.conn())`).

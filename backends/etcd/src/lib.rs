@@ -1,0 +1,71 @@
+//! # palisade-etcd
+//!
+//! Palisade's etcd lock service: consensus-backed locks whose fence is etcd's own revision.
+//!
+//! - **One session lease per client**, granted at connect and kept alive in the background
+//!   (every third of its TTL), shared by every lock the client holds. An uncontended acquire
+//!   is therefore **one txn**: "if no key exists under the resource's prefix, put mine on the
+//!   session lease".
+//! - **Fence = the create revision of the holder's key**: cluster-wide and strictly
+//!   increasing, but not gap-free (every write to the cluster moves it).
+//! - **FIFO, push-based waiting** (the etcd lock recipe): a waiter puts its own key under the
+//!   resource's prefix and watches the key created just before it; when that key is deleted it
+//!   checks again, in one txn that also re-reads its own key, so a session that expired while
+//!   waiting is never taken for ownership (the bug Jepsen found in etcd 3.4.3, #11456).
+//! - **Loss**: when the keep-alive fails past the session's deadline, or the server says the
+//!   lease is gone, every grant's lost signal fires. A grant's TTL is capped at what the
+//!   session is known to have left, so a lease's `safe_until` never outlives the server's.
+//! - **A stopped process** (SIGSTOP, GC pause, crash) stops its keep-alive: the server expires
+//!   the lease after `session_ttl` and the next waiter gets the lock with a higher fence.
+//! - **A silent but live holder** (neither extends nor releases): its grant expires locally at
+//!   its TTL and this client deletes the key, exactly like a TTL lock.
+//!
+//! ## Key layout
+//!
+//! `<prefix>lock:{domain:id}/<owner token>` with the default prefix `palisade/`, for
+//! example `palisade/lock:{alloc:WH-01}/8c1e…`. Resource ids cannot contain `/` or `}`, so one
+//! resource's prefix never matches another's.
+//!
+//! ## Fence regressions
+//!
+//! Revisions survive restarts and leader changes. They move **backwards** only if the cluster
+//! is restored from a snapshot without `etcdutl snapshot restore --bump-revision`, or replaced
+//! by a new cluster. Stores keep rejecting the low fences (safety holds), and
+//! [`LockServiceExt::lock_checked`](palisade_core::LockServiceExt::lock_checked) detects the
+//! regression (error log, `lock_fence_regression_total`) and fails with `FenceRegression`:
+//! a revision cannot be moved by a client, so recovery is the operator's
+//! (`--bump-revision` above the store's watermark).
+//!
+//! ## Connecting
+//!
+//! `etcd://[user:password@]host:port[,host:port…][?session_ttl_s=N&prefix=P]`; `etcds://`
+//! (with this crate's `tls` feature) for TLS, with [`EtcdConfig::with_tls_root_cert`] for a
+//! private CA and [`EtcdConfig::with_tls_client_identity`] for mutual TLS.
+//!
+//! ```no_run
+//! # async fn demo() -> palisade_core::Result<()> {
+//! use std::time::Duration;
+//! use palisade_core::{LockServiceExt, ResourceKey};
+//! use palisade_etcd::EtcdLockService;
+//!
+//! let locks = EtcdLockService::connect("etcd://127.0.0.1:2379?session_ttl_s=5").await?;
+//! let key = ResourceKey::new("alloc", "WH-01")?;
+//! let lease = locks.lock(&key, Duration::from_secs(5), Duration::from_secs(10)).await?;
+//! println!("fence {}", lease.fence());
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod config;
+mod errors;
+mod service;
+mod session;
+
+pub use config::EtcdConfig;
+pub use service::EtcdLockService;
+
+/// The backend name in errors, logs and metrics.
+pub const BACKEND: &str = "etcd";

@@ -1,0 +1,643 @@
+//! The lock service: one txn per uncontended acquire, FIFO waiting by watching the
+//! predecessor, and a local expiry per grant so a silent holder's lock is given up on time.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchOptions,
+};
+use palisade_core::{
+    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
+    Ttl, Waiting, timeout_error, validate_wait,
+};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::errors::{map, never_sent, timed_out, with_failover};
+use crate::session::Session;
+use crate::{BACKEND, EtcdConfig};
+
+/// A lock service on etcd. Cheap to share behind an `Arc`; one session lease per instance.
+///
+/// Dropping it stops the keep-alive and revokes the session lease in the background (its
+/// locks go at once); [`close`](EtcdLockService::close) does the same and waits for it.
+pub struct EtcdLockService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: EtcdConfig,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    held: Mutex<HashMap<Vec<u8>, Held>>,
+    stop: CancellationToken,
+}
+
+/// A grant this client holds: its local deadline (moved by extensions) and its lost signal.
+struct Held {
+    fence: i64,
+    deadline: watch::Sender<Instant>,
+    lost: CancellationToken,
+}
+
+impl EtcdLockService {
+    /// Connects to `etcd://host:port[,host:port…]` with default settings (see [`EtcdConfig`]).
+    pub async fn connect(url: &str) -> Result<Self> {
+        EtcdLockService::connect_with(EtcdConfig::from_url(url)?).await
+    }
+
+    /// Connects and starts the session lease.
+    pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
+        config.validate()?;
+        let scheme = if config.tls { "https" } else { "http" };
+        let endpoints: Vec<String> = config.endpoints.iter().map(|e| format!("{scheme}://{e}")).collect();
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            .with_timeout(config.request_timeout)
+            .with_keep_alive(Duration::from_secs(5), config.request_timeout);
+        if let (Some(user), Some(password)) = (&config.user, &config.password) {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        #[cfg(feature = "tls")]
+        if config.tls {
+            let mut tls = etcd_client::TlsOptions::new();
+            if let Some(ca) = &config.tls_root_cert {
+                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &config.tls_client_identity {
+                tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(tls);
+        }
+        let client =
+            timeout(config.connect_timeout + config.request_timeout, Client::connect(&endpoints, Some(options)))
+                .await
+                .map_err(|_| {
+                    Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", config.redacted_url()))
+                        .with_retryable(true)
+                })?
+                .map_err(|e| {
+                    let mut err = map(e, "connect", false);
+                    if err.kind() == ErrorKind::Backend {
+                        err = Error::new(
+                            ErrorKind::Unavailable,
+                            BACKEND,
+                            format!("cannot connect to {}", config.redacted_url()),
+                        )
+                        .with_source(err)
+                        .with_retryable(true);
+                    }
+                    err
+                })?;
+        let inner = Arc::new(Inner {
+            client,
+            config,
+            session: tokio::sync::Mutex::new(None),
+            held: Mutex::new(HashMap::new()),
+            stop: CancellationToken::new(),
+        });
+        // Read our prefix once: etcd grants leases to anyone, so this is what finds missing
+        // credentials or permissions here rather than at the first lock.
+        with_failover(inner.config.request_timeout, "reading the key prefix", false, || {
+            let mut kv = inner.client.kv_client();
+            let prefix = inner.config.key_prefix.clone();
+            async move { kv.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await }
+        })
+        .await?;
+        // Start the session now: a wrong address or credentials fail here, not at the first lock.
+        inner.session().await.map_err(|e| {
+            if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::OutcomeUnknown) {
+                Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot reach {}", inner.config.redacted_url()))
+                    .with_source(e)
+                    .with_retryable(true)
+            } else {
+                e
+            }
+        })?;
+        debug!(url = %inner.config.redacted_url(), "etcd lock service connected");
+        Ok(EtcdLockService { inner })
+    }
+
+    /// The settings this service was made with.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// The underlying etcd client (for tests and tooling; Palisade's keys live under
+    /// [`EtcdConfig::key_prefix`]).
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// Stops the keep-alive and revokes the session lease: every lock of this client is
+    /// released at once (their lost signals fire).
+    pub async fn close(self) -> Result<()> {
+        self.inner.stop.cancel();
+        let session = self.inner.session.lock().await.take();
+        for (_, held) in self.inner.held.lock().unwrap_or_else(PoisonError::into_inner).drain() {
+            held.lost.cancel();
+        }
+        if let Some(session) = session {
+            session.lost.cancel();
+            let mut lease = self.inner.client.lease_client();
+            timeout(self.inner.config.request_timeout, lease.revoke(session.id))
+                .await
+                .map_err(|_| timed_out("revoking the session lease", true))?
+                .map_err(|e| map(e, "revoking the session lease", true))?;
+        }
+        Ok(())
+    }
+
+    /// The etcd key of one contender for `key`: `<prefix>lock:{domain:id}/<owner token>`.
+    /// Every contender of a resource shares the `<prefix>lock:{domain:id}/` prefix; the
+    /// closing brace keeps one resource's prefix from matching another's.
+    pub fn contender_key(&self, key: &ResourceKey, token: OwnerToken) -> String {
+        format!("{}{token}", self.inner.resource_prefix(key))
+    }
+}
+
+impl Drop for EtcdLockService {
+    fn drop(&mut self) {
+        self.inner.stop.cancel();
+        let inner = Arc::clone(&self.inner);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let session = inner.session.lock().await.take();
+                if let Some(session) = session {
+                    session.lost.cancel();
+                    let mut lease = inner.client.lease_client();
+                    let _ = timeout(inner.config.request_timeout, lease.revoke(session.id)).await;
+                }
+            });
+        }
+    }
+}
+
+impl Inner {
+    fn resource_prefix(&self, key: &ResourceKey) -> String {
+        format!("{}{}/", self.config.key_prefix, key.lock_key())
+    }
+
+    /// The live session, starting a new one if there is none or the last one was lost.
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut slot = self.session.lock().await;
+        if let Some(s) = slot.as_ref().filter(|s| s.alive_at(Instant::now())) {
+            return Ok(Arc::clone(s));
+        }
+        if self.stop.is_cancelled() {
+            return Err(Error::new(ErrorKind::Unavailable, BACKEND, "the lock service is closed"));
+        }
+        let session =
+            Session::start(&self.client, self.config.session_ttl, self.config.request_timeout, self.stop.clone())
+                .await?;
+        *slot = Some(Arc::clone(&session));
+        Ok(session)
+    }
+
+    /// One txn within the request timeout. A txn that never left this process (the member it
+    /// was routed to is down) is sent again, to another member, until the timeout.
+    async fn txn(&self, txn: Txn, what: &str, writes: bool) -> Result<TxnResponse> {
+        with_failover(self.config.request_timeout, what, writes, || {
+            let mut kv = self.client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    /// Records a grant and starts its local expiry; `lost` fires when it is given up or lost.
+    fn hold(
+        self: &Arc<Self>,
+        etcd_key: Vec<u8>,
+        fence: i64,
+        deadline: Instant,
+        session: &Arc<Session>,
+        lost: CancellationToken,
+    ) {
+        let (tx, rx) = watch::channel(deadline);
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(etcd_key.clone(), Held { fence, deadline: tx, lost: lost.clone() });
+        tokio::spawn(expire(Arc::downgrade(self), etcd_key, fence, rx, lost, session.lost.clone()));
+    }
+
+    /// Forgets a grant (released or lost); true if it was held with this fence.
+    fn forget(&self, etcd_key: &[u8], fence: i64) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.get(etcd_key).is_some_and(|h| h.fence == fence) {
+            held.remove(etcd_key);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Makes sure a key of ours goes away: a put whose outcome is unknown, a queue place left
+    /// on an error, a release or expiry that could not reach the cluster. While the session
+    /// lives the server keeps the key, and a forgotten one would block the queue behind it for
+    /// as long as this process runs. Retries in the background until the delete lands, the
+    /// session is gone (the server deleted it), or the service closes (it revokes the lease).
+    /// Unconditional delete is safe: the key's name carries our owner token, nobody else
+    /// ever writes it.
+    fn abandon(self: &Arc<Self>, etcd_key: Vec<u8>, session_lost: CancellationToken) {
+        let inner = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut backoff =
+                palisade_core::Backoff::with_bounds(Duration::from_millis(20), Duration::from_millis(500));
+            loop {
+                let Some(strong) = inner.upgrade() else { return };
+                if session_lost.is_cancelled() || strong.stop.is_cancelled() {
+                    return;
+                }
+                let mut kv = strong.client.kv_client();
+                match timeout(strong.config.request_timeout, kv.delete(etcd_key.clone(), None)).await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) => debug!(error = %e, "retrying the delete of an abandoned etcd lock key"),
+                    Err(_) => debug!("retrying the delete of an abandoned etcd lock key (timeout)"),
+                }
+                drop(strong);
+                tokio::select! {
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                    () = session_lost.cancelled() => return,
+                }
+            }
+        });
+    }
+
+    /// Deletes a contender key if it is still the one created at `fence` (owner check).
+    async fn delete_own(&self, etcd_key: &[u8], fence: i64) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(etcd_key.to_vec(), CompareOp::Equal, fence)])
+            .and_then([TxnOp::delete(etcd_key.to_vec(), None)]);
+        Ok(self.txn(txn, "release", true).await?.succeeded())
+    }
+
+    /// The TTL a grant requested at `sent_at` may claim: `ttl`, capped at what the session is
+    /// known to have left, so the holder's deadline never outlives the server's.
+    fn cap(session: &Session, ttl: Ttl, sent_at: Instant) -> Result<Ttl> {
+        let left = session.deadline().saturating_duration_since(sent_at);
+        Ttl::new(ttl.get().min(left)).map_err(|_| {
+            Error::new(ErrorKind::LeaseLost, BACKEND, "the etcd session has no time left; its locks are lost")
+                .with_retryable(true)
+        })
+    }
+
+    fn grant(
+        self: &Arc<Self>,
+        key: &ResourceKey,
+        token: OwnerToken,
+        fence: i64,
+        ttl: Ttl,
+        sent_at: Instant,
+        session: &Arc<Session>,
+    ) -> Result<Grant<Fenced>> {
+        let etcd_key = format!("{}{token}", self.resource_prefix(key));
+        let granted = Inner::cap(session, ttl, sent_at)?;
+        let fence_value = u64::try_from(fence)
+            .map_err(|_| Error::new(ErrorKind::Backend, BACKEND, format!("etcd returned revision {fence}")))?;
+        let grant =
+            Grant::new(key.clone(), token, Fence::new(fence_value), granted, sent_at).with_handle(etcd_key.clone());
+        // The grant's own lost token is the one we fire: the lease watchdog listens to it.
+        self.hold(etcd_key.into_bytes(), fence, sent_at + granted.get(), session, grant.lost_token().clone());
+        Ok(grant)
+    }
+}
+
+/// Gives a grant up when its local deadline passes without an extension (the holder went
+/// silent while this process lives on), or marks it lost when the session dies. Ends
+/// quietly when the grant is released (its entry, and with it the sender, is dropped).
+async fn expire(
+    inner: Weak<Inner>,
+    etcd_key: Vec<u8>,
+    fence: i64,
+    mut deadline: watch::Receiver<Instant>,
+    lost: CancellationToken,
+    session_lost: CancellationToken,
+) {
+    loop {
+        let at = *deadline.borrow_and_update();
+        tokio::select! {
+            changed = deadline.changed() => {
+                if changed.is_err() {
+                    return; // released
+                }
+            }
+            () = session_lost.cancelled() => {
+                lost.cancel();
+                if let Some(inner) = inner.upgrade() {
+                    inner.forget(&etcd_key, fence);
+                }
+                return;
+            }
+            () = sleep_until(at) => {
+                let Some(inner) = inner.upgrade() else { return };
+                {
+                    // Decide under the lock, so an extension that just landed wins.
+                    let mut held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
+                    match held.get(&etcd_key) {
+                        Some(h) if h.fence == fence && *h.deadline.borrow() <= Instant::now() => {
+                            held.remove(&etcd_key);
+                        }
+                        Some(h) if h.fence == fence => continue,
+                        _ => return,
+                    }
+                }
+                lost.cancel();
+                debug!(key = %String::from_utf8_lossy(&etcd_key), "etcd grant expired locally; giving the lock up");
+                if let Err(e) = inner.delete_own(&etcd_key, fence).await {
+                    warn!(key = %String::from_utf8_lossy(&etcd_key), error = %e, "could not delete an expired lock key; retrying in the background");
+                    inner.abandon(etcd_key, session_lost);
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Deletes a waiter's key if the wait ends without the lock (timeout, error, or the acquire
+/// future dropped), so an abandoned place in the queue never blocks those behind it.
+struct QueuePlace {
+    inner: Arc<Inner>,
+    etcd_key: Vec<u8>,
+    session_lost: CancellationToken,
+    armed: bool,
+}
+
+impl QueuePlace {
+    async fn leave(mut self) {
+        self.armed = false;
+        let mut kv = self.inner.client.kv_client();
+        match timeout(self.inner.config.request_timeout, kv.delete(self.etcd_key.clone(), None)).await {
+            Ok(Ok(_)) => {}
+            _ => {
+                warn!("could not leave the etcd lock queue; retrying in the background");
+                self.inner.abandon(std::mem::take(&mut self.etcd_key), self.session_lost.clone());
+            }
+        }
+    }
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        if self.armed && tokio::runtime::Handle::try_current().is_ok() {
+            self.inner.abandon(std::mem::take(&mut self.etcd_key), self.session_lost.clone());
+        }
+    }
+}
+
+fn gets(resp: &TxnResponse) -> Vec<etcd_client::GetResponse> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        })
+        .collect()
+}
+
+fn revision_of(resp: &TxnResponse) -> Result<i64> {
+    resp.header()
+        .map(|h| h.revision())
+        .ok_or_else(|| Error::new(ErrorKind::Backend, BACKEND, "etcd response without a header"))
+}
+
+#[async_trait]
+impl LockService for EtcdLockService {
+    type Fencing = Fenced;
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fence_source: FenceSource::Revision,
+            fences_survive_release: true,
+            fences_survive_restart: true,
+            gap_free: false,
+            waiting: Waiting::NativeFifo,
+        }
+    }
+
+    /// One txn: if nobody holds or waits for `key`, create this contender's key on the
+    /// session lease; its create revision is the fence.
+    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
+        let inner = &self.inner;
+        let session = inner.session().await?;
+        let token = OwnerToken::generate()?;
+        let prefix = inner.resource_prefix(key);
+        let etcd_key = format!("{prefix}{token}");
+        let sent_at = Instant::now();
+        let txn = Txn::new().when([Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix()]).and_then([
+            TxnOp::put(etcd_key.clone(), token.to_string(), Some(PutOptions::new().with_lease(session.id))),
+        ]);
+        let resp = match inner.txn(txn, "acquire", true).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                // The put may have landed: a ghost holder would block the key while we live.
+                inner.abandon(etcd_key.into_bytes(), session.lost.clone());
+                return Err(e);
+            }
+        };
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        let fence = revision_of(&resp)?;
+        inner.grant(key, token, fence, ttl, sent_at, &session).map(Some)
+    }
+
+    /// Joins the resource's queue (one txn that also says who is first), then watches the
+    /// contender just ahead until it is gone: FIFO, push-based, no polling. Before declaring
+    /// the lock held it re-reads its own key in the same txn that finds no predecessor, so a
+    /// session that expired while waiting is never mistaken for ownership.
+    async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        validate_wait(wait)?;
+        let give_up = Instant::now() + wait;
+        let inner = &self.inner;
+        let session = inner.session().await?;
+        let token = OwnerToken::generate()?;
+        let prefix = inner.resource_prefix(key);
+        let etcd_key = format!("{prefix}{token}");
+        let mut sent_at = Instant::now();
+        let first = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
+        let txn = Txn::new().and_then([
+            TxnOp::put(etcd_key.clone(), token.to_string(), Some(PutOptions::new().with_lease(session.id))),
+            TxnOp::get(prefix.clone(), Some(first)),
+        ]);
+        // From here on our key may exist: every way out without the lock must remove it.
+        let mut place = QueuePlace {
+            inner: Arc::clone(inner),
+            etcd_key: etcd_key.clone().into_bytes(),
+            session_lost: session.lost.clone(),
+            armed: true,
+        };
+        let resp = inner.txn(txn, "acquire", true).await?;
+        let revision = revision_of(&resp)?;
+        let head_is_us =
+            gets(&resp).first().and_then(|g| g.kvs().first()).is_some_and(|kv| kv.key() == etcd_key.as_bytes());
+        // Until nobody is ahead: who is just ahead of us, and are we still queued?
+        if !head_is_us {
+            loop {
+                // Who is just ahead of us, and are we still queued (is our session alive)?
+                sent_at = Instant::now();
+                let ahead = GetOptions::new()
+                    .with_prefix()
+                    .with_max_create_revision(revision - 1)
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(1);
+                let txn =
+                    Txn::new().and_then([TxnOp::get(etcd_key.clone(), None), TxnOp::get(prefix.clone(), Some(ahead))]);
+                let resp = match inner.txn(txn, "acquire (queue check)", false).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        place.leave().await;
+                        return Err(e);
+                    }
+                };
+                let gets = gets(&resp);
+                let still_queued = gets.first().is_some_and(|g| !g.kvs().is_empty());
+                if !still_queued || session.lost.is_cancelled() {
+                    place.armed = false; // the key is gone with the session already
+                    return Err(Error::new(ErrorKind::LeaseLost, BACKEND, "the etcd session expired while waiting")
+                        .with_retryable(true));
+                }
+                let Some(predecessor) = gets.get(1).and_then(|g| g.kvs().first()).map(|kv| kv.key().to_vec()) else {
+                    break; // nobody ahead: ours
+                };
+                let watch_from = revision_of(&resp)? + 1;
+                let waited = self.wait_for_delete(predecessor, watch_from, give_up, &session).await;
+                match waited {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        place.leave().await;
+                        return Err(timeout_error(BACKEND, key, wait));
+                    }
+                    Err(e) => {
+                        place.leave().await;
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        place.armed = false;
+        drop(place);
+        inner.grant(key, token, revision, ttl, sent_at, &session)
+    }
+
+    /// Checks ownership in one txn (our key, created at the fence, still exists) and moves
+    /// the local deadline; the session's keep-alive is what keeps the key on the server.
+    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
+        let inner = &self.inner;
+        let etcd_key = self.contender_key(grant.key(), grant.token()).into_bytes();
+        let fence = i64::try_from(grant.fence().get()).unwrap_or(-1);
+        let not_holder =
+            || Error::new(ErrorKind::NotHolder, BACKEND, format!("{} is not held by this grant", grant.key()));
+        let holds = {
+            let held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
+            held.get(&etcd_key)
+                .is_some_and(|h| h.fence == fence && !h.lost.is_cancelled() && *h.deadline.borrow() > Instant::now())
+        };
+        if !holds {
+            return Err(not_holder());
+        }
+        let session = inner.session.lock().await.clone();
+        let Some(session) = session else { return Err(not_holder()) };
+        let sent_at = Instant::now();
+        let txn = Txn::new().when([Compare::create_revision(etcd_key.clone(), CompareOp::Equal, fence)]);
+        if !inner.txn(txn, "extend", false).await?.succeeded() {
+            if inner.forget(&etcd_key, fence) {
+                warn!(key = %grant.key(), "etcd lock key vanished (session expired?); the grant is lost");
+            }
+            return Err(not_holder());
+        }
+        let granted = Inner::cap(&session, ttl, sent_at)?;
+        let held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
+        match held.get(&etcd_key) {
+            Some(h) if h.fence == fence && !h.lost.is_cancelled() => {
+                h.deadline.send_replace(sent_at + granted.get());
+                Ok(granted)
+            }
+            _ => Err(not_holder()),
+        }
+    }
+
+    /// Deletes our key if it is still the one created at the grant's fence.
+    async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
+        let inner = &self.inner;
+        let etcd_key = self.contender_key(grant.key(), grant.token()).into_bytes();
+        let fence = i64::try_from(grant.fence().get()).unwrap_or(-1);
+        inner.forget(&etcd_key, fence);
+        let deleted = match inner.delete_own(&etcd_key, fence).await {
+            Ok(deleted) => deleted,
+            Err(e) => {
+                // Not held by us any more either way; make sure the key goes.
+                if let Some(session) = inner.session.lock().await.clone() {
+                    inner.abandon(etcd_key, session.lost.clone());
+                }
+                return Err(e);
+            }
+        };
+        if deleted {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorKind::NotHolder, BACKEND, format!("{} was not held by this grant", grant.key())))
+        }
+    }
+}
+
+impl EtcdLockService {
+    /// Waits until `key` is deleted (true), or `give_up` passes (false). Watches from
+    /// `from_revision`, so a deletion between our read and the watch is not missed.
+    async fn wait_for_delete(
+        &self,
+        key: Vec<u8>,
+        from_revision: i64,
+        give_up: Instant,
+        session: &Arc<Session>,
+    ) -> Result<bool> {
+        let mut backoff = palisade_core::Backoff::with_bounds(Duration::from_millis(5), Duration::from_millis(100));
+        let mut stream = loop {
+            let mut watcher = self.inner.client.watch_client();
+            let options = WatchOptions::new().with_start_revision(from_revision);
+            let opened = timeout(self.inner.config.request_timeout, watcher.watch(key.clone(), Some(options)));
+            let opened = tokio::select! {
+                () = sleep_until(give_up) => return Ok(false),
+                opened = opened => opened.map_err(|_| timed_out("watch", false))?,
+            };
+            match opened {
+                Ok(stream) => break stream,
+                // Routed to a member that is down: try again (another member), within the wait.
+                Err(e) if never_sent(&e) => tokio::select! {
+                    () = sleep_until(give_up) => return Ok(false),
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                },
+                Err(e) => return Err(map(e, "watch", false)),
+            }
+        };
+        loop {
+            tokio::select! {
+                () = sleep_until(give_up) => return Ok(false),
+                () = session.lost.cancelled() => {
+                    return Err(Error::new(ErrorKind::LeaseLost, BACKEND, "the etcd session expired while waiting")
+                        .with_retryable(true));
+                }
+                message = stream.message() => match message.map_err(|e| map(e, "watch", false))? {
+                    Some(resp) => {
+                        if resp.events().iter().any(|e| e.event_type() == EventType::Delete) || resp.canceled() {
+                            // A cancelled watch (compaction, member loss): re-check from scratch.
+                            return Ok(true);
+                        }
+                    }
+                    None => return Ok(true), // stream ended: re-check from scratch
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! The etcd lock service against a real single-member etcd (started by `scripts/test`, address
+//! in `PALISADE_ETCD_URL`): the lock suite, and end to end with the SQLite store (PostgreSQL
+//! end to end is in the workspace's `tests/etcd_postgres.rs`).
+//!
+//! Timing: a 3 s session (how long after a process stops its locks are given away), grants
+//! of 1 s (a silent but live holder's lock goes at its TTL). The margin covers the session:
+//! a frozen or killed holder's lock goes within 3 s of its last keep-alive, plus etcd's
+//! expiry check (every 500 ms).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_etcd::{EtcdConfig, EtcdLockService};
+use palisade_sqlite::SqliteStore;
+
+fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
+    let url = format!("{}?session_ttl_s=3", require_env("PALISADE_ETCD_URL"));
+    lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(3500)), move || {
+        let config = EtcdConfig::from_url(&url);
+        async move { Ok(Arc::new(EtcdLockService::connect_with(config?).await?)) }
+    })
+}
+
+fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
+    store_factory(|| async {
+        let path = format!("{}/palisade-etcd-e2e.db", env!("CARGO_TARGET_TMPDIR"));
+        Ok(Arc::new(SqliteStore::connect(&format!("sqlite://{path}?synchronous=normal&busy_timeout_ms=30000")).await?))
+    })
+}
+
+palisade_conformance::lock_service_suite!(etcd());
+palisade_conformance::end_to_end_suite!(etcd(), sqlite());

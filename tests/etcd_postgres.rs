@@ -1,0 +1,194 @@
+//! etcd + PostgreSQL against real servers (started by `scripts/test`): the end-to-end
+//! conformance suite, SIGSTOP and SIGKILL of real `warehouse allocate` processes holding an
+//! etcd lock, and an etcd that lost its data (revisions restart low).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{last_json, run, warehouse};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use palisade::etcd::{EtcdConfig, EtcdLockService};
+use palisade::postgres::{PostgresConfig, PostgresStore};
+use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, ResourceKey, WriteBatch};
+use palisade_conformance::servers::LoopbackServer;
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+
+/// A 3 s session, 1 s grants (see `backends/etcd/tests/conformance.rs`).
+fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
+    let url = format!("{}?session_ttl_s=3", require_env("PALISADE_ETCD_URL"));
+    lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(3500)), move || {
+        let config = EtcdConfig::from_url(&url);
+        async move { Ok(Arc::new(EtcdLockService::connect_with(config?).await?)) }
+    })
+}
+
+fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
+    let url = require_env("PALISADE_POSTGRES_URL");
+    store_factory(move || {
+        let config = PostgresConfig { max_connections: 4, ..PostgresConfig::new(url.clone()) };
+        async move { Ok(Arc::new(PostgresStore::open(config).await?)) }
+    })
+}
+
+palisade_conformance::end_to_end_suite!(etcd(), postgres());
+
+/// The session TTL the warehouse processes use: how long after a process stops its lock goes.
+const SESSION_S: u64 = 2;
+
+fn urls() -> (String, String) {
+    (format!("{}?session_ttl_s={SESSION_S}", require_env("PALISADE_ETCD_URL")), require_env("PALISADE_POSTGRES_URL"))
+}
+
+fn unique_sku(tag: &str) -> String {
+    format!("{tag}-{}-{}", std::process::id(), Instant::now().elapsed().subsec_nanos())
+}
+
+struct Allocator {
+    child: std::process::Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Allocator {
+    fn start(lock: &str, store: &str, sku: &str, ttl_ms: u64, think_ms: u64) -> Self {
+        let mut child = warehouse()
+            .args(["allocate", "--lock", lock, "--store", store, "--sku", sku, "--qty", "1"])
+            .args(["--ttl-ms", &ttl_ms.to_string(), "--think-ms", &think_ms.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Allocator { child, lines }
+    }
+
+    fn next_event(&mut self) -> serde_json::Value {
+        let line = self.lines.next().expect("allocate said nothing").unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).unwrap())
+    }
+}
+
+fn setup_sku(lock: &str, store: &str, sku: &str, qty: &str) {
+    let out = run(&["setup", "--lock", lock, "--store", store, "--sku", sku, "--qty", qty]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The seed's chaos test on etcd: a frozen holder stops its keep-alive, the server expires its
+/// session, a second process allocates; the first is thawed and its write is refused (exit 3).
+#[test]
+fn sigstop_holder_is_refused_after_it_thaws() {
+    let (lock, store) = urls();
+    let sku = unique_sku("ESTOP");
+    setup_sku(&lock, &store, &sku, "10");
+
+    let mut a = Allocator::start(&lock, &store, &sku, 1000, 3000);
+    let acquired = a.next_event();
+    assert_eq!(acquired["event"], "acquired");
+    kill(a.pid(), Signal::SIGSTOP).unwrap();
+    let frozen = Instant::now();
+
+    // B waits for the lock: it comes free when A's session expires on the server.
+    let b =
+        run(&["allocate", "--lock", &lock, "--store", &store, "--sku", &sku, "--ttl-ms", "5000", "--wait-ms", "15000"]);
+    let waited = frozen.elapsed();
+    assert_eq!(b.status.code(), Some(0), "{}", String::from_utf8_lossy(&b.stderr));
+    assert!(last_json(&b)["fence"].as_u64() > acquired["fence"].as_u64());
+    assert!(waited >= Duration::from_millis(900), "B got the lock {waited:?} after A froze: before its grant ran out");
+
+    kill(a.pid(), Signal::SIGCONT).unwrap();
+    let wrote = a.next_event();
+    let status = a.child.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "the thawed holder must be refused: {wrote}");
+    assert_eq!(wrote["applied"], false);
+    assert_eq!(wrote["reason"], "stale_fence");
+
+    let shown = last_json(&run(&["show", "--store", &store, "--sku", &sku]));
+    assert_eq!(shown["qty"], 9, "exactly one decrement: {shown}");
+    assert_eq!(shown["allocations"], 1, "{shown}");
+    assert_eq!(shown["duplicate_jobs"], 0, "{shown}");
+}
+
+/// SIGKILL of the holder: its session stops; the next process completes within the session
+/// TTL plus etcd's expiry check plus one acquisition.
+#[test]
+fn sigkill_holder_is_replaced_within_the_session_ttl() {
+    let (lock, store) = urls();
+    let sku = unique_sku("EKILL");
+    setup_sku(&lock, &store, &sku, "10");
+    let mut a = Allocator::start(&lock, &store, &sku, 1000, 30_000);
+    assert_eq!(a.next_event()["event"], "acquired");
+    let killed = Instant::now();
+    kill(a.pid(), Signal::SIGKILL).unwrap();
+    let _ = a.child.wait();
+    let b =
+        run(&["allocate", "--lock", &lock, "--store", &store, "--sku", &sku, "--ttl-ms", "5000", "--wait-ms", "15000"]);
+    let took = killed.elapsed();
+    assert_eq!(b.status.code(), Some(0), "{}", String::from_utf8_lossy(&b.stderr));
+    // Session 2 s + etcd's 500 ms expiry sweep + process start-up and one acquisition;
+    // generous for a loaded CI machine.
+    assert!(took < Duration::from_millis(SESSION_S * 1000 + 500 + 2500), "next holder took {took:?}");
+    let shown = last_json(&run(&["show", "--store", &store, "--sku", &sku]));
+    assert_eq!(shown["qty"], 9);
+}
+
+/// An etcd of the test's own loses its data (as a cluster restored from a snapshot without
+/// `--bump-revision` would): revisions restart low. The store refuses the low fences, and
+/// `lock_checked` reports the regression as `FenceRegression` (a revision cannot be moved by
+/// a client); once the revision passes the watermark again, writes succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_losing_its_data_is_detected_and_no_stale_write_is_accepted() {
+    let mut server = LoopbackServer::etcd(&require_env("PALISADE_ETCD_SERVER")).unwrap();
+    let url = format!("{}?session_ttl_s=5", server.etcd_url());
+    let store = PostgresStore::connect(&require_env("PALISADE_POSTGRES_URL")).await.unwrap();
+    let key = ResourceKey::new("eregress", unique_sku("R")).unwrap();
+    let record = format!("eregress/{}", key.id());
+    let ttl = Duration::from_secs(3);
+
+    let locks = Arc::new(EtcdLockService::connect(&url).await.unwrap());
+    // Move the revision well up, as a busy cluster would.
+    let mut kv = locks.client().kv_client();
+    for i in 0..60 {
+        kv.put(format!("filler/{i}"), "x", None).await.unwrap();
+    }
+    for _ in 0..3 {
+        let lease = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        store.write(&lease, &WriteBatch::new().put(record.clone(), lease.fence().to_string())).await.unwrap();
+        lease.release().await.unwrap();
+    }
+    let watermark = store.watermark(&key).await.unwrap().unwrap();
+    assert!(watermark.get() > 60, "watermark {watermark}");
+    drop(locks);
+
+    server.wipe_and_restart().unwrap();
+    server.wait_etcd_healthy().unwrap();
+    let locks = Arc::new(EtcdLockService::connect(&url).await.unwrap());
+
+    let naive = locks.lock(&key, ttl, ttl).await.unwrap();
+    assert!(naive.fence() < watermark, "revisions restarted low: {} vs {watermark}", naive.fence());
+    let err = store.write(&naive, &WriteBatch::new().put(record.clone(), b"stale".to_vec())).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "no stale write is accepted: {err}");
+    naive.release().await.unwrap();
+
+    let Err(err) = locks.lock_checked(&store, &key, ttl, ttl).await else {
+        panic!("a regression must not pass silently")
+    };
+    assert_eq!(err.kind(), ErrorKind::FenceRegression, "{err}");
+    assert_eq!(store.read(&record).await.unwrap().unwrap().value, watermark.to_string().into_bytes());
+
+    // The operator's repair, in effect: the cluster's revision moves past the watermark.
+    let mut kv = locks.client().kv_client();
+    while kv.put("filler/bump", "x", None).await.unwrap().header().unwrap().revision() <= watermark.get() as i64 {}
+    let lease = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+    store.write(&lease, &WriteBatch::new().put(record.clone(), b"after".to_vec())).await.unwrap();
+    assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"after");
+    lease.release().await.unwrap();
+}
