@@ -44,11 +44,12 @@
 //!
 //! ```no_run
 //! # async fn demo() -> palisade_core::Result<()> {
+//! use std::sync::Arc;
 //! use std::time::Duration;
 //! use palisade_core::{LockServiceExt, ResourceKey};
 //! use palisade_etcd::EtcdLockService;
 //!
-//! let locks = EtcdLockService::connect("etcd://127.0.0.1:2379?session_ttl_s=5").await?;
+//! let locks = Arc::new(EtcdLockService::connect("etcd://127.0.0.1:2379?session_ttl_s=5").await?);
 //! let key = ResourceKey::new("alloc", "WH-01")?;
 //! let lease = locks.lock(&key, Duration::from_secs(5), Duration::from_secs(10)).await?;
 //! println!("fence {}", lease.fence());
