@@ -32,7 +32,7 @@ const STORE_SCHEMES: &[Scheme] = &[
         enabled: cfg!(feature = "postgres"),
         shipped: true,
     },
-    Scheme { names: &["dynamodb"], feature: "dynamodb", enabled: false, shipped: false },
+    Scheme { names: &["dynamodb"], feature: "dynamodb", enabled: cfg!(feature = "dynamodb"), shipped: true },
 ];
 
 fn scheme_of(url: &str) -> Result<&str> {
@@ -108,6 +108,7 @@ pub async fn connect_lock(url: &str) -> Result<Arc<DynLockService>> {
 /// | `memory://` or `memory://NAME` | the in-process [`MemoryFencedStore`](palisade_core::MemoryFencedStore), shared per `NAME` |
 /// | `sqlite://PATH`, `sqlite:PATH`, `sqlite::memory:` | `palisade_sqlite::SqliteStore` (`?synchronous=full\|normal\|off`) |
 /// | `postgres://user[:pass]@host:port/db` | `palisade_postgres::PostgresStore` (feature `postgres`) |
+/// | `dynamodb://TABLE[?endpoint=URL&region=R]` | `palisade_dynamodb::DynamoStore` (feature `dynamodb`; credentials from the AWS chain) |
 ///
 /// Errors: as for [`connect_lock`]; an unreachable server is [`ErrorKind::Unavailable`].
 pub async fn connect_store(url: &str) -> Result<Arc<DynFencedStore>> {
@@ -120,6 +121,8 @@ pub async fn connect_store(url: &str) -> Result<Arc<DynFencedStore>> {
         "sqlite" => Ok(Arc::new(palisade_sqlite::SqliteStore::connect(url).await?)),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(palisade_postgres::PostgresStore::connect(url).await?)),
+        #[cfg(feature = "dynamodb")]
+        "dynamodb" => Ok(Arc::new(palisade_dynamodb::DynamoStore::connect(url).await?)),
         _ => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("scheme `{scheme}` is not wired"))),
     }
 }
@@ -194,8 +197,11 @@ mod tests {
             assert_eq!(err.kind(), ErrorKind::Unsupported);
             assert!(err.to_string().contains("cargo feature `etcd`"), "{err}");
         }
-        let err = connect_store("dynamodb://t").await.err().expect("dynamodb");
-        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        if !cfg!(feature = "dynamodb") {
+            let err = connect_store("dynamodb://table").await.err().expect("dynamodb");
+            assert_eq!(err.kind(), ErrorKind::Unsupported);
+            assert!(err.to_string().contains("cargo feature `dynamodb`"), "{err}");
+        }
         if !cfg!(feature = "redis") {
             let err = connect_lock("redis://127.0.0.1:6379").await.err().expect("redis");
             assert_eq!(err.kind(), ErrorKind::Unsupported);

@@ -16,6 +16,7 @@
 //! | `redis` | no | `redis://` lock service (`palisade::redis`); `redis-tls` adds `rediss://` |
 //! | `postgres` | no | `postgres://` fenced store (`palisade::postgres`) |
 //! | `etcd` | no | `etcd://` lock service (`palisade::etcd`; needs `protoc` to build); `etcd-tls` adds `etcds://` |
+//! | `dynamodb` | no | `dynamodb://TABLE` fenced store (`palisade::dynamodb`; the AWS SDK) |
 //! | `full` | no | everything available in this release |
 //!
 //! ```
@@ -57,6 +58,10 @@ pub use palisade_postgres as postgres;
 /// The etcd lock service.
 #[cfg(feature = "etcd")]
 pub use palisade_etcd as etcd;
+
+/// The DynamoDB fenced store.
+#[cfg(feature = "dynamodb")]
+pub use palisade_dynamodb as dynamodb;
 
 /// The names most programs need: `use palisade::prelude::*;`.
 pub mod prelude {

@@ -339,13 +339,14 @@ impl LoadSettings {
 }
 
 /// **13. Load.** Acquisitions at a target rate across a set of keys with 5–20 ms handlers
-/// (see [`LoadSettings`]); every job writes its audit record with its fence, and a job whose
+/// (see [`LoadSettings`]; the store factory's [`load`](crate::FencedStoreFactory::load));
+/// every job writes its audit record with its fence, and a job whose
 /// write is refused for a stale fence is redone under a new grant. Every job's record exists
 /// exactly once (no duplicate side effects), no fence is issued twice for a key, and fences are
 /// gap-free where declared. The achieved rate, acquisition latency and redone jobs are
 /// reported.
 pub async fn load<L: LockServiceFactory, S: FencedStoreFactory>(ctx: &Ctx, lf: &L, sf: &S) -> Outcome {
-    load_with(ctx, lf, sf, LoadSettings::from_env()).await
+    load_with(ctx, lf, sf, sf.load()).await
 }
 
 /// [`load`] with explicit settings (a long soak in one test, without touching the others).

@@ -6,6 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use palisade_core::{FencedStore, LockService, ResourceKey, Result};
 
+use crate::e2e::LoadSettings;
+
 /// The timing a lock service's scenarios use.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
@@ -72,6 +74,13 @@ pub trait FencedStoreFactory: Send + Sync + 'static {
 
     /// A new, independent client.
     async fn client(&self) -> Result<Arc<Self::Store>>;
+
+    /// What the `load` scenario asks of this store. A store whose test server cannot take the
+    /// default (an emulator that serves one request at a time) declares less; the scenario
+    /// reports the rate it reached either way. Default: [`LoadSettings::from_env`].
+    fn load(&self) -> LoadSettings {
+        LoadSettings::from_env()
+    }
 }
 
 /// A fresh random namespace: scenarios never see each other's keys, records or fences.

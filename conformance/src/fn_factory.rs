@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use palisade_core::{FencedStore, LockService, Result};
 
-use crate::{FencedStoreFactory, LockServiceFactory, ProcessAccess, Timing};
+use crate::{FencedStoreFactory, LoadSettings, LockServiceFactory, ProcessAccess, Timing};
 
 /// A [`LockServiceFactory`] that calls a closure for each client.
 pub struct FnLockFactory<F> {
@@ -70,6 +70,15 @@ where
 /// A [`FencedStoreFactory`] that calls a closure for each client.
 pub struct FnStoreFactory<F> {
     make: F,
+    load: Option<LoadSettings>,
+}
+
+impl<F> FnStoreFactory<F> {
+    /// Declares the load this store's test server takes (see [`FencedStoreFactory::load`]).
+    pub fn with_load(mut self, load: LoadSettings) -> Self {
+        self.load = Some(load);
+        self
+    }
 }
 
 /// A fenced store factory from `make` (called once per client, in this process or a child).
@@ -79,7 +88,7 @@ where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Arc<S>>> + Send,
 {
-    FnStoreFactory { make }
+    FnStoreFactory { make, load: None }
 }
 
 #[async_trait]
@@ -92,5 +101,8 @@ where
     type Store = S;
     async fn client(&self) -> Result<Arc<S>> {
         (self.make)().await
+    }
+    fn load(&self) -> LoadSettings {
+        self.load.unwrap_or_else(LoadSettings::from_env)
     }
 }

@@ -74,6 +74,7 @@ pub mod relay;
 pub mod servers;
 pub mod store;
 
+pub use e2e::LoadSettings;
 pub use factory::{FencedStoreFactory, LockServiceFactory, Namespace, ProcessAccess, Timing};
 pub use fn_factory::{FnLockFactory, FnStoreFactory, lock_factory, store_factory};
 pub use harness::{Ctx, Failure, Outcome, Report, require_env};
@@ -82,6 +83,13 @@ pub use harness::{Ctx, Failure, Outcome, Report, require_env};
 /// scenario by hand use it to skip their own assertions in the child).
 pub fn is_child_process() -> bool {
     child::role().is_some()
+}
+
+/// The id of the test process that runs the scenarios: this process, or in a scenario's holder
+/// child, its parent. Name per-run server resources (a table, a key prefix) after it, so the
+/// child of a process-level scenario finds the same ones.
+pub fn test_process_id() -> u32 {
+    if is_child_process() { std::os::unix::process::parent_id() } else { std::process::id() }
 }
 
 /// Runs lock scenarios 1–7 in the caller's runtime; stops at the first failure.

@@ -181,3 +181,26 @@ start_etcd() {
   PALISADE_ETCD_SERVER="$(command -v etcd)"
   export PALISADE_ETCD_SERVER
 }
+
+# start_dynamodb: a DynamoDB-API server (moto, from PyPI) on loopback; exports
+# PALISADE_DYNAMODB_ENDPOINT and dummy AWS credentials and region for the SDK's standard chain.
+start_dynamodb() {
+  if ! python3 -c 'import moto.server, flask, flask_cors' 2>/dev/null; then
+    command -v pip3 >/dev/null || python3 -m pip --version >/dev/null 2>&1 || svc_apt_install python3-pip
+    python3 -m pip install -q 'moto[server]' 2>/dev/null ||
+      python3 -m pip install -q --break-system-packages 'moto[server]'
+  fi
+  local port dir
+  port=$(svc_free_port)
+  dir="$PALISADE_SERVICES_DIR/dynamodb"
+  mkdir -p "$dir"
+  # One request at a time: see scripts/lib/moto_serial.py for why.
+  python3 "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py" 127.0.0.1 "$port" </dev/null >"$dir/moto.log" 2>&1 &
+  svc_record_pid "$!" dynamodb
+  svc_wait "dynamodb (moto)" 400 sh -c "curl -sf -o /dev/null http://127.0.0.1:$port/moto-api/"
+  echo "$port" >"$dir/port"
+  svc_log "dynamodb (moto) on 127.0.0.1:$port"
+  export PALISADE_DYNAMODB_ENDPOINT="http://127.0.0.1:$port"
+  # moto accepts any credentials; the SDK's standard chain reads these.
+  export AWS_ACCESS_KEY_ID=palisade-test AWS_SECRET_ACCESS_KEY=palisade-test AWS_REGION=us-east-1
+}

@@ -1,0 +1,144 @@
+//! Settings and the `dynamodb://` URL.
+
+use std::time::Duration;
+
+use palisade_core::{Error, ErrorKind, Result};
+
+use crate::BACKEND;
+
+/// Where the store's table is and how patient to be.
+///
+/// Credentials always come from the AWS SDK's standard chain (environment, profile, web
+/// identity, instance metadata); they are never part of the URL or these settings.
+#[derive(Debug, Clone)]
+pub struct DynamoConfig {
+    /// The table holding watermarks and records (partition key `pk`, a string). Default:
+    /// `palisade`.
+    pub table: String,
+    /// An endpoint override for a local or compatible server (`http://127.0.0.1:8000`).
+    /// Default: none (the region's AWS endpoint).
+    pub endpoint: Option<String>,
+    /// The region. Default: none (the SDK's chain: `AWS_REGION`, profile).
+    pub region: Option<String>,
+    /// Create the table at connect if it does not exist (on-demand billing). Default: true.
+    pub create_table: bool,
+    /// Attempts per request under the SDK's standard retry mode (throttling, 5xx, transient
+    /// network errors). Default: 3.
+    pub max_attempts: u32,
+    /// How long one attempt may take before it is abandoned. Default: 5 s.
+    pub attempt_timeout: Duration,
+    /// How long a request may take in all, retries included. Default: 15 s.
+    pub operation_timeout: Duration,
+}
+
+impl Default for DynamoConfig {
+    fn default() -> Self {
+        DynamoConfig {
+            table: "palisade".to_string(),
+            endpoint: None,
+            region: None,
+            create_table: true,
+            max_attempts: 3,
+            attempt_timeout: Duration::from_secs(5),
+            operation_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+impl DynamoConfig {
+    /// Settings for `table` with the defaults above.
+    pub fn new(table: impl Into<String>) -> Self {
+        DynamoConfig { table: table.into(), ..DynamoConfig::default() }
+    }
+
+    /// Parses `dynamodb://TABLE[?endpoint=URL&region=R&create_table=true|false]`.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let bad = |why: String| {
+            Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                format!("{why} (expected dynamodb://TABLE[?endpoint=URL&region=REGION])"),
+            )
+        };
+        let Some(rest) = url.strip_prefix("dynamodb://") else {
+            return Err(bad("not a DynamoDB URL".to_string()));
+        };
+        let (table, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let mut config = DynamoConfig::new(table.trim_end_matches('/'));
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let Some((name, value)) = pair.split_once('=') else {
+                return Err(bad(format!("malformed parameter `{pair}`")));
+            };
+            match name {
+                "endpoint" => {
+                    if !(value.starts_with("http://") || value.starts_with("https://")) {
+                        return Err(bad(format!("endpoint `{value}` is not an http(s) URL")));
+                    }
+                    config.endpoint = Some(value.to_string());
+                }
+                "region" if !value.is_empty() => config.region = Some(value.to_string()),
+                "create_table" => {
+                    config.create_table = match value {
+                        "true" => true,
+                        "false" => false,
+                        _ => return Err(bad(format!("create_table={value:?} is not true or false"))),
+                    }
+                }
+                _ => return Err(bad(format!("unknown parameter `{name}`"))),
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Refuses settings DynamoDB would refuse later, with a clearer message.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let invalid = |m: String| Err(Error::new(ErrorKind::InvalidConfig, BACKEND, m));
+        let t = &self.table;
+        if t.len() < 3 || t.len() > 255 || !t.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
+            return invalid(format!("table name {t:?}: 3–255 characters of a-z, A-Z, 0-9, '_', '-', '.'"));
+        }
+        if self.max_attempts == 0 {
+            return invalid("max_attempts must be at least 1".to_string());
+        }
+        if self.attempt_timeout.is_zero() || self.operation_timeout.is_zero() {
+            return invalid("timeouts must be above zero".to_string());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse() {
+        let c = DynamoConfig::from_url("dynamodb://inventory").unwrap();
+        assert_eq!(c.table, "inventory");
+        assert!(c.endpoint.is_none() && c.region.is_none() && c.create_table);
+        let c = DynamoConfig::from_url(
+            "dynamodb://t-1.x?endpoint=http://127.0.0.1:8000&region=eu-west-1&create_table=false",
+        )
+        .unwrap();
+        assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:8000"));
+        assert_eq!(c.region.as_deref(), Some("eu-west-1"));
+        assert!(!c.create_table);
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for url in [
+            "dynamo://t",
+            "dynamodb://",
+            "dynamodb://ab",
+            "dynamodb://bad table",
+            "dynamodb://t12?endpoint=ftp://x",
+            "dynamodb://t12?bogus=1",
+            "dynamodb://t12?create_table=maybe",
+            "dynamodb://t12?region",
+        ] {
+            assert_eq!(DynamoConfig::from_url(url).err().map(|e| e.kind()), Some(ErrorKind::InvalidConfig), "{url}");
+        }
+    }
+}

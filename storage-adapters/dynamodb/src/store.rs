@@ -1,0 +1,646 @@
+//! The store: watermark items and record items in one table, written with conditional
+//! requests and transactions.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemOutput;
+use aws_sdk_dynamodb::operation::delete_item::builders::DeleteItemFluentBuilder;
+use aws_sdk_dynamodb::operation::put_item::PutItemOutput;
+use aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemOutput;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, Delete, KeySchemaElement, KeyType, Put,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TransactWriteItem, Update,
+};
+use palisade_core::{
+    Backoff, Error, ErrorKind, Fence, FencedStore, OwnerToken, Record, ResourceKey, Result, WriteBatch, WriteOp,
+    conflict_error, storable_fence,
+};
+use tracing::{debug, warn};
+
+use crate::errors::map;
+use crate::{BACKEND, DynamoConfig};
+
+/// The partition key attribute of the store's table (a string).
+pub const KEY_ATTRIBUTE: &str = "pk";
+/// The attribute holding a record's value (binary).
+pub const VALUE_ATTRIBUTE: &str = "value";
+/// The attribute holding a fence (number): the watermark on a resource's item, the writer's
+/// fence on a record, and the default fence attribute of your own items.
+pub const FENCE_ATTRIBUTE: &str = "fence";
+
+const FENCE_PREFIX: &str = "fence#";
+const RECORD_PREFIX: &str = "rec#";
+/// The condition every fenced write carries: no fence yet, or one not above ours.
+const FENCE_CONDITION: &str = "(attribute_not_exists(#palisade_fence) OR #palisade_fence <= :palisade_fence)";
+
+/// A fenced store in a DynamoDB table.
+///
+/// One table (partition key `pk`, a string) holds two kinds of items:
+/// `fence#<domain:id>` with the resource's watermark in `fence`, and `rec#<record key>` with
+/// `value` (binary) and the writer's `fence`. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct DynamoStore {
+    client: Client,
+    config: DynamoConfig,
+}
+
+impl DynamoStore {
+    /// Opens the store at `dynamodb://TABLE[?endpoint=URL&region=R]`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        DynamoStore::open(DynamoConfig::from_url(url)?).await
+    }
+
+    /// Opens the store, creating the table if configured to, and checks that it is usable.
+    pub async fn open(config: DynamoConfig) -> Result<Self> {
+        config.validate()?;
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(http)
+            .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts))
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .operation_attempt_timeout(config.attempt_timeout)
+                    .operation_timeout(config.operation_timeout)
+                    .build(),
+            );
+        if let Some(region) = &config.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        if let Some(endpoint) = &config.endpoint {
+            loader = loader.endpoint_url(endpoint.clone());
+        }
+        let sdk = loader.load().await;
+        if sdk.region().is_none() {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                "no AWS region: set AWS_REGION, a profile region, or ?region= in the URL",
+            ));
+        }
+        DynamoStore::from_client(Client::new(&sdk), config).await
+    }
+
+    /// A store over a client you configured yourself (credentials, interceptors, retries);
+    /// `config.endpoint`, `region` and the timeouts are then yours to set on the client. The
+    /// table is checked (and created if `create_table`) as in [`open`](Self::open).
+    pub async fn from_client(client: Client, config: DynamoConfig) -> Result<Self> {
+        config.validate()?;
+        let store = DynamoStore { client, config };
+        store.ensure_table().await?;
+        debug!(table = %store.config.table, endpoint = ?store.config.endpoint, "dynamodb fenced store open");
+        Ok(store)
+    }
+
+    /// The SDK client, for your own requests (and the `*_fenced` helpers).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The settings the store was opened with.
+    pub fn config(&self) -> &DynamoConfig {
+        &self.config
+    }
+
+    /// Creates the table (partition key `pk`, string; on-demand billing) if it does not exist
+    /// and waits until it is active. [`open`](Self::open) runs it unless `create_table` is off.
+    pub async fn create_table(&self) -> Result<()> {
+        let table = &self.config.table;
+        let attribute = AttributeDefinition::builder()
+            .attribute_name(KEY_ATTRIBUTE)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+            .map_err(build_error)?;
+        let key = KeySchemaElement::builder()
+            .attribute_name(KEY_ATTRIBUTE)
+            .key_type(KeyType::Hash)
+            .build()
+            .map_err(build_error)?;
+        let created = self
+            .client
+            .create_table()
+            .table_name(table)
+            .attribute_definitions(attribute)
+            .key_schema(key)
+            .billing_mode(BillingMode::PayPerRequest)
+            .send()
+            .await;
+        match created {
+            Ok(_) => debug!(%table, "dynamodb table created"),
+            // Another process created it first: fine.
+            Err(SdkError::ServiceError(e)) if e.err().code() == Some("ResourceInUseException") => {}
+            Err(e) => return Err(map(e, "creating the table", false)),
+        }
+        self.wait_active().await
+    }
+
+    async fn ensure_table(&self) -> Result<()> {
+        match self.client.describe_table().table_name(&self.config.table).send().await {
+            Ok(_) => self.wait_active().await,
+            Err(SdkError::ServiceError(e)) if e.err().code() == Some("ResourceNotFoundException") => {
+                if self.config.create_table {
+                    self.create_table().await
+                } else {
+                    Err(Error::new(
+                        ErrorKind::InvalidConfig,
+                        BACKEND,
+                        format!("table {:?} does not exist (and create_table is off)", self.config.table),
+                    ))
+                }
+            }
+            Err(e) => Err(map(e, "describing the table", false)),
+        }
+    }
+
+    async fn wait_active(&self) -> Result<()> {
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut backoff = Backoff::with_bounds(Duration::from_millis(50), Duration::from_secs(2));
+        loop {
+            let described = self
+                .client
+                .describe_table()
+                .table_name(&self.config.table)
+                .send()
+                .await
+                .map_err(|e| map(e, "describing the table", false))?;
+            let status = described.table().and_then(|t| t.table_status()).cloned();
+            if status.as_ref().is_none_or(|s| *s == TableStatus::Active) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    BACKEND,
+                    format!("table {:?} is still {status:?}", self.config.table),
+                )
+                .with_retryable(true));
+            }
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+    }
+
+    /// Your own `UpdateItem`, fenced: the condition `attribute_not_exists(fence) OR fence <=
+    /// :f` is added (ANDed with your condition, if any) and `fence = :f` joins your `SET`
+    /// clause, all in the **same request**. Build the request with
+    /// `store.client().update_item()…` but do not send it.
+    ///
+    /// Errors: a higher fence on the item → [`ErrorKind::StaleFence`] with the item's fence
+    /// (read from the old item DynamoDB returns with the failure); your own condition failing
+    /// → [`ErrorKind::Conflict`].
+    pub async fn update_item_fenced(&self, update: UpdateItemFluentBuilder, fence: Fence) -> Result<UpdateItemOutput> {
+        let f = storable_fence(BACKEND, fence)?;
+        let expression = add_set_clause(
+            update.get_update_expression().as_deref().unwrap_or(""),
+            "#palisade_fence = :palisade_fence",
+        );
+        let condition = with_fence_condition(update.get_condition_expression().as_deref());
+        let sent = update
+            .update_expression(expression)
+            .condition_expression(condition)
+            .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
+            .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        sent.map_err(|e| single_item_error(e, fence, "update_item_fenced"))
+    }
+
+    /// Your own `PutItem`, fenced: the item gets `fence = :f` and the request the fence
+    /// condition (ANDed with yours). Errors as for [`update_item_fenced`](Self::update_item_fenced).
+    pub async fn put_item_fenced(&self, put: PutItemFluentBuilder, fence: Fence) -> Result<PutItemOutput> {
+        let f = storable_fence(BACKEND, fence)?;
+        let condition = with_fence_condition(put.get_condition_expression().as_deref());
+        let sent = put
+            .item(FENCE_ATTRIBUTE, AttributeValue::N(f.to_string()))
+            .condition_expression(condition)
+            .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
+            .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        sent.map_err(|e| single_item_error(e, fence, "put_item_fenced"))
+    }
+
+    /// Your own `DeleteItem`, fenced: deleted only if the item's fence is not above ours.
+    /// Errors as for [`update_item_fenced`](Self::update_item_fenced).
+    pub async fn delete_item_fenced(&self, delete: DeleteItemFluentBuilder, fence: Fence) -> Result<DeleteItemOutput> {
+        let f = storable_fence(BACKEND, fence)?;
+        let condition = with_fence_condition(delete.get_condition_expression().as_deref());
+        let sent = delete
+            .condition_expression(condition)
+            .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
+            .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        sent.map_err(|e| single_item_error(e, fence, "delete_item_fenced"))
+    }
+
+    fn fence_item_key(resource: &ResourceKey) -> AttributeValue {
+        AttributeValue::S(format!("{FENCE_PREFIX}{resource}"))
+    }
+
+    fn record_item_key(key: &str) -> AttributeValue {
+        AttributeValue::S(format!("{RECORD_PREFIX}{key}"))
+    }
+
+    /// The transaction items for a batch's operations, in order, and for each the operation
+    /// whose condition it carries (for the conflict error). A `Check` on a key the batch also
+    /// writes becomes that write's condition: DynamoDB allows one operation per item.
+    fn record_items(&self, batch: &WriteBatch, fence: Option<i64>) -> Result<Vec<(TransactWriteItem, WriteOp)>> {
+        let table = &self.config.table;
+        let checks: HashMap<&str, &WriteOp> =
+            batch.ops().iter().filter(|op| matches!(op, WriteOp::Check { .. })).map(|op| (op.key(), op)).collect();
+        let written: std::collections::HashSet<&str> =
+            batch.ops().iter().filter(|op| !matches!(op, WriteOp::Check { .. })).map(WriteOp::key).collect();
+        let mut items = Vec::with_capacity(batch.ops().len());
+        for op in batch.ops() {
+            let mut condition = Condition::default();
+            let mut blame = op.clone();
+            if let Some(check) = checks.get(op.key()).filter(|_| !matches!(op, WriteOp::Check { .. })) {
+                condition.add_check(check);
+                blame = (*check).clone();
+            }
+            let key = DynamoStore::record_item_key(op.key());
+            let item = match op {
+                WriteOp::Put { value, .. } | WriteOp::Create { value, .. } => {
+                    if matches!(op, WriteOp::Create { .. }) {
+                        condition.push(
+                            "attribute_not_exists(#palisade_pk)",
+                            &[("#palisade_pk", KEY_ATTRIBUTE)],
+                            vec![],
+                        );
+                        blame = op.clone();
+                    }
+                    let mut put = Put::builder()
+                        .table_name(table)
+                        .item(KEY_ATTRIBUTE, key)
+                        .item(VALUE_ATTRIBUTE, AttributeValue::B(Blob::new(value.clone())));
+                    if let Some(f) = fence {
+                        put = put.item(FENCE_ATTRIBUTE, AttributeValue::N(f.to_string()));
+                    }
+                    let put = condition.apply_put(put);
+                    TransactWriteItem::builder().put(put.build().map_err(build_error)?).build()
+                }
+                WriteOp::Delete { .. } => {
+                    let delete = condition.apply_delete(Delete::builder().table_name(table).key(KEY_ATTRIBUTE, key));
+                    TransactWriteItem::builder().delete(delete.build().map_err(build_error)?).build()
+                }
+                WriteOp::Check { .. } => {
+                    if written.contains(op.key()) {
+                        continue; // folded into the write of the same key
+                    }
+                    condition.add_check(op);
+                    let check =
+                        condition.apply_check(ConditionCheck::builder().table_name(table).key(KEY_ATTRIBUTE, key));
+                    TransactWriteItem::builder().condition_check(check.build().map_err(build_error)?).build()
+                }
+            };
+            items.push((item, blame));
+        }
+        Ok(items)
+    }
+
+    /// Sends one transaction. A cancellation is a definite "nothing applied": because of the
+    /// fence item it is `StaleFence`; because of a record's condition, `Conflict`; because of
+    /// a concurrent transaction on the same items, it is retried with a fresh request token.
+    async fn transact(
+        &self,
+        items: Vec<(TransactWriteItem, WriteOp)>,
+        fenced: Option<(&ResourceKey, Fence)>,
+    ) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let (items, blames): (Vec<TransactWriteItem>, Vec<WriteOp>) = items.into_iter().unzip();
+        let mut backoff = Backoff::with_bounds(Duration::from_millis(10), Duration::from_millis(200));
+        let mut conflicts = 0;
+        loop {
+            // One token per logical attempt: the SDK's own retries of this request reuse it,
+            // so DynamoDB applies the transaction at most once however often it is resent.
+            let token = OwnerToken::generate()?.to_string();
+            let sent = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(items.clone()))
+                .client_request_token(token)
+                .send()
+                .await;
+            let err = match sent {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            let cancelled = match &err {
+                SdkError::ServiceError(s) => match s.err() {
+                    TransactWriteItemsError::TransactionCanceledException(c) => Some(c.cancellation_reasons().to_vec()),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let Some(reasons) = cancelled else { return Err(map(err, "write", true)) };
+            let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
+            let offset = usize::from(fenced.is_some());
+            if let Some((resource, fence)) = fenced
+                && code(0) == "ConditionalCheckFailed"
+            {
+                let current = match reasons.first().and_then(|r| r.item()).and_then(fence_of) {
+                    Some(current) => current,
+                    // A server that does not return the old item: read the watermark.
+                    None => self.watermark(resource).await?.unwrap_or(fence),
+                };
+                return Err(Error::stale_fence(BACKEND, fence, current));
+            }
+            if let Some(i) = (offset..reasons.len()).find(|&i| code(i) == "ConditionalCheckFailed") {
+                return Err(conflict_error(BACKEND, &blames[i]));
+            }
+            let transient = reasons.iter().any(|r| {
+                matches!(
+                    r.code(),
+                    Some(
+                        "TransactionConflict"
+                            | "ThrottlingError"
+                            | "ProvisionedThroughputExceeded"
+                            | "RequestLimitExceeded"
+                    )
+                )
+            });
+            if transient && conflicts < 8 {
+                conflicts += 1;
+                tokio::time::sleep(backoff.next_delay()).await;
+                continue;
+            }
+            let codes: Vec<&str> = (0..reasons.len()).map(code).collect();
+            warn!(?codes, "dynamodb transaction cancelled");
+            let kind = if transient { ErrorKind::Unavailable } else { ErrorKind::Backend };
+            return Err(
+                Error::new(kind, BACKEND, format!("transaction cancelled: {codes:?}")).with_retryable(transient)
+            );
+        }
+    }
+
+    async fn get(&self, key: AttributeValue, what: &str) -> Result<Option<HashMap<String, AttributeValue>>> {
+        let got = self
+            .client
+            .get_item()
+            .table_name(&self.config.table)
+            .key(KEY_ATTRIBUTE, key)
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| map(e, what, false))?;
+        Ok(got.item().cloned())
+    }
+}
+
+/// Conditions, names and values to attach to one transaction item.
+#[derive(Default)]
+struct Condition {
+    parts: Vec<String>,
+    names: Vec<(String, String)>,
+    values: Vec<(String, AttributeValue)>,
+}
+
+impl Condition {
+    fn push(&mut self, part: &str, names: &[(&str, &str)], values: Vec<(String, AttributeValue)>) {
+        self.parts.push(part.to_string());
+        self.names.extend(names.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        self.values.extend(values);
+    }
+
+    fn add_check(&mut self, check: &WriteOp) {
+        if let WriteOp::Check { expected, .. } = check {
+            match expected {
+                None => self.push("attribute_not_exists(#palisade_pk)", &[("#palisade_pk", KEY_ATTRIBUTE)], vec![]),
+                Some(v) => self.push(
+                    "#palisade_value = :palisade_expected",
+                    &[("#palisade_value", VALUE_ATTRIBUTE)],
+                    vec![(":palisade_expected".to_string(), AttributeValue::B(Blob::new(v.clone())))],
+                ),
+            }
+        }
+    }
+
+    fn expression(&self) -> Option<String> {
+        (!self.parts.is_empty()).then(|| self.parts.join(" AND "))
+    }
+}
+
+macro_rules! apply_condition {
+    ($name:ident, $builder:ty) => {
+        impl Condition {
+            fn $name(&self, mut b: $builder) -> $builder {
+                if let Some(expression) = self.expression() {
+                    b = b.condition_expression(expression);
+                    for (k, v) in &self.names {
+                        b = b.expression_attribute_names(k, v);
+                    }
+                    for (k, v) in &self.values {
+                        b = b.expression_attribute_values(k, v.clone());
+                    }
+                }
+                b
+            }
+        }
+    };
+}
+apply_condition!(apply_put, aws_sdk_dynamodb::types::builders::PutBuilder);
+apply_condition!(apply_delete, aws_sdk_dynamodb::types::builders::DeleteBuilder);
+apply_condition!(apply_check, aws_sdk_dynamodb::types::builders::ConditionCheckBuilder);
+
+fn build_error(e: aws_sdk_dynamodb::error::BuildError) -> Error {
+    Error::new(ErrorKind::InvalidArgument, BACKEND, format!("request could not be built: {e}"))
+}
+
+fn fence_of(item: &HashMap<String, AttributeValue>) -> Option<Fence> {
+    match item.get(FENCE_ATTRIBUTE) {
+        Some(AttributeValue::N(n)) => n.parse::<u64>().ok().map(Fence::new),
+        _ => None,
+    }
+}
+
+/// `(fence condition) AND (yours)`.
+fn with_fence_condition(user: Option<&str>) -> String {
+    match user {
+        Some(c) if !c.trim().is_empty() => format!("{FENCE_CONDITION} AND ({c})"),
+        _ => FENCE_CONDITION.to_string(),
+    }
+}
+
+/// Adds `assignment` to the `SET` clause of an update expression (DynamoDB allows each clause
+/// once), or appends a `SET` clause if there is none. `SET` is a reserved word, so a bare
+/// `SET` token can only be the clause keyword.
+pub(crate) fn add_set_clause(expression: &str, assignment: &str) -> String {
+    let bytes = expression.as_bytes();
+    let is_word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'#' || b == b':';
+    let mut i = 0;
+    while i + 3 <= bytes.len() {
+        let before_ok = i == 0 || !is_word(bytes[i - 1]);
+        let after_ok = i + 3 == bytes.len() || !is_word(bytes[i + 3]);
+        if before_ok && after_ok && expression[i..i + 3].eq_ignore_ascii_case("SET") {
+            return format!("{} {assignment},{}", &expression[..i + 3], &expression[i + 3..]);
+        }
+        i += 1;
+    }
+    if expression.trim().is_empty() { format!("SET {assignment}") } else { format!("{expression} SET {assignment}") }
+}
+
+/// Maps the failure of a single-item fenced request: the condition failing because of the
+/// fence is `StaleFence`, because of the caller's own condition `Conflict`.
+fn single_item_error<E, R>(e: SdkError<E, R>, fence: Fence, what: &str) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static + ConditionFailure,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    if let SdkError::ServiceError(s) = &e
+        && let Some(old) = s.err().condition_failure()
+    {
+        return match old.and_then(fence_of) {
+            Some(current) if current > fence => Error::stale_fence(BACKEND, fence, current),
+            _ => Error::new(ErrorKind::Conflict, BACKEND, format!("{what}: your condition on the item does not hold")),
+        };
+    }
+    map(e, what, true)
+}
+
+/// The old item of a `ConditionalCheckFailedException` (outer `None`: another error).
+trait ConditionFailure {
+    fn condition_failure(&self) -> Option<Option<&HashMap<String, AttributeValue>>>;
+}
+
+macro_rules! condition_failure {
+    ($($module:ident::$error:ident),*) => {$(
+        impl ConditionFailure for aws_sdk_dynamodb::operation::$module::$error {
+            fn condition_failure(&self) -> Option<Option<&HashMap<String, AttributeValue>>> {
+                use aws_sdk_dynamodb::operation::$module::$error as E;
+                match self {
+                    E::ConditionalCheckFailedException(c) => Some(c.item()),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+condition_failure!(update_item::UpdateItemError, put_item::PutItemError, delete_item::DeleteItemError);
+
+#[async_trait]
+impl FencedStore for DynamoStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// One `TransactWriteItems`: the watermark item's conditional update first, then the
+    /// records. All or nothing.
+    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+        batch.validate()?;
+        let f = storable_fence(BACKEND, fence)?;
+        let update = Update::builder()
+            .table_name(&self.config.table)
+            .key(KEY_ATTRIBUTE, DynamoStore::fence_item_key(resource))
+            .update_expression("SET #palisade_fence = :palisade_fence")
+            .condition_expression(FENCE_CONDITION)
+            .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
+            .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(build_error)?;
+        let mut items =
+            vec![(TransactWriteItem::builder().update(update).build(), WriteOp::Delete { key: String::new() })];
+        items.extend(self.record_items(batch, Some(f))?);
+        self.transact(items, Some((resource, fence))).await
+    }
+
+    async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
+        batch.validate()?;
+        let items = self.record_items(batch, None)?;
+        self.transact(items, None).await
+    }
+
+    async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
+        let item = self.get(DynamoStore::fence_item_key(resource), "reading a watermark").await?;
+        Ok(item.as_ref().and_then(fence_of))
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Record>> {
+        palisade_core::validate_record_key(key)?;
+        let item = self.get(DynamoStore::record_item_key(key), "reading a record").await?;
+        item.map(|item| to_record(&item)).transpose()
+    }
+
+    /// A consistent `Scan` filtered on the key prefix, sorted: it reads the whole table, so
+    /// use it for tooling and tests, not on a hot path.
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
+        let mut out = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let page = self
+                .client
+                .scan()
+                .table_name(&self.config.table)
+                .filter_expression("begins_with(#palisade_pk, :palisade_prefix)")
+                .expression_attribute_names("#palisade_pk", KEY_ATTRIBUTE)
+                .expression_attribute_values(":palisade_prefix", AttributeValue::S(format!("{RECORD_PREFIX}{prefix}")))
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| map(e, "listing records", false))?;
+            for item in page.items() {
+                if let Some(AttributeValue::S(pk)) = item.get(KEY_ATTRIBUTE)
+                    && let Some(key) = pk.strip_prefix(RECORD_PREFIX)
+                {
+                    out.push((key.to_string(), to_record(item)?));
+                }
+            }
+            match page.last_evaluated_key() {
+                Some(next) if !next.is_empty() => start = Some(next.clone()),
+                _ => break,
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}
+
+fn to_record(item: &HashMap<String, AttributeValue>) -> Result<Record> {
+    let value = match item.get(VALUE_ATTRIBUTE) {
+        Some(AttributeValue::B(b)) => b.as_ref().to_vec(),
+        _ => return Err(Error::new(ErrorKind::Backend, BACKEND, "record item without a binary value")),
+    };
+    Ok(Record { value, fence: fence_of(item) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fence_joins_the_set_clause() {
+        let a = "#palisade_fence = :palisade_fence";
+        assert_eq!(add_set_clause("", a), format!("SET {a}"));
+        assert_eq!(add_set_clause("SET qty = qty - :d", a), format!("SET {a}, qty = qty - :d"));
+        assert_eq!(add_set_clause("set qty = :q REMOVE old", a), format!("set {a}, qty = :q REMOVE old"));
+        assert_eq!(add_set_clause("REMOVE old", a), format!("REMOVE old SET {a}"));
+        assert_eq!(add_set_clause("ADD #SET :set", a), format!("ADD #SET :set SET {a}"));
+        assert_eq!(add_set_clause("REMOVE settings", a), format!("REMOVE settings SET {a}"));
+    }
+
+    #[test]
+    fn user_conditions_are_anded() {
+        assert_eq!(with_fence_condition(None), FENCE_CONDITION);
+        assert_eq!(with_fence_condition(Some("qty >= :d")), format!("{FENCE_CONDITION} AND (qty >= :d)"));
+    }
+}

@@ -1,0 +1,167 @@
+//! The single-item fenced helpers on the user's own items, and ambiguous outcomes, against a
+//! real DynamoDB-API server (moto, `PALISADE_DYNAMODB_ENDPOINT`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+use std::time::Duration;
+
+use palisade_conformance::require_env;
+use palisade_core::{ErrorKind, Fence, FencedStore, ResourceKey, WriteBatch};
+use palisade_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
+use palisade_dynamodb::{DynamoConfig, DynamoStore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn config(table: &str) -> DynamoConfig {
+    DynamoConfig {
+        endpoint: Some(require_env("PALISADE_DYNAMODB_ENDPOINT")),
+        region: Some("us-east-1".into()),
+        ..DynamoConfig::new(format!("{table}-{}", std::process::id()))
+    }
+}
+
+fn n(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+async fn qty(store: &DynamoStore, sku: &str) -> Option<(i64, Option<u64>)> {
+    let got = store
+        .client()
+        .get_item()
+        .table_name(&store.config().table)
+        .key("pk", AttributeValue::S(sku.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    let item = got.item()?;
+    let num = |k: &str| match item.get(k) {
+        Some(AttributeValue::N(v)) => v.parse::<i64>().ok(),
+        _ => None,
+    };
+    Some((num("qty")?, num("fence").map(|f| f as u64)))
+}
+
+#[tokio::test]
+async fn update_put_and_delete_of_your_own_items_are_fenced_in_one_request() {
+    let store = DynamoStore::open(config("native")).await.unwrap();
+    let table = store.config().table.clone();
+    let decrement = |sku: &str| {
+        store
+            .client()
+            .update_item()
+            .table_name(&table)
+            .key("pk", AttributeValue::S(sku.into()))
+            .update_expression("SET qty = qty - :one")
+            .condition_expression("qty >= :one")
+            .expression_attribute_values(":one", n(1))
+    };
+
+    // An item without a fence yet: the first fenced put takes it.
+    let put =
+        store.client().put_item().table_name(&table).item("pk", AttributeValue::S("SKU-1".into())).item("qty", n(2));
+    store.put_item_fenced(put, Fence::new(5)).await.unwrap();
+    assert_eq!(qty(&store, "SKU-1").await, Some((2, Some(5))));
+
+    // Equal and higher fences pass; the item remembers the fence.
+    store.update_item_fenced(decrement("SKU-1"), Fence::new(5)).await.unwrap();
+    store.update_item_fenced(decrement("SKU-1"), Fence::new(7)).await.unwrap();
+    assert_eq!(qty(&store, "SKU-1").await, Some((0, Some(7))));
+
+    // A lower fence is StaleFence with the item's fence, and changes nothing.
+    let err = store.update_item_fenced(decrement("SKU-1"), Fence::new(6)).await.unwrap_err();
+    assert_eq!(err.stale_fence_details(), Some((Fence::new(6), Fence::new(7))), "{err:?}");
+    // Your own condition failing (stock 0) with a good fence is Conflict, not StaleFence.
+    let err = store.update_item_fenced(decrement("SKU-1"), Fence::new(8)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err:?}");
+    assert_eq!(qty(&store, "SKU-1").await, Some((0, Some(7))), "nothing changed");
+
+    // A stale put and a stale delete are refused too.
+    let put =
+        store.client().put_item().table_name(&table).item("pk", AttributeValue::S("SKU-1".into())).item("qty", n(99));
+    assert!(store.put_item_fenced(put, Fence::new(3)).await.unwrap_err().stale_fence_details().is_some());
+    let delete = store.client().delete_item().table_name(&table).key("pk", AttributeValue::S("SKU-1".into()));
+    assert!(store.delete_item_fenced(delete, Fence::new(3)).await.unwrap_err().stale_fence_details().is_some());
+    assert_eq!(qty(&store, "SKU-1").await, Some((0, Some(7))));
+    let delete = store.client().delete_item().table_name(&table).key("pk", AttributeValue::S("SKU-1".into()));
+    store.delete_item_fenced(delete, Fence::new(7)).await.unwrap();
+    assert_eq!(qty(&store, "SKU-1").await, None);
+
+    // A fence above what the store can hold is refused before any request.
+    let err = store.update_item_fenced(decrement("SKU-2"), Fence::new(u64::MAX)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
+
+/// A proxy to the real server that forwards everything but never answers
+/// `TransactWriteItems`: a write whose request left and whose answer never came.
+async fn black_hole_for_writes(upstream: String) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let upstream = upstream.trim_start_matches("http://").to_string();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else { return };
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                loop {
+                    // One request: headers, then Content-Length bytes.
+                    let mut buf = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !buf.ends_with(b"\r\n\r\n") {
+                        if conn.read(&mut byte).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        buf.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&buf).to_string();
+                    let len = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
+                        })
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0u8; len];
+                    conn.read_exact(&mut body).await.unwrap();
+                    if head.contains("TransactWriteItems") {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        return;
+                    }
+                    // Forward over a fresh connection, without keep-alive, and relay the answer.
+                    let mut up = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                    let head = head.replace("\r\n\r\n", "\r\nConnection: close\r\n\r\n");
+                    up.write_all(head.as_bytes()).await.unwrap();
+                    up.write_all(&body).await.unwrap();
+                    let mut answer = Vec::new();
+                    up.read_to_end(&mut answer).await.unwrap();
+                    let answer =
+                        String::from_utf8_lossy(&answer).replace("Connection: close", "Connection: keep-alive");
+                    if conn.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn a_write_whose_answer_never_comes_is_outcome_unknown_never_applied_or_refused() {
+    let real = config("ambiguous");
+    let store = DynamoStore::open(real.clone()).await.unwrap();
+    let proxy = black_hole_for_writes(real.endpoint.clone().unwrap()).await;
+    let mut through_proxy = real.clone();
+    through_proxy.endpoint = Some(proxy);
+    through_proxy.max_attempts = 1;
+    through_proxy.attempt_timeout = Duration::from_millis(500);
+    through_proxy.operation_timeout = Duration::from_secs(2);
+    let hanging = DynamoStore::open(through_proxy).await.unwrap();
+    let resource = ResourceKey::new("amb", "x").unwrap();
+    let err =
+        hanging.apply(&resource, Fence::new(1), &WriteBatch::new().put("amb/1", b"v".to_vec())).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err:?}");
+    assert!(!err.is_retryable(), "an unknown outcome must not invite a blind retry");
+    // Reads through the same proxy still work, and the real store shows nothing was written.
+    assert_eq!(hanging.watermark(&resource).await.unwrap(), None);
+    assert_eq!(store.read("amb/1").await.unwrap(), None);
+}

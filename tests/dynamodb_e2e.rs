@@ -1,0 +1,131 @@
+//! The DynamoDB store end to end against real servers (started by `scripts/test`): with the
+//! Redis and the etcd lock services through the end-to-end suite, the seed's SIGSTOP test on
+//! real `warehouse allocate --store dynamodb://…` processes, and the warehouse `simulate`
+//! fenced vs unfenced.
+//!
+//! The DynamoDB-API server is moto, one request at a time (`scripts/lib/moto_serial.py`):
+//! slow, so each test uses a table of its own and the load scenario asks less of it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{last_json, run, warehouse};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use palisade::dynamodb::{DynamoConfig, DynamoStore};
+use palisade::etcd::{EtcdConfig, EtcdLockService};
+use palisade::redis::RedisLockService;
+use palisade_conformance::{
+    FencedStoreFactory, LoadSettings, LockServiceFactory, Timing, lock_factory, require_env, store_factory,
+};
+
+fn endpoint() -> String {
+    require_env("PALISADE_DYNAMODB_ENDPOINT")
+}
+
+fn dynamodb(tag: &str) -> impl FencedStoreFactory<Store = DynamoStore> + use<> {
+    let (endpoint, table) = (endpoint(), format!("e2e-{tag}-{}", palisade_conformance::test_process_id()));
+    store_factory(move || {
+        let config = DynamoConfig {
+            endpoint: Some(endpoint.clone()),
+            region: Some("us-east-1".into()),
+            attempt_timeout: Duration::from_secs(30),
+            operation_timeout: Duration::from_secs(60),
+            ..DynamoConfig::new(table.clone())
+        };
+        async move { Ok(Arc::new(DynamoStore::open(config).await?)) }
+    })
+    .with_load(LoadSettings { rate: 25, secs: 4, keys: 10 })
+}
+
+fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
+    let url = require_env("PALISADE_REDIS_URL");
+    lock_factory(Timing::new(Duration::from_millis(500), Duration::from_millis(50)), move || {
+        let url = url.clone();
+        async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
+    })
+}
+
+fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
+    let url = format!("{}?session_ttl_s=3", require_env("PALISADE_ETCD_URL"));
+    lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(3500)), move || {
+        let config = EtcdConfig::from_url(&url);
+        async move { Ok(Arc::new(EtcdLockService::connect_with(config?).await?)) }
+    })
+}
+
+palisade_conformance::end_to_end_suite!(redis_dynamodb, redis(), dynamodb("redis"));
+palisade_conformance::end_to_end_suite!(etcd_dynamodb, etcd(), dynamodb("etcd"));
+
+fn store_url(tag: &str) -> String {
+    format!("dynamodb://wh-{tag}-{}?endpoint={}&region=us-east-1", std::process::id(), endpoint())
+}
+
+fn unique_sku(tag: &str) -> String {
+    format!("{tag}-{}-{}", std::process::id(), Instant::now().elapsed().subsec_nanos())
+}
+
+/// The seed's chaos test with DynamoDB as the store: a real holder process frozen past its TTL
+/// (Redis lock), a second process allocates, the thawed one is refused (exit 3); one decrement,
+/// no duplicate.
+#[test]
+fn sigstop_holder_is_refused_by_dynamodb_after_it_thaws() {
+    let (lock, store) = (require_env("PALISADE_REDIS_URL"), store_url("stop"));
+    let sku = unique_sku("DSTOP");
+    let out = run(&["setup", "--lock", &lock, "--store", &store, "--sku", &sku, "--qty", "10"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let mut a = warehouse()
+        .args(["allocate", "--lock", &lock, "--store", &store, "--sku", &sku, "--ttl-ms", "1000", "--think-ms", "3000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(a.stdout.take().unwrap()).lines();
+    let acquired: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(acquired["event"], "acquired");
+    let pid = Pid::from_raw(i32::try_from(a.id()).unwrap());
+    kill(pid, Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(1300));
+
+    let b = run(&["allocate", "--lock", &lock, "--store", &store, "--sku", &sku, "--ttl-ms", "10000"]);
+    assert_eq!(b.status.code(), Some(0), "{}", String::from_utf8_lossy(&b.stderr));
+    assert!(last_json(&b)["fence"].as_u64() > acquired["fence"].as_u64());
+
+    kill(pid, Signal::SIGCONT).unwrap();
+    let wrote: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let status = a.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "the thawed holder must be refused: {wrote}");
+    assert_eq!(wrote["reason"], "stale_fence");
+
+    let shown = last_json(&run(&["show", "--store", &store, "--sku", &sku]));
+    assert_eq!(shown["qty"], 9, "exactly one decrement: {shown}");
+    assert_eq!(shown["allocations"], 1, "{shown}");
+    assert_eq!(shown["duplicate_jobs"], 0, "{shown}");
+}
+
+/// The seed's benchmark on DynamoDB: pauses past the TTL, fenced vs `--unfenced`.
+#[test]
+fn simulate_on_dynamodb_fenced_has_no_duplicates_and_unfenced_does() {
+    let simulate = |tag: &str, extra: &[&str]| {
+        let store = store_url(tag);
+        let mut args = vec!["simulate", "--store", &store, "--jobs", "160", "--workers", "4", "--skus", "4"];
+        args.extend_from_slice(&["--ttl-ms", "1000", "--pause-every", "20", "--pause-ms", "2100", "--json"]);
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        (out.status.code(), last_json(&out))
+    };
+    let (code, fenced) = simulate("simf", &[]);
+    assert_eq!(code, Some(0), "{fenced}");
+    assert_eq!(fenced["duplicates"], 0, "{fenced}");
+    assert!(fenced["fence_rejected"].as_u64().unwrap() > 0, "pauses past the TTL must be refused: {fenced}");
+    let (code, unfenced) = simulate("simu", &["--unfenced"]);
+    assert_eq!(code, Some(0), "{unfenced}");
+    assert!(unfenced["duplicates"].as_u64().unwrap() > 0, "the naive lock ships twice: {unfenced}");
+    eprintln!("dynamodb simulate: fenced {fenced}\nunfenced {unfenced}");
+}
