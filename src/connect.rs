@@ -20,7 +20,7 @@ const LOCK_SCHEMES: &[Scheme] = &[
     Scheme { names: &["redis", "rediss"], feature: "redis", enabled: cfg!(feature = "redis"), shipped: true },
     Scheme { names: &["redlock"], feature: "redlock", enabled: false, shipped: false },
     Scheme { names: &["etcd", "etcds"], feature: "etcd", enabled: cfg!(feature = "etcd"), shipped: true },
-    Scheme { names: &["zk"], feature: "zookeeper", enabled: false, shipped: false },
+    Scheme { names: &["zk"], feature: "zookeeper", enabled: cfg!(feature = "zookeeper"), shipped: true },
 ];
 
 const STORE_SCHEMES: &[Scheme] = &[
@@ -84,6 +84,7 @@ fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
 /// | `memory://` or `memory://NAME` | the in-process [`MemoryLockService`](palisade_core::MemoryLockService); every call with the same `NAME` in one process shares one instance |
 /// | `redis://[user:pass@]host:port[/db]`, `rediss://…` | `palisade_redis::RedisLockService` (feature `redis`, `redis-tls` for TLS) |
 /// | `etcd://[user:pass@]host:port[,host:port…][?session_ttl_s=N]`, `etcds://…` | `palisade_etcd::EtcdLockService` (feature `etcd`, `etcd-tls` for TLS) |
+/// | `zk://[user:pass@]host:port[,host:port…][/chroot][?session_timeout_ms=N]` | `palisade_zookeeper::ZkLockService` (feature `zookeeper`) |
 ///
 /// Errors: a malformed URL or unknown scheme is [`ErrorKind::InvalidConfig`]; a scheme whose
 /// cargo feature is off is [`ErrorKind::Unsupported`] and names the feature.
@@ -97,6 +98,8 @@ pub async fn connect_lock(url: &str) -> Result<Arc<DynLockService>> {
         "redis" | "rediss" => Ok(Arc::new(palisade_redis::RedisLockService::connect(url).await?)),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(palisade_etcd::EtcdLockService::connect(url).await?)),
+        #[cfg(feature = "zookeeper")]
+        "zk" => Ok(Arc::new(palisade_zookeeper::ZkLockService::connect(url).await?)),
         _ => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("scheme `{scheme}` is not wired"))),
     }
 }
@@ -189,9 +192,9 @@ mod tests {
 
     #[tokio::test]
     async fn unshipped_backends_are_unsupported_and_named() {
-        let err = connect_lock("zk://127.0.0.1:2181").await.err().expect("zk");
+        let err = connect_lock("redlock://127.0.0.1:6379").await.err().expect("redlock");
         assert_eq!(err.kind(), ErrorKind::Unsupported);
-        assert!(err.to_string().contains("`zookeeper`"), "{err}");
+        assert!(err.to_string().contains("`redlock`"), "{err}");
         if !cfg!(feature = "etcd") {
             let err = connect_lock("etcd://127.0.0.1:2379").await.err().expect("etcd");
             assert_eq!(err.kind(), ErrorKind::Unsupported);

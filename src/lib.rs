@@ -16,6 +16,7 @@
 //! | `redis` | no | `redis://` lock service (`palisade::redis`); `redis-tls` adds `rediss://` |
 //! | `postgres` | no | `postgres://` fenced store (`palisade::postgres`) |
 //! | `etcd` | no | `etcd://` lock service (`palisade::etcd`; needs `protoc` to build); `etcd-tls` adds `etcds://` |
+//! | `zookeeper` | no | `zk://` lock service (`palisade::zookeeper`) |
 //! | `dynamodb` | no | `dynamodb://TABLE` fenced store (`palisade::dynamodb`; the AWS SDK) |
 //! | `full` | no | everything available in this release |
 //!
@@ -58,6 +59,10 @@ pub use palisade_postgres as postgres;
 /// The etcd lock service.
 #[cfg(feature = "etcd")]
 pub use palisade_etcd as etcd;
+
+/// The ZooKeeper lock service.
+#[cfg(feature = "zookeeper")]
+pub use palisade_zookeeper as zookeeper;
 
 /// The DynamoDB fenced store.
 #[cfg(feature = "dynamodb")]

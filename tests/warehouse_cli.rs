@@ -121,7 +121,7 @@ fn bad_input_exits_2_with_one_line() {
         vec!["setup", "--sku", "S", "--qty", "-1", "--store", &store],
         vec!["show", "--sku", "S", "--store", "ftp://nowhere"],
         vec!["show", "--sku", "S", "--store", "not a url"],
-        vec!["allocate", "--sku", "S", "--lock", "zk://127.0.0.1:1", "--store", &store],
+        vec!["allocate", "--sku", "S", "--lock", "redlock://127.0.0.1:1", "--store", &store],
         vec!["simulate", "--jobs", "0", "--store", &store],
         vec!["simulate", "--ttl-ms", "0", "--store", &store],
         vec!["frobnicate"],

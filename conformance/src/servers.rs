@@ -274,3 +274,106 @@ impl EtcdCluster {
         self.members.get(i).is_some_and(|m| m.child.is_some() && etcd_healthy(m.port))
     }
 }
+
+/// Sends a ZooKeeper four-letter command and returns the answer ("" if unreachable).
+fn zk_four_letters(port: u16, command: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
+    if conn.write_all(command.as_bytes()).is_err() {
+        return String::new();
+    }
+    let mut reply = String::new();
+    let _ = conn.read_to_string(&mut reply);
+    reply
+}
+
+/// A ZooKeeper ensemble of the test's own on loopback (tickTime 500 ms, admin server off), run
+/// from Debian's jars on `classpath` (`PALISADE_ZK_CLASSPATH`). Members are killed and their
+/// directories removed when it is dropped.
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    members: Vec<LoopbackServer>,
+}
+
+impl ZkEnsemble {
+    /// Starts `size` servers and waits until each is a leader or a follower.
+    pub fn start(classpath: &str, size: usize) -> std::io::Result<Self> {
+        let ports: Vec<(u16, u16, u16)> =
+            (0..size).map(|_| Ok((free_port()?, free_port()?, free_port()?))).collect::<std::io::Result<_>>()?;
+        let servers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, quorum, election))| format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1))
+            .collect();
+        let mut members = Vec::with_capacity(size);
+        for (i, (port, _, _)) in ports.iter().enumerate() {
+            let mut written = Ok(());
+            let member = LoopbackServer::spawn_unchecked("java", *port, |port, dir| {
+                let data = dir.join("data");
+                written = std::fs::create_dir_all(&data)
+                    .and_then(|()| std::fs::write(data.join("myid"), format!("{}\n", i + 1)))
+                    .and_then(|()| {
+                        std::fs::write(
+                            dir.join("zoo.cfg"),
+                            format!(
+                                "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\n\
+                                 clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+                                 4lw.commands.whitelist=ruok,srvr\n{servers}",
+                                data.display()
+                            ),
+                        )
+                    });
+                [
+                    "-Xms32m",
+                    "-Xmx256m",
+                    "-XX:+UseSerialGC",
+                    "-cp",
+                    classpath,
+                    &format!("-Dzookeeper.log.dir={}", dir.display()),
+                    "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                    &dir.join("zoo.cfg").display().to_string(),
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+            })?;
+            written?;
+            members.push(member);
+        }
+        let ensemble = ZkEnsemble { members };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(0..size).all(|i| ensemble.mode(i).is_some()) {
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other("the ZooKeeper ensemble did not form"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(ensemble)
+    }
+
+    /// `zk://127.0.0.1:P1,127.0.0.1:P2,…` with every member.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.members.iter().map(|m| format!("127.0.0.1:{}", m.port)).collect();
+        format!("zk://{}", hosts.join(","))
+    }
+
+    /// Member `i`'s role (`"leader"`, `"follower"`), or `None` if it is down or not serving.
+    pub fn mode(&self, i: usize) -> Option<String> {
+        let member = self.members.get(i).filter(|m| m.child.is_some())?;
+        let reply = zk_four_letters(member.port, "srvr");
+        reply.lines().find_map(|l| l.strip_prefix("Mode: ")).map(str::to_string).filter(|m| m != "standalone")
+    }
+
+    /// The index of the current leader, if one is serving.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.members.len()).find(|&i| self.mode(i).as_deref() == Some("leader"))
+    }
+
+    /// Kills member `i` with SIGKILL.
+    pub fn kill_member(&mut self, i: usize) {
+        if let Some(m) = self.members.get_mut(i) {
+            m.kill();
+        }
+    }
+}

@@ -61,6 +61,7 @@ mod error;
 mod ext;
 mod fence;
 mod grant;
+pub mod held;
 mod key;
 mod lease;
 pub mod memory;

@@ -204,3 +204,32 @@ start_dynamodb() {
   # moto accepts any credentials; the SDK's standard chain reads these.
   export AWS_ACCESS_KEY_ID=palisade-test AWS_SECRET_ACCESS_KEY=palisade-test AWS_REGION=us-east-1
 }
+
+# start_zookeeper: a standalone ZooKeeper (Debian's package, Java 17) with tickTime 500 ms so
+# short sessions are allowed (the minimum is 2 × tickTime); exports PALISADE_ZK_URL and
+# PALISADE_ZK_CLASSPATH (for tests that run ensembles of their own).
+start_zookeeper() {
+  [ -f /usr/share/java/zookeeper.jar ] || svc_apt_install zookeeper
+  command -v java >/dev/null || svc_apt_install default-jre-headless
+  local port dir
+  port=$(svc_free_port)
+  dir="$PALISADE_SERVICES_DIR/zookeeper"
+  rm -rf "$dir"
+  mkdir -p "$dir/data"
+  cat >"$dir/zoo.cfg" <<CFG
+tickTime=500
+dataDir=$dir/data
+clientPort=$port
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr
+CFG
+  export PALISADE_ZK_CLASSPATH=/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar
+  java -Xms32m -Xmx256m -XX:+UseSerialGC -cp "$PALISADE_ZK_CLASSPATH" -Dzookeeper.log.dir="$dir" \
+    org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" </dev/null >"$dir/zk.log" 2>&1 &
+  svc_record_pid "$!" zookeeper
+  svc_wait "zookeeper" 400 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port && printf ruok >&3 && grep -q imok <&3"
+  echo "$port" >"$dir/port"
+  svc_log "zookeeper on 127.0.0.1:$port"
+  export PALISADE_ZK_URL="zk://127.0.0.1:$port"
+}

@@ -1,0 +1,596 @@
+//! The lock service: the ZooKeeper lock recipe with `czxid` fences.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use palisade_core::held::HeldGrants;
+use palisade_core::{
+    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
+    Ttl, Waiting, timeout_error, validate_wait,
+};
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, warn};
+use zookeeper_client as zk;
+
+use crate::{BACKEND, ZkConfig};
+
+/// A lock service on ZooKeeper. One session per instance, shared by all its locks.
+///
+/// Dropping it (or [`close`](ZkLockService::close)) closes the session: its lock nodes go at
+/// once.
+pub struct ZkLockService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ZkConfig,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    held: Arc<HeldGrants>,
+    stop: CancellationToken,
+}
+
+struct Session {
+    client: zk::Client,
+    id: i64,
+    timeout: Duration,
+    /// When the connection was lost, while it is (`None` while connected).
+    disconnected_since: Mutex<Option<Instant>>,
+    lost: CancellationToken,
+}
+
+impl Session {
+    /// The latest instant the ensemble may still keep this session, as far as this process can
+    /// prove: a third of the timeout passes between pings, so the server's last sight of us is
+    /// at most that long before the disconnect (or now, while connected).
+    fn deadline(&self) -> Instant {
+        let since =
+            (*self.disconnected_since.lock().unwrap_or_else(PoisonError::into_inner)).unwrap_or_else(Instant::now);
+        since + self.timeout * 2 / 3
+    }
+
+    fn alive(&self) -> bool {
+        !self.lost.is_cancelled() && Instant::now() < self.deadline()
+    }
+}
+
+/// Maps a client error. `writes`: whether the request may have changed state, in which case a
+/// lost connection leaves its outcome unknown.
+fn map(e: zk::Error, what: &str, writes: bool) -> Error {
+    let (kind, retryable) = match &e {
+        zk::Error::ConnectionLoss | zk::Error::Timeout if writes => (ErrorKind::OutcomeUnknown, false),
+        zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::NoHosts | zk::Error::Throttled => {
+            (ErrorKind::Unavailable, true)
+        }
+        zk::Error::SessionExpired | zk::Error::SessionMoved | zk::Error::ClientClosed => (ErrorKind::LeaseLost, true),
+        zk::Error::NoAuth | zk::Error::AuthFailed | zk::Error::InvalidAcl => (ErrorKind::InvalidConfig, false),
+        zk::Error::BadArguments(_) => (ErrorKind::InvalidKey, false),
+        _ => (ErrorKind::Backend, false),
+    };
+    Error::new(kind, BACKEND, format!("{what} failed: {e}")).with_retryable(retryable)
+}
+
+fn timed_out(what: &str, writes: bool) -> Error {
+    let kind = if writes { ErrorKind::OutcomeUnknown } else { ErrorKind::Unavailable };
+    Error::new(kind, BACKEND, format!("{what}: no answer within the request timeout")).with_retryable(!writes)
+}
+
+/// `lock-<token>-` nodes; ZooKeeper appends a 10-digit sequence.
+fn node_prefix(token: OwnerToken) -> String {
+    format!("lock-{token}-")
+}
+
+fn sequence_of(name: &str) -> Option<i64> {
+    name.rsplit_once('-').and_then(|(_, seq)| seq.parse().ok())
+}
+
+impl ZkLockService {
+    /// Connects to `zk://host:port[,host:port…][/chroot]` with default settings.
+    pub async fn connect(url: &str) -> Result<Self> {
+        ZkLockService::connect_with(ZkConfig::from_url(url)?).await
+    }
+
+    /// Connects and starts the session.
+    pub async fn connect_with(config: ZkConfig) -> Result<Self> {
+        config.validate()?;
+        let inner = Arc::new(Inner {
+            config,
+            session: tokio::sync::Mutex::new(None),
+            held: HeldGrants::new(),
+            stop: CancellationToken::new(),
+        });
+        inner.session().await?;
+        debug!(url = %inner.config.redacted_url(), "zookeeper lock service connected");
+        Ok(ZkLockService { inner })
+    }
+
+    /// The settings this service was made with.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The current session's client (for tests and tooling), starting a session if needed.
+    pub async fn client(&self) -> Result<zk::Client> {
+        Ok(self.inner.session().await?.client.clone())
+    }
+
+    /// Closes the session: every lock of this client goes at once (lost signals fire).
+    pub async fn close(self) {
+        self.inner.shutdown().await;
+    }
+
+    /// The parent node of a resource's contenders: `<root>/<domain>/<id>`.
+    pub fn parent_path(&self, key: &ResourceKey) -> String {
+        self.inner.parent(key)
+    }
+}
+
+impl Drop for ZkLockService {
+    fn drop(&mut self) {
+        let inner = Arc::clone(&self.inner);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { inner.shutdown().await });
+        } else {
+            inner.stop.cancel();
+        }
+    }
+}
+
+impl Inner {
+    fn parent(&self, key: &ResourceKey) -> String {
+        format!("{}/{}/{}", self.config.root, key.domain(), key.id())
+    }
+
+    async fn shutdown(&self) {
+        self.stop.cancel();
+        self.held.lose_all();
+        if let Some(session) = self.session.lock().await.take() {
+            session.lost.cancel();
+            // Dropping the last handle closes the session on the server.
+            drop(session);
+        }
+    }
+
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut slot = self.session.lock().await;
+        if let Some(s) = slot.as_ref().filter(|s| s.alive()) {
+            return Ok(Arc::clone(s));
+        }
+        if self.stop.is_cancelled() {
+            return Err(Error::new(ErrorKind::Unavailable, BACKEND, "the lock service is closed"));
+        }
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(self.config.session_timeout)
+            .with_connection_timeout(self.config.connect_timeout);
+        if let Some((user, password)) = &self.config.digest {
+            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        }
+        let cluster = format!("{}{}", self.config.servers.join(","), self.config.chroot.as_deref().unwrap_or(""));
+        let client = timeout(self.config.connect_timeout * 2, connector.connect(&cluster))
+            .await
+            .map_err(|_| {
+                Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", self.config.redacted_url()))
+                    .with_retryable(true)
+            })?
+            .map_err(|e| {
+                let err = map(e, "connect", false);
+                if err.kind() == ErrorKind::Backend || err.kind() == ErrorKind::LeaseLost {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        BACKEND,
+                        format!("cannot connect to {}", self.config.redacted_url()),
+                    )
+                    .with_source(err)
+                    .with_retryable(true)
+                } else {
+                    err
+                }
+            })?;
+        let session = Arc::new(Session {
+            id: client.session_id().0,
+            timeout: client.session_timeout(),
+            client,
+            disconnected_since: Mutex::new(None),
+            lost: CancellationToken::new(),
+        });
+        tokio::spawn(watch_session(Arc::clone(&session), self.stop.clone()));
+        debug!(session = format!("{:#x}", session.id), timeout = ?session.timeout, "zookeeper session started");
+        *slot = Some(Arc::clone(&session));
+        Ok(session)
+    }
+
+    /// Creates our contender node, creating the resource's parents (container nodes, which
+    /// the server removes when empty) when they are missing.
+    async fn create_node(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        parent: &str,
+        token: OwnerToken,
+    ) -> Result<(String, zk::Stat)> {
+        let created = self.try_create_node(session, parent, token).await;
+        if created.as_ref().is_err_and(|e| e.kind() == ErrorKind::OutcomeUnknown) {
+            // The node may exist with a sequence we never learned: find it by our token (it is
+            // in the name) and delete it, or it would block the queue while we live.
+            self.abandon_by_token(parent.to_string(), token, session);
+        }
+        created
+    }
+
+    /// A live session and our new contender node on it. A session the server already expired
+    /// (we may hear of it here first) is marked lost and replaced, once.
+    async fn join_queue(self: &Arc<Self>, parent: &str, token: OwnerToken) -> Result<(Arc<Session>, String, zk::Stat)> {
+        let mut attempt = 0;
+        loop {
+            let session = self.session().await?;
+            match self.create_node(&session, parent, token).await {
+                Ok((path, stat)) => return Ok((session, path, stat)),
+                Err(e) if e.kind() == ErrorKind::LeaseLost && attempt == 0 => {
+                    session.lost.cancel();
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn abandon_by_token(self: &Arc<Self>, parent: String, token: OwnerToken, session: &Arc<Session>) {
+        let (inner, session) = (Arc::downgrade(self), Arc::clone(session));
+        tokio::spawn(async move {
+            let prefix = node_prefix(token);
+            for _ in 0..50 {
+                let Some(strong) = inner.upgrade() else { return };
+                if session.lost.is_cancelled() || strong.stop.is_cancelled() {
+                    return;
+                }
+                if let Ok(contenders) = strong.contenders(&session, &parent).await {
+                    match contenders
+                        .into_iter()
+                        .find(|(_, p)| p.rsplit('/').next().is_some_and(|n| n.starts_with(&prefix)))
+                    {
+                        Some((_, path)) => return strong.abandon(path, &session),
+                        None => return,
+                    }
+                }
+                drop(strong);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+    }
+
+    async fn try_create_node(&self, session: &Session, parent: &str, token: OwnerToken) -> Result<(String, zk::Stat)> {
+        let acls = if self.config.digest.is_some() { zk::Acls::creator_all() } else { zk::Acls::anyone_all() };
+        let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
+        let prefix = format!("{parent}/{}", node_prefix(token));
+        for _ in 0..3 {
+            let created = timeout(self.config.request_timeout, session.client.create(&prefix, &[], &options))
+                .await
+                .map_err(|_| timed_out("acquire", true))?;
+            match created {
+                Ok((stat, sequence)) => return Ok((format!("{prefix}{sequence}"), stat)),
+                Err(zk::Error::NoNode) => {
+                    let parents = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                    match timeout(self.config.request_timeout, session.client.mkdir(parent, &parents)).await {
+                        Ok(Ok(())) | Ok(Err(zk::Error::NodeExists)) => {}
+                        Ok(Err(e)) => return Err(map(e, "creating the lock's parent", false)),
+                        Err(_) => return Err(timed_out("creating the lock's parent", false)),
+                    }
+                }
+                Err(e) => return Err(map(e, "acquire", true)),
+            }
+        }
+        Err(Error::new(ErrorKind::Unavailable, BACKEND, format!("{parent} keeps disappearing")).with_retryable(true))
+    }
+
+    /// The contenders of a resource, lowest sequence first.
+    async fn contenders(&self, session: &Session, parent: &str) -> Result<Vec<(i64, String)>> {
+        let children = timeout(self.config.request_timeout, session.client.list_children(parent))
+            .await
+            .map_err(|_| timed_out("listing contenders", false))?;
+        let children = match children {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(map(e, "listing contenders", false)),
+        };
+        let mut sorted: Vec<(i64, String)> =
+            children.into_iter().filter_map(|c| sequence_of(&c).map(|s| (s, format!("{parent}/{c}")))).collect();
+        sorted.sort();
+        Ok(sorted)
+    }
+
+    /// Our node's stat (`None` if it is gone) and the resource's contenders, lowest first, in
+    /// one multi-read request.
+    async fn queue_view(
+        &self,
+        session: &Session,
+        parent: &str,
+        path: &str,
+    ) -> Result<(Option<zk::Stat>, Vec<(i64, String)>)> {
+        let mut reader = session.client.new_multi_reader();
+        reader.add_get_data(path).map_err(|e| map(e, "acquire (queue check)", false))?;
+        reader.add_get_children(parent).map_err(|e| map(e, "acquire (queue check)", false))?;
+        let results = timeout(self.config.request_timeout, reader.commit())
+            .await
+            .map_err(|_| timed_out("acquire (queue check)", false))?
+            .map_err(|e| map(e, "acquire (queue check)", false))?;
+        let mut mine = None;
+        let mut contenders = Vec::new();
+        for result in results {
+            match result {
+                zk::MultiReadResult::Data { stat, .. } => mine = Some(stat),
+                zk::MultiReadResult::Children { children } => {
+                    contenders = children
+                        .into_iter()
+                        .filter_map(|c| sequence_of(&c).map(|s| (s, format!("{parent}/{c}"))))
+                        .collect();
+                }
+                zk::MultiReadResult::Error { err: zk::Error::NoNode } => {}
+                zk::MultiReadResult::Error { err } => return Err(map(err, "acquire (queue check)", false)),
+                _ => return Err(Error::new(ErrorKind::Backend, BACKEND, "unexpected multi-read result")),
+            }
+        }
+        contenders.sort();
+        Ok((mine, contenders))
+    }
+
+    /// Deletes a node of ours in the background until it is gone, the session is, or the
+    /// service closes: a forgotten contender would block the queue for as long as we live.
+    fn abandon(self: &Arc<Self>, path: String, session: &Arc<Session>) {
+        let (inner, session) = (Arc::downgrade(self), Arc::clone(session));
+        tokio::spawn(async move {
+            let mut backoff =
+                palisade_core::Backoff::with_bounds(Duration::from_millis(20), Duration::from_millis(500));
+            loop {
+                let Some(strong) = inner.upgrade() else { return };
+                if session.lost.is_cancelled() || strong.stop.is_cancelled() {
+                    return;
+                }
+                match timeout(strong.config.request_timeout, session.client.delete(&path, None)).await {
+                    Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => return,
+                    Ok(Err(zk::Error::SessionExpired | zk::Error::ClientClosed)) => return,
+                    _ => {}
+                }
+                drop(strong);
+                tokio::select! {
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                    () = session.lost.cancelled() => return,
+                }
+            }
+        });
+    }
+
+    /// The TTL a grant requested at `sent_at` may claim: capped at the session's proven life.
+    fn cap(session: &Session, ttl: Ttl, sent_at: Instant) -> Result<Ttl> {
+        Ttl::new(ttl.get().min(session.deadline().saturating_duration_since(sent_at))).map_err(|_| {
+            Error::new(ErrorKind::LeaseLost, BACKEND, "the ZooKeeper session has no time left").with_retryable(true)
+        })
+    }
+
+    fn grant(
+        self: &Arc<Self>,
+        key: &ResourceKey,
+        (token, path, czxid): (OwnerToken, String, i64),
+        ttl: Ttl,
+        sent_at: Instant,
+        session: &Arc<Session>,
+    ) -> Result<Grant<Fenced>> {
+        let granted = Inner::cap(session, ttl, sent_at)?;
+        let fence = u64::try_from(czxid)
+            .map_err(|_| Error::new(ErrorKind::Backend, BACKEND, format!("ZooKeeper returned czxid {czxid}")))?;
+        let grant = Grant::new(key.clone(), token, Fence::new(fence), granted, sent_at).with_handle(path.clone());
+        let give_up = {
+            let (inner, session, path) = (Arc::downgrade(self), Arc::clone(session), path.clone());
+            Box::new(move || {
+                Box::pin(async move {
+                    if let Some(inner) = inner.upgrade() {
+                        inner.abandon(path, &session);
+                    }
+                }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+            })
+        };
+        self.held.hold(path, fence, sent_at + granted.get(), grant.lost_token().clone(), session.lost.clone(), give_up);
+        Ok(grant)
+    }
+
+    /// Our node for a grant: its handle if it carries the grant's token, else found by token
+    /// among the resource's contenders (a grant rebuilt from its parts).
+    async fn node_of(&self, session: &Session, grant: &Grant<Fenced>) -> Result<Option<String>> {
+        let prefix = node_prefix(grant.token());
+        if let Some(handle) = grant.handle() {
+            return Ok(handle.rsplit('/').next().is_some_and(|n| n.starts_with(&prefix)).then(|| handle.to_string()));
+        }
+        let parent = self.parent(grant.key());
+        Ok(self
+            .contenders(session, &parent)
+            .await?
+            .into_iter()
+            .map(|(_, path)| path)
+            .find(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with(&prefix))))
+    }
+}
+
+/// Follows the session's state: a disconnect starts the clock on its proven life; expiry,
+/// close or an authentication failure loses it (and every grant with it).
+async fn watch_session(session: Arc<Session>, stop: CancellationToken) {
+    let mut states = session.client.state_watcher();
+    loop {
+        let deadline = session.deadline();
+        let disconnected = session.disconnected_since.lock().unwrap_or_else(PoisonError::into_inner).is_some();
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = sleep_until(deadline), if disconnected => {
+                error!(session = format!("{:#x}", session.id), "zookeeper disconnected past the session's proven life; its locks are lost");
+                session.lost.cancel();
+                return;
+            }
+            state = states.changed() => match state {
+                zk::SessionState::Disconnected => {
+                    warn!(session = format!("{:#x}", session.id), "zookeeper connection lost");
+                    let mut since = session.disconnected_since.lock().unwrap_or_else(PoisonError::into_inner);
+                    since.get_or_insert_with(Instant::now);
+                }
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                    *session.disconnected_since.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                }
+                other => {
+                    error!(session = format!("{:#x}", session.id), state = ?other, "zookeeper session ended; its locks are lost");
+                    session.lost.cancel();
+                    return;
+                }
+            },
+        }
+    }
+}
+
+/// Deletes a waiter's node if the wait ends without the lock.
+struct QueuePlace {
+    inner: Arc<Inner>,
+    session: Arc<Session>,
+    path: String,
+    armed: bool,
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        if self.armed && tokio::runtime::Handle::try_current().is_ok() {
+            self.inner.abandon(std::mem::take(&mut self.path), &self.session);
+        }
+    }
+}
+
+#[async_trait]
+impl LockService for ZkLockService {
+    type Fencing = Fenced;
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fence_source: FenceSource::Zxid,
+            fences_survive_release: true,
+            fences_survive_restart: true,
+            gap_free: false,
+            waiting: Waiting::NativeFifo,
+        }
+    }
+
+    /// Creates our node; if it has the lowest sequence the lock is ours (fence = its
+    /// `czxid`), otherwise it is deleted again and the answer is "busy".
+    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
+        let inner = &self.inner;
+        let token = OwnerToken::generate()?;
+        let parent = inner.parent(key);
+        let sent_at = Instant::now();
+        let (session, path, stat) = inner.join_queue(&parent, token).await?;
+        let mut place =
+            QueuePlace { inner: Arc::clone(inner), session: Arc::clone(&session), path: path.clone(), armed: true };
+        let contenders = inner.contenders(&session, &parent).await?;
+        if contenders.first().map(|(_, p)| p) != Some(&path) {
+            // Busy: leave at once (in the background if the delete fails).
+            if let Ok(Ok(())) = timeout(inner.config.request_timeout, session.client.delete(&path, None)).await {
+                place.armed = false;
+            }
+            return Ok(None);
+        }
+        place.armed = false;
+        inner.grant(key, (token, path, stat.czxid), ttl, sent_at, &session).map(Some)
+    }
+
+    /// The lock recipe: our node joins the queue; we watch only the node just ahead of ours
+    /// (no herd), and re-check on every event. Before declaring the lock ours we re-read our
+    /// node and require its ephemeral owner to be this session (a node left by an expired
+    /// session is never mistaken for ours: CURATOR-604).
+    async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        validate_wait(wait)?;
+        let give_up = Instant::now() + wait;
+        let inner = &self.inner;
+        let token = OwnerToken::generate()?;
+        let parent = inner.parent(key);
+        let (session, path, stat) = inner.join_queue(&parent, token).await?;
+        let mut place =
+            QueuePlace { inner: Arc::clone(inner), session: Arc::clone(&session), path: path.clone(), armed: true };
+        let my_sequence = sequence_of(&path).unwrap_or(i64::MAX);
+        loop {
+            let sent_at = Instant::now();
+            // One read: our own node and the queue, as of the same moment.
+            let (mine, contenders) = inner.queue_view(&session, &parent, &path).await?;
+            let ours = mine.is_some_and(|s| s.ephemeral_owner == session.id && s.czxid == stat.czxid);
+            if !ours || session.lost.is_cancelled() {
+                place.armed = false;
+                return Err(Error::new(ErrorKind::LeaseLost, BACKEND, "the ZooKeeper session ended while waiting")
+                    .with_retryable(true));
+            }
+            let ahead = contenders.iter().rfind(|(s, _)| *s < my_sequence).map(|(_, p)| p.clone());
+            let Some(ahead) = ahead else {
+                place.armed = false;
+                return inner.grant(key, (token, path, stat.czxid), ttl, sent_at, &session);
+            };
+            let watched = timeout(inner.config.request_timeout, session.client.check_and_watch_stat(&ahead))
+                .await
+                .map_err(|_| timed_out("watch", false))?
+                .map_err(|e| map(e, "watch", false))?;
+            let (Some(_), watcher) = watched else { continue };
+            tokio::select! {
+                _ = watcher.changed() => {}
+                () = sleep_until(give_up) => return Err(timeout_error(BACKEND, key, wait)),
+                () = session.lost.cancelled() => {
+                    place.armed = false;
+                    return Err(Error::new(ErrorKind::LeaseLost, BACKEND, "the ZooKeeper session ended while waiting")
+                        .with_retryable(true));
+                }
+            }
+        }
+    }
+
+    /// Checks that our node still exists, created at the fence by this session, and moves the
+    /// local deadline; the session's heartbeats keep the node on the server.
+    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
+        let inner = &self.inner;
+        let fence = grant.fence().get();
+        let not_holder =
+            || Error::new(ErrorKind::NotHolder, BACKEND, format!("{} is not held by this grant", grant.key()));
+        let session = inner.session.lock().await.clone().ok_or_else(not_holder)?;
+        let Some(path) = inner.node_of(&session, grant).await? else { return Err(not_holder()) };
+        if !inner.held.holds(&path, fence) {
+            return Err(not_holder());
+        }
+        let sent_at = Instant::now();
+        let stat = timeout(inner.config.request_timeout, session.client.check_stat(&path))
+            .await
+            .map_err(|_| timed_out("extend", false))?
+            .map_err(|e| map(e, "extend", false))?;
+        match stat {
+            Some(s) if u64::try_from(s.czxid).ok() == Some(fence) && s.ephemeral_owner == session.id => {}
+            _ => {
+                inner.held.forget(&path, fence);
+                return Err(not_holder());
+            }
+        }
+        let granted = Inner::cap(&session, ttl, sent_at)?;
+        if inner.held.extend(&path, fence, sent_at + granted.get()) { Ok(granted) } else { Err(not_holder()) }
+    }
+
+    /// Deletes our node.
+    async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
+        let inner = &self.inner;
+        let not_holder =
+            || Error::new(ErrorKind::NotHolder, BACKEND, format!("{} was not held by this grant", grant.key()));
+        let session = inner.session.lock().await.clone().ok_or_else(not_holder)?;
+        let Some(path) = inner.node_of(&session, grant).await? else { return Err(not_holder()) };
+        inner.held.forget(&path, grant.fence().get());
+        match timeout(inner.config.request_timeout, session.client.delete(&path, None)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(zk::Error::NoNode)) => Err(not_holder()),
+            Ok(Err(e)) => {
+                inner.abandon(path, &session);
+                Err(map(e, "release", true))
+            }
+            Err(_) => {
+                inner.abandon(path, &session);
+                Err(timed_out("release", true))
+            }
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! The ZooKeeper lock service against a real standalone ZooKeeper (started by `scripts/test`,
+//! address in `PALISADE_ZK_URL`, tickTime 500 ms): the lock suite, end to end with SQLite, and
+//! the recipe's own hazards.
+//!
+//! Timing: 3 s sessions (grants are capped at 2 s, two thirds of it), 1 s grants; the margin
+//! covers a frozen or killed holder's session expiry plus the server's 500 ms expiry tick.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_core::{LockService, LockServiceExt, ResourceKey, Ttl};
+use palisade_sqlite::SqliteStore;
+use palisade_zookeeper::{ZkConfig, ZkLockService};
+
+fn url() -> String {
+    format!("{}?session_timeout_ms=3000", require_env("PALISADE_ZK_URL"))
+}
+
+fn zookeeper() -> impl LockServiceFactory<Service = ZkLockService> {
+    let url = url();
+    lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(4000)), move || {
+        let config = ZkConfig::from_url(&url);
+        async move { Ok(Arc::new(ZkLockService::connect_with(config?).await?)) }
+    })
+}
+
+fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
+    store_factory(|| async {
+        let path = format!("{}/palisade-zk-e2e.db", env!("CARGO_TARGET_TMPDIR"));
+        Ok(Arc::new(SqliteStore::connect(&format!("sqlite://{path}?synchronous=normal&busy_timeout_ms=30000")).await?))
+    })
+}
+
+palisade_conformance::lock_service_suite!(zookeeper());
+palisade_conformance::end_to_end_suite!(zookeeper(), sqlite());
+
+/// The fence is the node's czxid, not its sequence: deleting the resource's parent between
+/// grants restarts the sequence at 0, and the fence still grows.
+#[tokio::test]
+async fn deleting_the_parent_between_grants_restarts_the_sequence_not_the_fence() {
+    let locks = ZkLockService::connect(&url()).await.unwrap();
+    let key = ResourceKey::new("zkparent", format!("p{}", std::process::id())).unwrap();
+    let parent = locks.parent_path(&key);
+    let client = locks.client().await.unwrap();
+    let mut fences = Vec::new();
+    for round in 0..3 {
+        let grant = locks.try_acquire(&key, Ttl::from_millis(2000).unwrap()).await.unwrap().expect("free");
+        let node = grant.handle().unwrap().to_string();
+        assert!(node.ends_with("0000000000"), "round {round}: a fresh parent restarts the sequence: {node}");
+        fences.push(grant.fence().get());
+        locks.release(&grant).await.unwrap();
+        client.delete(&parent, None).await.unwrap();
+    }
+    assert!(fences.windows(2).all(|w| w[1] > w[0]), "fences must grow across parent deletions: {fences:?}");
+}
+
+/// CURATOR-604: a holder's session expires while a waiter waits. The waiter gets the lock with a
+/// higher fence; the expired holder's grant is lost; after its client starts a new session, the
+/// old session's node is never taken for its own: it cannot get the lock while the waiter holds it.
+#[tokio::test]
+async fn an_expired_session_never_passes_its_node_off_as_a_new_sessions() {
+    let a = Arc::new(ZkLockService::connect(&url()).await.unwrap());
+    let b = Arc::new(ZkLockService::connect(&url()).await.unwrap());
+    let key = ResourceKey::new("zk604", format!("k{}", std::process::id())).unwrap();
+    let held = a.try_acquire(&key, Ttl::from_millis(1500).unwrap()).await.unwrap().expect("free");
+    let waiter = {
+        let (b, key) = (Arc::clone(&b), key.clone());
+        tokio::spawn(async move { b.lock(&key, Duration::from_secs(2), Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Expire A's session the classic way: a second client joins it and closes it.
+    let a_client = a.client().await.unwrap();
+    let hijack = palisade_zookeeper::zookeeper_client::Client::connector()
+        .with_session(a_client.session().clone())
+        .connect(&require_env("PALISADE_ZK_URL").replacen("zk://", "", 1))
+        .await
+        .unwrap();
+    drop(hijack);
+    let lease = waiter.await.unwrap().unwrap();
+    assert!(lease.fence() > held.fence(), "waiter fence {} vs expired holder {}", lease.fence(), held.fence());
+    tokio::time::timeout(Duration::from_secs(5), held.lost_token().cancelled()).await.expect("A's grant must be lost");
+    // A's next attempt runs on a new session and must not see the lock as its own.
+    assert!(a.try_acquire(&key, Ttl::from_millis(1500).unwrap()).await.unwrap().is_none(), "A took a held lock");
+    let waiter_fence = lease.fence();
+    lease.release().await.unwrap();
+    let again = a.try_acquire(&key, Ttl::from_millis(1500).unwrap()).await.unwrap().expect("free again");
+    assert!(again.fence() > waiter_fence);
+    a.release(&again).await.unwrap();
+}
