@@ -1,8 +1,7 @@
 //! The lock service: one txn per uncontended acquire, FIFO waiting by watching the
 //! predecessor, and a local expiry per grant so a silent holder's lock is given up on time.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,11 +9,11 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse, TxnResponse, WatchOptions,
 };
+use palisade_core::held::{GiveUp, HeldGrants};
 use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
     Ttl, Waiting, timeout_error, validate_wait,
 };
-use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -35,15 +34,8 @@ struct Inner {
     client: Client,
     config: EtcdConfig,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
-    held: Mutex<HashMap<Vec<u8>, Held>>,
+    held: Arc<HeldGrants>,
     stop: CancellationToken,
-}
-
-/// A grant this client holds: its local deadline (moved by extensions) and its lost signal.
-struct Held {
-    fence: i64,
-    deadline: watch::Sender<Instant>,
-    lost: CancellationToken,
 }
 
 impl EtcdLockService {
@@ -99,7 +91,7 @@ impl EtcdLockService {
             client,
             config,
             session: tokio::sync::Mutex::new(None),
-            held: Mutex::new(HashMap::new()),
+            held: HeldGrants::new(),
             stop: CancellationToken::new(),
         });
         // Read our prefix once: etcd grants leases to anyone, so this is what finds missing
@@ -140,9 +132,7 @@ impl EtcdLockService {
     pub async fn close(self) -> Result<()> {
         self.inner.stop.cancel();
         let session = self.inner.session.lock().await.take();
-        for (_, held) in self.inner.held.lock().unwrap_or_else(PoisonError::into_inner).drain() {
-            held.lost.cancel();
-        }
+        self.inner.held.lose_all();
         if let Some(session) = session {
             session.lost.cancel();
             let mut lease = self.inner.client.lease_client();
@@ -211,34 +201,6 @@ impl Inner {
         .await
     }
 
-    /// Records a grant and starts its local expiry; `lost` fires when it is given up or lost.
-    fn hold(
-        self: &Arc<Self>,
-        etcd_key: Vec<u8>,
-        fence: i64,
-        deadline: Instant,
-        session: &Arc<Session>,
-        lost: CancellationToken,
-    ) {
-        let (tx, rx) = watch::channel(deadline);
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(etcd_key.clone(), Held { fence, deadline: tx, lost: lost.clone() });
-        tokio::spawn(expire(Arc::downgrade(self), etcd_key, fence, rx, lost, session.lost.clone()));
-    }
-
-    /// Forgets a grant (released or lost); true if it was held with this fence.
-    fn forget(&self, etcd_key: &[u8], fence: i64) -> bool {
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        if held.get(etcd_key).is_some_and(|h| h.fence == fence) {
-            held.remove(etcd_key);
-            true
-        } else {
-            false
-        }
-    }
-
     /// Makes sure a key of ours goes away: a put whose outcome is unknown, a queue place left
     /// on an error, a release or expiry that could not reach the cluster. While the session
     /// lives the server keeps the key, and a forgotten one would block the queue behind it for
@@ -304,60 +266,30 @@ impl Inner {
             .map_err(|_| Error::new(ErrorKind::Backend, BACKEND, format!("etcd returned revision {fence}")))?;
         let grant =
             Grant::new(key.clone(), token, Fence::new(fence_value), granted, sent_at).with_handle(etcd_key.clone());
-        // The grant's own lost token is the one we fire: the lease watchdog listens to it.
-        self.hold(etcd_key.into_bytes(), fence, sent_at + granted.get(), session, grant.lost_token().clone());
-        Ok(grant)
-    }
-}
-
-/// Gives a grant up when its local deadline passes without an extension (the holder went
-/// silent while this process lives on), or marks it lost when the session dies. Ends
-/// quietly when the grant is released (its entry, and with it the sender, is dropped).
-async fn expire(
-    inner: Weak<Inner>,
-    etcd_key: Vec<u8>,
-    fence: i64,
-    mut deadline: watch::Receiver<Instant>,
-    lost: CancellationToken,
-    session_lost: CancellationToken,
-) {
-    loop {
-        let at = *deadline.borrow_and_update();
-        tokio::select! {
-            changed = deadline.changed() => {
-                if changed.is_err() {
-                    return; // released
-                }
-            }
-            () = session_lost.cancelled() => {
-                lost.cancel();
-                if let Some(inner) = inner.upgrade() {
-                    inner.forget(&etcd_key, fence);
-                }
-                return;
-            }
-            () = sleep_until(at) => {
-                let Some(inner) = inner.upgrade() else { return };
-                {
-                    // Decide under the lock, so an extension that just landed wins.
-                    let mut held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
-                    match held.get(&etcd_key) {
-                        Some(h) if h.fence == fence && *h.deadline.borrow() <= Instant::now() => {
-                            held.remove(&etcd_key);
-                        }
-                        Some(h) if h.fence == fence => continue,
-                        _ => return,
+        // At the local deadline: delete our key (owner-checked), in the background if need be.
+        let give_up: GiveUp = {
+            let (inner, session_lost, key) =
+                (Arc::downgrade(self), session.lost.clone(), etcd_key.clone().into_bytes());
+            Box::new(move || {
+                Box::pin(async move {
+                    let Some(inner) = inner.upgrade() else { return };
+                    if let Err(e) = inner.delete_own(&key, fence).await {
+                        warn!(error = %e, "could not delete an expired lock key; retrying in the background");
+                        inner.abandon(key, session_lost);
                     }
-                }
-                lost.cancel();
-                debug!(key = %String::from_utf8_lossy(&etcd_key), "etcd grant expired locally; giving the lock up");
-                if let Err(e) = inner.delete_own(&etcd_key, fence).await {
-                    warn!(key = %String::from_utf8_lossy(&etcd_key), error = %e, "could not delete an expired lock key; retrying in the background");
-                    inner.abandon(etcd_key, session_lost);
-                }
-                return;
-            }
-        }
+                })
+            })
+        };
+        // The grant's own lost token is the one that fires: the lease watchdog listens to it.
+        self.held.hold(
+            etcd_key,
+            fence_value,
+            sent_at + granted.get(),
+            grant.lost_token().clone(),
+            session.lost.clone(),
+            give_up,
+        );
+        Ok(grant)
     }
 }
 
@@ -535,16 +467,13 @@ impl LockService for EtcdLockService {
     /// the local deadline; the session's keep-alive is what keeps the key on the server.
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         let inner = &self.inner;
-        let etcd_key = self.contender_key(grant.key(), grant.token()).into_bytes();
-        let fence = i64::try_from(grant.fence().get()).unwrap_or(-1);
+        let id = self.contender_key(grant.key(), grant.token());
+        let etcd_key = id.clone().into_bytes();
+        let fence_value = grant.fence().get();
+        let fence = i64::try_from(fence_value).unwrap_or(-1);
         let not_holder =
             || Error::new(ErrorKind::NotHolder, BACKEND, format!("{} is not held by this grant", grant.key()));
-        let holds = {
-            let held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
-            held.get(&etcd_key)
-                .is_some_and(|h| h.fence == fence && !h.lost.is_cancelled() && *h.deadline.borrow() > Instant::now())
-        };
-        if !holds {
+        if !inner.held.holds(&id, fence_value) {
             return Err(not_holder());
         }
         let session = inner.session.lock().await.clone();
@@ -552,28 +481,22 @@ impl LockService for EtcdLockService {
         let sent_at = Instant::now();
         let txn = Txn::new().when([Compare::create_revision(etcd_key.clone(), CompareOp::Equal, fence)]);
         if !inner.txn(txn, "extend", false).await?.succeeded() {
-            if inner.forget(&etcd_key, fence) {
+            if inner.held.forget(&id, fence_value) {
                 warn!(key = %grant.key(), "etcd lock key vanished (session expired?); the grant is lost");
             }
             return Err(not_holder());
         }
         let granted = Inner::cap(&session, ttl, sent_at)?;
-        let held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
-        match held.get(&etcd_key) {
-            Some(h) if h.fence == fence && !h.lost.is_cancelled() => {
-                h.deadline.send_replace(sent_at + granted.get());
-                Ok(granted)
-            }
-            _ => Err(not_holder()),
-        }
+        if inner.held.extend(&id, fence_value, sent_at + granted.get()) { Ok(granted) } else { Err(not_holder()) }
     }
 
     /// Deletes our key if it is still the one created at the grant's fence.
     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
         let inner = &self.inner;
-        let etcd_key = self.contender_key(grant.key(), grant.token()).into_bytes();
+        let id = self.contender_key(grant.key(), grant.token());
+        inner.held.forget(&id, grant.fence().get());
+        let etcd_key = id.into_bytes();
         let fence = i64::try_from(grant.fence().get()).unwrap_or(-1);
-        inner.forget(&etcd_key, fence);
         let deleted = match inner.delete_own(&etcd_key, fence).await {
             Ok(deleted) => deleted,
             Err(e) => {
