@@ -10,14 +10,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{last_json, run, warehouse};
+use common::{Allocator, last_json, run, setup_sku, unique_sku};
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use palisade::dynamodb::{DynamoConfig, DynamoStore};
 use palisade::etcd::{EtcdConfig, EtcdLockService};
 use palisade::redis::RedisLockService;
@@ -67,10 +64,6 @@ fn store_url(tag: &str) -> String {
     format!("dynamodb://wh-{tag}-{}?endpoint={}&region=us-east-1", std::process::id(), endpoint())
 }
 
-fn unique_sku(tag: &str) -> String {
-    format!("{tag}-{}-{}", std::process::id(), Instant::now().elapsed().subsec_nanos())
-}
-
 /// The seed's chaos test with DynamoDB as the store: a real holder process frozen past its TTL
 /// (Redis lock), a second process allocates, the thawed one is refused (exit 3); one decrement,
 /// no duplicate.
@@ -78,18 +71,11 @@ fn unique_sku(tag: &str) -> String {
 fn sigstop_holder_is_refused_by_dynamodb_after_it_thaws() {
     let (lock, store) = (require_env("PALISADE_REDIS_URL"), store_url("stop"));
     let sku = unique_sku("DSTOP");
-    let out = run(&["setup", "--lock", &lock, "--store", &store, "--sku", &sku, "--qty", "10"]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-
-    let mut a = warehouse()
-        .args(["allocate", "--lock", &lock, "--store", &store, "--sku", &sku, "--ttl-ms", "1000", "--think-ms", "3000"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(a.stdout.take().unwrap()).lines();
-    let acquired: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    setup_sku(&lock, &store, &sku, "10");
+    let mut a = Allocator::start(&lock, &store, &sku, 1000, 3000);
+    let acquired = a.next_event();
     assert_eq!(acquired["event"], "acquired");
-    let pid = Pid::from_raw(i32::try_from(a.id()).unwrap());
+    let pid = a.pid();
     kill(pid, Signal::SIGSTOP).unwrap();
     std::thread::sleep(Duration::from_millis(1300));
 
@@ -98,8 +84,8 @@ fn sigstop_holder_is_refused_by_dynamodb_after_it_thaws() {
     assert!(last_json(&b)["fence"].as_u64() > acquired["fence"].as_u64());
 
     kill(pid, Signal::SIGCONT).unwrap();
-    let wrote: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    let status = a.wait().unwrap();
+    let wrote = a.next_event();
+    let status = a.child.wait().unwrap();
     assert_eq!(status.code(), Some(3), "the thawed holder must be refused: {wrote}");
     assert_eq!(wrote["reason"], "stale_fence");
 

@@ -6,14 +6,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{last_json, run, warehouse};
+use common::{Allocator, last_json, run, setup_sku, unique_sku};
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use palisade::etcd::{EtcdConfig, EtcdLockService};
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, ResourceKey, WriteBatch};
@@ -44,42 +41,6 @@ const SESSION_S: u64 = 2;
 
 fn urls() -> (String, String) {
     (format!("{}?session_ttl_s={SESSION_S}", require_env("PALISADE_ETCD_URL")), require_env("PALISADE_POSTGRES_URL"))
-}
-
-fn unique_sku(tag: &str) -> String {
-    format!("{tag}-{}-{}", std::process::id(), Instant::now().elapsed().subsec_nanos())
-}
-
-struct Allocator {
-    child: std::process::Child,
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-}
-
-impl Allocator {
-    fn start(lock: &str, store: &str, sku: &str, ttl_ms: u64, think_ms: u64) -> Self {
-        let mut child = warehouse()
-            .args(["allocate", "--lock", lock, "--store", store, "--sku", sku, "--qty", "1"])
-            .args(["--ttl-ms", &ttl_ms.to_string(), "--think-ms", &think_ms.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        Allocator { child, lines }
-    }
-
-    fn next_event(&mut self) -> serde_json::Value {
-        let line = self.lines.next().expect("allocate said nothing").unwrap();
-        serde_json::from_str(&line).unwrap()
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.child.id()).unwrap())
-    }
-}
-
-fn setup_sku(lock: &str, store: &str, sku: &str, qty: &str) {
-    let out = run(&["setup", "--lock", lock, "--store", store, "--sku", sku, "--qty", qty]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// The seed's chaos test on etcd: a frozen holder stops its keep-alive, the server expires its

@@ -6,19 +6,16 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{last_json, run, warehouse};
+use common::{Allocator, last_json, run, setup_sku, unique_sku};
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::redis::RedisLockService;
 use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, REGRESSION_GAP, ResourceKey, WriteBatch};
 use palisade_conformance::servers::LoopbackServer;
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
-use std::io::{BufRead, BufReader};
 
 fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
     let url = require_env("PALISADE_REDIS_URL");
@@ -40,43 +37,6 @@ palisade_conformance::end_to_end_suite!(redis(), postgres());
 
 fn urls() -> (String, String) {
     (require_env("PALISADE_REDIS_URL"), require_env("PALISADE_POSTGRES_URL"))
-}
-
-fn unique_sku(tag: &str) -> String {
-    format!("{tag}-{}", std::process::id()) + &format!("-{}", Instant::now().elapsed().subsec_nanos())
-}
-
-/// A running `warehouse allocate` whose stdout we read line by line.
-struct Allocator {
-    child: std::process::Child,
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-}
-
-impl Allocator {
-    fn start(lock: &str, store: &str, sku: &str, ttl_ms: u64, think_ms: u64) -> Self {
-        let mut child = warehouse()
-            .args(["allocate", "--lock", lock, "--store", store, "--sku", sku, "--qty", "1"])
-            .args(["--ttl-ms", &ttl_ms.to_string(), "--think-ms", &think_ms.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        Allocator { child, lines }
-    }
-
-    fn next_event(&mut self) -> serde_json::Value {
-        let line = self.lines.next().expect("allocate said nothing").unwrap();
-        serde_json::from_str(&line).unwrap()
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.child.id()).unwrap())
-    }
-}
-
-fn setup_sku(lock: &str, store: &str, sku: &str, qty: &str) {
-    let out = run(&["setup", "--lock", lock, "--store", store, "--sku", sku, "--qty", qty]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// The seed's chaos test: a real holder process is frozen with SIGSTOP past its TTL; a second

@@ -5,19 +5,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 mod common;
+#[path = "common/contention.rs"]
+mod contention;
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{last_json, run, warehouse};
+use common::{Allocator, last_json, run, setup_sku, unique_sku};
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use palisade::DynFencedStore;
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::zookeeper::{ZkConfig, ZkLockService};
-use palisade::{Fence, FencedStore, FencedStoreExt, LockServiceExt, ResourceKey, WriteBatch};
 use palisade_conformance::servers::ZkEnsemble;
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
 
@@ -49,53 +47,25 @@ fn urls() -> (String, String) {
     )
 }
 
-fn unique_sku(tag: &str) -> String {
-    format!("{tag}-{}-{}", std::process::id(), Instant::now().elapsed().subsec_nanos())
-}
-
-fn allocate(
-    lock: &str,
-    store: &str,
-    sku: &str,
-    think_ms: &str,
-) -> (std::process::Child, std::io::Lines<BufReader<std::process::ChildStdout>>) {
-    let mut child = warehouse()
-        .args(["allocate", "--lock", lock, "--store", store, "--sku", sku, "--ttl-ms", "1000", "--think-ms", think_ms])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    (child, lines)
-}
-
-fn event(lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>) -> serde_json::Value {
-    serde_json::from_str(&lines.next().expect("allocate said nothing").unwrap()).unwrap()
-}
-
-fn setup(lock: &str, store: &str, sku: &str) {
-    let out = run(&["setup", "--lock", lock, "--store", store, "--sku", sku, "--qty", "10"]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// A frozen holder stops heartbeating, the ensemble expires its session and deletes its node,
 /// a second process allocates; the thawed one is refused (exit 3).
 #[test]
 fn sigstop_holder_is_refused_after_it_thaws() {
     let (lock, store) = urls();
     let sku = unique_sku("ZSTOP");
-    setup(&lock, &store, &sku);
-    let (mut a, mut lines) = allocate(&lock, &store, &sku, "3000");
-    let acquired = event(&mut lines);
+    setup_sku(&lock, &store, &sku, "10");
+    let mut a = Allocator::start(&lock, &store, &sku, 1000, 3000);
+    let acquired = a.next_event();
     assert_eq!(acquired["event"], "acquired");
-    let pid = Pid::from_raw(i32::try_from(a.id()).unwrap());
+    let pid = a.pid();
     kill(pid, Signal::SIGSTOP).unwrap();
     let b =
         run(&["allocate", "--lock", &lock, "--store", &store, "--sku", &sku, "--ttl-ms", "5000", "--wait-ms", "15000"]);
     assert_eq!(b.status.code(), Some(0), "{}", String::from_utf8_lossy(&b.stderr));
     assert!(last_json(&b)["fence"].as_u64() > acquired["fence"].as_u64());
     kill(pid, Signal::SIGCONT).unwrap();
-    let wrote = event(&mut lines);
-    assert_eq!(a.wait().unwrap().code(), Some(3), "the thawed holder must be refused: {wrote}");
+    let wrote = a.next_event();
+    assert_eq!(a.child.wait().unwrap().code(), Some(3), "the thawed holder must be refused: {wrote}");
     assert_eq!(wrote["reason"], "stale_fence");
     let shown = last_json(&run(&["show", "--store", &store, "--sku", &sku]));
     assert_eq!(shown["qty"], 9, "exactly one decrement: {shown}");
@@ -108,12 +78,12 @@ fn sigstop_holder_is_refused_after_it_thaws() {
 fn sigkill_holder_is_replaced_within_the_session_timeout() {
     let (lock, store) = urls();
     let sku = unique_sku("ZKILL");
-    setup(&lock, &store, &sku);
-    let (mut a, mut lines) = allocate(&lock, &store, &sku, "30000");
-    assert_eq!(event(&mut lines)["event"], "acquired");
+    setup_sku(&lock, &store, &sku, "10");
+    let mut a = Allocator::start(&lock, &store, &sku, 1000, 30_000);
+    assert_eq!(a.next_event()["event"], "acquired");
     let killed = Instant::now();
-    kill(Pid::from_raw(i32::try_from(a.id()).unwrap()), Signal::SIGKILL).unwrap();
-    let _ = a.wait();
+    kill(a.pid(), Signal::SIGKILL).unwrap();
+    let _ = a.child.wait();
     let b =
         run(&["allocate", "--lock", &lock, "--store", &store, "--sku", &sku, "--ttl-ms", "5000", "--wait-ms", "15000"]);
     let took = killed.elapsed();
@@ -121,86 +91,29 @@ fn sigkill_holder_is_replaced_within_the_session_timeout() {
     assert!(took < Duration::from_millis(SESSION_MS + 500 + 3000), "next holder took {took:?}");
 }
 
-#[derive(Debug, Clone)]
-struct Held {
-    from: tokio::time::Instant,
-    until: tokio::time::Instant,
-    fence: Fence,
-    wrote: bool,
-}
-
 /// The ensemble's leader is killed while 4 clients contend for 2 keys and write through
-/// PostgreSQL: no overlapping holds, accepted fences increase, locks usable after the election.
+/// PostgreSQL (`common/contention.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ensemble_leader_killed_under_contention() {
     let mut ensemble = ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), 3).unwrap();
     let url = format!("{}?session_timeout_ms=4000", ensemble.url());
-    let store = Arc::new(PostgresStore::connect(&require_env("PALISADE_POSTGRES_URL")).await.unwrap());
-    let run_id = format!("zkleader{}", std::process::id());
-    let keys: Vec<ResourceKey> = (0..2).map(|i| ResourceKey::new(run_id.clone(), format!("k{i}")).unwrap()).collect();
-    let history: Arc<Mutex<BTreeMap<String, Vec<Held>>>> = Arc::default();
-    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
-    let kill_at = tokio::time::Instant::now() + Duration::from_secs(3);
-    let stop_at = kill_at + Duration::from_secs(10);
-    let mut workers = Vec::new();
-    for w in 0..4 {
-        let locks = Arc::new(ZkLockService::connect(&url).await.unwrap());
-        let (store, history, errors) = (Arc::clone(&store), Arc::clone(&history), Arc::clone(&errors));
-        let key = keys[w % keys.len()].clone();
-        let record = format!("{run_id}/{}", key.id());
-        workers.push(tokio::spawn(async move {
-            while tokio::time::Instant::now() < stop_at {
-                let lease = match locks.lock(&key, Duration::from_secs(2), Duration::from_secs(3)).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        errors.lock().unwrap().push(e.to_string());
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                let from = tokio::time::Instant::now();
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                let wrote = match store
-                    .write(&lease, &WriteBatch::new().put(record.clone(), lease.fence().to_string()))
-                    .await
-                {
-                    Ok(()) => true,
-                    Err(e) => {
-                        errors.lock().unwrap().push(e.to_string());
-                        false
-                    }
-                };
-                let (deadline, fence) = (lease.deadline(), lease.fence());
-                let until = tokio::time::Instant::now().min(deadline);
-                let _ = lease.release().await;
-                history.lock().unwrap().entry(record.clone()).or_default().push(Held { from, until, fence, wrote });
-            }
-        }));
+    let store: Arc<DynFencedStore> =
+        Arc::new(PostgresStore::connect(&require_env("PALISADE_POSTGRES_URL")).await.unwrap());
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(Arc::new(ZkLockService::connect(&url).await.unwrap()));
     }
-    tokio::time::sleep_until(kill_at).await;
-    let leader = ensemble.leader().expect("a leader before the kill");
-    ensemble.kill_member(leader);
-    let killed = tokio::time::Instant::now();
-    for w in workers {
-        w.await.unwrap();
-    }
-    let history = history.lock().unwrap().clone();
-    let errors = errors.lock().unwrap().clone();
-    let mut after = 0;
-    for (record, mut grants) in history {
-        grants.sort_by_key(|g| g.from);
-        for pair in grants.windows(2) {
-            assert!(pair[1].from >= pair[0].until, "{record}: two holders at once: {:?} and {:?}", pair[0], pair[1]);
-        }
-        let written: Vec<u64> = grants.iter().filter(|g| g.wrote).map(|g| g.fence.get()).collect();
-        assert!(written.windows(2).all(|w| w[1] > w[0]), "{record}: accepted fences not increasing: {written:?}");
-        after += grants.iter().filter(|g| g.wrote && g.from > killed + Duration::from_secs(5)).count();
-        let last = store.read(&record).await.unwrap().unwrap();
-        assert_eq!(String::from_utf8(last.value).unwrap(), written.last().unwrap().to_string());
-    }
-    assert!(after > 0, "no lock was usable after the election (errors: {errors:?})");
+    let ensemble = &mut ensemble;
+    let run = format!("zkleader{}", std::process::id());
+    let (killed, after, errors) =
+        contention::leader_killed_under_contention(clients, store, &run, move || async move {
+            let leader = ensemble.leader().expect("a leader before the kill");
+            ensemble.kill_member(leader);
+            format!("server {}", leader + 1)
+        })
+        .await;
     eprintln!(
-        "leader {leader} killed; {after} writes after the election; {} errors meanwhile: {errors:?}",
+        "leader {killed} killed; {after} writes after the election; {} errors meanwhile: {errors:?}",
         errors.len()
     );
 }

@@ -40,3 +40,47 @@ pub fn last_json(out: &Output) -> Value {
         stdout.lines().last().unwrap_or_else(|| panic!("no stdout; stderr: {}", String::from_utf8_lossy(&out.stderr)));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {line}"))
 }
+
+/// A SKU name no other test (or earlier run against the same servers) uses.
+pub fn unique_sku(tag: &str) -> String {
+    format!("{tag}-{}-{}", std::process::id(), std::time::Instant::now().elapsed().subsec_nanos())
+}
+
+/// `warehouse setup` of `sku` with `qty` units; the command must succeed.
+pub fn setup_sku(lock: &str, store: &str, sku: &str, qty: &str) {
+    let out = run(&["setup", "--lock", lock, "--store", store, "--sku", sku, "--qty", qty]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A running `warehouse allocate` whose stdout we read line by line (the chaos tests freeze
+/// and kill it).
+pub struct Allocator {
+    pub child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Allocator {
+    /// Starts `allocate --qty 1` of `sku` with a TTL and a think time.
+    pub fn start(lock: &str, store: &str, sku: &str, ttl_ms: u64, think_ms: u64) -> Self {
+        use std::io::BufRead;
+        let mut child = warehouse()
+            .args(["allocate", "--lock", lock, "--store", store, "--sku", sku, "--qty", "1"])
+            .args(["--ttl-ms", &ttl_ms.to_string(), "--think-ms", &think_ms.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        Allocator { child, lines }
+    }
+
+    /// The next JSON event it prints.
+    pub fn next_event(&mut self) -> Value {
+        let line = self.lines.next().expect("allocate said nothing").unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// Its process id, for signals.
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap())
+    }
+}
