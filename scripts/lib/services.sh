@@ -174,7 +174,7 @@ start_etcd() {
     --initial-cluster "n1=http://127.0.0.1:$peer" --initial-cluster-state new \
     --heartbeat-interval 50 --election-timeout 300 </dev/null >"$dir/etcd.log" 2>&1 &
   svc_record_pid "$!" etcd
-  svc_wait "etcd" 200 sh -c "curl -s http://127.0.0.1:$port/health | grep -q '\"health\":\"true\"'"
+  svc_wait "etcd" 200 sh -c "curl -s -m 2 http://127.0.0.1:$port/health | grep -q '\"health\":\"true\"'"
   echo "$port" >"$dir/port"
   svc_log "etcd on 127.0.0.1:$port"
   export PALISADE_ETCD_URL="etcd://127.0.0.1:$port"
@@ -197,7 +197,7 @@ start_dynamodb() {
   # One request at a time: see scripts/lib/moto_serial.py for why.
   python3 "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py" 127.0.0.1 "$port" </dev/null >"$dir/moto.log" 2>&1 &
   svc_record_pid "$!" dynamodb
-  svc_wait "dynamodb (moto)" 400 sh -c "curl -sf -o /dev/null http://127.0.0.1:$port/moto-api/"
+  svc_wait "dynamodb (moto)" 400 sh -c "curl -sf -m 2 -o /dev/null http://127.0.0.1:$port/moto-api/"
   echo "$port" >"$dir/port"
   svc_log "dynamodb (moto) on 127.0.0.1:$port"
   export PALISADE_DYNAMODB_ENDPOINT="http://127.0.0.1:$port"
@@ -228,7 +228,8 @@ CFG
   java -Xms32m -Xmx256m -XX:+UseSerialGC -cp "$PALISADE_ZK_CLASSPATH" -Dzookeeper.log.dir="$dir" \
     org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" </dev/null >"$dir/zk.log" 2>&1 &
   svc_record_pid "$!" zookeeper
-  svc_wait "zookeeper" 400 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port && printf ruok >&3 && grep -q imok <&3"
+  # timeout: a server that accepted but has not started serving may never answer or close.
+  svc_wait "zookeeper" 400 timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port && printf ruok >&3 && grep -q imok <&3"
   echo "$port" >"$dir/port"
   svc_log "zookeeper on 127.0.0.1:$port"
   export PALISADE_ZK_URL="zk://127.0.0.1:$port"

@@ -73,12 +73,21 @@ async fn an_expired_session_never_passes_its_node_off_as_a_new_sessions() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     // Expire A's session the classic way: a second client joins it and closes it.
     let a_client = a.client().await.unwrap();
-    let hijack = palisade_zookeeper::zookeeper_client::Client::connector()
-        .with_session(a_client.session().clone())
-        .connect(&require_env("PALISADE_ZK_URL").replacen("zk://", "", 1))
-        .await
-        .unwrap();
-    drop(hijack);
+    let server = require_env("PALISADE_ZK_URL").replacen("zk://", "", 1);
+    let mut hijack = None;
+    for _ in 0..5 {
+        // A loaded machine can make the join slow: be patient, and try again.
+        let joined = palisade_zookeeper::zookeeper_client::Client::connector()
+            .with_session(a_client.session().clone())
+            .with_connection_timeout(Duration::from_secs(5))
+            .connect(&server)
+            .await;
+        if let Ok(client) = joined {
+            hijack = Some(client);
+            break;
+        }
+    }
+    drop(hijack.expect("could not join A's session"));
     let lease = waiter.await.unwrap().unwrap();
     assert!(lease.fence() > held.fence(), "waiter fence {} vs expired holder {}", lease.fence(), held.fence());
     tokio::time::timeout(Duration::from_secs(5), held.lost_token().cancelled()).await.expect("A's grant must be lost");
