@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use palisade_core::{DynFencedStore, DynLockService, Error, ErrorKind, Result};
+use palisade_core::{
+    Capabilities, DynFencedStore, DynLockService, DynUnfencedLockService, Error, ErrorKind, LockService, Result,
+};
 
 const BACKEND: &str = "palisade";
 
@@ -18,7 +20,7 @@ struct Scheme {
 const LOCK_SCHEMES: &[Scheme] = &[
     Scheme { names: &["memory"], feature: "memory", enabled: cfg!(feature = "memory"), shipped: true },
     Scheme { names: &["redis", "rediss"], feature: "redis", enabled: cfg!(feature = "redis"), shipped: true },
-    Scheme { names: &["redlock"], feature: "redlock", enabled: false, shipped: false },
+    Scheme { names: &["redlock"], feature: "redlock", enabled: cfg!(feature = "redlock"), shipped: true },
     Scheme { names: &["etcd", "etcds"], feature: "etcd", enabled: cfg!(feature = "etcd"), shipped: true },
     Scheme { names: &["zk"], feature: "zookeeper", enabled: cfg!(feature = "zookeeper"), shipped: true },
 ];
@@ -86,6 +88,9 @@ fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
 /// | `etcd://[user:pass@]host:port[,host:port…][?session_ttl_s=N]`, `etcds://…` | `palisade_etcd::EtcdLockService` (feature `etcd`, `etcd-tls` for TLS) |
 /// | `zk://[user:pass@]host:port[,host:port…][/chroot][?session_timeout_ms=N]` | `palisade_zookeeper::ZkLockService` (feature `zookeeper`) |
 ///
+/// `redlock://…` issues no fence, so it is refused here ([`ErrorKind::Unsupported`], before
+/// any connection): connect it with [`connect_any_lock`].
+///
 /// Errors: a malformed URL or unknown scheme is [`ErrorKind::InvalidConfig`]; a scheme whose
 /// cargo feature is off is [`ErrorKind::Unsupported`] and names the feature.
 pub async fn connect_lock(url: &str) -> Result<Arc<DynLockService>> {
@@ -100,7 +105,97 @@ pub async fn connect_lock(url: &str) -> Result<Arc<DynLockService>> {
         "etcd" | "etcds" => Ok(Arc::new(palisade_etcd::EtcdLockService::connect(url).await?)),
         #[cfg(feature = "zookeeper")]
         "zk" => Ok(Arc::new(palisade_zookeeper::ZkLockService::connect(url).await?)),
+        "redlock" => Err(unfenced_refused(scheme)),
         _ => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("scheme `{scheme}` is not wired"))),
+    }
+}
+
+fn unfenced_refused(scheme: &str) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        BACKEND,
+        format!(
+            "`{scheme}` issues no fence, so it cannot protect fenced writes; connect it with connect_any_lock (an efficiency lock)"
+        ),
+    )
+}
+
+/// A lock service connected by URL, fenced or not: what [`connect_any_lock`] returns.
+///
+/// Code that needs fences matches on [`Fenced`](AnyLockService::Fenced) (or calls
+/// [`fenced`](AnyLockService::fenced)); code that compares backends, or only wants an
+/// efficiency lock, handles both.
+#[derive(Clone)]
+pub enum AnyLockService {
+    /// A service whose grants carry fences (every backend but Redlock).
+    Fenced(Arc<DynLockService>),
+    /// An efficiency lock without fences (Redlock): its leases cannot feed a fenced store.
+    Unfenced(Arc<DynUnfencedLockService>),
+}
+
+impl AnyLockService {
+    /// The backend's short name (`"redis"`, `"redlock"`).
+    pub fn backend(&self) -> &'static str {
+        match self {
+            AnyLockService::Fenced(s) => s.backend(),
+            AnyLockService::Unfenced(s) => s.backend(),
+        }
+    }
+
+    /// What the service declares.
+    pub fn capabilities(&self) -> Capabilities {
+        match self {
+            AnyLockService::Fenced(s) => s.capabilities(),
+            AnyLockService::Unfenced(s) => s.capabilities(),
+        }
+    }
+
+    /// Whether its grants carry fences.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, AnyLockService::Fenced(_))
+    }
+
+    /// The fenced service, or [`ErrorKind::Unsupported`] for an unfenced one.
+    pub fn fenced(self) -> Result<Arc<DynLockService>> {
+        match self {
+            AnyLockService::Fenced(s) => Ok(s),
+            AnyLockService::Unfenced(s) => Err(unfenced_refused(s.backend())),
+        }
+    }
+}
+
+impl std::fmt::Debug for AnyLockService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.is_fenced() { "Fenced" } else { "Unfenced" };
+        f.debug_tuple(kind).field(&self.backend()).finish()
+    }
+}
+
+/// Connects to any lock service by URL: the schemes of [`connect_lock`], plus the unfenced
+/// ones.
+///
+/// | URL | service |
+/// |---|---|
+/// | `redlock://[user:pass@]host:port[,host:port…][/db][?node_timeout_ms=N&drift_factor=F&drift_ms=N&retry_delay_ms=N]` | `palisade_redlock::RedlockService` (feature `redlock`), [`AnyLockService::Unfenced`] |
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> palisade::Result<()> {
+/// let locks = palisade::connect_any_lock("memory://").await?;
+/// assert!(locks.is_fenced());
+/// let fenced = locks.fenced()?; // what connect_lock would have returned
+/// # let _ = fenced;
+/// # Ok(()) }
+/// ```
+///
+/// Errors: as for [`connect_lock`].
+pub async fn connect_any_lock(url: &str) -> Result<AnyLockService> {
+    let scheme = scheme_of(url)?;
+    check_scheme("lock service", scheme, LOCK_SCHEMES)?;
+    match scheme.to_ascii_lowercase().as_str() {
+        #[cfg(feature = "redlock")]
+        "redlock" => Ok(AnyLockService::Unfenced(Arc::new(palisade_redlock::RedlockService::connect(url).await?))),
+        _ => Ok(AnyLockService::Fenced(connect_lock(url).await?)),
     }
 }
 
@@ -191,10 +286,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn unshipped_backends_are_unsupported_and_named() {
-        let err = connect_lock("redlock://127.0.0.1:6379").await.err().expect("redlock");
+    async fn redlock_is_never_a_fenced_service() {
+        // Refused before connecting: nothing listens on port 1.
+        let err = connect_lock("redlock://127.0.0.1:1").await.err().expect("redlock");
         assert_eq!(err.kind(), ErrorKind::Unsupported);
-        assert!(err.to_string().contains("`redlock`"), "{err}");
+        let wanted = if cfg!(feature = "redlock") { "connect_any_lock" } else { "cargo feature `redlock`" };
+        assert!(err.to_string().contains(wanted), "{err}");
+        #[cfg(feature = "memory")]
+        {
+            let any = connect_any_lock("memory://").await.unwrap();
+            assert!(any.is_fenced() && any.backend() == "memory", "{any:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn disabled_backends_are_unsupported_and_named() {
         if !cfg!(feature = "etcd") {
             let err = connect_lock("etcd://127.0.0.1:2379").await.err().expect("etcd");
             assert_eq!(err.kind(), ErrorKind::Unsupported);

@@ -15,6 +15,7 @@
 //! | `sqlite` | yes | `sqlite://PATH`, `sqlite::memory:` fenced store (`palisade::sqlite`) |
 //! | `redis` | no | `redis://` lock service (`palisade::redis`); `redis-tls` adds `rediss://` |
 //! | `postgres` | no | `postgres://` fenced store (`palisade::postgres`) |
+//! | `redlock` | no | `redlock://h1:p1,h2:p2,…` (`palisade::redlock`): an efficiency lock without fences, via [`connect_any_lock`] |
 //! | `etcd` | no | `etcd://` lock service (`palisade::etcd`; needs `protoc` to build); `etcd-tls` adds `etcds://` |
 //! | `zookeeper` | no | `zk://` lock service (`palisade::zookeeper`) |
 //! | `dynamodb` | no | `dynamodb://TABLE` fenced store (`palisade::dynamodb`; the AWS SDK) |
@@ -41,7 +42,7 @@
 
 mod connect;
 
-pub use connect::{connect_lock, connect_store};
+pub use connect::{AnyLockService, connect_any_lock, connect_lock, connect_store};
 pub use palisade_core::*;
 
 /// The embedded SQLite fenced store.
@@ -55,6 +56,10 @@ pub use palisade_redis as redis;
 /// The PostgreSQL fenced store.
 #[cfg(feature = "postgres")]
 pub use palisade_postgres as postgres;
+
+/// The Redlock lock service (no fence: an efficiency lock).
+#[cfg(feature = "redlock")]
+pub use palisade_redlock as redlock;
 
 /// The etcd lock service.
 #[cfg(feature = "etcd")]
@@ -71,7 +76,7 @@ pub use palisade_dynamodb as dynamodb;
 /// The names most programs need: `use palisade::prelude::*;`.
 pub mod prelude {
     pub use palisade_core::{
-        DynFencedStore, DynLockService, Error, ErrorKind, Fence, FencedStore, FencedStoreExt, Lease, LockService,
-        LockServiceExt, Progress, ResourceKey, WriteBatch,
+        DynFencedStore, DynLockService, DynUnfencedLockService, Error, ErrorKind, Fence, FencedStore, FencedStoreExt,
+        Lease, LockService, LockServiceExt, Progress, ResourceKey, WriteBatch,
     };
 }

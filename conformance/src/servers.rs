@@ -134,6 +134,11 @@ impl LoopbackServer {
         self.port
     }
 
+    /// The process id, while it runs (to freeze it with `SIGSTOP`, say).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Its data directory.
     pub fn dir(&self) -> &Path {
         &self.dir

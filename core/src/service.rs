@@ -135,6 +135,10 @@ pub trait LockService: Send + Sync + 'static {
 /// A fenced lock service behind a pointer: what `palisade::connect_lock` returns.
 pub type DynLockService = dyn LockService<Fencing = Fenced>;
 
+/// An unfenced lock service (an efficiency lock such as Redlock) behind a pointer. Its leases
+/// have no fence and cannot feed a [`FencedStore`](crate::FencedStore).
+pub type DynUnfencedLockService = dyn LockService<Fencing = crate::Unfenced>;
+
 #[async_trait]
 impl<S: LockService + ?Sized> LockService for Arc<S> {
     type Fencing = S::Fencing;

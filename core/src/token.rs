@@ -46,12 +46,24 @@ impl OwnerToken {
     }
 }
 
+impl OwnerToken {
+    /// The 32 lowercase hex digits as bytes, without allocating (what backends send to a
+    /// server on every request; `to_string()` gives the same text).
+    pub fn to_hex(&self) -> [u8; 32] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, b) in self.0.iter().enumerate() {
+            out[2 * i] = DIGITS[usize::from(b >> 4)];
+            out[2 * i + 1] = DIGITS[usize::from(b & 0x0f)];
+        }
+        out
+    }
+}
+
 impl fmt::Display for OwnerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        let hex = self.to_hex();
+        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -73,6 +85,8 @@ mod tests {
         assert_ne!(a, b);
         let hex = a.to_string();
         assert_eq!(hex.len(), 32);
+        assert_eq!(hex.as_bytes(), a.to_hex());
+        assert_eq!(OwnerToken::from_bytes([0xab; 16]).to_string(), "ab".repeat(16));
         assert_eq!(OwnerToken::parse_hex(&hex).unwrap(), a);
         assert!(OwnerToken::parse_hex("zz").is_err());
         assert!(OwnerToken::parse_hex(&"é".repeat(16)).is_err());

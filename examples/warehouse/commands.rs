@@ -53,6 +53,13 @@ pub async fn connect(cli: &Cli) -> Result<(Arc<DynLockService>, Arc<DynFencedSto
     Ok((locks, store))
 }
 
+/// For `simulate`, which also runs on an unfenced lock (Redlock) to show what it lets through.
+pub async fn connect_any(cli: &Cli) -> Result<(palisade::AnyLockService, Arc<DynFencedStore>), AppError> {
+    let locks = palisade::connect_any_lock(&cli.lock).await?;
+    let store = palisade::connect_store(&cli.store).await?;
+    Ok((locks, store))
+}
+
 pub async fn run(cli: Cli) -> Result<ExitCode, AppError> {
     match &cli.command {
         Command::Simulate(args) => simulate::run(&cli, args).await,

@@ -131,9 +131,11 @@ impl Warehouse {
     /// Fenced: the write carries the lease's fence and, in the same atomic batch, the
     /// conditions "stock is still what I read" and "job not yet done" (fencing rule 3). A
     /// condition that fails because another write slipped in is re-read and retried.
-    pub async fn allocate(
+    ///
+    /// An unfenced lease (Redlock) can only run `Mode::Unfenced`; `Mode::Fenced` refuses it.
+    pub async fn allocate<S: LockService + ?Sized>(
         &self,
-        lease: &Lease<DynLockService>,
+        lease: &Lease<S>,
         mode: Mode,
         order: &Order<'_>,
         pause: Duration,
@@ -142,6 +144,15 @@ impl Warehouse {
         let inventory_key = self.inventory_key(sku);
         let done_key = self.done_key(job);
         let audit_key = format!("{}{job}/{attempt}", self.audit_prefix());
+        let fence = lease.fence_if_any();
+        if mode == Mode::Fenced && fence.is_none() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "warehouse",
+                format!("the {} lock issues no fence: a fenced allocation needs one", lease.service().backend()),
+            ));
+        }
+        let fence_text = fence.map_or_else(|| "none".to_string(), |f| f.to_string());
         let mut paused = false;
         for _ in 0..=MAX_CONFLICT_RETRIES {
             if self.store.read(&done_key).await?.is_some() {
@@ -158,17 +169,17 @@ impl Warehouse {
                 paused = true;
                 tokio::time::sleep(pause).await;
             }
-            let audit_value = format!("sku={sku} qty={n} fence={}", lease.fence());
-            let result = match mode {
-                Mode::Fenced => {
+            let audit_value = format!("sku={sku} qty={n} fence={fence_text}");
+            let result = match (mode, fence) {
+                (Mode::Fenced, Some(fence)) => {
                     let batch = WriteBatch::new()
                         .check(inventory_key.clone(), Some(record.value.clone()))
                         .put(inventory_key.clone(), (available - n).to_string())
                         .create(done_key.clone(), attempt.as_bytes().to_vec())
                         .put(audit_key.clone(), audit_value.into_bytes());
-                    self.store.write(lease, &batch).await
+                    self.store.write_fenced(lease.key(), fence, &batch).await
                 }
-                Mode::Unfenced => {
+                (Mode::Unfenced, _) | (Mode::Fenced, None) => {
                     let batch = WriteBatch::new()
                         .put(inventory_key.clone(), (available - n).to_string())
                         .put(done_key.clone(), attempt.as_bytes().to_vec())

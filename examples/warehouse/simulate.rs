@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use palisade::prelude::*;
-use palisade::{CancellationToken, DynLockService};
+use palisade::{AnyLockService, CancellationToken};
 use serde_json::json;
 use tokio::sync::{Mutex, mpsc};
 use tokio::time::Instant;
 
 use crate::cli::{Cli, SimulateArgs};
-use crate::commands::{AppError, connect};
+use crate::commands::{AppError, connect_any};
 use crate::inventory::{Mode, Order, Outcome, Warehouse};
 
 #[derive(Debug, Clone, Copy)]
@@ -42,9 +42,9 @@ struct Counters {
     in_flight: AtomicU64,
 }
 
-struct Sim {
+struct Sim<L: LockService + ?Sized> {
     args: Settings,
-    locks: Arc<DynLockService>,
+    locks: Arc<L>,
     warehouse: Warehouse,
     run_id: String,
     queue: mpsc::UnboundedSender<Delivery>,
@@ -79,7 +79,27 @@ pub async fn run(cli: &Cli, args: &SimulateArgs) -> Result<ExitCode, AppError> {
     if settings.pause_every > 0 && settings.pause <= settings.ttl {
         eprintln!("warehouse: note: --pause-ms is not longer than --ttl-ms, so pauses will not outlive leases");
     }
-    let (locks, store) = connect(cli).await?;
+    let (locks, store) = connect_any(cli).await?;
+    match locks {
+        AnyLockService::Fenced(locks) => run_with(args, settings, locks, store).await,
+        AnyLockService::Unfenced(locks) => {
+            if settings.mode == Mode::Fenced {
+                eprintln!(
+                    "warehouse: note: the {} lock issues no fence, so this run is unfenced (as with --unfenced)",
+                    locks.backend()
+                );
+            }
+            run_with(args, Settings { mode: Mode::Unfenced, ..settings }, locks, store).await
+        }
+    }
+}
+
+async fn run_with<L: LockService + ?Sized>(
+    args: &SimulateArgs,
+    settings: Settings,
+    locks: Arc<L>,
+    store: Arc<DynFencedStore>,
+) -> Result<ExitCode, AppError> {
     let run_id = palisade::OwnerToken::generate()?.to_string()[..8].to_string();
     let warehouse = Warehouse::new(store, format!("sim/{run_id}"));
     let initial = i64::try_from(settings.jobs).unwrap_or(i64::MAX);
@@ -151,7 +171,7 @@ struct Queues {
     redelivered: mpsc::UnboundedReceiver<Delivery>,
 }
 
-async fn worker(sim: Arc<Sim>, rx: Arc<Mutex<Queues>>, stop: CancellationToken, id: u32) {
+async fn worker<L: LockService + ?Sized>(sim: Arc<Sim<L>>, rx: Arc<Mutex<Queues>>, stop: CancellationToken, id: u32) {
     loop {
         let delivery = {
             let mut rx = rx.lock().await;
@@ -181,7 +201,7 @@ fn job_index(job: u64) -> usize {
 }
 
 /// The visibility timeout: unacknowledged after one TTL, the job goes back on the queue.
-fn arm_redelivery(sim: &Arc<Sim>, delivery: Delivery, acked: Arc<AtomicBool>) {
+fn arm_redelivery<L: LockService + ?Sized>(sim: &Arc<Sim<L>>, delivery: Delivery, acked: Arc<AtomicBool>) {
     let sim = Arc::clone(sim);
     tokio::spawn(async move {
         tokio::time::sleep(sim.args.ttl).await;
@@ -192,7 +212,7 @@ fn arm_redelivery(sim: &Arc<Sim>, delivery: Delivery, acked: Arc<AtomicBool>) {
     });
 }
 
-async fn process(sim: &Sim, delivery: Delivery, worker: u32) {
+async fn process<L: LockService + ?Sized>(sim: &Sim<L>, delivery: Delivery, worker: u32) {
     let sku = sku_name(u32::try_from(delivery.job % u64::from(sim.args.skus)).unwrap_or(0));
     let key = match ResourceKey::new("alloc", format!("{}.{sku}", sim.run_id)) {
         Ok(key) => key,
@@ -220,7 +240,8 @@ async fn process(sim: &Sim, delivery: Delivery, worker: u32) {
             Duration::ZERO
         };
     let job = format!("job-{:09}", delivery.job);
-    let attempt = format!("a{}-w{worker}-f{}", delivery.attempt, lease.fence());
+    let fence = lease.fence_if_any().map_or_else(|| "none".to_string(), |f| f.to_string());
+    let attempt = format!("a{}-w{worker}-f{fence}", delivery.attempt);
     let order = Order { sku: &sku, job: &job, attempt: &attempt, qty: 1 };
     let outcome = sim.warehouse.allocate(&lease, sim.args.mode, &order, pause).await;
     let finished = match outcome {
@@ -247,7 +268,7 @@ async fn process(sim: &Sim, delivery: Delivery, worker: u32) {
     let _ = lease.release().await; // NotHolder after a pause is expected
 }
 
-async fn report(sim: &Sim, elapsed: Duration) -> Result<serde_json::Value, AppError> {
+async fn report<L: LockService + ?Sized>(sim: &Sim<L>, elapsed: Duration) -> Result<serde_json::Value, AppError> {
     let audit = sim.warehouse.audit(None).await?;
     let allocations: usize = audit.values().sum();
     let duplicates = audit.values().filter(|&&n| n > 1).count();

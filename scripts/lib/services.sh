@@ -61,6 +61,18 @@ start_redis() {
   if [ "$name" = redis ]; then export PALISADE_REDIS_URL="redis://127.0.0.1:$port"; fi
 }
 
+# start_redlock: five independent Redis masters (no persistence, no replication) for the
+# Redlock tests. Exports PALISADE_REDLOCK_URL=redlock://127.0.0.1:P1,…,127.0.0.1:P5.
+start_redlock() {
+  local hosts="" port i
+  for i in 1 2 3 4 5; do
+    port=$(svc_free_port)
+    svc_redis_server "redlock$i" "$port" "redis-cli -p $port ping" --port "$port"
+    hosts="${hosts:+$hosts,}127.0.0.1:$port"
+  done
+  export PALISADE_REDLOCK_URL="redlock://$hosts"
+}
+
 # svc_redis_server NAME PORT READY-COMMAND redis-server-args...: starts and waits for readiness.
 svc_redis_server() {
   local name=$1 port=$2 ready=$3
