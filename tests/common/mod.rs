@@ -11,23 +11,26 @@ use serde_json::Value;
 /// The warehouse example binary, built once per test binary with every feature (as the test
 /// command builds everything), so a filtered `cargo test --test X` never runs a stale binary.
 pub fn warehouse() -> Command {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    let bin = BIN.get_or_init(|| {
+    example("warehouse")
+}
+
+/// An example binary by name, built once per test binary with every feature.
+pub fn example(name: &str) -> Command {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
         let exe = std::env::current_exe().expect("test exe path");
         let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let mut build = Command::new(env!("CARGO"));
-        build
-            .args(["build", "--quiet", "--all-features", "--example", "warehouse"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        build.args(["build", "--quiet", "--all-features", "--examples"]).current_dir(env!("CARGO_MANIFEST_DIR"));
         if release {
             build.arg("--release");
         }
         let status = build.status().expect("run cargo build");
-        assert!(status.success(), "building the warehouse example failed");
-        profile_dir.join("examples").join(format!("warehouse{}", std::env::consts::EXE_SUFFIX))
+        assert!(status.success(), "building the examples failed");
+        profile_dir.join("examples")
     });
-    Command::new(bin)
+    Command::new(dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX)))
 }
 
 pub fn run(args: &[&str]) -> Output {

@@ -1,0 +1,146 @@
+//! # Metrics: the warehouse simulation, watched through Prometheus `/metrics`
+//!
+//! ```sh
+//! cargo run --example metrics                        # serves http://127.0.0.1:9898/metrics
+//! cargo run --example metrics -- --serve-secs 300    # keep serving after the run, to scrape it
+//! ```
+//!
+//! It installs the `metrics-exporter-prometheus` recorder with an HTTP listener on localhost,
+//! runs the warehouse simulation (the seed's incident: holders paused past their TTL), prints the
+//! lock metrics it scraped from its own `/metrics`, and keeps serving for `--serve-secs`.
+//!
+//! **What goes wrong without a fence, and what to watch.** The paused holders' stale writes are
+//! refused by the store and counted in `lock_fence_rejected_total{store}`; their leases show up in
+//! `lock_lost_total{backend}`. A sustained non-zero rate of either means TTLs are too tight for the
+//! work (or the work slowed down): alert on it. Acquisition latency and outcomes are in
+//! `lock_acquire_duration_seconds` and `lock_acquire_total{outcome}`.
+
+#[allow(dead_code)]
+#[path = "../warehouse/cli.rs"]
+mod cli;
+#[allow(dead_code)]
+#[path = "../warehouse/commands.rs"]
+mod commands;
+#[allow(dead_code)]
+#[path = "../warehouse/inventory.rs"]
+mod inventory;
+#[allow(dead_code)]
+#[path = "../warehouse/simulate.rs"]
+mod simulate;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use serde_json::json;
+
+/// The warehouse simulation with a Prometheus endpoint.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Lock service URL.
+    #[arg(long, default_value = "memory://")]
+    lock: String,
+    /// Fenced store URL.
+    #[arg(long, default_value = "sqlite::memory:")]
+    store: String,
+    /// Where to serve `/metrics` (localhost only by default).
+    #[arg(long, default_value = "127.0.0.1:9898")]
+    listen: SocketAddr,
+    /// Allocation jobs to simulate.
+    #[arg(long, default_value_t = 400)]
+    jobs: u64,
+    /// Lock TTL in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    ttl_ms: u64,
+    /// Keep serving `/metrics` this long after the run.
+    #[arg(long, default_value_t = 0)]
+    serve_secs: u64,
+}
+
+/// `GET /metrics` from our own listener, over plain TCP (no HTTP client needed).
+fn scrape(addr: SocketAddr) -> std::io::Result<String> {
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    conn.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+    let mut body = String::new();
+    conn.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+/// The sum of a counter's samples over all label sets.
+fn total(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Err(e) = metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(args.listen).install() {
+        eprintln!("metrics: cannot serve {}: {e}", args.listen);
+        return ExitCode::from(1);
+    }
+    println!("serving http://{}/metrics", args.listen);
+    let jobs = args.jobs.to_string();
+    let ttl = args.ttl_ms.to_string();
+    let argv = [
+        "warehouse",
+        "--lock",
+        &args.lock,
+        "--store",
+        &args.store,
+        "simulate",
+        "--jobs",
+        &jobs,
+        "--ttl-ms",
+        &ttl,
+        "--json",
+    ];
+    let cli = match cli::Cli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        Err(e) => return cli::usage_error(e),
+    };
+    let cli::Command::Simulate(sim) = &cli.command else { return ExitCode::from(2) };
+    match simulate::run(&cli, sim).await {
+        Ok(code) if code == ExitCode::SUCCESS => {}
+        Ok(code) => return code,
+        Err(e) => {
+            eprintln!("metrics: {e}");
+            return ExitCode::from(commands::exit_code_for(&e));
+        }
+    }
+    let body = match tokio::task::spawn_blocking(move || scrape(args.listen)).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
+            eprintln!("metrics: cannot scrape our own /metrics: {e}");
+            return ExitCode::from(1);
+        }
+        Err(e) => {
+            eprintln!("metrics: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    for line in body.lines().filter(|l| l.starts_with("lock_")) {
+        println!("  {line}");
+    }
+    if args.serve_secs > 0 {
+        println!("serving /metrics for {} s more", args.serve_secs);
+        tokio::time::sleep(Duration::from_secs(args.serve_secs)).await;
+    }
+    println!(
+        "{}",
+        json!({
+            "example": "metrics",
+            "metrics_url": format!("http://{}/metrics", args.listen),
+            "lock_fence_rejected_total": total(&body, "lock_fence_rejected_total"),
+            "lock_lost_total": total(&body, "lock_lost_total"),
+            "lock_acquire_total": total(&body, "lock_acquire_total"),
+        })
+    );
+    ExitCode::SUCCESS
+}

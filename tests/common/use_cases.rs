@@ -1,0 +1,72 @@
+//! Runs each use-case example on a lock service and store, and checks the guarantee it
+//! demonstrates (from the JSON line it ends with). Included by `examples.rs` (embedded default)
+//! and `examples_servers.rs` (Redis / etcd with PostgreSQL).
+
+use serde_json::Value;
+
+use crate::common::{example, last_json};
+
+/// Runs example `name` with `--lock`/`--store` (none: the embedded default) and extra flags.
+fn run_example(name: &str, backend: Option<(&str, &str)>, extra: &[&str]) -> Value {
+    let mut cmd = example(name);
+    if let Some((lock, store)) = backend {
+        cmd.args(["--lock", lock, "--store", store]);
+    }
+    let out = cmd.args(extra).output().expect("spawn example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{name} failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let json = last_json(&out);
+    assert_eq!(json["example"], name, "{json}");
+    json
+}
+
+pub fn nightly_aggregation(backend: Option<(&str, &str)>, extra: &[&str]) {
+    let r = run_example("nightly-aggregation", backend, extra);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["first_tick_runners"], 1, "exactly one scheduler runs at midnight: {r}");
+    assert_eq!(r["first_tick_skipped"], 3, "{r}");
+    assert_eq!(r["runs"], 2, "the frozen runner and the one that resumed: {r}");
+    assert_eq!(r["stale_writes_refused"], 1, "the frozen runner's late ack: {r}");
+    assert_eq!(r["result"], r["expected"], "{r}");
+    assert!(r["result_fence"].as_u64().is_some_and(|f| f > 0), "{r}");
+}
+
+pub fn cache_refresh(backend: Option<(&str, &str)>, extra: &[&str]) {
+    let r = run_example("cache-refresh", backend, extra);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["cold_origin_fetches"], 1, "single flight: {r}");
+    assert_eq!(r["cold_waited"], 15, "the other readers waited for the result: {r}");
+    assert!(r["served_stale"].as_u64().unwrap() > 0, "readers served stale during the refresh: {r}");
+    assert_eq!(r["stale_refresh_refused"], 1, "{r}");
+    assert_eq!(r["final_version"], 3, "the newer refresh stays: {r}");
+}
+
+pub fn invoice_numbering(backend: Option<(&str, &str)>, extra: &[&str]) {
+    let r = run_example("invoice-numbering", backend, extra);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["invoices"], 40, "{r}");
+    assert_eq!(r["gaps"], 0, "{r}");
+    assert_eq!(r["orders_invoiced_twice"], 0, "{r}");
+    assert_eq!(r["stale_refused"], 2, "both frozen workers were refused: {r}");
+}
+
+pub fn outbox_relay(backend: Option<(&str, &str)>, extra: &[&str]) {
+    let r = run_example("outbox-relay", backend, extra);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["published"], r["rows"], "{r}");
+    assert_eq!(r["double_published"], 0, "{r}");
+    assert!(r["lost_signal_stops"].as_u64().unwrap() >= 1, "the lost signal stopped a hung relay: {r}");
+    assert!(r["stale_marks_refused"].as_u64().unwrap() >= 1, "a frozen leader's mark was refused: {r}");
+    assert!(r["leaderships"].as_u64().unwrap() >= 3, "{r}");
+}
+
+pub fn metrics(backend: Option<(&str, &str)>, extra: &[&str]) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec!["--listen", &listen, "--jobs", "200"];
+    args.extend_from_slice(extra);
+    let r = run_example("metrics", backend, &args);
+    assert!(r["lock_fence_rejected_total"].as_f64().unwrap() > 0.0, "paused holders were refused: {r}");
+    assert!(r["lock_acquire_total"].as_f64().unwrap() >= 200.0, "{r}");
+}
