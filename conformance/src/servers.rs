@@ -348,7 +348,7 @@ impl ZkEnsemble {
         }
         let ensemble = ZkEnsemble { members };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !(0..size).all(|i| ensemble.mode(i).is_some()) {
+        while !(0..size).all(|i| ensemble.serving(i)) {
             if Instant::now() > deadline {
                 return Err(std::io::Error::other("the ZooKeeper ensemble did not form"));
             }
@@ -368,6 +368,28 @@ impl ZkEnsemble {
         let member = self.members.get(i).filter(|m| m.child.is_some())?;
         let reply = zk_four_letters(member.port, "srvr");
         reply.lines().find_map(|l| l.strip_prefix("Mode: ")).map(str::to_string).filter(|m| m != "standalone")
+    }
+
+    /// Whether member `i` serves clients (as leader, follower, or a standalone server when the
+    /// ensemble has one member).
+    pub fn serving(&self, i: usize) -> bool {
+        let Some(member) = self.members.get(i).filter(|m| m.child.is_some()) else { return false };
+        zk_four_letters(member.port, "srvr").lines().any(|l| l.starts_with("Mode: "))
+    }
+
+    /// Restarts member `i` (SIGKILL, then the same command): its data directory survives, as
+    /// ZooKeeper's does on a real restart. Waits until it serves again.
+    pub fn restart_member(&mut self, i: usize) -> std::io::Result<()> {
+        let member = self.members.get_mut(i).ok_or_else(|| std::io::Error::other(format!("no member {i}")))?;
+        member.restart()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.serving(i) {
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other(format!("ZooKeeper member {i} did not come back")));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
     }
 
     /// The index of the current leader, if one is serving.

@@ -49,9 +49,12 @@ pub trait LockServiceExt {
     /// [`lock`](LockServiceExt::lock), then checks the grant against `store`'s watermark for
     /// the resource (fencing rule 5), at the cost of one watermark read.
     ///
-    /// A fence below the watermark means the lock service lost its counter (a restart without
-    /// persistence, a failover to a lagging replica, `FLUSHALL`, a restore): every write under
-    /// it would be refused. The regression is logged at error level and counted in
+    /// A fresh grant's fence must be strictly above the watermark: every fence the store has
+    /// seen belonged to an earlier grant. A fence at or below it means the lock service lost
+    /// its counter (a restart without persistence, a failover to a lagging replica, `FLUSHALL`,
+    /// a restore). Below, every write under it would be refused; **equal** is worse, because
+    /// it is the very fence an earlier holder may still write with, and equal fences are
+    /// accepted: two holders the store cannot tell apart. The regression is logged at error level and counted in
     /// `lock_fence_regression_total`; the grant is released; the service's counter is moved to
     /// the watermark plus [`REGRESSION_GAP`] ([`LockService::advance_fence`]), far enough to
     /// outrank grants issued before the loss that have not written yet; and the lock is taken
@@ -127,7 +130,8 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
         for _ in 0..2 {
             let lease = self.lock(key, ttl, wait).await?;
             let Some(watermark) = store.watermark(key).await? else { return Ok(lease) };
-            if lease.fence() >= watermark {
+            // Strictly above: an equal fence was already spent by an earlier grant.
+            if lease.fence() > watermark {
                 return Ok(lease);
             }
             metrics::record_fence_regression(backend);
@@ -137,7 +141,7 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
                 key = %key,
                 fence = lease.fence().get(),
                 watermark = watermark.get(),
-                "FENCE REGRESSION: the lock service issued a fence below the store's watermark; it lost its counter"
+                "FENCE REGRESSION: the lock service issued a fence at or below the store's watermark; it lost its counter"
             );
             // Give the useless grant back before moving the counter; a failed release only
             // delays the next grant until the TTL.
@@ -157,7 +161,7 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
         Err(crate::Error::new(
             ErrorKind::FenceRegression,
             backend,
-            format!("fence regression on {key}: still below the store's watermark after moving the counter"),
+            format!("fence regression on {key}: still not above the store's watermark after moving the counter"),
         ))
     }
 }
@@ -228,3 +232,34 @@ pub trait FencedStoreExt: FencedStore {
 }
 
 impl<T: FencedStore + ?Sized> FencedStoreExt for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MemoryFencedStore, MemoryLockService};
+
+    /// A lock service that lost its counter hands out the very fence an earlier holder still
+    /// writes with. `lock_checked` must treat that equal fence as a regression too.
+    #[tokio::test]
+    async fn an_equal_fence_after_a_counter_loss_is_a_regression() {
+        let store = MemoryFencedStore::new();
+        let key = ResourceKey::new("regress", "equal").unwrap();
+        let ttl = Duration::from_secs(30);
+        let before = Arc::new(MemoryLockService::new());
+        let a = before.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        store.write(&a, &WriteBatch::new().put("rec", b"A".to_vec())).await.unwrap();
+
+        // "Restarted": a fresh service's counter starts again at the fence A holds.
+        let naive = Arc::new(MemoryLockService::new()).lock(&key, ttl, ttl).await.unwrap();
+        assert_eq!(naive.fence(), a.fence(), "the counter restarts at A's fence");
+        naive.release().await.unwrap();
+
+        let after = Arc::new(MemoryLockService::new());
+        let b = after.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        assert!(b.fence().get() > a.fence().get() + REGRESSION_GAP, "fence {} after repair", b.fence());
+        store.write(&b, &WriteBatch::new().put("rec", b"B".to_vec())).await.unwrap();
+        let err = store.write(&a, &WriteBatch::new().put("rec", b"A again".to_vec())).await.unwrap_err();
+        assert!(err.stale_fence_details().is_some(), "{err}");
+        assert_eq!(store.read("rec").await.unwrap().unwrap().value, b"B");
+    }
+}

@@ -66,6 +66,23 @@ struct Settings {
 }
 
 pub async fn run(cli: &Cli, args: &SimulateArgs) -> Result<ExitCode, AppError> {
+    let report = simulate(cli, args, false).await?;
+    let duplicates = report["duplicates"].as_u64().unwrap_or(0);
+    if args.json {
+        println!("{report}");
+    } else {
+        print_human(&report);
+    }
+    if report["mode"] == "fenced" && duplicates > 0 {
+        eprintln!("warehouse: SAFETY VIOLATION: {duplicates} duplicate allocations with fencing on");
+        return Ok(ExitCode::from(4));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the simulation and returns its report (the JSON `run` prints); `quiet` silences the
+/// progress output (for callers with their own, such as `palisade compare`).
+pub async fn simulate(cli: &Cli, args: &SimulateArgs, quiet: bool) -> Result<serde_json::Value, AppError> {
     palisade::Ttl::new(Duration::from_millis(args.ttl_ms))?;
     let settings = Settings {
         workers: args.workers,
@@ -81,7 +98,7 @@ pub async fn run(cli: &Cli, args: &SimulateArgs) -> Result<ExitCode, AppError> {
     }
     let (locks, store) = connect_any(cli).await?;
     match locks {
-        AnyLockService::Fenced(locks) => run_with(args, settings, locks, store).await,
+        AnyLockService::Fenced(locks) => run_with(settings, locks, store, quiet).await,
         AnyLockService::Unfenced(locks) => {
             if settings.mode == Mode::Fenced {
                 eprintln!(
@@ -89,17 +106,17 @@ pub async fn run(cli: &Cli, args: &SimulateArgs) -> Result<ExitCode, AppError> {
                     locks.backend()
                 );
             }
-            run_with(args, Settings { mode: Mode::Unfenced, ..settings }, locks, store).await
+            run_with(Settings { mode: Mode::Unfenced, ..settings }, locks, store, quiet).await
         }
     }
 }
 
 async fn run_with<L: LockService + ?Sized>(
-    args: &SimulateArgs,
     settings: Settings,
     locks: Arc<L>,
     store: Arc<DynFencedStore>,
-) -> Result<ExitCode, AppError> {
+    quiet: bool,
+) -> Result<serde_json::Value, AppError> {
     let run_id = palisade::OwnerToken::generate()?.to_string()[..8].to_string();
     let warehouse = Warehouse::new(store, format!("sim/{run_id}"));
     let initial = i64::try_from(settings.jobs).unwrap_or(i64::MAX);
@@ -132,7 +149,7 @@ async fn run_with<L: LockService + ?Sized>(
         workers.push(tokio::spawn(worker(Arc::clone(&sim), Arc::clone(&rx), stop.clone(), w)));
     }
 
-    let progress = Progress::start(settings.jobs);
+    let progress = Progress::start(settings.jobs, quiet);
     loop {
         let finished = sim.counters.finished_jobs.load(Ordering::SeqCst);
         progress.update(finished, started.elapsed());
@@ -148,18 +165,7 @@ async fn run_with<L: LockService + ?Sized>(
     let elapsed = started.elapsed();
     progress.finish();
 
-    let report = report(&sim, elapsed).await?;
-    let duplicates = report["duplicates"].as_u64().unwrap_or(0);
-    if args.json {
-        println!("{report}");
-    } else {
-        print_human(&report);
-    }
-    if settings.mode == Mode::Fenced && duplicates > 0 {
-        eprintln!("warehouse: SAFETY VIOLATION: {duplicates} duplicate allocations with fencing on");
-        return Ok(ExitCode::from(4));
-    }
-    Ok(ExitCode::SUCCESS)
+    report(&sim, elapsed).await
 }
 
 fn sku_name(s: u32) -> String {
@@ -346,12 +352,13 @@ fn print_human(r: &serde_json::Value) {
 struct Progress {
     bar: Option<ProgressBar>,
     total: u64,
+    quiet: bool,
     last_line: std::sync::Mutex<Instant>,
 }
 
 impl Progress {
-    fn start(total: u64) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
+    fn start(total: u64, quiet: bool) -> Self {
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::new(total);
             if let Ok(style) =
                 ProgressStyle::with_template("{spinner} {pos}/{len} jobs [{elapsed_precise}] {wide_bar} {per_sec}")
@@ -360,12 +367,15 @@ impl Progress {
             }
             bar
         });
-        Progress { bar, total, last_line: std::sync::Mutex::new(Instant::now()) }
+        Progress { bar, total, quiet, last_line: std::sync::Mutex::new(Instant::now()) }
     }
 
     fn update(&self, done: u64, elapsed: Duration) {
         if let Some(bar) = &self.bar {
             bar.set_position(done);
+            return;
+        }
+        if self.quiet {
             return;
         }
         if let Ok(mut last) = self.last_line.lock()

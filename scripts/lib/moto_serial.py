@@ -11,13 +11,20 @@ usage: python3 moto_serial.py HOST PORT
 import sys
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
-from werkzeug.serving import make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
+
+
+class Handler(WSGIRequestHandler):
+    # One request at a time means a client frozen mid-request (the SIGSTOP tests freeze
+    # processes at any instant) would stall every other client forever: give up on a silent
+    # connection after a few seconds instead.
+    timeout = 5
 
 
 def main() -> None:
     host, port = sys.argv[1], int(sys.argv[2])
     app = DomainDispatcherApplication(create_backend_app)
-    server = make_server(host, port, app, threaded=False, request_handler=None)
+    server = make_server(host, port, app, threaded=False, request_handler=Handler)
     # A deep listen queue: many clients connect at once, and each waits its turn.
     server.socket.listen(1024)
     server.serve_forever()

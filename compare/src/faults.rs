@@ -1,0 +1,430 @@
+//! The fault matrix: one cell per scenario for a lock service × store pair.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use palisade::{
+    AnyLockService, DynFencedStore, DynLockService, DynUnfencedLockService, ErrorKind, FencedStoreExt, Lease,
+    LockServiceExt, ResourceKey, WriteBatch,
+};
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::time::Instant;
+
+use crate::local::{Cluster, Local};
+use crate::target::Backend;
+
+/// One cell of the fault matrix.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub scenario: &'static str,
+    /// `false`: not run here (the note says why).
+    pub ran: bool,
+    /// Writes the store accepted from a holder after a later holder's write had been accepted.
+    pub stale_accepted: Option<u64>,
+    /// Extra audit records: a job's effect applied more than once.
+    pub duplicates: Option<u64>,
+    /// From the fault to another holder's lock (ms).
+    pub proceed_ms: Option<f64>,
+    /// Whether the faulted holder's lost signal had fired by the time it wrote.
+    pub lost_fired: Option<bool>,
+    /// No stale write accepted and no duplicate.
+    pub safe: Option<bool>,
+    pub note: String,
+}
+
+impl Cell {
+    fn skipped(scenario: &'static str, why: impl Into<String>) -> Cell {
+        Cell {
+            scenario,
+            ran: false,
+            stale_accepted: None,
+            duplicates: None,
+            proceed_ms: None,
+            lost_fired: None,
+            safe: None,
+            note: why.into(),
+        }
+    }
+
+    fn failed(scenario: &'static str, why: impl std::fmt::Display) -> Cell {
+        Cell { ran: true, ..Cell::skipped(scenario, format!("error: {why}")) }
+    }
+}
+
+/// A lease of either kind, written through the store the only way it can be.
+enum Holder {
+    Fenced(Lease<DynLockService>),
+    Unfenced(Lease<DynUnfencedLockService>),
+}
+
+impl Holder {
+    async fn take(locks: &AnyLockService, key: &ResourceKey, ttl: Duration) -> palisade::Result<Holder> {
+        let wait = Duration::from_secs(120);
+        Ok(match locks {
+            AnyLockService::Fenced(l) => Holder::Fenced(l.lock(key, ttl, wait).await?),
+            AnyLockService::Unfenced(l) => Holder::Unfenced(l.lock(key, ttl, wait).await?),
+        })
+    }
+
+    async fn write(&self, store: &DynFencedStore, batch: &WriteBatch) -> palisade::Result<()> {
+        match self {
+            Holder::Fenced(lease) => store.write(lease, batch).await,
+            Holder::Unfenced(_) => store.apply_unfenced(batch).await,
+        }
+    }
+
+    async fn release(self) {
+        let _ = match self {
+            Holder::Fenced(l) => l.release().await,
+            Holder::Unfenced(l) => l.release().await,
+        };
+    }
+}
+
+fn namespace() -> String {
+    let mut b = [0u8; 4];
+    let _ = getrandom::fill(&mut b);
+    format!("cmp{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3])
+}
+
+fn who(ns: &str, name: &str) -> WriteBatch {
+    WriteBatch::new()
+        .put(format!("{ns}/data"), name.as_bytes().to_vec())
+        .put(format!("{ns}/audit/{name}"), name.as_bytes().to_vec())
+}
+
+async fn audit_count(store: &DynFencedStore, ns: &str) -> palisade::Result<u64> {
+    Ok(store.list(&format!("{ns}/audit/")).await?.len() as u64)
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e4).round() / 10.0
+}
+
+/// The worker process, up to its "acquired" line.
+struct Worker {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    pid: Pid,
+}
+
+impl Worker {
+    async fn start(lock: &str, store: &str, ns: &str, ttl: Duration) -> Result<Worker, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["worker", "--lock", lock, "--store", store, "--ns", ns, "--ttl-ms", &ttl.as_millis().to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start the worker: {e}"))?;
+        let stdout = child.stdout.take().ok_or("no worker stdout")?;
+        let pid = Pid::from_raw(child.id().and_then(|id| i32::try_from(id).ok()).ok_or("no worker pid")?);
+        let mut worker = Worker { child, lines: BufReader::new(stdout).lines(), pid };
+        let line = worker.line().await?;
+        if !line.starts_with("acquired") {
+            return Err(format!("worker said {line:?}"));
+        }
+        Ok(worker)
+    }
+
+    async fn line(&mut self) -> Result<String, String> {
+        match tokio::time::timeout(Duration::from_secs(120), self.lines.next_line()).await {
+            Ok(Ok(Some(line))) => Ok(line),
+            Ok(Ok(None)) => Err("the worker exited early".into()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("the worker said nothing for 120 s".into()),
+        }
+    }
+
+    fn signal(&self, signal: Signal) -> Result<(), String> {
+        kill(self.pid, signal).map_err(|e| format!("{signal}: {e}"))
+    }
+}
+
+/// A worker frozen with SIGSTOP right after it took the lock, past its TTL; another holder takes
+/// the lock and writes; the worker is thawed and writes too.
+pub async fn paused(lock: &str, store_url: &str, store: &Arc<DynFencedStore>, ttl: Duration) -> Cell {
+    const S: &str = "paused";
+    let ns = namespace();
+    let mut worker = match Worker::start(lock, store_url, &ns, ttl).await {
+        Ok(w) => w,
+        Err(e) => return Cell::failed(S, e),
+    };
+    if let Err(e) = worker.signal(Signal::SIGSTOP) {
+        return Cell::failed(S, e);
+    }
+    let stopped = Instant::now();
+    let result = async {
+        let locks = palisade::connect_any_lock(lock).await?;
+        let key = ResourceKey::new(ns.clone(), "fault")?;
+        let b = Holder::take(&locks, &key, ttl).await?;
+        let proceed = stopped.elapsed();
+        b.write(store, &who(&ns, "B")).await?;
+        Ok::<_, palisade::Error>((b, proceed))
+    }
+    .await;
+    let _ = worker.signal(Signal::SIGCONT);
+    let (b, proceed) = match result {
+        Ok(r) => r,
+        Err(e) => return Cell::failed(S, e),
+    };
+    if let Some(stdin) = worker.child.stdin.as_mut() {
+        let _ = stdin.write_all(b"go\n").await;
+    }
+    let wrote = match worker.line().await {
+        Ok(line) => line,
+        Err(e) => return Cell::failed(S, e),
+    };
+    let _ = worker.child.wait().await;
+    b.release().await;
+    let stale = u64::from(wrote.starts_with("wrote ok"));
+    let duplicates = match audit_count(store, &ns).await {
+        Ok(n) => n.saturating_sub(1),
+        Err(e) => return Cell::failed(S, e),
+    };
+    Cell {
+        scenario: S,
+        ran: true,
+        stale_accepted: Some(stale),
+        duplicates: Some(duplicates),
+        proceed_ms: Some(ms(proceed)),
+        lost_fired: Some(wrote.contains("lost=true")),
+        safe: Some(stale == 0 && duplicates == 0),
+        note: format!("thawed worker: {}", wrote.trim_start_matches("wrote ")),
+    }
+}
+
+/// A worker killed with SIGKILL right after it took the lock; how long until another proceeds.
+pub async fn killed(lock: &str, store_url: &str, store: &Arc<DynFencedStore>, ttl: Duration) -> Cell {
+    const S: &str = "killed";
+    let ns = namespace();
+    let mut worker = match Worker::start(lock, store_url, &ns, ttl).await {
+        Ok(w) => w,
+        Err(e) => return Cell::failed(S, e),
+    };
+    if let Err(e) = worker.signal(Signal::SIGKILL) {
+        return Cell::failed(S, e);
+    }
+    let killed = Instant::now();
+    let _ = worker.child.wait().await;
+    let result = async {
+        let locks = palisade::connect_any_lock(lock).await?;
+        let b = Holder::take(&locks, &ResourceKey::new(ns.clone(), "fault")?, ttl).await?;
+        let proceed = killed.elapsed();
+        b.write(store, &who(&ns, "B")).await?;
+        b.release().await;
+        Ok::<_, palisade::Error>((proceed, audit_count(store, &ns).await?))
+    }
+    .await;
+    match result {
+        Ok((proceed, audits)) => Cell {
+            scenario: S,
+            ran: true,
+            stale_accepted: Some(0),
+            duplicates: Some(audits.saturating_sub(1)),
+            proceed_ms: Some(ms(proceed)),
+            lost_fired: None,
+            safe: Some(audits == 1),
+            note: "next holder after the killed one's lease ran out".into(),
+        },
+        Err(e) => Cell::failed(S, e),
+    }
+}
+
+/// The lock server restarts (losing its data where the backend allows) while A holds the lock
+/// and has written; B takes the lock (with `lock_checked` for fenced services) and writes; then
+/// A, unaware, writes again.
+pub async fn restart(
+    local: Option<&mut Local>,
+    backend: Backend,
+    lock: &str,
+    store: &Arc<DynFencedStore>,
+    ttl: Duration,
+) -> Cell {
+    const S: &str = "restart";
+    let Some(local) = local else { return Cell::skipped(S, "not run: the server was not started by --local") };
+    let ns = namespace();
+    let run = async {
+        let key = ResourceKey::new(ns.clone(), "fault")?;
+        let a_locks = palisade::connect_any_lock(lock).await?;
+        let a = Holder::take(&a_locks, &key, ttl * 10).await?;
+        a.write(store, &who(&ns, "A1")).await?;
+        let what = match local.restart(backend) {
+            Some(Ok(what)) => what,
+            Some(Err(e)) => return Err(palisade::Error::new(ErrorKind::Unavailable, "compare", e)),
+            None => return Ok(None),
+        };
+        let restarted = Instant::now();
+        let b_locks = palisade::connect_any_lock(lock).await?;
+        let mut note = what;
+        let (b_wrote, proceed) = match &b_locks {
+            AnyLockService::Fenced(locks) => {
+                match locks.lock_checked(&**store, &key, ttl, Duration::from_secs(60)).await {
+                    Ok(lease) => {
+                        let proceed = restarted.elapsed();
+                        let ok = store.write(&lease, &who(&ns, "B")).await.is_ok();
+                        let _ = lease.release().await;
+                        (ok, Some(proceed))
+                    }
+                    Err(e) if e.kind() == ErrorKind::FenceRegression => {
+                        note.push_str("; B blocked: fence regression the service cannot repair (operator action)");
+                        (false, None)
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            AnyLockService::Unfenced(_) => {
+                let b = Holder::take(&b_locks, &key, ttl).await?;
+                let proceed = restarted.elapsed();
+                let ok = b.write(store, &who(&ns, "B")).await.is_ok();
+                b.release().await;
+                (ok, Some(proceed))
+            }
+        };
+        let a_again = a.write(store, &who(&ns, "A2")).await;
+        a.release().await;
+        let stale = u64::from(b_wrote && a_again.is_ok());
+        Ok(Some((stale, proceed, note)))
+    }
+    .await;
+    match run {
+        Ok(Some((stale, proceed, note))) => Cell {
+            scenario: S,
+            ran: true,
+            stale_accepted: Some(stale),
+            duplicates: Some(stale),
+            proceed_ms: proceed.map(ms),
+            lost_fired: None,
+            safe: Some(stale == 0),
+            note,
+        },
+        Ok(None) => Cell::skipped(S, "not run: no server to restart (in-process service)"),
+        Err(e) => Cell::failed(S, e),
+    }
+}
+
+/// A 3-member cluster's leader killed while four clients contend for one lock and write.
+pub async fn leader_kill(backend: Backend, store: &Arc<DynFencedStore>, session_s: u64, quick: bool) -> Cell {
+    const S: &str = "leader_kill";
+    let Some(started) = Cluster::start(backend, session_s) else {
+        return Cell::skipped(S, "not run: not a replicated service");
+    };
+    let (mut cluster, url) = match started {
+        Ok(c) => c,
+        Err(e) => return Cell::failed(S, e),
+    };
+    let ns = namespace();
+    // After the kill: at least `after`, and until a few writes landed (an election with session
+    // expiry can take seconds), at most 30 s.
+    let (before, after) = if quick {
+        (Duration::from_secs(1), Duration::from_secs(3))
+    } else {
+        (Duration::from_secs(2), Duration::from_secs(8))
+    };
+    let accepted: Arc<std::sync::Mutex<Vec<(Instant, u64)>>> = Arc::default();
+    let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let lost = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let locks = match palisade::connect_lock(&url).await {
+            Ok(l) => l,
+            Err(e) => return Cell::failed(S, e),
+        };
+        let (store, accepted, errors, lost, ns, stop) = (
+            Arc::clone(store),
+            Arc::clone(&accepted),
+            Arc::clone(&errors),
+            Arc::clone(&lost),
+            ns.clone(),
+            Arc::clone(&stop),
+        );
+        tasks.push(tokio::spawn(async move {
+            let Ok(key) = ResourceKey::new(ns.clone(), "leader") else { return };
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let lease = match locks.lock(&key, Duration::from_secs(2), Duration::from_secs(3)).await {
+                    Ok(l) => l,
+                    Err(_) => {
+                        errors.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let batch = WriteBatch::new().put(format!("{ns}/data"), format!("w{w}"));
+                match store.write(&lease, &batch).await {
+                    Ok(()) => accepted
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push((Instant::now(), lease.fence().get())),
+                    Err(_) => {
+                        errors.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+                if lease.is_lost() {
+                    lost.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                let _ = lease.release().await;
+            }
+        }));
+    }
+    tokio::time::sleep(before).await;
+    let killed_at = Instant::now();
+    let killed = match cluster.kill_leader().await {
+        Ok(k) => k,
+        Err(e) => {
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            return Cell::failed(S, e);
+        }
+    };
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let landed = accepted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(t, _)| *t > killed_at)
+            .count();
+        let waited = killed_at.elapsed();
+        if (waited >= after && landed >= 5) || waited >= Duration::from_secs(30) {
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in tasks {
+        let _ = t.await;
+    }
+    drop(cluster);
+    let accepted = accepted.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    // The store accepted these in this order; a fence below an earlier accepted one is stale.
+    let mut max = 0;
+    let mut stale = 0;
+    for (_, fence) in &accepted {
+        if *fence < max {
+            stale += 1;
+        }
+        max = max.max(*fence);
+    }
+    let first_after = accepted.iter().filter(|(t, _)| *t > killed_at).map(|(t, _)| *t - killed_at).min();
+    let writes_after = accepted.iter().filter(|(t, _)| *t > killed_at).count();
+    Cell {
+        scenario: S,
+        ran: true,
+        stale_accepted: Some(stale),
+        duplicates: Some(0),
+        proceed_ms: first_after.map(ms),
+        lost_fired: None,
+        safe: Some(stale == 0 && writes_after > 0),
+        note: format!(
+            "killed {killed}; {} writes accepted, {writes_after} after the kill; {} errors; {} leases lost",
+            accepted.len(),
+            errors.load(std::sync::atomic::Ordering::SeqCst),
+            lost.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+    }
+}

@@ -1,0 +1,132 @@
+//! # `palisade compare`: lock services and stores side by side, under the same faults and load
+//!
+//! ```sh
+//! cargo run --release -p palisade-compare -- compare --local            # starts its own servers
+//! cargo run --release -p palisade-compare -- compare --lock redis://… --lock etcd://… --store postgres://…
+//! ```
+//!
+//! For every lock service × store pair it runs the same fault scenarios (a worker process
+//! frozen with `SIGSTOP` past its TTL, a worker killed with `SIGKILL`, the lock server restarted
+//! with its data lost, a cluster leader killed), the same performance measurements (each as a
+//! ratio to the backend's raw operation measured in the same run), and the seed's benchmark
+//! (synthetic allocation jobs with injected pauses, fenced and unfenced). It writes a Markdown
+//! report, SVG charts and, with `--json`, the raw figures. Every figure comes from this run.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool
+
+// The seed's benchmark is the warehouse simulation itself, not a copy of it.
+#[allow(dead_code)]
+#[path = "../../examples/warehouse/cli.rs"]
+mod cli;
+#[allow(dead_code)]
+#[path = "../../examples/warehouse/commands.rs"]
+mod commands;
+#[allow(dead_code)]
+#[path = "../../examples/warehouse/inventory.rs"]
+mod inventory;
+#[allow(dead_code)]
+#[path = "../../examples/warehouse/simulate.rs"]
+mod simulate;
+
+mod faults;
+mod local;
+mod perf;
+mod report;
+mod seed;
+mod target;
+mod worker;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Palisade's command-line tool.
+#[derive(Debug, Parser)]
+#[command(name = "palisade", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Compare lock services and stores under the same faults and load.
+    Compare(CompareArgs),
+    /// (internal) The worker process the fault scenarios freeze and kill.
+    #[command(hide = true)]
+    Worker(worker::WorkerArgs),
+}
+
+/// `palisade compare` flags.
+#[derive(Debug, Clone, Args)]
+pub struct CompareArgs {
+    /// Start the project's own loopback servers (Redis, three Redlock masters, etcd, ZooKeeper,
+    /// PostgreSQL; 3-member etcd and ZooKeeper clusters for the leader-kill cells) and stop
+    /// them after. Combines with --lock/--store.
+    #[arg(long)]
+    pub local: bool,
+    /// A lock service URL (repeatable): memory://, redis://, redlock://, etcd://, zk://.
+    #[arg(long = "lock")]
+    pub locks: Vec<String>,
+    /// A fenced store URL (repeatable): sqlite://PATH, postgres://, dynamodb://TABLE?endpoint=….
+    #[arg(long = "store")]
+    pub stores: Vec<String>,
+    /// A small run (CI): fewer cycles, shorter windows, 200 seed jobs.
+    #[arg(long)]
+    pub quick: bool,
+    /// Jobs in the seed's benchmark per pair and mode (default 2000, --quick 200; the seed's
+    /// full run is 1000000).
+    #[arg(long)]
+    pub seed_jobs: Option<u64>,
+    /// The lease TTL of the fault scenarios, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(200..=60_000))]
+    pub ttl_ms: u64,
+    /// Where to write report.md, report.json and the SVG charts.
+    #[arg(long, default_value = "target/compare")]
+    pub out: PathBuf,
+    /// Also print the JSON report on stdout (last line).
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl CompareArgs {
+    /// The fault scenarios' lease TTL.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code =
+                if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) {
+                    0
+                } else {
+                    2
+                };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("palisade: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match cli.command {
+        Command::Worker(args) => runtime.block_on(worker::run(args)),
+        Command::Compare(args) => match runtime.block_on(report::compare(args)) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("palisade compare: {e}");
+                ExitCode::from(1)
+            }
+        },
+    }
+}

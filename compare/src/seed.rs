@@ -1,0 +1,43 @@
+//! The seed's benchmark: the warehouse simulation (synthetic allocation jobs with pauses past
+//! the TTL), fenced and unfenced, on one lock service × store pair.
+
+use clap::Parser;
+use serde::Serialize;
+
+use crate::cli::{Cli, Command};
+
+/// One simulation's figures (from the warehouse's own report).
+#[derive(Debug, Clone, Serialize)]
+pub struct SeedRun {
+    pub mode: String,
+    pub jobs: u64,
+    pub pauses: u64,
+    pub applied: u64,
+    pub fence_rejected: u64,
+    pub duplicates: u64,
+    pub lost_updates: i64,
+    pub jobs_per_sec: f64,
+    pub elapsed_ms: u64,
+}
+
+pub async fn run(lock: &str, store: &str, jobs: u64, unfenced: bool) -> Result<SeedRun, String> {
+    let jobs_text = jobs.to_string();
+    let mut argv = vec!["warehouse", "--lock", lock, "--store", store, "simulate", "--jobs", &jobs_text, "--json"];
+    if unfenced {
+        argv.push("--unfenced");
+    }
+    let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+    let Command::Simulate(args) = &cli.command else { return Err("not a simulation".into()) };
+    let r = crate::simulate::simulate(&cli, args, true).await.map_err(|e| e.to_string())?;
+    Ok(SeedRun {
+        mode: r["mode"].as_str().unwrap_or("?").to_string(),
+        jobs: r["jobs"].as_u64().unwrap_or(0),
+        pauses: r["pauses"].as_u64().unwrap_or(0),
+        applied: r["applied"].as_u64().unwrap_or(0),
+        fence_rejected: r["fence_rejected"].as_u64().unwrap_or(0),
+        duplicates: r["duplicates"].as_u64().unwrap_or(0),
+        lost_updates: r["lost_updates"].as_i64().unwrap_or(0),
+        jobs_per_sec: r["jobs_per_sec"].as_f64().unwrap_or(0.0),
+        elapsed_ms: r["elapsed_ms"].as_u64().unwrap_or(0),
+    })
+}

@@ -1,0 +1,71 @@
+//! What is being compared: lock services and stores by URL, and what kind each is.
+
+use std::fmt;
+
+/// The lock service behind a URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Memory,
+    Redis,
+    Redlock,
+    Etcd,
+    Zookeeper,
+}
+
+impl Backend {
+    pub fn of(url: &str) -> Option<Backend> {
+        let scheme = url.split(':').next()?.to_ascii_lowercase();
+        Some(match scheme.as_str() {
+            "memory" => Backend::Memory,
+            "redis" | "rediss" => Backend::Redis,
+            "redlock" => Backend::Redlock,
+            "etcd" | "etcds" => Backend::Etcd,
+            "zk" => Backend::Zookeeper,
+            _ => return None,
+        })
+    }
+
+    /// What the raw-operation baseline of this backend is.
+    pub fn raw_op(self) -> &'static str {
+        match self {
+            Backend::Memory => "none (in-process)",
+            Backend::Redis => "SET NX PX + DEL",
+            Backend::Redlock => "SET NX PX + DEL on one master",
+            Backend::Etcd => "txn put-if-absent + delete",
+            Backend::Zookeeper => "create ephemeral + delete",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Memory => "memory",
+            Backend::Redis => "Redis",
+            Backend::Redlock => "Redlock",
+            Backend::Etcd => "etcd",
+            Backend::Zookeeper => "ZooKeeper",
+        })
+    }
+}
+
+/// A lock service to compare.
+#[derive(Debug, Clone)]
+pub struct LockTarget {
+    pub label: String,
+    pub url: String,
+    pub backend: Backend,
+}
+
+/// A store to compare.
+#[derive(Debug, Clone)]
+pub struct StoreTarget {
+    pub label: String,
+    pub url: String,
+}
+
+/// The URL with any password replaced, for the report.
+pub fn shown(url: &str) -> String {
+    palisade::redact_url(url).replace("<malformed URL>", url.split('@').next_back().unwrap_or(url))
+}

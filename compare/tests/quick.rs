@@ -1,0 +1,78 @@
+//! `palisade compare --local --quick`, as CI runs it: the whole pipeline on the project's own
+//! loopback servers, and the verdicts an architect would read from it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn cell<'a>(pair: &'a Value, scenario: &str) -> &'a Value {
+    pair["faults"].as_array().unwrap().iter().find(|c| c["scenario"] == scenario).unwrap()
+}
+
+#[test]
+fn quick_local_comparison() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["compare", "--local", "--quick", "--json", "--out"])
+        .arg(out_dir.path())
+        // Server data on tmpfs, as the test command keeps its own: figures without disk syncs.
+        .env("TMPDIR", "/dev/shm")
+        .output()
+        .expect("run palisade compare");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "compare failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for file in ["report.md", "report.json", "latency.svg", "throughput.svg"] {
+        let text = std::fs::read_to_string(out_dir.path().join(file)).unwrap();
+        assert!(text.len() > 200, "{file} is nearly empty");
+    }
+    let md = std::fs::read_to_string(out_dir.path().join("report.md")).unwrap();
+    assert!(md.contains("## Fault matrix") && md.contains("## The seed's benchmark"), "{md}");
+
+    let pairs = report["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 8, "4 lock services × 2 stores: {report}");
+    for pair in pairs {
+        let name = format!("{} × {}", pair["lock"], pair["store"]);
+        let redlock = pair["lock"].as_str().unwrap().starts_with("Redlock");
+        let paused = cell(pair, "paused");
+        assert_eq!(paused["ran"], true, "{name}: {paused}");
+        if redlock {
+            // The documented outcome: no fence, so the thawed holder's write lands.
+            assert_eq!(paused["stale_accepted"], 1, "{name}: {paused}");
+            assert_eq!(paused["safe"], false, "{name}: {paused}");
+        } else {
+            assert_eq!(paused["stale_accepted"], 0, "{name}: {paused}");
+            assert_eq!(paused["duplicates"], 0, "{name}: {paused}");
+            assert_eq!(paused["safe"], true, "{name}: {paused}");
+        }
+        let killed = cell(pair, "killed");
+        assert_eq!(killed["safe"], true, "{name}: {killed}");
+        assert!(killed["proceed_ms"].as_f64().is_some(), "{name}: {killed}");
+        let restart = cell(pair, "restart");
+        assert_eq!(restart["ran"], true, "{name}: {restart}");
+        assert_eq!(restart["safe"], !redlock, "{name}: {restart}");
+        let leader = cell(pair, "leader_kill");
+        let replicated = ["etcd", "ZooKeeper"].contains(&pair["lock"].as_str().unwrap());
+        assert_eq!(leader["ran"], replicated, "{name}: {leader}");
+        if replicated {
+            assert_eq!(leader["safe"], true, "{name}: {leader}");
+        }
+        let seed = pair["seed"].as_array().unwrap();
+        assert_eq!(seed.len(), if redlock { 1 } else { 2 }, "{name}: {pair}");
+        let fenced = seed.iter().find(|r| r["mode"] == "fenced");
+        match fenced {
+            Some(r) => assert_eq!(r["duplicates"], 0, "{name}: {r}"),
+            None => assert!(redlock, "{name}: no fenced seed run"),
+        }
+    }
+    for lock in report["locks"].as_array().unwrap() {
+        assert!(lock["perf"]["p50_ms"].as_f64().unwrap() > 0.0, "{lock}");
+        assert_eq!(lock["perf"]["throughput"].as_array().unwrap().len(), 3, "{lock}");
+    }
+    for store in report["stores"].as_array().unwrap() {
+        assert!(store["perf"]["fenced_p50_ms"].as_f64().unwrap() > 0.0, "{store}");
+    }
+}
