@@ -235,6 +235,7 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
             "readers": args.readers,
             "cold_origin_fetches": cold_fetches,
             "cold_waited": count(&cold, Served::AfterWaiting),
+            "cold_served_fresh": count(&cold, Served::Fresh),
             "served_stale": count(&stale_wave, Served::Stale) + count(&after, Served::Stale),
             "refreshes_after_pause": count(&after, Served::Refreshed),
             "origin_fetches": cache.origin.fetches.load(Ordering::SeqCst),

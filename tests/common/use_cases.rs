@@ -36,7 +36,10 @@ pub fn cache_refresh(backend: Option<(&str, &str)>, extra: &[&str]) {
     let r = run_example("cache-refresh", backend, extra);
     assert_eq!(r["ok"], true, "{r}");
     assert_eq!(r["cold_origin_fetches"], 1, "single flight: {r}");
-    assert_eq!(r["cold_waited"], 15, "the other readers waited for the result: {r}");
+    // The others waited for the result, or (late starters) found it already there.
+    let others = r["cold_waited"].as_u64().unwrap() + r["cold_served_fresh"].as_u64().unwrap();
+    assert_eq!(others, 15, "every other reader got the refreshed value: {r}");
+    assert!(r["cold_waited"].as_u64().unwrap() > 0, "{r}");
     assert!(r["served_stale"].as_u64().unwrap() > 0, "readers served stale during the refresh: {r}");
     assert_eq!(r["stale_refresh_refused"], 1, "{r}");
     assert_eq!(r["final_version"], 3, "the newer refresh stays: {r}");
