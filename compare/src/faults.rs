@@ -37,7 +37,7 @@ pub struct Cell {
 }
 
 impl Cell {
-    fn skipped(scenario: &'static str, why: impl Into<String>) -> Cell {
+    pub fn skipped(scenario: &'static str, why: impl Into<String>) -> Cell {
         Cell {
             scenario,
             ran: false,

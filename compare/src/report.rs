@@ -160,11 +160,24 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
             };
             let name = format!("{} × {}", lock.label, target.label);
             let mut cells = Vec::new();
+            // The worker is another process: it must reach the same lock service and store.
+            let in_process = lock.backend == Backend::Memory
+                || target.url.starts_with("memory:")
+                || target.url.starts_with("sqlite::memory:");
+            let not_shared = "not run: an in-process service or store cannot be shared with a worker process";
             bar.set_message(format!("{name}: holder paused past its TTL"));
-            cells.push(faults::paused(&lock.url, &target.url, store, args.ttl()).await);
+            cells.push(if in_process {
+                Cell::skipped("paused", not_shared)
+            } else {
+                faults::paused(&lock.url, &target.url, store, args.ttl()).await
+            });
             bar.inc(1);
             bar.set_message(format!("{name}: holder killed"));
-            cells.push(faults::killed(&lock.url, &target.url, store, args.ttl()).await);
+            cells.push(if in_process {
+                Cell::skipped("killed", not_shared)
+            } else {
+                faults::killed(&lock.url, &target.url, store, args.ttl()).await
+            });
             bar.inc(1);
             bar.set_message(format!("{name}: lock server restarted"));
             let owned = if *is_local { local.as_mut() } else { None };
