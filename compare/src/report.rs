@@ -336,7 +336,7 @@ fn markdown(
     let _ = writeln!(md, "\n## Lock services: latency and throughput\n");
     let _ = writeln!(
         md,
-        "Uncontended `try_acquire` + `release` on fresh keys, one task; the raw operation is the backend's own, on the same server, in the same run. Throughput: acquire + release cycles per second with 1 / 16 / 64 concurrent tasks on keys of their own. Handoff: a waiter already waiting when the holder releases.\n"
+        "Uncontended `try_acquire` + `release` on 16 recurring keys, one task; the raw operation is the backend's own, on the same server, in the same run. Throughput: acquire + release cycles per second with 1 / 16 / 64 concurrent tasks on keys of their own. Handoff: a waiter already waiting when the holder releases.\n"
     );
     let _ = writeln!(
         md,
