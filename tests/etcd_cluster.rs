@@ -15,16 +15,20 @@ use palisade::postgres::PostgresStore;
 use palisade_conformance::require_env;
 use palisade_conformance::servers::EtcdCluster;
 
+/// The current leader's index; a loaded machine can be between elections, so ask for up to 10 s.
 async fn leader_index(cluster: &EtcdCluster) -> Option<usize> {
-    for (i, port) in cluster.client_ports().into_iter().enumerate() {
-        let Ok(mut client) = etcd_client::Client::connect([format!("http://127.0.0.1:{port}")], None).await else {
-            continue;
-        };
-        if let Ok(status) = client.status().await
-            && status.header().is_some_and(|h| h.member_id() == status.leader())
-        {
-            return Some(i);
+    for _ in 0..50 {
+        for (i, port) in cluster.client_ports().into_iter().enumerate() {
+            let Ok(mut client) = etcd_client::Client::connect([format!("http://127.0.0.1:{port}")], None).await else {
+                continue;
+            };
+            if let Ok(status) = client.status().await
+                && status.header().is_some_and(|h| h.member_id() == status.leader())
+            {
+                return Some(i);
+            }
         }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     None
 }

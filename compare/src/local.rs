@@ -130,22 +130,35 @@ impl Cluster {
     pub async fn kill_leader(&mut self) -> Result<String, String> {
         match self {
             Cluster::Zk(zk) => {
-                let leader = zk.leader().ok_or("no ZooKeeper leader")?;
+                let mut leader = zk.leader();
+                for _ in 0..50 {
+                    if leader.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    leader = zk.leader();
+                }
+                let leader = leader.ok_or("no ZooKeeper leader")?;
                 zk.kill_member(leader);
                 Ok(format!("ZooKeeper member {leader}"))
             }
             Cluster::Etcd(etcd) => {
-                for (i, port) in etcd.client_ports().into_iter().enumerate() {
-                    let Ok(mut client) = etcd_client::Client::connect([format!("http://127.0.0.1:{port}")], None).await
-                    else {
-                        continue;
-                    };
-                    if let Ok(status) = client.status().await
-                        && status.header().is_some_and(|h| h.member_id() == status.leader())
-                    {
-                        etcd.kill_member(i);
-                        return Ok(format!("etcd member m{i}"));
+                // Between elections nobody is leader: ask for up to 10 s.
+                for _ in 0..50 {
+                    for (i, port) in etcd.client_ports().into_iter().enumerate() {
+                        let Ok(mut client) =
+                            etcd_client::Client::connect([format!("http://127.0.0.1:{port}")], None).await
+                        else {
+                            continue;
+                        };
+                        if let Ok(status) = client.status().await
+                            && status.header().is_some_and(|h| h.member_id() == status.leader())
+                        {
+                            etcd.kill_member(i);
+                            return Ok(format!("etcd member m{i}"));
+                        }
                     }
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 }
                 Err("no etcd leader found".into())
             }
