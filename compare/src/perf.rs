@@ -191,8 +191,12 @@ async fn raw(backend: Backend, url: &str, sizes: Sizes) -> palisade::Result<Opti
     match backend {
         Backend::Memory => return Ok(None),
         Backend::Redis | Backend::Redlock => {
-            let first = url.split("://").nth(1).unwrap_or_default().split([',', '?']).next().unwrap_or_default();
-            let redis_url = if backend == Backend::Redlock { format!("redis://{first}") } else { url.to_string() };
+            // Redlock's baseline is one master: the first its own URL parser lists.
+            let redis_url = if backend == Backend::Redlock {
+                palisade::redlock::RedlockConfig::parse(url)?.nodes.swap_remove(0)
+            } else {
+                url.to_string()
+            };
             let client = redis::Client::open(redis_url).map_err(|e| backend_err("redis", e))?;
             let mut conn = client.get_multiplexed_async_connection().await.map_err(|e| backend_err("redis", e))?;
             for i in 0..sizes.cycles {
@@ -213,9 +217,8 @@ async fn raw(backend: Backend, url: &str, sizes: Sizes) -> palisade::Result<Opti
             }
         }
         Backend::Etcd => {
-            let hosts = url.split("://").nth(1).unwrap_or_default().split('?').next().unwrap_or_default();
-            let endpoints: Vec<String> =
-                hosts.split(',').map(|h| format!("http://{}", h.rsplit('@').next().unwrap_or(h))).collect();
+            let config = palisade::etcd::EtcdConfig::from_url(url)?;
+            let endpoints: Vec<String> = config.endpoints.iter().map(|h| format!("http://{h}")).collect();
             let mut client = etcd_client::Client::connect(endpoints, None).await.map_err(|e| backend_err("etcd", e))?;
             for i in 0..sizes.cycles {
                 let key = format!("{p}/raw/{i}");
@@ -229,10 +232,8 @@ async fn raw(backend: Backend, url: &str, sizes: Sizes) -> palisade::Result<Opti
             }
         }
         Backend::Zookeeper => {
-            let rest = url.split("://").nth(1).unwrap_or_default().split('?').next().unwrap_or_default();
-            let hosts = rest.split('/').next().unwrap_or_default();
-            let hosts = hosts.rsplit('@').next().unwrap_or(hosts);
-            let client = zk::Client::connect(hosts).await.map_err(|e| backend_err("zookeeper", e))?;
+            let hosts = palisade::zookeeper::ZkConfig::from_url(url)?.servers.join(",");
+            let client = zk::Client::connect(&hosts).await.map_err(|e| backend_err("zookeeper", e))?;
             let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
             for i in 0..sizes.cycles {
                 let path = format!("/{p}-raw-{i}");

@@ -99,7 +99,7 @@ impl RedisLockService {
         let (granted, value): (i64, i64) = ACQUIRE
             .key(key.lock_key())
             .key(key.fence_key())
-            .arg(token.to_string())
+            .arg(&token.to_hex()[..])
             .arg(ttl.as_millis_ceil())
             .invoke_async(&mut conn)
             .await
@@ -151,7 +151,7 @@ impl LockService for RedisLockService {
         let mut conn = self.conn.clone();
         let extended: i64 = EXTEND
             .key(grant.key().lock_key())
-            .arg(grant.token().to_string())
+            .arg(&grant.token().to_hex()[..])
             .arg(ttl.as_millis_ceil())
             .invoke_async(&mut conn)
             .await
@@ -172,7 +172,7 @@ impl LockService for RedisLockService {
         let lock_key = grant.key().lock_key();
         let released: i64 = RELEASE
             .key(&lock_key)
-            .arg(grant.token().to_string())
+            .arg(&grant.token().to_hex()[..])
             .arg(Waiters::channel(&lock_key))
             .invoke_async(&mut conn)
             .await
