@@ -231,7 +231,8 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
         "concurrency": perf::CONCURRENCY,
         "seed": { "jobs": seed_jobs, "workers": 8, "skus": 8, "ttl_ms": 200, "pause_every": 50, "pause_ms": 450 },
         "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "server_data_dir": std::env::temp_dir().display().to_string(),
+        "server_data_dir": palisade_conformance::servers::server_root().display().to_string(),
+        "sqlite_dir": std::env::temp_dir().display().to_string(),
     });
     let machine = machine();
     let date = today();

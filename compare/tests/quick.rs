@@ -17,7 +17,8 @@ fn quick_local_comparison() {
     let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
         .args(["compare", "--local", "--quick", "--json", "--out"])
         .arg(out_dir.path())
-        // Server data on tmpfs, as the test command keeps its own: figures without disk syncs.
+        // The SQLite file on tmpfs too (the servers' data is there already): figures without
+        // disk syncs.
         .env("TMPDIR", "/dev/shm")
         .output()
         .expect("run palisade compare");

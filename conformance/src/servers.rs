@@ -1,9 +1,11 @@
 //! Server processes of a test's own, on loopback: for the scenarios no shared server may
 //! suffer (restarts that lose data, killed leaders, odd configurations).
 
+use std::collections::BTreeSet;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A server process on a free port of 127.0.0.1 with a data directory of its own; killed (and
@@ -27,7 +29,7 @@ impl LoopbackServer {
     /// [`start`](Self::start) on a port chosen by the caller (servers that must know each
     /// other's ports before any of them starts, like the members of a cluster).
     pub fn start_on(program: &str, port: u16, args: impl FnOnce(u16, &Path) -> Vec<String>) -> std::io::Result<Self> {
-        let server = LoopbackServer::spawn_unchecked(program, port, args)?;
+        let mut server = LoopbackServer::spawn_unchecked(program, port, args)?;
         server.wait_listening()?;
         Ok(server)
     }
@@ -40,7 +42,7 @@ impl LoopbackServer {
     ) -> std::io::Result<Self> {
         let mut nonce = [0u8; 6];
         let _ = getrandom::fill(&mut nonce);
-        let dir = std::env::temp_dir()
+        let dir = server_root()
             .join(format!("palisade-server-{port}-{}", nonce.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         std::fs::create_dir_all(&dir)?;
         let args = args(port, &dir);
@@ -51,8 +53,27 @@ impl LoopbackServer {
 
     fn command(&self) -> Command {
         let mut command = Command::new(&self.program);
-        command.args(&self.args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        command.args(&self.args).stdin(Stdio::null());
+        // The server's own output goes to a log beside its data, so a server that fails to
+        // start or to form a cluster can say why (see `log_tail`).
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path());
+        match log.and_then(|out| Ok((out.try_clone()?, out))) {
+            Ok((out, err)) => command.stdout(out).stderr(err),
+            Err(_) => command.stdout(Stdio::null()).stderr(Stdio::null()),
+        };
         command
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(LOG_FILE)
+    }
+
+    /// The last `lines` lines the server printed (stdout and stderr, all its runs), for error
+    /// messages: empty if it printed nothing.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     fn spawn(&mut self) -> std::io::Result<()> {
@@ -60,11 +81,19 @@ impl LoopbackServer {
         self.wait_listening()
     }
 
-    fn wait_listening(&self) -> std::io::Result<()> {
+    fn wait_listening(&mut self) -> std::io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                return Err(not_ready(
+                    &self.program,
+                    &format!("exited ({status}) before it listened"),
+                    &[self],
+                    |_| true,
+                ));
+            }
             if Instant::now() > deadline {
-                return Err(std::io::Error::other(format!("{} did not listen on {}", self.program, self.port)));
+                return Err(not_ready(&self.program, "did not listen in 10 s", &[self], |_| true));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -99,13 +128,13 @@ impl LoopbackServer {
         let server = LoopbackServer::start(program, |port, dir| {
             etcd_args("m0", port, peer, dir, &format!("m0=http://127.0.0.1:{peer}"), "palisade-single")
         })?;
-        wait_etcd_healthy(&[server.port])?;
+        wait_etcd_healthy(&[&server])?;
         Ok(server)
     }
 
     /// Waits until this etcd member says it is healthy (after a restart).
     pub fn wait_etcd_healthy(&self) -> std::io::Result<()> {
-        wait_etcd_healthy(&[self.port])
+        wait_etcd_healthy(&[self])
     }
 
     /// `etcd://127.0.0.1:PORT`.
@@ -119,6 +148,9 @@ impl LoopbackServer {
         self.kill();
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
+            if path.file_name().is_some_and(|name| name == LOG_FILE) {
+                continue;
+            }
             if path.is_dir() { std::fs::remove_dir_all(&path)? } else { std::fs::remove_file(&path)? }
         }
         self.spawn()
@@ -167,8 +199,63 @@ impl Drop for LoopbackServer {
     }
 }
 
+const LOG_FILE: &str = "server.log";
+
+/// Where servers keep their data: memory (`/dev/shm`) when the machine has it with room to
+/// spare (etcd preallocates 64 MB of log per member), as the shared servers of `scripts/test`
+/// do. etcd and ZooKeeper fsync every write, and on a busy test disk that (not the code under
+/// test) would set the pace and stretch elections; the faults these servers suffer (SIGKILL,
+/// SIGSTOP, a wiped directory) lose the same data either way.
+pub fn server_root() -> PathBuf {
+    const ROOM: u64 = 2 << 30;
+    let shm = Path::new("/dev/shm");
+    let room =
+        nix::sys::statvfs::statvfs(shm).map(|fs| fs.blocks_available().saturating_mul(fs.fragment_size())).unwrap_or(0);
+    let writable = std::fs::metadata(shm).is_ok_and(|m| m.is_dir() && !m.permissions().readonly());
+    if writable && room >= ROOM { shm.to_path_buf() } else { std::env::temp_dir() }
+}
+
+/// Ports this process has handed out already: a cluster's members are told each other's ports
+/// before any of them binds, so the same port must not be picked twice meanwhile.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// A free port on 127.0.0.1 for a server to bind later.
+///
+/// Chosen *below* the kernel's ephemeral range when there is room: a port taken from that range
+/// (`bind(…:0)`) is free only until the server binds it, and meanwhile any outgoing connection on
+/// the machine may get it as its source port, such as the first cluster member dialling its
+/// peers, which then cannot start. A CI run lost a 3-member etcd cluster that way.
 fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (low, high) = below_ephemeral_range();
+    if high > low {
+        for _ in 0..200 {
+            let mut bytes = [0u8; 2];
+            let _ = getrandom::fill(&mut bytes);
+            let port = low + u16::from_le_bytes(bytes) % (high - low);
+            if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                handed_out.insert(port);
+                return Ok(port);
+            }
+        }
+    }
+    // No room below the ephemeral range (or all of it busy): ask the kernel.
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+}
+
+/// `[10000, first ephemeral port)`, empty if the kernel's ephemeral range starts below 11000.
+fn below_ephemeral_range() -> (u16, u16) {
+    const LOW: u16 = 10_000;
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if first_ephemeral >= LOW + 1000 { (LOW, first_ephemeral) } else { (LOW, LOW) }
 }
 
 fn etcd_args(name: &str, port: u16, peer: u16, dir: &Path, cluster: &str, token: &str) -> Vec<String> {
@@ -214,15 +301,45 @@ fn etcd_healthy(port: u16) -> bool {
     reply.contains("\"health\":\"true\"")
 }
 
-fn wait_etcd_healthy(ports: &[u16]) -> std::io::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ports.iter().all(|p| etcd_healthy(*p)) {
+fn wait_etcd_healthy(members: &[&LoopbackServer]) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !members.iter().all(|m| etcd_healthy(m.port)) {
         if Instant::now() > deadline {
-            return Err(std::io::Error::other(format!("etcd on {ports:?} did not become healthy")));
+            return Err(not_ready("etcd", "did not become healthy in 30 s", members, |m| !etcd_healthy(m.port)));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
+}
+
+/// `running`, `stopped` or `exited`, from `/proc` (an exited child not yet waited for is still
+/// listed there, as a zombie).
+fn process_state(pid: u32) -> &'static str {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    match stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) {
+        None | Some("Z" | "X") => "exited",
+        Some("T" | "t") => "stopped",
+        Some(_) => "running",
+    }
+}
+
+/// An error naming the members that are not ready, with the end of each one's log.
+fn not_ready(
+    what: &str,
+    failure: &str,
+    members: &[&LoopbackServer],
+    unready: impl Fn(&LoopbackServer) -> bool,
+) -> std::io::Error {
+    let mut message = format!("{what} on ports {:?} {failure}", members.iter().map(|m| m.port).collect::<Vec<_>>());
+    for member in members.iter().filter(|m| unready(m)) {
+        let running = match member.child.as_ref().map(Child::id) {
+            Some(pid) => format!("pid {pid}, {}", process_state(pid)),
+            None => "not started".to_string(),
+        };
+        message.push_str(&format!("\n--- port {} ({running}), end of its log:\n{}", member.port, member.log_tail(20)));
+    }
+    std::io::Error::other(message)
 }
 
 /// An etcd cluster of the test's own on loopback (fast elections: heartbeat 50 ms, election
@@ -252,7 +369,7 @@ impl EtcdCluster {
                 etcd_args(&format!("m{i}"), port, *peer, dir, &cluster, &token)
             })?);
         }
-        wait_etcd_healthy(&ports.iter().map(|(p, _)| *p).collect::<Vec<_>>())?;
+        wait_etcd_healthy(&members.iter().collect::<Vec<_>>())?;
         Ok(EtcdCluster { members })
     }
 
@@ -350,7 +467,10 @@ impl ZkEnsemble {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !(0..size).all(|i| ensemble.serving(i)) {
             if Instant::now() > deadline {
-                return Err(std::io::Error::other("the ZooKeeper ensemble did not form"));
+                let members: Vec<&LoopbackServer> = ensemble.members.iter().collect();
+                return Err(not_ready("ZooKeeper", "did not form an ensemble in 30 s", &members, |m| {
+                    !zk_four_letters(m.port, "srvr").lines().any(|l| l.starts_with("Mode: "))
+                }));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -385,7 +505,13 @@ impl ZkEnsemble {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.serving(i) {
             if Instant::now() > deadline {
-                return Err(std::io::Error::other(format!("ZooKeeper member {i} did not come back")));
+                let member = &self.members[i];
+                return Err(not_ready(
+                    "ZooKeeper",
+                    &format!("(member {i}) did not come back in 30 s"),
+                    &[member],
+                    |_| true,
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -402,5 +528,50 @@ impl ZkEnsemble {
         if let Some(m) = self.members.get_mut(i) {
             m.kill();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_that_exits_at_start_says_why_at_once() {
+        let started = Instant::now();
+        let err = LoopbackServer::start("sh", |port, _| {
+            vec!["-c".into(), format!("echo 'cannot bind 127.0.0.1:{port}: boom' >&2; exit 3")]
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("exited (exit status: 3) before it listened"), "{err}");
+        assert!(err.contains("cannot bind 127.0.0.1:") && err.contains("boom"), "the log's end is in: {err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "did not wait out the 10 s deadline");
+    }
+
+    #[test]
+    fn ports_are_free_distinct_and_outside_the_ephemeral_range() {
+        let (low, high) = below_ephemeral_range();
+        let ports: Vec<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        let distinct: BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port was handed out twice: {ports:?}");
+        for port in ports {
+            if high > low {
+                assert!((low..high).contains(&port), "{port} is not in [{low}, {high})");
+            }
+            TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_log_tail_keeps_the_last_lines() {
+        let mut server = LoopbackServer::spawn_unchecked("sh", free_port().unwrap(), |_, _| {
+            vec!["-c".into(), "for i in 1 2 3 4 5; do echo line$i; done".into()]
+        })
+        .unwrap();
+        if let Some(child) = server.child.as_mut() {
+            child.wait().unwrap();
+        }
+        assert_eq!(server.log_tail(2), "line4\nline5");
+        assert_eq!(process_state(std::process::id()), "running");
     }
 }

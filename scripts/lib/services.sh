@@ -13,12 +13,30 @@ chmod 755 "$PALISADE_SERVICES_DIR"
 
 svc_log() { printf 'services: %s\n' "$*" >&2; }
 
-# A free TCP port on 127.0.0.1 (asked of the kernel, then double-checked).
+# A free TCP port on 127.0.0.1, chosen below the kernel's ephemeral range when there is room
+# (a port from that range may become some outgoing connection's source port before the server
+# binds it), then double-checked.
 svc_free_port() {
   local port
   for _ in 1 2 3 4 5; do
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    port=$(python3 -c '
+import random, socket
+try:
+    first = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except Exception:
+    first = 32768
+for _ in range(200):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", random.randrange(10000, first) if first >= 11000 else 0))
+        print(s.getsockname()[1])
+        break
+    except OSError:
+        pass
+    finally:
+        s.close()
+')
+    if [ -n "$port" ] && ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "$port"
       return 0
     fi
@@ -171,6 +189,7 @@ start_etcd() {
   local port peer dir
   port=$(svc_free_port)
   peer=$(svc_free_port)
+  while [ "$peer" = "$port" ]; do peer=$(svc_free_port); done
   dir="$PALISADE_SERVICES_DIR/etcd"
   rm -rf "$dir"
   mkdir -p "$dir"
