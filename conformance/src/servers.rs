@@ -224,7 +224,9 @@ static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 /// Chosen *below* the kernel's ephemeral range when there is room: a port taken from that range
 /// (`bind(…:0)`) is free only until the server binds it, and meanwhile any outgoing connection on
 /// the machine may get it as its source port, such as the first cluster member dialling its
-/// peers, which then cannot start. A CI run lost a 3-member etcd cluster that way.
+/// peers. (A CI run had a 3-member etcd cluster that never became healthy, with its output
+/// thrown away; this and a full disk, see [`server_root`], are the causes ruled out since, and
+/// the members' logs now come with such an error.)
 fn free_port() -> std::io::Result<u16> {
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let (low, high) = below_ephemeral_range();
