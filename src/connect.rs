@@ -94,9 +94,19 @@ fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
 /// Errors: a malformed URL or unknown scheme is [`ErrorKind::InvalidConfig`]; a scheme whose
 /// cargo feature is off is [`ErrorKind::Unsupported`] and names the feature.
 pub async fn connect_lock(url: &str) -> Result<Arc<DynLockService>> {
+    connect_fenced(&lock_scheme(url)?, url).await
+}
+
+/// The URL's lock-service scheme, lowercased, once it is known and its feature is on.
+fn lock_scheme(url: &str) -> Result<String> {
     let scheme = scheme_of(url)?;
     check_scheme("lock service", scheme, LOCK_SCHEMES)?;
-    match scheme.to_ascii_lowercase().as_str() {
+    Ok(scheme.to_ascii_lowercase())
+}
+
+/// Connects a fenced service of a checked `scheme`.
+async fn connect_fenced(scheme: &str, url: &str) -> Result<Arc<DynLockService>> {
+    match scheme {
         #[cfg(feature = "memory")]
         "memory" => Ok(memory::lock_service(memory::instance_name(url)?)),
         #[cfg(feature = "redis")]
@@ -190,12 +200,11 @@ impl std::fmt::Debug for AnyLockService {
 ///
 /// Errors: as for [`connect_lock`].
 pub async fn connect_any_lock(url: &str) -> Result<AnyLockService> {
-    let scheme = scheme_of(url)?;
-    check_scheme("lock service", scheme, LOCK_SCHEMES)?;
-    match scheme.to_ascii_lowercase().as_str() {
+    let scheme = lock_scheme(url)?;
+    match scheme.as_str() {
         #[cfg(feature = "redlock")]
         "redlock" => Ok(AnyLockService::Unfenced(Arc::new(palisade_redlock::RedlockService::connect(url).await?))),
-        _ => Ok(AnyLockService::Fenced(connect_lock(url).await?)),
+        _ => Ok(AnyLockService::Fenced(connect_fenced(&scheme, url).await?)),
     }
 }
 

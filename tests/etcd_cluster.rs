@@ -1,40 +1,22 @@
 //! etcd's leader killed while clients hold and contend for locks, on a 3-member cluster of the
 //! test's own (fast elections): no two holders at once, no stale write accepted, locks usable
-//! again after the election, fences increasing across the leader change.
+//! again after the election, fences increasing across the leader change
+//! (`palisade_conformance::cluster`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-#[path = "common/contention.rs"]
-mod contention;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use palisade::DynFencedStore;
 use palisade::etcd::{EtcdConfig, EtcdLockService};
 use palisade::postgres::PostgresStore;
+use palisade_conformance::cluster::{LeaderKillSettings, leader_killed_under_contention};
 use palisade_conformance::require_env;
 use palisade_conformance::servers::EtcdCluster;
 
-/// The current leader's index; a loaded machine can be between elections, so ask for up to 10 s.
-async fn leader_index(cluster: &EtcdCluster) -> Option<usize> {
-    for _ in 0..50 {
-        for (i, port) in cluster.client_ports().into_iter().enumerate() {
-            let Ok(mut client) = etcd_client::Client::connect([format!("http://127.0.0.1:{port}")], None).await else {
-                continue;
-            };
-            if let Ok(status) = client.status().await
-                && status.header().is_some_and(|h| h.member_id() == status.leader())
-            {
-                return Some(i);
-            }
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-    None
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_killed_under_contention() {
+async fn leader_killed_under_contention_is_safe_and_recovers() {
     let mut cluster = EtcdCluster::start(&require_env("PALISADE_ETCD_SERVER"), 3).unwrap();
     let url = format!("{}?session_ttl_s=2", cluster.url());
     let store: Arc<DynFencedStore> =
@@ -45,15 +27,19 @@ async fn leader_killed_under_contention() {
     }
     let cluster = &mut cluster;
     let run = format!("leader{}", std::process::id());
-    let (killed, after, errors) =
-        contention::leader_killed_under_contention(clients, store, &run, move || async move {
-            let leader = leader_index(cluster).await.expect("a leader before the kill");
-            cluster.kill_member(leader);
-            format!("m{leader}")
-        })
-        .await;
+    let kill = move || async move {
+        let leader = cluster.kill_leader(Duration::from_secs(10)).await.map_err(|e| e.to_string())?;
+        Ok(format!("m{leader}"))
+    };
+    let report =
+        leader_killed_under_contention(clients, store, &run, LeaderKillSettings::default(), kill).await.unwrap();
     eprintln!(
-        "leader {killed} killed; {after} writes after the election; {} errors meanwhile: {errors:?}",
-        errors.len()
+        "leader {} killed; {} writes, {} after the election; {} errors meanwhile: {:?}",
+        report.killed,
+        report.writes,
+        report.writes_after_election,
+        report.errors.len(),
+        report.errors
     );
+    report.check().unwrap();
 }

@@ -5,8 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 mod common;
-#[path = "common/contention.rs"]
-mod contention;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +14,7 @@ use nix::sys::signal::{Signal, kill};
 use palisade::DynFencedStore;
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::zookeeper::{ZkConfig, ZkLockService};
+use palisade_conformance::cluster::{LeaderKillSettings, leader_killed_under_contention};
 use palisade_conformance::servers::ZkEnsemble;
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
 
@@ -92,7 +91,7 @@ fn sigkill_holder_is_replaced_within_the_session_timeout() {
 }
 
 /// The ensemble's leader is killed while 4 clients contend for 2 keys and write through
-/// PostgreSQL (`common/contention.rs`).
+/// PostgreSQL (`palisade_conformance::cluster`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ensemble_leader_killed_under_contention() {
     let mut ensemble = ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), 3).unwrap();
@@ -105,15 +104,19 @@ async fn ensemble_leader_killed_under_contention() {
     }
     let ensemble = &mut ensemble;
     let run = format!("zkleader{}", std::process::id());
-    let (killed, after, errors) =
-        contention::leader_killed_under_contention(clients, store, &run, move || async move {
-            let leader = ensemble.leader().expect("a leader before the kill");
-            ensemble.kill_member(leader);
-            format!("server {}", leader + 1)
-        })
-        .await;
+    let kill = move || async move {
+        let leader = ensemble.kill_leader(Duration::from_secs(10)).await.map_err(|e| e.to_string())?;
+        Ok(format!("server {}", leader + 1))
+    };
+    let report =
+        leader_killed_under_contention(clients, store, &run, LeaderKillSettings::default(), kill).await.unwrap();
     eprintln!(
-        "leader {killed} killed; {after} writes after the election; {} errors meanwhile: {errors:?}",
-        errors.len()
+        "leader {} killed; {} writes, {} after the election; {} errors meanwhile: {:?}",
+        report.killed,
+        report.writes,
+        report.writes_after_election,
+        report.errors.len(),
+        report.errors
     );
+    report.check().unwrap();
 }

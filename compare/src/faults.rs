@@ -14,6 +14,8 @@ use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::Instant;
 
+use palisade_conformance::cluster::{LeaderKillSettings, leader_killed_under_contention};
+
 use crate::local::{Cluster, Local};
 use crate::target::Backend;
 
@@ -309,7 +311,8 @@ pub async fn restart(
     }
 }
 
-/// A 3-member cluster's leader killed while four clients contend for one lock and write.
+/// A 3-member cluster's leader killed while four clients contend for one lock and write
+/// (`palisade_conformance::cluster`, the scenario the cluster tests assert on).
 pub async fn leader_kill(backend: Backend, store: &Arc<DynFencedStore>, session_s: u64, quick: bool) -> Cell {
     const S: &str = "leader_kill";
     let Some(started) = Cluster::start(backend, session_s) else {
@@ -319,112 +322,48 @@ pub async fn leader_kill(backend: Backend, store: &Arc<DynFencedStore>, session_
         Ok(c) => c,
         Err(e) => return Cell::failed(S, e),
     };
-    let ns = namespace();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        match palisade::connect_lock(&url).await {
+            Ok(l) => clients.push(l),
+            Err(e) => return Cell::failed(S, e),
+        }
+    }
     // After the kill: at least `after`, and until a few writes landed (an election with session
     // expiry can take seconds), at most 30 s.
-    let (before, after) = if quick {
-        (Duration::from_secs(1), Duration::from_secs(3))
-    } else {
-        (Duration::from_secs(2), Duration::from_secs(8))
+    let settings = LeaderKillSettings {
+        keys: 1,
+        before: Duration::from_secs(if quick { 1 } else { 2 }),
+        settle: Duration::ZERO,
+        after: Duration::from_secs(if quick { 3 } else { 8 }),
+        writes_after: 5,
+        ttl: Duration::from_secs(2),
     };
-    let accepted: Arc<std::sync::Mutex<Vec<(Instant, u64)>>> = Arc::default();
-    let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let lost = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for w in 0..4 {
-        let locks = match palisade::connect_lock(&url).await {
-            Ok(l) => l,
-            Err(e) => return Cell::failed(S, e),
-        };
-        let (store, accepted, errors, lost, ns, stop) = (
-            Arc::clone(store),
-            Arc::clone(&accepted),
-            Arc::clone(&errors),
-            Arc::clone(&lost),
-            ns.clone(),
-            Arc::clone(&stop),
-        );
-        tasks.push(tokio::spawn(async move {
-            let Ok(key) = ResourceKey::new(ns.clone(), "leader") else { return };
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let lease = match locks.lock(&key, Duration::from_secs(2), Duration::from_secs(3)).await {
-                    Ok(l) => l,
-                    Err(_) => {
-                        errors.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                let batch = WriteBatch::new().put(format!("{ns}/data"), format!("w{w}"));
-                match store.write(&lease, &batch).await {
-                    Ok(()) => accepted
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push((Instant::now(), lease.fence().get())),
-                    Err(_) => {
-                        errors.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    }
-                }
-                if lease.is_lost() {
-                    lost.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                }
-                let _ = lease.release().await;
-            }
-        }));
-    }
-    tokio::time::sleep(before).await;
-    let killed_at = Instant::now();
-    let killed = match cluster.kill_leader().await {
-        Ok(k) => k,
-        Err(e) => {
-            stop.store(true, std::sync::atomic::Ordering::SeqCst);
-            return Cell::failed(S, e);
-        }
+    let cluster = &mut cluster;
+    let run = leader_killed_under_contention(clients, Arc::clone(store), &namespace(), settings, async || {
+        cluster.kill_leader().await
+    })
+    .await;
+    let report = match run {
+        Ok(r) => r,
+        Err(e) => return Cell::failed(S, e),
     };
-    loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let landed = accepted
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .filter(|(t, _)| *t > killed_at)
-            .count();
-        let waited = killed_at.elapsed();
-        if (waited >= after && landed >= 5) || waited >= Duration::from_secs(30) {
-            break;
-        }
-    }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    for t in tasks {
-        let _ = t.await;
-    }
-    drop(cluster);
-    let accepted = accepted.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-    // The store accepted these in this order; a fence below an earlier accepted one is stale.
-    let mut max = 0;
-    let mut stale = 0;
-    for (_, fence) in &accepted {
-        if *fence < max {
-            stale += 1;
-        }
-        max = max.max(*fence);
-    }
-    let first_after = accepted.iter().filter(|(t, _)| *t > killed_at).map(|(t, _)| *t - killed_at).min();
-    let writes_after = accepted.iter().filter(|(t, _)| *t > killed_at).count();
     Cell {
         scenario: S,
         ran: true,
-        stale_accepted: Some(stale),
-        duplicates: Some(0),
-        proceed_ms: first_after.map(ms),
+        stale_accepted: Some(report.stale_accepted),
+        duplicates: Some(report.overlaps.len() as u64),
+        proceed_ms: report.first_write_after_kill.map(ms),
         lost_fired: None,
-        safe: Some(stale == 0 && writes_after > 0),
+        safe: Some(report.check().is_ok()),
         note: format!(
-            "killed {killed}; {} writes accepted, {writes_after} after the kill; {} errors; {} leases lost",
-            accepted.len(),
-            errors.load(std::sync::atomic::Ordering::SeqCst),
-            lost.load(std::sync::atomic::Ordering::SeqCst)
+            "killed {}; {} writes accepted, {} after the kill; {} errors; {} leases lost; {} overlapping holds",
+            report.killed,
+            report.writes,
+            report.writes_after_election,
+            report.errors.len(),
+            report.leases_lost,
+            report.overlaps.len()
         ),
     }
 }

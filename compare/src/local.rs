@@ -126,43 +126,15 @@ impl Cluster {
         })
     }
 
-    /// Kills the current leader; says which member it was.
+    /// Kills the current leader (waiting up to 10 s for one: the cluster may be between
+    /// elections); says which member it was.
     pub async fn kill_leader(&mut self) -> Result<String, String> {
+        let within = std::time::Duration::from_secs(10);
         match self {
-            Cluster::Zk(zk) => {
-                let mut leader = zk.leader();
-                for _ in 0..50 {
-                    if leader.is_some() {
-                        break;
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                    leader = zk.leader();
-                }
-                let leader = leader.ok_or("no ZooKeeper leader")?;
-                zk.kill_member(leader);
-                Ok(format!("ZooKeeper member {leader}"))
-            }
-            Cluster::Etcd(etcd) => {
-                // Between elections nobody is leader: ask for up to 10 s.
-                for _ in 0..50 {
-                    for (i, port) in etcd.client_ports().into_iter().enumerate() {
-                        let Ok(mut client) =
-                            etcd_client::Client::connect([format!("http://127.0.0.1:{port}")], None).await
-                        else {
-                            continue;
-                        };
-                        if let Ok(status) = client.status().await
-                            && status.header().is_some_and(|h| h.member_id() == status.leader())
-                        {
-                            etcd.kill_member(i);
-                            return Ok(format!("etcd member m{i}"));
-                        }
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-                Err("no etcd leader found".into())
-            }
+            Cluster::Zk(zk) => zk.kill_leader(within).await.map(|i| format!("ZooKeeper member {i}")),
+            Cluster::Etcd(etcd) => etcd.kill_leader(within).await.map(|i| format!("etcd member m{i}")),
         }
+        .map_err(|e| e.to_string())
     }
 }
 

@@ -315,7 +315,7 @@ fn markdown(
     let _ = writeln!(md, "## Fault matrix\n");
     let _ = writeln!(
         md,
-        "Each cell: ✅ no stale write accepted and no duplicate / ❌ otherwise; `stale` = writes the store accepted from a holder after a later holder's write; `dup` = effects applied twice (audit records); `next in` = from the fault until another holder had the lock; `lost` = whether the frozen holder's lost signal had fired by the time it wrote.\n"
+        "Each cell: ✅ no stale write accepted and no duplicate / ❌ otherwise; `stale` = writes the store accepted from a holder after a later holder's write; `dup` = effects applied twice (audit records; for a killed leader, holds of one lock that overlapped); `next in` = from the fault until another holder had the lock; `lost` = whether the frozen holder's lost signal had fired by the time it wrote.\n"
     );
     let _ = writeln!(
         md,

@@ -52,6 +52,8 @@
 //! [`servers::LoopbackServer`] starts a server process on a free loopback port with a data
 //! directory of its own, and can kill or restart it: for the chaos tests no shared server may
 //! suffer (a Redis restarted without persistence, a killed cluster leader).
+//! [`servers::EtcdCluster`] and [`servers::ZkEnsemble`] are 3-member clusters whose leader a test
+//! can kill; [`cluster::leader_killed_under_contention`] is the scenario to run meanwhile.
 //!
 //! ## Without the macros
 //!
@@ -64,6 +66,7 @@
 #![forbid(unsafe_code)]
 
 mod child;
+pub mod cluster;
 pub mod e2e;
 mod factory;
 mod fn_factory;

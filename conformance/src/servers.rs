@@ -292,15 +292,40 @@ fn etcd_args(name: &str, port: u16, peer: u16, dir: &Path, cluster: &str, token:
 
 /// Whether an etcd member's `/health` says healthy (it has a leader and a quorum).
 fn etcd_healthy(port: u16) -> bool {
+    ask(port, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").contains("\"health\":\"true\"")
+}
+
+/// Whether an etcd member says it is the leader (its `/metrics`).
+fn etcd_is_leader(port: u16) -> bool {
+    ask(port, b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").lines().any(|l| l == "etcd_server_is_leader 1")
+}
+
+/// Sends `request` on a fresh loopback connection and reads the answer until the server closes
+/// it ("" if unreachable; at most 500 ms of silence).
+fn ask(port: u16, request: &[u8]) -> String {
     use std::io::{Read, Write};
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
     let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
-    if conn.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
-        return false;
+    if conn.write_all(request).is_err() {
+        return String::new();
     }
     let mut reply = String::new();
     let _ = conn.read_to_string(&mut reply);
-    reply.contains("\"health\":\"true\"")
+    reply
+}
+
+/// Asks `leader` every 100 ms for up to `within` (a cluster can be between elections).
+async fn wait_for_leader(what: &str, within: Duration, leader: impl Fn() -> Option<usize>) -> std::io::Result<usize> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(i) = leader() {
+            return Ok(i);
+        }
+        if Instant::now() > deadline {
+            return Err(std::io::Error::other(format!("{what} had no leader for {within:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn wait_etcd_healthy(members: &[&LoopbackServer]) -> std::io::Result<()> {
@@ -393,6 +418,20 @@ impl EtcdCluster {
         }
     }
 
+    /// The index of the member that says it is the leader (running members only), if one is
+    /// elected now.
+    pub fn leader(&self) -> Option<usize> {
+        self.members.iter().position(|m| m.child.is_some() && etcd_is_leader(m.port))
+    }
+
+    /// Kills the leader with SIGKILL, waiting up to `within` for there to be one (between
+    /// elections there is none); returns its index.
+    pub async fn kill_leader(&mut self, within: Duration) -> std::io::Result<usize> {
+        let leader = wait_for_leader("the etcd cluster", within, || self.leader()).await?;
+        self.kill_member(leader);
+        Ok(leader)
+    }
+
     /// Whether member `i` reports itself healthy (part of a quorum with a leader).
     pub fn member_healthy(&self, i: usize) -> bool {
         self.members.get(i).is_some_and(|m| m.child.is_some() && etcd_healthy(m.port))
@@ -401,15 +440,7 @@ impl EtcdCluster {
 
 /// Sends a ZooKeeper four-letter command and returns the answer ("" if unreachable).
 fn zk_four_letters(port: u16, command: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
-    let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
-    if conn.write_all(command.as_bytes()).is_err() {
-        return String::new();
-    }
-    let mut reply = String::new();
-    let _ = conn.read_to_string(&mut reply);
-    reply
+    ask(port, command.as_bytes())
 }
 
 /// A ZooKeeper ensemble of the test's own on loopback (tickTime 500 ms, admin server off), run
@@ -523,6 +554,14 @@ impl ZkEnsemble {
     /// The index of the current leader, if one is serving.
     pub fn leader(&self) -> Option<usize> {
         (0..self.members.len()).find(|&i| self.mode(i).as_deref() == Some("leader"))
+    }
+
+    /// Kills the leader with SIGKILL, waiting up to `within` for there to be one (between
+    /// elections there is none); returns its index.
+    pub async fn kill_leader(&mut self, within: Duration) -> std::io::Result<usize> {
+        let leader = wait_for_leader("the ZooKeeper ensemble", within, || self.leader()).await?;
+        self.kill_member(leader);
+        Ok(leader)
     }
 
     /// Kills member `i` with SIGKILL.

@@ -84,7 +84,8 @@ pub use memory::{MemoryFencedStore, MemoryLockService};
 pub use redact::redact_url;
 pub use renewal::{Progress, Renewal};
 pub use service::{
-    AttemptOutcome, Backoff, DynLockService, DynUnfencedLockService, LockService, timeout_error, wait_for_release,
+    AttemptOutcome, Backoff, DynLockService, DynUnfencedLockService, LockService, poll_acquire, timeout_error,
+    wait_for_release,
 };
 pub use store::{
     DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WriteBatch, WriteOp, conflict_error,

@@ -79,19 +79,7 @@ pub trait LockService: Send + Sync + 'static {
     /// - The default implementation retries `try_acquire` with exponential backoff and full
     ///   jitter (2 ms doubling up to 250 ms); backends with native queues override it.
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Self::Fencing>> {
-        validate_wait(wait)?;
-        let give_up = Instant::now() + wait;
-        let mut backoff = Backoff::new();
-        loop {
-            if let Some(grant) = self.try_acquire(key, ttl).await? {
-                return Ok(grant);
-            }
-            let now = Instant::now();
-            if now >= give_up {
-                return Err(timeout_error(self.backend(), key, wait));
-            }
-            tokio::time::sleep(backoff.next_delay().min(give_up - now)).await;
-        }
+        poll_acquire(self.backend(), key, wait, Backoff::new(), false, || self.try_acquire(key, ttl)).await
     }
 
     /// Extends the grant so it expires `ttl` from now, and returns the TTL actually granted,
@@ -228,6 +216,43 @@ where
             _ = notified => {}
             _ = tokio::time::sleep_until(wake) => {}
         }
+    }
+}
+
+/// The waiting loop of a service that polls (the default [`LockService::acquire`], and
+/// overrides that poll with their own pacing, such as Redlock's retry delay).
+///
+/// Runs `attempt` until it grants, sleeping `backoff`'s next delay between attempts and never
+/// past the end of `wait`. An error from `attempt` is returned at once, unless
+/// `retry_retryable` is set and the error [is retryable](crate::Error::is_retryable): then it
+/// counts as "not granted", and if the wait runs out right after it, that error is returned
+/// instead of [`ErrorKind::Timeout`]. It validates `wait` first.
+pub async fn poll_acquire<G, F, Fut>(
+    backend: &'static str,
+    key: &ResourceKey,
+    wait: Duration,
+    mut backoff: Backoff,
+    retry_retryable: bool,
+    mut attempt: F,
+) -> Result<G>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<G>>>,
+{
+    validate_wait(wait)?;
+    let give_up = Instant::now() + wait;
+    loop {
+        let last_error = match attempt().await {
+            Ok(Some(grant)) => return Ok(grant),
+            Ok(None) => None,
+            Err(e) if retry_retryable && e.is_retryable() => Some(e),
+            Err(e) => return Err(e),
+        };
+        let now = Instant::now();
+        if now >= give_up {
+            return Err(last_error.unwrap_or_else(|| timeout_error(backend, key, wait)));
+        }
+        tokio::time::sleep(backoff.next_delay().min(give_up - now)).await;
     }
 }
 

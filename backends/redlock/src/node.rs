@@ -4,11 +4,10 @@ use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use palisade_core::{Error, ErrorKind};
+use palisade_core::{Error, ErrorKind, redact_url};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError, Script};
 
-use crate::config::redacted;
 use crate::service::BACKEND;
 
 /// What one master said to one command.
@@ -48,12 +47,12 @@ impl Node {
         connect_timeout: Duration,
     ) -> Result<Self, Error> {
         let client = redis::Client::open(url).map_err(|e| {
-            Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad URL for master {number}: {}", redacted(url)))
+            Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad URL for master {number}: {}", redact_url(url)))
                 .with_source(e)
         })?;
         Ok(Node {
             number,
-            url: redacted(url),
+            url: redact_url(url),
             client,
             conn: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 use palisade_core::{
     Backoff, Capabilities, Error, ErrorKind, FenceSource, Grant, LockService, OwnerToken, ResourceKey, Result, Ttl,
-    Unfenced, Waiting, timeout_error, validate_wait,
+    Unfenced, Waiting, poll_acquire,
 };
 use redis::Script;
 use tokio::time::Instant;
@@ -212,23 +212,9 @@ impl LockService for RedlockService {
     /// error (too few masters answered) is retried too; if the wait runs out right after one,
     /// that error is returned instead of [`ErrorKind::Timeout`].
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Unfenced>> {
-        validate_wait(wait)?;
         self.reported_ttl(ttl)?;
-        let give_up = Instant::now() + wait;
-        let mut jitter = Backoff::with_bounds(self.config.retry_delay, self.config.retry_delay);
-        loop {
-            let last_error = match self.attempt(key, ttl).await {
-                Ok(Some(grant)) => return Ok(grant),
-                Ok(None) => None,
-                Err(e) if e.is_retryable() => Some(e),
-                Err(e) => return Err(e),
-            };
-            let now = Instant::now();
-            if now >= give_up {
-                return Err(last_error.unwrap_or_else(|| timeout_error(BACKEND, key, wait)));
-            }
-            tokio::time::sleep(jitter.next_delay().min(give_up - now)).await;
-        }
+        let jitter = Backoff::with_bounds(self.config.retry_delay, self.config.retry_delay);
+        poll_acquire(BACKEND, key, wait, jitter, true, || self.attempt(key, ttl)).await
     }
 
     /// The compare-token `PEXPIRE` on every master; extended when a majority did it with
