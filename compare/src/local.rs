@@ -2,11 +2,9 @@
 
 use std::process::Command;
 
-use palisade_conformance::servers::{EtcdCluster, LoopbackServer, ZkEnsemble};
+use palisade_conformance::servers::{EtcdCluster, LoopbackServer, ZkEnsemble, postgres_bin_dir};
 
 use crate::target::{Backend, LockTarget, StoreTarget};
-
-const POSTGRES_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 /// Debian's ZooKeeper jars (what `scripts/lib/services.sh` uses).
 pub fn zk_classpath() -> String {
@@ -138,8 +136,9 @@ impl Cluster {
     }
 }
 
-/// PostgreSQL 15 from Debian, as `postgres` (it refuses root), on its own port and directory.
+/// PostgreSQL from Debian (the newest major version installed), as `postgres` (it refuses root), on its own port and directory.
 fn start_postgres() -> std::io::Result<LoopbackServer> {
+    let bin = postgres_bin_dir()?;
     let mut failure = None;
     let server = LoopbackServer::start("setpriv", |port, dir| {
         let data = dir.join("data");
@@ -151,7 +150,7 @@ fn start_postgres() -> std::io::Result<LoopbackServer> {
         run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(dir));
         run(Command::new("setpriv")
             .args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
-            .arg(format!("{POSTGRES_BIN}/initdb"))
+            .arg(bin.join("initdb"))
             .arg("-D")
             .arg(&data)
             .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C.UTF-8"])
@@ -161,7 +160,7 @@ fn start_postgres() -> std::io::Result<LoopbackServer> {
             "--reuid=postgres".into(),
             "--regid=postgres".into(),
             "--init-groups".into(),
-            format!("{POSTGRES_BIN}/postgres"),
+            bin.join("postgres").display().to_string(),
             "-D".into(),
             data.display().to_string(),
             "-p".into(),

@@ -201,6 +201,32 @@ impl Drop for LoopbackServer {
 
 const LOG_FILE: &str = "server.log";
 
+/// The directory of PostgreSQL's server binaries (`postgres`, `initdb`, `pg_isready`):
+/// `$PALISADE_POSTGRES_BIN` when set (`scripts/lib/services.sh` exports the one it used), else
+/// the newest major version installed under Debian's `/usr/lib/postgresql/<major>/bin`.
+pub fn postgres_bin_dir() -> std::io::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("PALISADE_POSTGRES_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let newest = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let major: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("postgres").is_file().then_some((major, bin))
+        })
+        .max_by_key(|(major, _)| *major);
+    newest.map(|(_, bin)| bin).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no PostgreSQL server under /usr/lib/postgresql/*/bin (scripts/test installs one; or set PALISADE_POSTGRES_BIN)",
+        )
+    })
+}
+
 /// Where servers keep their data: memory (`/dev/shm`) when the machine has it with room to
 /// spare (etcd preallocates 64 MB of log per member), as the shared servers of `scripts/test`
 /// do. etcd and ZooKeeper fsync every write, and on a busy test disk that (not the code under

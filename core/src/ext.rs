@@ -70,6 +70,20 @@ pub trait LockServiceExt {
     where
         T: FencedStore + ?Sized,
         Self::Service: LockService<Fencing = Fenced>;
+
+    /// [`try_lock`](LockServiceExt::try_lock) with the check of
+    /// [`lock_checked`](LockServiceExt::lock_checked): takes the lock if it is free, without
+    /// waiting (`Ok(None)` if it is held), and makes sure the grant's fence is above `store`'s
+    /// watermark, repairing a regressed counter the same way.
+    async fn try_lock_checked<T>(
+        &self,
+        store: &T,
+        key: &ResourceKey,
+        ttl: Duration,
+    ) -> Result<Option<Lease<Self::Service>>>
+    where
+        T: FencedStore + ?Sized,
+        Self::Service: LockService<Fencing = Fenced>;
 }
 
 /// How far [`LockServiceExt::lock_checked`] moves a regressed fence counter above the store's
@@ -125,45 +139,73 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
         T: FencedStore + ?Sized,
         S: LockService<Fencing = Fenced>,
     {
-        let backend = self.backend();
-        // Two rounds: the first may find and repair a regression, the second must be clean.
-        for _ in 0..2 {
-            let lease = self.lock(key, ttl, wait).await?;
-            let Some(watermark) = store.watermark(key).await? else { return Ok(lease) };
-            // Strictly above: an equal fence was already spent by an earlier grant.
-            if lease.fence() > watermark {
-                return Ok(lease);
-            }
-            metrics::record_fence_regression(backend);
-            error!(
-                backend,
-                store = store.backend(),
-                key = %key,
-                fence = lease.fence().get(),
-                watermark = watermark.get(),
-                "FENCE REGRESSION: the lock service issued a fence at or below the store's watermark; it lost its counter"
-            );
-            // Give the useless grant back before moving the counter; a failed release only
-            // delays the next grant until the TTL.
-            let _ = lease.release().await;
-            let floor = Fence::new(watermark.get().saturating_add(REGRESSION_GAP));
-            self.advance_fence(key, floor).await.map_err(|e| {
-                crate::Error::new(
-                    ErrorKind::FenceRegression,
-                    backend,
-                    format!(
-                        "fence regression on {key}: issued below watermark {watermark}, and the counter cannot be moved"
-                    ),
-                )
-                .with_source(e)
-            })?;
-        }
-        Err(crate::Error::new(
-            ErrorKind::FenceRegression,
-            backend,
-            format!("fence regression on {key}: still not above the store's watermark after moving the counter"),
-        ))
+        let lease = checked(self, store, key, || async { self.lock(key, ttl, wait).await.map(Some) }).await?;
+        lease.ok_or_else(|| {
+            crate::Error::new(ErrorKind::Backend, self.backend(), "an acquire that waits returned no lease")
+        })
     }
+
+    async fn try_lock_checked<T>(&self, store: &T, key: &ResourceKey, ttl: Duration) -> Result<Option<Lease<S>>>
+    where
+        T: FencedStore + ?Sized,
+        S: LockService<Fencing = Fenced>,
+    {
+        checked(self, store, key, || self.try_lock(key, ttl)).await
+    }
+}
+
+/// The check behind `lock_checked` and `try_lock_checked`: acquires with `acquire`, compares the
+/// grant's fence with the store's watermark, and repairs a regressed counter once.
+async fn checked<S, T, F, Fut>(
+    service: &Arc<S>,
+    store: &T,
+    key: &ResourceKey,
+    mut acquire: F,
+) -> Result<Option<Lease<S>>>
+where
+    S: LockService<Fencing = Fenced> + ?Sized,
+    T: FencedStore + ?Sized,
+    F: FnMut() -> Fut + Send,
+    Fut: std::future::Future<Output = Result<Option<Lease<S>>>> + Send,
+{
+    let backend = service.backend();
+    // Two rounds: the first may find and repair a regression, the second must be clean.
+    for _ in 0..2 {
+        let Some(lease) = acquire().await? else { return Ok(None) };
+        let Some(watermark) = store.watermark(key).await? else { return Ok(Some(lease)) };
+        // Strictly above: an equal fence was already spent by an earlier grant.
+        if lease.fence() > watermark {
+            return Ok(Some(lease));
+        }
+        metrics::record_fence_regression(backend);
+        error!(
+            backend,
+            store = store.backend(),
+            key = %key,
+            fence = lease.fence().get(),
+            watermark = watermark.get(),
+            "FENCE REGRESSION: the lock service issued a fence at or below the store's watermark; it lost its counter"
+        );
+        // Give the useless grant back before moving the counter; a failed release only
+        // delays the next grant until the TTL.
+        let _ = lease.release().await;
+        let floor = Fence::new(watermark.get().saturating_add(REGRESSION_GAP));
+        service.advance_fence(key, floor).await.map_err(|e| {
+            crate::Error::new(
+                ErrorKind::FenceRegression,
+                backend,
+                format!(
+                    "fence regression on {key}: issued below watermark {watermark}, and the counter cannot be moved"
+                ),
+            )
+            .with_source(e)
+        })?;
+    }
+    Err(crate::Error::new(
+        ErrorKind::FenceRegression,
+        backend,
+        format!("fence regression on {key}: still not above the store's watermark after moving the counter"),
+    ))
 }
 
 /// What users call on a fenced store: writes that take their fence from a lease.
@@ -261,5 +303,22 @@ mod tests {
         let err = store.write(&a, &WriteBatch::new().put("rec", b"A again".to_vec())).await.unwrap_err();
         assert!(err.stale_fence_details().is_some(), "{err}");
         assert_eq!(store.read("rec").await.unwrap().unwrap().value, b"B");
+    }
+
+    #[tokio::test]
+    async fn try_lock_checked_tries_once_and_repairs_a_regression() {
+        let store = MemoryFencedStore::new();
+        let key = ResourceKey::new("regress", "try").unwrap();
+        let ttl = Duration::from_secs(30);
+        let before = Arc::new(MemoryLockService::new());
+        let a = before.try_lock_checked(&store, &key, ttl).await.unwrap().expect("free");
+        store.write(&a, &WriteBatch::new().put("rec", b"A".to_vec())).await.unwrap();
+        assert!(before.try_lock_checked(&store, &key, ttl).await.unwrap().is_none(), "held: no wait, no lease");
+        let a_fence = a.fence();
+        a.release().await.unwrap();
+
+        let after = Arc::new(MemoryLockService::new());
+        let b = after.try_lock_checked(&store, &key, ttl).await.unwrap().expect("free");
+        assert!(b.fence().get() > a_fence.get() + REGRESSION_GAP, "fence {} after repair", b.fence());
     }
 }

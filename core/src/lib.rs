@@ -57,6 +57,7 @@
 #![forbid(unsafe_code)]
 
 mod capabilities;
+mod connection_url;
 mod error;
 mod ext;
 mod fence;
@@ -66,7 +67,6 @@ mod key;
 mod lease;
 pub mod memory;
 pub mod metrics;
-mod redact;
 mod renewal;
 mod service;
 mod store;
@@ -74,6 +74,7 @@ mod token;
 mod ttl;
 
 pub use capabilities::{Capabilities, FenceSource, Waiting};
+pub use connection_url::{ConnectionUrl, redact_url};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use ext::{FencedStoreExt, LockServiceExt, REGRESSION_GAP};
 pub use fence::Fence;
@@ -81,7 +82,6 @@ pub use grant::{Fenced, Fencing, Grant, Unfenced};
 pub use key::{MAX_DOMAIN_LEN, MAX_ID_LEN, ResourceKey};
 pub use lease::Lease;
 pub use memory::{MemoryFencedStore, MemoryLockService};
-pub use redact::redact_url;
 pub use renewal::{Progress, Renewal};
 pub use service::{
     AttemptOutcome, Backoff, DynLockService, DynUnfencedLockService, LockService, poll_acquire, timeout_error,

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod logging;
+
 use palisade::{DynFencedStore, DynLockService, OwnerToken, Result};
 
 /// The flags every example takes. Without them it runs on the embedded default: the
@@ -67,6 +69,7 @@ pub fn main_with<F>(run: impl FnOnce() -> F) -> ExitCode
 where
     F: Future<Output = Result<ExitCode>>,
 {
+    logging::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

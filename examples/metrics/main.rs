@@ -5,9 +5,10 @@
 //! cargo run --example metrics -- --serve-secs 300    # keep serving after the run, to scrape it
 //! ```
 //!
-//! It installs the `metrics-exporter-prometheus` recorder with an HTTP listener on localhost,
-//! runs the warehouse simulation (the seed's incident: holders paused past their TTL), prints the
-//! lock metrics it scraped from its own `/metrics`, and keeps serving for `--serve-secs`.
+//! It installs the `metrics-exporter-prometheus` recorder, serves its text on localhost with a
+//! few lines of tokio (so the example needs no HTTP stack), runs the warehouse simulation (the
+//! incident: holders paused past their TTL), prints the lock metrics it
+//! scraped from its own `/metrics`, and keeps serving for `--serve-secs`.
 //!
 //! **What goes wrong without a fence, and what to watch.** The paused holders' stale writes are
 //! refused by the store and counted in `lock_fence_rejected_total{store}`; their leases show up in
@@ -24,6 +25,8 @@ mod commands;
 #[allow(dead_code)]
 #[path = "../warehouse/inventory.rs"]
 mod inventory;
+#[path = "../common/logging.rs"]
+mod logging;
 #[allow(dead_code)]
 #[path = "../warehouse/simulate.rs"]
 mod simulate;
@@ -78,13 +81,47 @@ fn total(metrics: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// Answers every connection with the recorder's current text: enough HTTP for a scraper.
+async fn serve(listener: tokio::net::TcpListener, handle: metrics_exporter_prometheus::PrometheusHandle) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else { continue };
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            // The request itself does not matter: read what arrived, then answer.
+            let mut request = [0u8; 1024];
+            let _ = tokio::time::timeout(Duration::from_secs(2), conn.read(&mut request)).await;
+            let body = handle.render();
+            let head = format!(
+                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes()).await;
+            let _ = conn.write_all(body.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        });
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if let Err(e) = metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(args.listen).install() {
-        eprintln!("metrics: cannot serve {}: {e}", args.listen);
-        return ExitCode::from(1);
-    }
+    logging::init();
+    let handle = match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+        Ok(handle) => handle,
+        Err(e) => {
+            eprintln!("metrics: cannot install the Prometheus recorder: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("metrics: cannot serve {}: {e}", args.listen);
+            return ExitCode::from(1);
+        }
+    };
+    tokio::spawn(serve(listener, handle));
     println!("serving http://{}/metrics", args.listen);
     let jobs = args.jobs.to_string();
     let ttl = args.ttl_ms.to_string();

@@ -4,19 +4,48 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The longest lock TTL and lock wait `allocate` accepts: 24 h, the library's own bounds.
+pub const MAX_ALLOCATE_MS: i64 = 86_400_000;
+/// The longest `--think-ms`: 1 h.
+pub const MAX_THINK_MS: i64 = 3_600_000;
+/// The longest TTL and pause `simulate` accepts: 10 min (a run must end).
+pub const MAX_SIMULATE_MS: i64 = 600_000;
+/// The largest quantity: stock levels and allocations are whole units up to 2³² − 1.
+pub const MAX_QTY: i64 = u32::MAX as i64;
+
+/// A validated millisecond flag as a duration (the ranges above keep it non-negative).
+pub fn millis(ms: i64) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+// Numbers are parsed as signed so that `--qty -5` is "out of range" for `--qty`, not an
+// unknown flag `-5`; the ranges are the contract (README.md beside this file).
+
 /// Warehouse allocation under a fenced lock: the seed's incident and its fix.
 #[derive(Debug, Parser)]
 #[command(name = "warehouse", version)]
 pub struct Cli {
-    /// Lock service URL.
-    #[arg(long, global = true, default_value = "memory://")]
-    pub lock: String,
+    /// Lock service URL [default: the store's URL when the store is a SQLite file, so locks,
+    /// fence counters and data share that file; otherwise memory://].
+    #[arg(long, global = true)]
+    pub lock: Option<String>,
     /// Fenced store URL.
     #[arg(long, global = true, default_value = "sqlite://warehouse.db")]
     pub store: String,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// The lock service URL: `--lock`, or the default described on the flag.
+    pub fn lock_url(&self) -> String {
+        match &self.lock {
+            Some(lock) => lock.clone(),
+            None if self.store.starts_with("sqlite:") && !self.store.contains(":memory:") => self.store.clone(),
+            None => "memory://".to_string(),
+        }
+    }
 }
 
 /// Subcommands.
@@ -29,9 +58,9 @@ pub enum Command {
         /// The SKU (letters, digits, '-', '_', '.').
         #[arg(long)]
         sku: String,
-        /// The stock level.
-        #[arg(long)]
-        qty: u32,
+        /// The stock level (0 to 4294967295).
+        #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_QTY))]
+        qty: i64,
     },
     /// Print a SKU's stock, last fence and audit counts as JSON.
     Show {
@@ -44,22 +73,22 @@ pub enum Command {
         /// The SKU.
         #[arg(long)]
         sku: String,
-        /// How many units to allocate.
-        #[arg(long, default_value_t = 1)]
-        qty: u32,
-        /// Lock TTL in milliseconds.
-        #[arg(long, default_value_t = 30_000)]
-        ttl_ms: u64,
-        /// How long to "work" between acquiring and writing, in milliseconds.
-        #[arg(long, default_value_t = 0)]
-        think_ms: u64,
+        /// How many units to allocate (at least 1).
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_QTY))]
+        qty: i64,
+        /// Lock TTL in milliseconds (1 to 86400000).
+        #[arg(long, default_value_t = 30_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_ALLOCATE_MS))]
+        ttl_ms: i64,
+        /// How long to "work" between acquiring and writing, in milliseconds (0 to 3600000).
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_THINK_MS))]
+        think_ms: i64,
         /// Job id for the audit table (default: a fresh random id). Two processes given the same
         /// id model a redelivered job: at most one of them applies it.
         #[arg(long)]
         job: Option<String>,
-        /// How long to wait for the lock, in milliseconds.
-        #[arg(long, default_value_t = 60_000)]
-        wait_ms: u64,
+        /// How long to wait for the lock, in milliseconds (0 to 86400000; 0 tries once).
+        #[arg(long, default_value_t = 60_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_ALLOCATE_MS))]
+        wait_ms: i64,
     },
 }
 
@@ -75,15 +104,15 @@ pub struct SimulateArgs {
     /// Distinct SKUs (one lock each); job j allocates SKU j mod N.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub skus: u32,
-    /// Lock TTL in milliseconds (also the queue's redelivery timeout).
-    #[arg(long, default_value_t = 200)]
-    pub ttl_ms: u64,
+    /// Lock TTL in milliseconds (also the queue's redelivery timeout; 1 to 600000).
+    #[arg(long, default_value_t = 200, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_SIMULATE_MS))]
+    pub ttl_ms: i64,
     /// Every K-th job's holder pauses after acquiring (0: never).
     #[arg(long, default_value_t = 50)]
     pub pause_every: u64,
-    /// Pause length in milliseconds (default: 2 × TTL + 50, longer than the TTL).
-    #[arg(long)]
-    pub pause_ms: Option<u64>,
+    /// Pause length in milliseconds (default: 2 × TTL + 50, longer than the TTL; 0 to 600000).
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_SIMULATE_MS))]
+    pub pause_ms: Option<i64>,
     /// Write without the fence check: the seed's naive lock.
     #[arg(long)]
     pub unfenced: bool,

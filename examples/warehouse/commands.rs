@@ -9,7 +9,7 @@ use palisade::prelude::*;
 use palisade::{DynFencedStore, DynLockService};
 use serde_json::json;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, millis};
 use crate::inventory::{Mode, Order, Outcome, Warehouse};
 use crate::simulate;
 
@@ -48,14 +48,14 @@ impl From<Error> for AppError {
 }
 
 pub async fn connect(cli: &Cli) -> Result<(Arc<DynLockService>, Arc<DynFencedStore>), AppError> {
-    let locks = palisade::connect_lock(&cli.lock).await?;
+    let locks = palisade::connect_lock(&cli.lock_url()).await?;
     let store = palisade::connect_store(&cli.store).await?;
     Ok((locks, store))
 }
 
 /// For `simulate`, which also runs on an unfenced lock (Redlock) to show what it lets through.
 pub async fn connect_any(cli: &Cli) -> Result<(palisade::AnyLockService, Arc<DynFencedStore>), AppError> {
-    let locks = palisade::connect_any_lock(&cli.lock).await?;
+    let locks = palisade::connect_any_lock(&cli.lock_url()).await?;
     let store = palisade::connect_store(&cli.store).await?;
     Ok((locks, store))
 }
@@ -72,20 +72,21 @@ pub async fn run(cli: Cli) -> Result<ExitCode, AppError> {
 }
 
 fn warn_if_single_process(cli: &Cli) {
-    if cli.lock.starts_with("memory:") {
+    let lock = cli.lock_url();
+    if lock.starts_with("memory:") {
         eprintln!(
-            "warehouse: note: {} locks only exclude within this process; use a lock server to coordinate processes",
-            cli.lock
+            "warehouse: note: {} locks only exclude within this process; use sqlite://FILE or a lock server to coordinate processes",
+            lock
         );
     }
 }
 
-async fn setup(cli: &Cli, sku: &str, qty: u32) -> Result<ExitCode, AppError> {
+async fn setup(cli: &Cli, sku: &str, qty: i64) -> Result<ExitCode, AppError> {
     let key = Warehouse::resource(sku)?;
     let (locks, store) = connect(cli).await?;
     let warehouse = Warehouse::new(Arc::clone(&store), "wh");
     let lease = locks.lock_checked(&*store, &key, Duration::from_secs(30), Duration::from_secs(60)).await?;
-    warehouse.set_stock(&lease, sku, i64::from(qty)).await?;
+    warehouse.set_stock(&lease, sku, qty).await?;
     println!("{}", json!({"event": "setup", "sku": sku, "qty": qty, "fence": lease.fence().get()}));
     lease.release().await?;
     Ok(ExitCode::SUCCESS)
@@ -93,7 +94,7 @@ async fn setup(cli: &Cli, sku: &str, qty: u32) -> Result<ExitCode, AppError> {
 
 async fn show(cli: &Cli, sku: &str) -> Result<ExitCode, AppError> {
     Warehouse::resource(sku)?;
-    let store = palisade::connect_store(&cli.store).await?;
+    let store = palisade::connect_store(&existing_only(&cli.store)).await?;
     let warehouse = Warehouse::new(store, "wh");
     let stock = warehouse.stock(sku).await?.ok_or_else(|| {
         AppError::Runtime(format!("unknown SKU {sku:?}: run `warehouse setup --sku {sku} --qty N` first"))
@@ -114,6 +115,17 @@ async fn show(cli: &Cli, sku: &str) -> Result<ExitCode, AppError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `show` only reads: an SQLite file is opened only if it exists (`mode=rw`), so a mistyped
+/// path is an error that names it instead of a new, empty database.
+fn existing_only(store: &str) -> String {
+    let is_file = store.starts_with("sqlite:") && !store.contains(":memory:");
+    if !is_file || store.contains("mode=") {
+        return store.to_string();
+    }
+    let separator = if store.contains('?') { '&' } else { '?' };
+    format!("{store}{separator}mode=rw")
+}
+
 fn emit(value: serde_json::Value) -> Result<(), AppError> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{value}").and_then(|()| out.flush()).map_err(|e| AppError::Runtime(format!("stdout: {e}")))
@@ -122,16 +134,15 @@ fn emit(value: serde_json::Value) -> Result<(), AppError> {
 async fn allocate(
     cli: &Cli,
     sku: &str,
-    qty: u32,
-    ttl_ms: u64,
-    think_ms: u64,
+    qty: i64,
+    ttl_ms: i64,
+    think_ms: i64,
     job: Option<&str>,
-    wait_ms: u64,
+    wait_ms: i64,
 ) -> Result<ExitCode, AppError> {
     let key = Warehouse::resource(sku)?;
-    let ttl = palisade::Ttl::new(Duration::from_millis(ttl_ms))?.get();
-    let wait = Duration::from_millis(wait_ms);
-    palisade::validate_wait(wait)?;
+    let ttl = palisade::Ttl::new(millis(ttl_ms))?.get();
+    let wait = millis(wait_ms);
     let job = match job {
         Some(job) => {
             palisade::validate_record_key(job)?;
@@ -147,17 +158,20 @@ async fn allocate(
     let warehouse = Warehouse::new(Arc::clone(&store), "wh");
     // Checked against the store's watermark: a lock service that lost its fence counter is
     // noticed and repaired here instead of having every write refused (fencing rule 5).
-    let lease = locks.lock_checked(&*store, &key, ttl, wait).await?;
+    let lease = if wait.is_zero() {
+        // `--wait-ms 0`: one attempt. A held lock is a runtime outcome (exit 1), like a wait
+        // that ran out.
+        locks.try_lock_checked(&*store, &key, ttl).await?.ok_or_else(|| {
+            AppError::Runtime(format!("the lock on {key} is held by another worker (--wait-ms 0 tries once)"))
+        })?
+    } else {
+        locks.lock_checked(&*store, &key, ttl, wait).await?
+    };
     let fence = lease.fence().get();
     emit(json!({"event": "acquired", "fence": fence, "job": job}))?;
     let attempt = lease.token().to_string();
     let outcome = warehouse
-        .allocate(
-            &lease,
-            Mode::Fenced,
-            &Order { sku, job: &job, attempt: &attempt, qty: i64::from(qty) },
-            Duration::from_millis(think_ms),
-        )
+        .allocate(&lease, Mode::Fenced, &Order { sku, job: &job, attempt: &attempt, qty }, millis(think_ms))
         .await?;
     let code = match outcome {
         Outcome::Applied => {

@@ -25,6 +25,8 @@
 mod cli;
 mod commands;
 mod inventory;
+#[path = "../common/logging.rs"]
+mod logging;
 mod simulate;
 
 use std::process::ExitCode;
@@ -37,6 +39,7 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return cli::usage_error(e),
     };
+    logging::init();
     match commands::run(cli).await {
         Ok(code) => code,
         Err(e) => {

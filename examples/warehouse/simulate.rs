@@ -20,7 +20,7 @@ use serde_json::json;
 use tokio::sync::{Mutex, mpsc};
 use tokio::time::Instant;
 
-use crate::cli::{Cli, SimulateArgs};
+use crate::cli::{Cli, SimulateArgs, millis};
 use crate::commands::{AppError, connect_any};
 use crate::inventory::{Mode, Order, Outcome, Warehouse};
 
@@ -83,14 +83,14 @@ pub async fn run(cli: &Cli, args: &SimulateArgs) -> Result<ExitCode, AppError> {
 /// Runs the simulation and returns its report (the JSON `run` prints); `quiet` silences the
 /// progress output (for callers with their own, such as `palisade compare`).
 pub async fn simulate(cli: &Cli, args: &SimulateArgs, quiet: bool) -> Result<serde_json::Value, AppError> {
-    palisade::Ttl::new(Duration::from_millis(args.ttl_ms))?;
+    palisade::Ttl::new(millis(args.ttl_ms))?;
     let settings = Settings {
         workers: args.workers,
         jobs: args.jobs,
         skus: args.skus,
-        ttl: Duration::from_millis(args.ttl_ms),
+        ttl: millis(args.ttl_ms),
         pause_every: args.pause_every,
-        pause: Duration::from_millis(args.pause_ms.unwrap_or(args.ttl_ms.saturating_mul(2).saturating_add(50))),
+        pause: millis(args.pause_ms.unwrap_or(args.ttl_ms.saturating_mul(2).saturating_add(50))),
         mode: if args.unfenced { Mode::Unfenced } else { Mode::Fenced },
     };
     if settings.pause_every > 0 && settings.pause <= settings.ttl {

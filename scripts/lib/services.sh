@@ -3,7 +3,11 @@
 # Every server binds 127.0.0.1 explicitly, on a free port, with a data directory of its own
 # under $PALISADE_SERVICES_DIR. Missing packages are installed (Debian, as root). Each start
 # function exports the variable the tests read (PALISADE_REDIS_URL, PALISADE_POSTGRES_URL) and
-# records the server's PID in $PALISADE_SERVICES_DIR/pids.
+# records the server's PID in $PALISADE_SERVICES_DIR/pids. The packages they need are installed by
+# install_prerequisites (scripts/lib/prerequisites.sh) before any of them runs.
+
+# shellcheck source=scripts/lib/prerequisites.sh
+source "$(dirname "${BASH_SOURCE[0]}")/prerequisites.sh"
 
 : "${PALISADE_SERVICES_DIR:=$(mktemp -d /tmp/palisade-services.XXXXXX)}"
 export PALISADE_SERVICES_DIR
@@ -45,17 +49,6 @@ for _ in range(200):
   return 1
 }
 
-svc_apt_install() {
-  if [ "$(id -u)" != 0 ]; then
-    svc_log "need root to install: $*"
-    return 1
-  fi
-  if [ ! -f "$PALISADE_SERVICES_DIR/.apt-updated" ]; then
-    apt-get update -qq >/dev/null && touch "$PALISADE_SERVICES_DIR/.apt-updated"
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
-
 svc_wait() { # description, tries (x 50 ms), command...
   local what=$1 tries=$2
   shift 2
@@ -95,7 +88,6 @@ start_redlock() {
 svc_redis_server() {
   local name=$1 port=$2 ready=$3
   shift 3
-  command -v redis-server >/dev/null || svc_apt_install redis-server redis-tools
   local dir="$PALISADE_SERVICES_DIR/$name"
   mkdir -p "$dir"
   redis-server --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
@@ -108,9 +100,10 @@ svc_redis_server() {
 
 # start_postgres: exports PALISADE_POSTGRES_URL.
 start_postgres() {
-  local bin=/usr/lib/postgresql/15/bin
-  [ -x "$bin/postgres" ] || svc_apt_install postgresql-15
-  local port dir
+  local bin port dir
+  bin=$(svc_postgres_bin) || { svc_log "no PostgreSQL under /usr/lib/postgresql/*/bin"; return 1; }
+  # The Rust-side servers (compare --local, tests that start their own) use the same binaries.
+  export PALISADE_POSTGRES_BIN="$bin"
   port=$(svc_free_port)
   dir="$PALISADE_SERVICES_DIR/postgres"
   rm -rf "$dir" # a fresh cluster every start: tests own their data
@@ -151,7 +144,6 @@ stop_services() {
 # throwaway CA. Exports PALISADE_REDIS_TLS_URL, PALISADE_REDIS_TLS_CA (the CA certificate, PEM)
 # and PALISADE_REDIS_TLS_CLIENT_CERT / _KEY (a client identity that CA signed).
 start_redis_tls() {
-  command -v openssl >/dev/null || svc_apt_install openssl
   local dir="$PALISADE_SERVICES_DIR/redis-tls-certs"
   mkdir -p "$dir"
   openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=palisade test CA" \
@@ -180,12 +172,8 @@ start_redis_tls() {
 }
 
 # start_etcd: a single-member etcd; exports PALISADE_ETCD_URL and PALISADE_ETCD_SERVER (the
-# binary, for tests that run clusters of their own). Installs protoc and the well-known protos
-# too: the etcd client crate needs them at build time.
+# binary, for tests that run clusters of their own).
 start_etcd() {
-  command -v etcd >/dev/null || svc_apt_install etcd-server etcd-client
-  command -v protoc >/dev/null && [ -f /usr/include/google/protobuf/descriptor.proto ] ||
-    svc_apt_install protobuf-compiler libprotobuf-dev
   local port peer dir
   port=$(svc_free_port)
   peer=$(svc_free_port)
@@ -205,7 +193,8 @@ start_etcd() {
     --initial-cluster "n1=http://127.0.0.1:$peer" --initial-cluster-state new \
     --heartbeat-interval 50 --election-timeout 300 </dev/null >"$dir/etcd.log" 2>&1 &
   svc_record_pid "$!" etcd
-  svc_wait "etcd" 200 sh -c "curl -s -m 2 http://127.0.0.1:$port/health | grep -q '\"health\":\"true\"'"
+  svc_wait "etcd" 200 timeout 3 env ETCDCTL_API=3 etcdctl --endpoints="http://127.0.0.1:$port" \
+    --command-timeout=2s endpoint health
   echo "$port" >"$dir/port"
   svc_log "etcd on 127.0.0.1:$port"
   export PALISADE_ETCD_URL="etcd://127.0.0.1:$port"
@@ -216,19 +205,15 @@ start_etcd() {
 # start_dynamodb: a DynamoDB-API server (moto, from PyPI) on loopback; exports
 # PALISADE_DYNAMODB_ENDPOINT and dummy AWS credentials and region for the SDK's standard chain.
 start_dynamodb() {
-  if ! python3 -c 'import moto.server, flask, flask_cors' 2>/dev/null; then
-    command -v pip3 >/dev/null || python3 -m pip --version >/dev/null 2>&1 || svc_apt_install python3-pip
-    python3 -m pip install -q 'moto[server]' 2>/dev/null ||
-      python3 -m pip install -q --break-system-packages 'moto[server]'
-  fi
+  local python=${PALISADE_MOTO_PYTHON:?install_prerequisites first}
   local port dir
   port=$(svc_free_port)
   dir="$PALISADE_SERVICES_DIR/dynamodb"
   mkdir -p "$dir"
   # One request at a time: see scripts/lib/moto_serial.py for why.
-  python3 "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py" 127.0.0.1 "$port" </dev/null >"$dir/moto.log" 2>&1 &
+  "$python" "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py" 127.0.0.1 "$port" </dev/null >"$dir/moto.log" 2>&1 &
   svc_record_pid "$!" dynamodb
-  svc_wait "dynamodb (moto)" 400 sh -c "curl -sf -m 2 -o /dev/null http://127.0.0.1:$port/moto-api/"
+  svc_wait "dynamodb (moto)" 400 "$python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/moto-api/', timeout=2)"
   echo "$port" >"$dir/port"
   svc_log "dynamodb (moto) on 127.0.0.1:$port"
   export PALISADE_DYNAMODB_ENDPOINT="http://127.0.0.1:$port"
@@ -240,8 +225,6 @@ start_dynamodb() {
 # short sessions are allowed (the minimum is 2 × tickTime); exports PALISADE_ZK_URL and
 # PALISADE_ZK_CLASSPATH (for tests that run ensembles of their own).
 start_zookeeper() {
-  [ -f /usr/share/java/zookeeper.jar ] || svc_apt_install zookeeper
-  command -v java >/dev/null || svc_apt_install default-jre-headless
   local port dir
   port=$(svc_free_port)
   dir="$PALISADE_SERVICES_DIR/zookeeper"

@@ -57,7 +57,9 @@ impl EtcdConfig {
     }
 
     /// Parses `etcd://[user:password@]host:port[,host:port…][?session_ttl_s=N&prefix=P]`
-    /// (`etcds://` for TLS).
+    /// (`etcds://` for TLS). User and password are percent-decoded
+    /// ([`ConnectionUrl`](palisade_core::ConnectionUrl)): a password with `/`, `?`, `#` or `%`
+    /// is written `%2F`, `%3F`, `%23`, `%25`.
     pub fn from_url(url: &str) -> Result<Self> {
         let bad = |why: &str| {
             Error::new(
@@ -66,49 +68,36 @@ impl EtcdConfig {
                 format!("{why}: {} (expected etcd://host:port[,host:port…])", palisade_core::redact_url(url)),
             )
         };
-        let (tls, rest) = if let Some(rest) = url.strip_prefix("etcd://") {
-            (false, rest)
-        } else if let Some(rest) = url.strip_prefix("etcds://") {
-            (true, rest)
-        } else {
-            return Err(bad("not an etcd URL"));
+        let parsed = palisade_core::ConnectionUrl::parse(url).map_err(|why| bad(&why))?;
+        let tls = match parsed.scheme.as_str() {
+            "etcd" => false,
+            "etcds" => true,
+            _ => return Err(bad("not an etcd URL")),
         };
-        let (authority, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q)),
-            None => (rest, None),
-        };
-        let authority = authority.trim_end_matches('/');
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
+        if !parsed.path.trim_end_matches('/').is_empty() {
+            return Err(bad("an etcd URL has no path (use ?prefix= for a key prefix)"));
+        }
         let mut config = EtcdConfig::new(Vec::<String>::new());
         config.tls = tls;
-        if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+        if let Some(user) = parsed.user {
             if user.is_empty() {
                 return Err(bad("empty user name"));
             }
-            config.user = Some(user.to_string());
-            config.password = Some(password.to_string());
+            config.user = Some(user);
+            config.password = Some(parsed.password.unwrap_or_default());
         }
-        for host in hosts.split(',') {
-            let valid = host
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && !h.contains('/') && p.parse::<u16>().is_ok_and(|p| p > 0));
-            if !valid {
-                return Err(bad("every endpoint needs host:port"));
-            }
-            config.endpoints.push(host.to_string());
+        for (host, port) in &parsed.hosts {
+            let Some(port) = port else { return Err(bad("every endpoint needs host:port")) };
+            config.endpoints.push(format!("{host}:{port}"));
         }
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("session_ttl_s", v)) => {
+        for (name, value) in &parsed.query {
+            match (name.as_str(), value.as_str()) {
+                ("session_ttl_s", v) => {
                     let secs: u64 = v.parse().map_err(|_| bad("session_ttl_s must be whole seconds"))?;
                     config.session_ttl = Duration::from_secs(secs);
                 }
-                Some(("prefix", v)) if !v.is_empty() => config.key_prefix = v.to_string(),
-                _ => return Err(bad(&format!("unknown or malformed parameter `{pair}`"))),
+                ("prefix", v) if !v.is_empty() => config.key_prefix = v.to_string(),
+                _ => return Err(bad(&format!("unknown or malformed parameter `{name}`"))),
             }
         }
         config.validate()?;
@@ -131,15 +120,10 @@ impl EtcdConfig {
         self
     }
 
-    /// The endpoints as a URL with any password replaced by `***`, for logs and errors.
+    /// The endpoints as a URL without user or password, for logs and errors.
     pub fn redacted_url(&self) -> String {
         let scheme = if self.tls { "etcds" } else { "etcd" };
-        let user = match (&self.user, &self.password) {
-            (Some(u), Some(_)) => format!("{u}:***@"),
-            (Some(u), None) => format!("{u}@"),
-            _ => String::new(),
-        };
-        format!("{scheme}://{user}{}", self.endpoints.join(","))
+        format!("{scheme}://{}", self.endpoints.join(","))
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -201,7 +185,7 @@ mod tests {
         assert_eq!((c.user.as_deref(), c.password.as_deref()), (Some("app"), Some("s3cret")));
         assert_eq!(c.session_ttl, Duration::from_secs(3));
         assert_eq!(c.key_prefix, "x/");
-        assert_eq!(c.redacted_url(), "etcd://app:***@a:1,b:2,c:3");
+        assert_eq!(c.redacted_url(), "etcd://a:1,b:2,c:3");
         assert!(!format!("{c:?}").contains("s3cret"));
     }
 

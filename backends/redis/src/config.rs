@@ -78,7 +78,7 @@ impl RedisConfig {
         self.tls_root_cert.is_some() || self.tls_client_identity.is_some()
     }
 
-    /// The URL with any password replaced by `***`, for logs and errors.
+    /// The URL without user, password or query ([`redact_url`](palisade_core::redact_url)), for logs and errors.
     pub fn redacted_url(&self) -> String {
         palisade_core::redact_url(&self.url)
     }
@@ -136,9 +136,9 @@ mod tests {
     #[test]
     fn passwords_never_show() {
         let c = RedisConfig::new("redis://app:s3cret@10.0.0.1:6379/2?x=y");
-        assert_eq!(c.redacted_url(), "redis://app:***@10.0.0.1:6379/2");
+        assert_eq!(c.redacted_url(), "redis://10.0.0.1:6379/2");
         assert!(!format!("{c:?}").contains("s3cret"));
-        assert_eq!(RedisConfig::new("redis://:s3cret@h:1").redacted_url(), "redis://:***@h:1");
+        assert_eq!(RedisConfig::new("redis://:s3cret@h:1").redacted_url(), "redis://h:1");
         assert_eq!(RedisConfig::new("redis://h:1").redacted_url(), "redis://h:1");
         assert_eq!(RedisConfig::new("nonsense").redacted_url(), "<malformed URL>");
     }

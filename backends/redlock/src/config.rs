@@ -73,43 +73,26 @@ impl RedlockConfig {
         let bad = |why: String| {
             Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redlock URL {}: {why}", redact_url(url)))
         };
-        let rest = match url.split_once("://") {
-            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("redlock") => rest,
-            _ => return Err(bad("expected redlock://host:port[,host:port…]".into())),
-        };
-        let (main, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, db) = match main.split_once('/') {
-            Some((a, db)) => (a, db.trim_end_matches('/')),
-            None => (main, ""),
-        };
+        let parsed = palisade_core::ConnectionUrl::parse(url).map_err(bad)?;
+        if parsed.scheme != "redlock" {
+            return Err(bad("expected redlock://host:port[,host:port…]".into()));
+        }
+        let db = parsed.path.trim_start_matches('/').trim_end_matches('/');
         if !db.is_empty() && db.parse::<u32>().is_err() {
-            return Err(bad(format!("database {db:?} is not a number")));
+            return Err(bad("the database is not a number".into()));
         }
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let mut nodes = Vec::new();
-        for host in hosts.split(',') {
-            if host.is_empty() {
-                return Err(bad("empty host in the list".into()));
-            }
-            let has_port = match host.rsplit_once(':') {
-                // `[::1]` alone has a colon but no port.
-                Some((h, p)) => !h.ends_with('[') && !p.ends_with(']') && !p.is_empty(),
-                None => false,
-            };
-            if has_port && host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_err()) {
-                return Err(bad(format!("port of {host:?} is not a number")));
-            }
-            let port = if has_port { "" } else { ":6379" };
-            let auth = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-            let db = if db.is_empty() { String::new() } else { format!("/{db}") };
-            nodes.push(format!("redis://{auth}{host}{port}{db}"));
-        }
+        // Each master's URL carries the credentials percent-encoded again, so the Redis client
+        // decodes them to exactly what this parser decoded.
+        let auth = parsed.encoded_userinfo();
+        let db = if db.is_empty() { String::new() } else { format!("/{db}") };
+        let nodes: Vec<String> = parsed
+            .hosts
+            .iter()
+            .map(|(host, port)| format!("redis://{auth}{host}:{}{db}", port.unwrap_or(6379)))
+            .collect();
         let mut config = RedlockConfig::from_nodes(nodes);
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        for (name, value) in &parsed.query {
+            let (name, value) = (name.as_str(), value.as_str());
             let millis = || {
                 value
                     .parse::<u64>()
@@ -245,8 +228,11 @@ mod tests {
         }
         let c = RedlockConfig::parse("redlock://u:s3cret@a:1").unwrap();
         assert!(!format!("{c:?}").contains("s3cret"));
-        // The multi-host form goes through the core's redaction as it is (query dropped).
-        assert_eq!(redact_url("redlock://u:s3cret@a:1,b:2/0?x=1"), "redlock://u:***@a:1,b:2/0");
+        // The multi-host form goes through the core's redaction (user-info and query dropped).
+        assert_eq!(redact_url("redlock://u:s3cret@a:1,b:2/0?x=1"), "redlock://a:1,b:2/0");
+        // Credentials are percent-decoded once, then encoded again for each master.
+        let c = RedlockConfig::parse("redlock://u:p%40ss%2F@a:1").unwrap();
+        assert_eq!(c.nodes, ["redis://u:p%40ss%2F@a:1"]);
     }
 
     #[test]

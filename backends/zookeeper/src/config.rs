@@ -49,7 +49,8 @@ impl ZkConfig {
     }
 
     /// Parses `zk://[user:password@]host:port[,host:port…][/chroot][?session_timeout_ms=N&root=/path]`
-    /// (`user:password` is a digest identity).
+    /// (`user:password` is a digest identity, percent-decoded as every backend's is:
+    /// [`ConnectionUrl`](palisade_core::ConnectionUrl)).
     pub fn from_url(url: &str) -> Result<Self> {
         let bad = |why: &str| {
             Error::new(
@@ -58,50 +59,40 @@ impl ZkConfig {
                 format!("{why}: {} (expected zk://host:port[,host:port…][/chroot])", palisade_core::redact_url(url)),
             )
         };
-        let Some(rest) = url.strip_prefix("zk://") else { return Err(bad("not a ZooKeeper URL")) };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, chroot) = match rest.find('/') {
-            Some(i) => (&rest[..i], Some(&rest[i..])),
-            None => (rest, None),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
+        let parsed = palisade_core::ConnectionUrl::parse(url).map_err(|why| bad(&why))?;
+        if parsed.scheme != "zk" {
+            return Err(bad("not a ZooKeeper URL"));
+        }
         let mut config = ZkConfig::new(Vec::<String>::new());
-        if let Some(userinfo) = userinfo {
-            let Some((user, password)) = userinfo.split_once(':').filter(|(u, _)| !u.is_empty()) else {
+        if let Some(user) = parsed.user {
+            let Some(password) = parsed.password.filter(|_| !user.is_empty()) else {
                 return Err(bad("a digest identity needs user:password"));
             };
-            config.digest = Some((user.to_string(), password.to_string()));
+            config.digest = Some((user, password));
         }
-        for host in hosts.split(',') {
-            let valid =
-                host.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-            if !valid {
-                return Err(bad("every server needs host:port"));
-            }
-            config.servers.push(host.to_string());
+        for (host, port) in &parsed.hosts {
+            let Some(port) = port else { return Err(bad("every server needs host:port")) };
+            config.servers.push(format!("{host}:{port}"));
         }
-        config.chroot = chroot.filter(|c| *c != "/").map(|c| c.trim_end_matches('/').to_string());
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("session_timeout_ms", v)) => {
-                    let ms: u64 = v.parse().map_err(|_| bad("session_timeout_ms must be whole milliseconds"))?;
+        let chroot = parsed.path.as_str();
+        config.chroot = (!chroot.is_empty() && chroot != "/").then(|| chroot.trim_end_matches('/').to_string());
+        for (name, value) in &parsed.query {
+            match name.as_str() {
+                "session_timeout_ms" => {
+                    let ms: u64 = value.parse().map_err(|_| bad("session_timeout_ms must be whole milliseconds"))?;
                     config.session_timeout = Duration::from_millis(ms);
                 }
-                Some(("root", v)) => config.root = v.to_string(),
-                _ => return Err(bad(&format!("unknown or malformed parameter `{pair}`"))),
+                "root" => config.root = value.clone(),
+                _ => return Err(bad(&format!("unknown or malformed parameter `{name}`"))),
             }
         }
         config.validate()?;
         Ok(config)
     }
 
-    /// The servers as a URL with any password replaced by `***`, for logs and errors.
+    /// The servers as a URL without user or password, for logs and errors.
     pub fn redacted_url(&self) -> String {
-        let user = self.digest.as_ref().map(|(u, _)| format!("{u}:***@")).unwrap_or_default();
-        format!("zk://{user}{}{}", self.servers.join(","), self.chroot.as_deref().unwrap_or(""))
+        format!("zk://{}{}", self.servers.join(","), self.chroot.as_deref().unwrap_or(""))
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -154,7 +145,7 @@ mod tests {
         assert_eq!(c.chroot.as_deref(), Some("/apps/x"));
         assert_eq!(c.session_timeout, Duration::from_secs(3));
         assert_eq!(c.root, "/l");
-        assert_eq!(c.redacted_url(), "zk://app:***@a:1,b:2/apps/x");
+        assert_eq!(c.redacted_url(), "zk://a:1,b:2/apps/x");
         assert!(!format!("{c:?}").contains("pw"));
     }
 

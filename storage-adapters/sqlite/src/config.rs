@@ -26,6 +26,9 @@ pub struct SqliteConfig {
     pub path: Option<PathBuf>,
     /// Commit durability. Default: [`Synchronous::Full`].
     pub synchronous: Synchronous,
+    /// Whether opening creates a missing database file (URL `mode=rwc`, the default) or refuses
+    /// it with [`ErrorKind::InvalidConfig`] (`mode=rw`). Default: `true`.
+    pub create_if_missing: bool,
     /// How long a writer waits for another writer's transaction. Default: 5 s.
     pub busy_timeout: Duration,
     /// Pool size (forced to 1 for in-memory databases, which live in one connection). Default: 8.
@@ -41,6 +44,7 @@ impl Default for SqliteConfig {
         SqliteConfig {
             path: None,
             synchronous: Synchronous::Full,
+            create_if_missing: true,
             busy_timeout: Duration::from_secs(5),
             max_connections: 8,
             fences_table: "palisade_fences".into(),
@@ -51,7 +55,8 @@ impl Default for SqliteConfig {
 
 impl SqliteConfig {
     /// Parses `sqlite::memory:`, `sqlite://PATH` or `sqlite:PATH`, with optional
-    /// `?synchronous=full|normal|off` and `&busy_timeout_ms=N`.
+    /// `?synchronous=full|normal|off`, `&busy_timeout_ms=N` and `&mode=rwc|rw` (`rw`: the file
+    /// must exist).
     pub fn from_url(url: &str) -> Result<Self> {
         let invalid = |why: String| Err(Error::new(ErrorKind::InvalidConfig, BACKEND, why));
         let Some(rest) = url.strip_prefix("sqlite:") else {
@@ -75,6 +80,13 @@ impl SqliteConfig {
                         "normal" => Synchronous::Normal,
                         "off" => Synchronous::Off,
                         other => return invalid(format!("synchronous={other:?}: use full, normal or off")),
+                    }
+                }
+                "mode" => {
+                    config.create_if_missing = match value {
+                        "rwc" => true,
+                        "rw" => false,
+                        other => return invalid(format!("mode={other:?}: use rwc (create if missing) or rw")),
                     }
                 }
                 "busy_timeout_ms" => match value.parse::<u64>() {
@@ -106,12 +118,15 @@ mod tests {
         assert_eq!(c.synchronous, Synchronous::Normal);
         assert_eq!(c.busy_timeout, Duration::from_millis(50));
         assert_eq!(SqliteConfig::from_url("sqlite:/tmp/x.db").unwrap().path.unwrap(), PathBuf::from("/tmp/x.db"));
+        assert!(SqliteConfig::from_url("sqlite://wh.db").unwrap().create_if_missing);
+        assert!(!SqliteConfig::from_url("sqlite://wh.db?mode=rw").unwrap().create_if_missing);
         for bad in [
             "postgres://x",
             "sqlite://",
             "sqlite://a?synchronous=maybe",
             "sqlite://a?x=1",
             "sqlite://a?busy_timeout_ms=z",
+            "sqlite://a?mode=ro",
         ] {
             assert_eq!(SqliteConfig::from_url(bad).unwrap_err().kind(), ErrorKind::InvalidConfig, "{bad}");
         }

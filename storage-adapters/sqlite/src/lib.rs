@@ -1,8 +1,12 @@
 //! # palisade-sqlite
 //!
-//! Palisade's embedded fenced store: SQLite in WAL mode, no server. The fence check, the
-//! watermark raise and the write run in **one** `BEGIN IMMEDIATE` transaction, so a stale
-//! holder's write is refused atomically (fencing rule 1).
+//! Palisade's embedded fenced store and lock service: SQLite in WAL mode, no server. The fence
+//! check, the watermark raise and the write run in **one** `BEGIN IMMEDIATE` transaction, so a
+//! stale holder's write is refused atomically (fencing rule 1).
+//!
+//! [`SqliteLockService`] keeps locks and their fence counters in the same file as the data: the
+//! embedded default (`--lock sqlite://FILE --store sqlite://FILE`) whose fences never regress
+//! across runs and which coordinates every process on the machine that opens the file.
 //!
 //! Two ways to write:
 //!
@@ -46,9 +50,11 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod lock;
 mod store;
 mod transaction;
 
 pub use config::{SqliteConfig, Synchronous};
+pub use lock::SqliteLockService;
 pub use store::{SqliteStore, map_err};
 pub use transaction::FencedTransaction;

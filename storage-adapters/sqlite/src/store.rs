@@ -133,9 +133,22 @@ impl SqliteStore {
             Synchronous::Normal => SqliteSynchronous::Normal,
             Synchronous::Off => SqliteSynchronous::Off,
         };
+        if let Some(path) = &config.path
+            && !config.create_if_missing
+            && !path.is_file()
+        {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                format!("no SQLite database at {} (mode=rw opens an existing file only)", path.display()),
+            ));
+        }
         let (options, pool_options) = match &config.path {
             Some(path) => (
-                SqliteConnectOptions::new().filename(path).create_if_missing(true).journal_mode(SqliteJournalMode::Wal),
+                SqliteConnectOptions::new()
+                    .filename(path)
+                    .create_if_missing(config.create_if_missing)
+                    .journal_mode(SqliteJournalMode::Wal),
                 SqlitePoolOptions::new().max_connections(config.max_connections.max(1)),
             ),
             // An in-memory database lives and dies with its one connection: never recycle it.
@@ -202,7 +215,7 @@ impl SqliteStore {
 
     /// Waits for this process's turn to write, as long as the busy timeout allows (a
     /// transaction left open elsewhere in the process must not hang every writer forever).
-    async fn writer(&self) -> Result<tokio::sync::OwnedMutexGuard<()>> {
+    pub(crate) async fn writer(&self) -> Result<tokio::sync::OwnedMutexGuard<()>> {
         tokio::time::timeout(self.busy_timeout, Arc::clone(&self.writers).lock_owned()).await.map_err(|_| {
             Error::new(
                 ErrorKind::Unavailable,
@@ -273,7 +286,19 @@ async fn open_once(
     writers: WriteGate,
     busy_timeout: Duration,
 ) -> Result<SqliteStore> {
+    let path = options.get_filename().to_path_buf();
     let pool = pool_options.connect_with(options).await.map_err(|e| {
+        // SQLITE_CANTOPEN (14): a missing directory, no permission, a directory where the file
+        // should be. Retrying cannot fix it: it is the configuration, so say which path.
+        if let sqlx::Error::Database(db) = &e
+            && db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 14)
+        {
+            return Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                format!("cannot open the SQLite database {}: {}", path.display(), db.message()),
+            );
+        }
         let err = map_err(e);
         if err.kind() == ErrorKind::Backend {
             return Error::new(ErrorKind::Unavailable, BACKEND, "cannot open the SQLite database").with_source(err);

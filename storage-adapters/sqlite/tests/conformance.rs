@@ -1,24 +1,38 @@
-//! The SQLite store runs the conformance suite: store scenarios, and end to end with the
-//! in-memory lock service (whose child processes reach it through the suite's relay; they open
-//! the same database file).
+//! The SQLite store and lock service run the conformance suite: store scenarios, lock scenarios
+//! (child processes open the same database file), and end to end both with the in-memory lock
+//! service (whose child processes reach it through the suite's relay) and with the SQLite lock
+//! service on the store's own file.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use palisade_conformance::memory::MemoryLockFactory;
-use palisade_conformance::{FencedStoreFactory, store_factory};
-use palisade_sqlite::SqliteStore;
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, store_factory};
+use palisade_sqlite::{SqliteLockService, SqliteStore};
 
-/// Independent clients (each its own pool) of one database file that a child process opens too:
-/// the path is fixed per test binary, and scenarios keep apart by namespace. Speed over
-/// power-loss durability: the scenarios test semantics, not fsync.
+/// One database file per test binary that a child process opens too; scenarios keep apart by
+/// namespace. Speed over power-loss durability: the scenarios test semantics, not fsync.
+fn url() -> String {
+    let path = format!("{}/palisade-sqlite-conformance.db", env!("CARGO_TARGET_TMPDIR"));
+    format!("sqlite://{path}?synchronous=normal&busy_timeout_ms=30000")
+}
+
+/// Independent clients (each its own pool) of the database file.
 fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
-    store_factory(|| async {
-        let path = format!("{}/palisade-sqlite-conformance.db", env!("CARGO_TARGET_TMPDIR"));
-        Ok(Arc::new(SqliteStore::connect(&format!("sqlite://{path}?synchronous=normal&busy_timeout_ms=30000")).await?))
+    store_factory(|| async { Ok(Arc::new(SqliteStore::connect(&url()).await?)) })
+}
+
+/// Lock clients on the same file, each with its own pool, as separate processes would have.
+/// The margin covers the polling backoff (up to 250 ms) of a waiter that saw the lock held.
+fn sqlite_locks() -> impl LockServiceFactory<Service = SqliteLockService> {
+    lock_factory(Timing::new(Duration::from_millis(300), Duration::from_millis(300)), || async {
+        Ok(Arc::new(SqliteLockService::connect(&url()).await?))
     })
 }
 
 palisade_conformance::fenced_store_suite!(sqlite());
 palisade_conformance::end_to_end_suite!(MemoryLockFactory::new(), sqlite());
+palisade_conformance::lock_service_suite!(sqlite_lock_conformance, sqlite_locks());
+palisade_conformance::end_to_end_suite!(one_file_end_to_end, sqlite_locks(), sqlite());

@@ -160,8 +160,18 @@ async fn bad_input_is_typed() {
     let err = s.apply(&res(), Fence::new(u64::MAX), &WriteBatch::new()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert_eq!(s.read("").await.unwrap_err().kind(), ErrorKind::InvalidKey);
+    // A path that cannot be opened is the configuration's fault, not the server's: typed as
+    // such, not retryable, and the message names the path.
     let err = SqliteStore::connect("sqlite:///nonexistent-dir/x/y.db").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(!err.is_retryable() && err.to_string().contains("/nonexistent-dir/x/y.db"), "{err}");
+    // mode=rw opens an existing file only, and never creates one.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo.db");
+    let err = SqliteStore::connect(&format!("sqlite://{}?mode=rw", missing.display())).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(err.to_string().contains("typo.db"), "{err}");
+    assert!(!missing.exists(), "mode=rw created {}", missing.display());
     assert_eq!(SqliteStore::connect("sqlite://").await.unwrap_err().kind(), ErrorKind::InvalidConfig);
 }
 

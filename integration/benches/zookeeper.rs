@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! scripts/services up && source .services/env
-//! cargo bench --bench zookeeper --features zookeeper
+//! cargo bench -p palisade-integration --bench zookeeper
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)] // a benchmark binary: panics are its errors

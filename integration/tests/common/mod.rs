@@ -22,7 +22,10 @@ pub fn example(name: &str) -> Command {
         let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let mut build = Command::new(env!("CARGO"));
-        build.args(["build", "--quiet", "--all-features", "--examples"]).current_dir(env!("CARGO_MANIFEST_DIR"));
+        // The examples belong to the `palisade` package at the workspace root.
+        build
+            .args(["build", "--quiet", "-p", "palisade", "--all-features", "--examples"])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
         if release {
             build.arg("--release");
         }

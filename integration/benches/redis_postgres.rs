@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! scripts/services up && source .services/env
-//! PALISADE_REDIS_SERVER=$(command -v redis-server) cargo bench --bench redis_postgres --features redis,postgres
+//! PALISADE_REDIS_SERVER=$(command -v redis-server) cargo bench -p palisade-integration --bench redis_postgres
 //! ```
 //!
 //! Prints a Markdown report: ratios are what to compare across machines, not absolute times.

@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! scripts/services up && source .services/env
-//! cargo bench --bench dynamodb --features dynamodb
+//! cargo bench -p palisade-integration --bench dynamodb
 //! ```
 //!
 //! The server is moto (one request at a time): absolute times are moto's, compare ratios.

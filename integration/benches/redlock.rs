@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! scripts/services up && source .services/env   # five Redis masters in PALISADE_REDLOCK_URL
-//! cargo bench --bench redlock --features redlock
+//! cargo bench -p palisade-integration --bench redlock
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)] // a benchmark binary: panics are its errors

@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! scripts/services up && source .services/env
-//! cargo bench --bench etcd --features etcd
+//! cargo bench -p palisade-integration --bench etcd
 //! ```
 //!
 //! Prints a Markdown report: ratios are what to compare across machines, not absolute times.

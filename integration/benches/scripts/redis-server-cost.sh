@@ -3,7 +3,7 @@
 # (redis-benchmark, 8 connections, 32-deep pipelines): no Rust client is involved, so this is
 # the ceiling any client can reach. Prints a Markdown table. Starts and stops its own Redis.
 #
-#   benches/scripts/redis-server-cost.sh [requests per row, default 1000000]
+#   integration/benches/scripts/redis-server-cost.sh [requests per row, default 1000000]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PALISADE_SERVICES_DIR="${PALISADE_SERVICES_DIR:-$(mktemp -d /tmp/palisade-cost.XXXXXX)}"

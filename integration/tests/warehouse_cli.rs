@@ -134,3 +134,108 @@ fn bad_input_exits_2_with_one_line() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+/// Flags that name a flag in their error: quantities, absurd durations, negative numbers. Each
+/// is exit 2 with one line on stderr that names the flag.
+#[test]
+fn out_of_range_numbers_name_their_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_url(&dir);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["allocate", "--sku", "S", "--qty", "0"], "--qty"),
+        (vec!["allocate", "--sku", "S", "--qty", "-5"], "--qty"),
+        (vec!["setup", "--sku", "S", "--qty", "-5"], "--qty"),
+        (vec!["setup", "--sku", "S", "--qty", "4294967296"], "--qty"),
+        (vec!["allocate", "--sku", "S", "--ttl-ms", "-1"], "--ttl-ms"),
+        (vec!["allocate", "--sku", "S", "--wait-ms", "86400001"], "--wait-ms"),
+        (vec!["allocate", "--sku", "S", "--think-ms", "3600001"], "--think-ms"),
+        (vec!["simulate", "--pause-ms", "99999999999"], "--pause-ms"),
+        (vec!["simulate", "--ttl-ms", "600001"], "--ttl-ms"),
+    ];
+    for (mut args, flag) in cases {
+        args.extend(["--store", &store]);
+        let out = run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: the message must name {flag}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr:?}");
+    }
+    // Nothing was written by any of them: not even the database file.
+    assert!(!dir.path().join("wh.db").exists(), "a refused command created the database");
+}
+
+/// The embedded default keeps its lock counter in the data's own file: a second process
+/// continues the fences instead of starting again at 1 and repairing a "regression" by 2³⁰.
+#[test]
+fn the_embedded_default_never_regresses_across_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_url(&dir);
+    for qty in ["5", "7"] {
+        let out = run(&["setup", "--sku", "SKU-1", "--qty", qty, "--store", &store]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        assert!(!stderr.contains("REGRESSION"), "{stderr}");
+    }
+    let shown = last_json(&run(&["show", "--sku", "SKU-1", "--store", &store]));
+    assert_eq!(shown["qty"], 7, "{shown}");
+    assert_eq!(shown["fence"], 2, "two grants, two consecutive fences: {shown}");
+
+    // An in-process lock service over the same file does start again at 1 in every process:
+    // the repair happens, and it is visible on stderr without any configuration.
+    let out = run(&["setup", "--sku", "SKU-1", "--qty", "9", "--store", &store, "--lock", "memory://"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("FENCE REGRESSION"), "the regression log must be visible by default: {stderr}");
+    let fence = last_json(&out)["fence"].as_u64().unwrap();
+    assert!(fence > palisade::REGRESSION_GAP, "repaired past the watermark: {fence}");
+}
+
+/// `--wait-ms 0` tries once: it takes a free lock, and on a held one gives up at once (exit 1)
+/// instead of waiting. The default lock service coordinates processes through the file.
+#[test]
+fn wait_zero_tries_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_url(&dir);
+    let out = run(&["setup", "--sku", "SKU-1", "--qty", "5", "--store", &store]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["allocate", "--sku", "SKU-1", "--wait-ms", "0", "--store", &store]);
+    assert_eq!(out.status.code(), Some(0), "a free lock: {}", String::from_utf8_lossy(&out.stderr));
+
+    // Another process holds the lock while it "thinks".
+    let mut holder = common::warehouse()
+        .args(["allocate", "--sku", "SKU-1", "--think-ms", "20000", "--store", &store])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()), &mut first).unwrap();
+    assert!(first.contains("acquired"), "{first}");
+    let started = std::time::Instant::now();
+    let out = run(&["allocate", "--sku", "SKU-1", "--wait-ms", "0", "--store", &store]);
+    let elapsed = started.elapsed();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "a held lock is a runtime outcome: {stderr}");
+    assert!(stderr.contains("tries once"), "{stderr}");
+    assert!(elapsed < std::time::Duration::from_secs(15), "it waited for the holder: {elapsed:?}");
+}
+
+/// An SQLite path that cannot be opened is a configuration mistake (exit 2) that names the
+/// path; `show` never creates a database.
+#[test]
+fn unopenable_and_missing_databases_name_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let nowhere = format!("sqlite://{}/no-such-dir/wh.db", dir.path().display());
+    let out = run(&["setup", "--sku", "S", "--qty", "1", "--store", &nowhere]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no-such-dir/wh.db"), "{stderr}");
+
+    let typo = dir.path().join("typo.db");
+    let out = run(&["show", "--sku", "S", "--store", &format!("sqlite://{}", typo.display())]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("typo.db"), "{stderr}");
+    assert!(!typo.exists(), "show created {}", typo.display());
+}

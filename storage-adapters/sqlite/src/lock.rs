@@ -1,0 +1,197 @@
+//! The SQLite lock service: locks and their fence counters in the same file as the data.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use palisade_core::{
+    Backoff, Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey,
+    Result, Ttl, Waiting, poll_acquire, storable_fence,
+};
+use sqlx::Row;
+use tokio::time::Instant;
+
+use crate::store::{SqliteStore, map_err};
+
+const BACKEND: &str = "sqlite";
+
+/// One row per resource ever locked; the row (and with it the fence counter) stays after
+/// release and expiry, so fences never go back.
+const CREATE_LOCKS: &str = "CREATE TABLE IF NOT EXISTS palisade_locks (\
+     resource TEXT PRIMARY KEY NOT NULL, owner BLOB, expires_at_ms INTEGER NOT NULL, fence INTEGER NOT NULL\
+     ) WITHOUT ROWID";
+
+/// Takes a free or expired lock and issues the next fence, in one statement: no row comes back
+/// when somebody else holds it.
+const ACQUIRE: &str = "INSERT INTO palisade_locks (resource, owner, expires_at_ms, fence) VALUES (?1, ?2, ?3 + ?4, 1) \
+     ON CONFLICT (resource) DO UPDATE SET owner = excluded.owner, expires_at_ms = excluded.expires_at_ms, \
+     fence = palisade_locks.fence + 1 \
+     WHERE palisade_locks.owner IS NULL OR palisade_locks.expires_at_ms <= ?3 \
+     RETURNING fence";
+
+const EXTEND: &str = "UPDATE palisade_locks SET expires_at_ms = ?3 + ?4 \
+     WHERE resource = ?1 AND owner = ?2 AND fence = ?5 AND expires_at_ms > ?3";
+
+const RELEASE: &str = "UPDATE palisade_locks SET owner = NULL, expires_at_ms = 0 \
+     WHERE resource = ?1 AND owner = ?2 AND fence = ?5 AND expires_at_ms > ?3";
+
+const ADVANCE: &str = "INSERT INTO palisade_locks (resource, owner, expires_at_ms, fence) VALUES (?1, NULL, 0, ?2) \
+     ON CONFLICT (resource) DO UPDATE SET fence = max(palisade_locks.fence, excluded.fence)";
+
+/// A fenced lock service in a SQLite database file: the embedded default's locks.
+///
+/// Locks, their fence counters and (through [`SqliteStore`]) the data they protect live in one
+/// file, so:
+/// - **fences never regress across runs**: the counter is as durable as the data (a backup
+///   restores both together), where an in-process counter starts again at 1 with every process;
+/// - **processes on one machine coordinate**: every process that opens the file shares its locks.
+///
+/// Each acquire, extend and release is one statement. Expiry is judged by the machine's wall
+/// clock (every process on one machine reads the same one): a clock stepped back lengthens
+/// holds by as much, one stepped forward ends them early — and in either case the store's fence
+/// check still refuses a stale holder's write. Waiting polls with backoff (2 ms doubling to
+/// 250 ms). A file shared over a network file system is not supported (SQLite's own locking is
+/// unreliable there).
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use palisade_core::{FencedStoreExt, LockServiceExt, ResourceKey, WriteBatch};
+/// use palisade_sqlite::{SqliteLockService, SqliteStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> palisade_core::Result<()> {
+/// let dir = std::env::temp_dir().join(format!("palisade-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir).ok();
+/// let url = format!("sqlite://{}/app.db", dir.display());
+/// let store = SqliteStore::connect(&url).await?;
+/// let locks = Arc::new(SqliteLockService::new(&store).await?);   // the same file
+///
+/// let key = ResourceKey::new("alloc", "WH-01")?;
+/// let lease = locks.lock(&key, Duration::from_secs(30), Duration::from_secs(5)).await?;
+/// store.write(&lease, &WriteBatch::new().put("stock/WH-01", b"9".to_vec())).await?;
+/// lease.release().await?;
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteLockService {
+    store: SqliteStore,
+}
+
+impl SqliteLockService {
+    /// Opens the lock service on the database at `url` (`sqlite://PATH[?…]`, as for
+    /// [`SqliteStore::connect`]), creating its table if missing. `sqlite::memory:` gives a
+    /// private in-memory database: one process only, no durability.
+    pub async fn connect(url: &str) -> Result<Self> {
+        SqliteLockService::new(&SqliteStore::connect(url).await?).await
+    }
+
+    /// The lock service on `store`'s database: the same file, pool and writer queue, so a lock
+    /// and the fenced writes it protects share one database.
+    pub async fn new(store: &SqliteStore) -> Result<Self> {
+        let service = SqliteLockService { store: store.clone() };
+        let _writer = service.store.writer().await?;
+        sqlx::query(CREATE_LOCKS).execute(service.store.pool()).await.map_err(map_err)?;
+        Ok(service)
+    }
+
+    /// Runs one write statement under this process's writer queue.
+    async fn execute(&self, statement: &'static str, grant: &Grant<Fenced>, ttl: Option<Ttl>) -> Result<u64> {
+        let _writer = self.store.writer().await?;
+        let owner = grant.token().to_hex();
+        let result = sqlx::query(statement)
+            .bind(grant.key().to_string())
+            .bind(&owner[..])
+            .bind(now_ms())
+            .bind(ttl.map_or(0, |t| millis(t.get())))
+            .bind(storable_fence(BACKEND, grant.fence())?)
+            .execute(self.store.pool())
+            .await
+            .map_err(map_err)?;
+        Ok(result.rows_affected())
+    }
+
+    fn not_holder(grant: &Grant<Fenced>) -> Error {
+        Error::new(ErrorKind::NotHolder, BACKEND, format!("lock {} is not held by this owner token", grant.key()))
+    }
+}
+
+/// Milliseconds since the Unix epoch by the wall clock, the one clock every process on the
+/// machine shares.
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl LockService for SqliteLockService {
+    type Fencing = Fenced;
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fence_source: FenceSource::Counter,
+            fences_survive_release: true,
+            fences_survive_restart: true,
+            gap_free: true,
+            waiting: Waiting::Polling,
+        }
+    }
+
+    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
+        let token = OwnerToken::generate()?;
+        let owner = token.to_hex();
+        let requested_at = Instant::now();
+        let _writer = self.store.writer().await?;
+        let row = sqlx::query(ACQUIRE)
+            .bind(key.to_string())
+            .bind(&owner[..])
+            .bind(now_ms())
+            .bind(millis(ttl.get()))
+            .fetch_optional(self.store.pool())
+            .await
+            .map_err(map_err)?;
+        let Some(row) = row else { return Ok(None) };
+        let fence: i64 = row.try_get(0).map_err(map_err)?;
+        let fence = u64::try_from(fence).map_err(|_| {
+            Error::new(ErrorKind::Backend, BACKEND, format!("negative fence {fence} in palisade_locks"))
+        })?;
+        Ok(Some(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
+    }
+
+    async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        // SQLITE_BUSY from another process's long transaction is retryable: keep waiting.
+        poll_acquire(BACKEND, key, wait, Backoff::new(), true, || self.try_acquire(key, ttl)).await
+    }
+
+    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
+        match self.execute(EXTEND, grant, Some(ttl)).await? {
+            1 => Ok(ttl),
+            _ => Err(Self::not_holder(grant)),
+        }
+    }
+
+    async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
+        match self.execute(RELEASE, grant, None).await? {
+            1 => Ok(()),
+            _ => Err(Self::not_holder(grant)),
+        }
+    }
+
+    async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
+        let _writer = self.store.writer().await?;
+        sqlx::query(ADVANCE)
+            .bind(key.to_string())
+            .bind(storable_fence(BACKEND, floor)?)
+            .execute(self.store.pool())
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+}
