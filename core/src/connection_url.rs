@@ -30,7 +30,14 @@ use percent_encoding::percent_decode_str;
 /// ```
 pub fn redact_url(url: &str) -> String {
     let Some(scheme) = scheme_of(url) else { return "<malformed URL>".to_string() };
-    if url[scheme.len() + 1..].starts_with("//") {
+    if let Some(rest) = url[scheme.len() + 1..].strip_prefix("//") {
+        // An '@' after the authority is a password with a raw '/', '?' or '#' in it: the part
+        // before that character parses as a host (and digits as a port), the rest as a path,
+        // query or fragment. Whatever parses, it is the password: show nothing of it.
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        if rest[authority_end..].contains('@') {
+            return format!("{scheme}://");
+        }
         if let Ok(mut parsed) = ::url::Url::parse(url) {
             // These fail only for a URL that cannot hold user-info (an empty host): none to drop.
             let _ = parsed.set_username("");
@@ -108,6 +115,11 @@ impl ConnectionUrl {
         }
         let end = rest.find(['/', '?']).unwrap_or(rest.len());
         let (authority, rest) = rest.split_at(end);
+        if rest.contains('@') {
+            return Err(
+                "an '@' after the host list (a password's '/', '?', '#' and '%' must be percent-encoded)".to_string()
+            );
+        }
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (userinfo, hosts) = match authority.rsplit_once('@') {
             Some((userinfo, hosts)) => (Some(userinfo), hosts),
@@ -220,6 +232,10 @@ mod tests {
         for (url, shown) in [
             ("postgres://app:pa/ss@db/app", "postgres://"),
             ("postgres://app:pa#ss@db:5432/app", "postgres://"),
+            // Digits, then '/': "app:123" parses as a host and port, the rest as a path.
+            ("postgresql://app:123/Qu5fo@lc9W@127.0.0.1:45657/app", "postgresql://"),
+            ("postgres://app:123?x=Qu5fo@127.0.0.1:1/app", "postgres://"),
+            ("postgres://app:123#Qu5fo@127.0.0.1:1/app", "postgres://"),
             ("redis://:pa?ss@h:6379", "redis://"),
             ("redis://:pa%3Fss@h:6379", "redis://h:6379"),
             ("redis://u:p@ss@h:6379/0", "redis://h:6379/0"),
@@ -227,7 +243,8 @@ mod tests {
             ("etcds://u:s%2F3cret@a:1", "etcds://a:1"),
             ("zk://u:s3cret@a:1,b:2/chroot?root=/x", "zk://a:1,b:2/chroot"),
             ("redlock://u:s3cret@a:1,b:2/0?x=1", "redlock://a:1,b:2/0"),
-            ("dynamodb://table?endpoint=http://u:s3cret@h:1", "dynamodb://table"),
+            ("dynamodb://table?endpoint=http://u:s3cret@h:1", "dynamodb://"),
+            ("dynamodb://table?endpoint=http://h:1", "dynamodb://table"),
             ("sqlite://warehouse.db", "sqlite://warehouse.db"),
             ("sqlite:///var/x.db?synchronous=full", "sqlite:///var/x.db"),
             ("sqlite::memory:", "sqlite::memory:"),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use palisade_core::{Error, ErrorKind, Result};
+use palisade_core::{Error, ErrorKind, Result, redact_url};
 
 use crate::BACKEND;
 
@@ -10,7 +10,7 @@ use crate::BACKEND;
 ///
 /// Credentials always come from the AWS SDK's standard chain (environment, profile, web
 /// identity, instance metadata); they are never part of the URL or these settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DynamoConfig {
     /// The table holding watermarks and records (partition key `pk`, a string). Default:
     /// `palisade`.
@@ -29,6 +29,21 @@ pub struct DynamoConfig {
     pub attempt_timeout: Duration,
     /// How long a request may take in all, retries included. Default: 15 s.
     pub operation_timeout: Duration,
+}
+
+/// The endpoint is shown redacted: a compatible server's URL may carry user-info.
+impl std::fmt::Debug for DynamoConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DynamoConfig")
+            .field("table", &self.table)
+            .field("endpoint", &self.endpoint.as_deref().map(redact_url))
+            .field("region", &self.region)
+            .field("create_table", &self.create_table)
+            .field("max_attempts", &self.max_attempts)
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("operation_timeout", &self.operation_timeout)
+            .finish()
+    }
 }
 
 impl Default for DynamoConfig {
@@ -66,13 +81,15 @@ impl DynamoConfig {
         let (table, query) = rest.split_once('?').unwrap_or((rest, ""));
         let mut config = DynamoConfig::new(table.trim_end_matches('/'));
         for pair in query.split('&').filter(|p| !p.is_empty()) {
+            // Never quote a value, nor a name that is not a plain word: a password with a raw
+            // '&' or '#' in the endpoint's user-info splits the query at that character.
             let Some((name, value)) = pair.split_once('=') else {
-                return Err(bad(format!("malformed parameter `{pair}`")));
+                return Err(bad("a malformed parameter (expected name=value)".to_string()));
             };
             match name {
                 "endpoint" => {
                     if !(value.starts_with("http://") || value.starts_with("https://")) {
-                        return Err(bad(format!("endpoint `{value}` is not an http(s) URL")));
+                        return Err(bad(format!("endpoint {} is not an http(s) URL", redact_url(value))));
                     }
                     config.endpoint = Some(value.to_string());
                 }
@@ -81,10 +98,13 @@ impl DynamoConfig {
                     config.create_table = match value {
                         "true" => true,
                         "false" => false,
-                        _ => return Err(bad(format!("create_table={value:?} is not true or false"))),
+                        _ => return Err(bad("create_table must be true or false".to_string())),
                     }
                 }
-                _ => return Err(bad(format!("unknown parameter `{name}`"))),
+                _ if name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') => {
+                    return Err(bad(format!("unknown parameter `{name}`")));
+                }
+                _ => return Err(bad("an unknown parameter".to_string())),
             }
         }
         config.validate()?;

@@ -102,7 +102,7 @@ impl DynamoStore {
         config.validate()?;
         let store = DynamoStore { client, config };
         store.ensure_table().await?;
-        debug!(table = %store.config.table, endpoint = ?store.config.endpoint, "dynamodb fenced store open");
+        debug!(table = %store.config.table, endpoint = ?store.config.endpoint.as_deref().map(palisade_core::redact_url), "dynamodb fenced store open");
         Ok(store)
     }
 
