@@ -12,7 +12,7 @@
 //! | feature | default | gives |
 //! |---|---|---|
 //! | `memory` | yes | `memory://[NAME]` lock service and store (one process) |
-//! | `sqlite` | yes | `sqlite://PATH`, `sqlite::memory:` fenced store (`palisade::sqlite`) |
+//! | `sqlite` | yes | `sqlite://PATH`, `sqlite::memory:` fenced store and lock service (`palisade::sqlite`): give both the same file and locks, fences and data share it |
 //! | `redis` | no | `redis://` lock service (`palisade::redis`); `redis-tls` adds `rediss://` |
 //! | `postgres` | no | `postgres://` fenced store (`palisade::postgres`) |
 //! | `redlock` | no | `redlock://h1:p1,h2:p2,…` (`palisade::redlock`): an efficiency lock without fences, via [`connect_any_lock`] |

@@ -13,7 +13,8 @@
 //! cargo run --release --example warehouse -- allocate --sku S --qty N [--ttl-ms MS] [--think-ms MS] [--job ID]
 //! ```
 //!
-//! Every subcommand takes `--lock URL` (default `memory://`) and `--store URL` (default
+//! Every subcommand takes `--lock URL` (default: the store's URL when it is a SQLite file, so
+//! locks and data share it; else `memory://`) and `--store URL` (default
 //! `sqlite://warehouse.db`). The flags, the JSON output and the exit codes are a contract that
 //! tests outside this repository rely on; `examples/warehouse/README.md` documents them.
 //!

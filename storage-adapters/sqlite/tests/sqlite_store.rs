@@ -199,3 +199,34 @@ async fn many_clients_opening_one_new_file_at_once_all_succeed() {
         open.await.unwrap().unwrap();
     }
 }
+
+/// The lock service's counter lives in the file: a new "process" (a fresh service and store
+/// on the same file) continues the fences, so the store's watermark is never at or above the
+/// next grant and `lock_checked` has nothing to repair.
+#[tokio::test]
+async fn lock_fences_continue_across_reopening_the_file() {
+    use palisade_core::{FencedStoreExt, LockServiceExt, REGRESSION_GAP};
+    use palisade_sqlite::SqliteLockService;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/one.db?synchronous=normal", dir.path().display());
+    let ttl = std::time::Duration::from_secs(30);
+    let mut last = 0;
+    for run in 1..=3u64 {
+        let store = SqliteStore::connect(&url).await.unwrap();
+        let locks = Arc::new(SqliteLockService::new(&store).await.unwrap());
+        let lease = locks.lock_checked(&store, &res(), ttl, ttl).await.unwrap();
+        assert_eq!(lease.fence().get(), run, "consecutive fences across runs, no repair");
+        assert!(lease.fence().get() < REGRESSION_GAP);
+        store.write(&lease, &WriteBatch::new().put("rec", run.to_string().into_bytes())).await.unwrap();
+        // Held: another client of the file (another process) cannot take it.
+        let other = Arc::new(SqliteLockService::connect(&url).await.unwrap());
+        assert!(other.try_lock(&res(), ttl).await.unwrap().is_none(), "run {run}: two holders");
+        last = lease.fence().get();
+        lease.release().await.unwrap();
+    }
+    assert_eq!(store_watermark(&url).await, last);
+}
+
+async fn store_watermark(url: &str) -> u64 {
+    SqliteStore::connect(url).await.unwrap().watermark(&res()).await.unwrap().unwrap().get()
+}
