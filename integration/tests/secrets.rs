@@ -25,7 +25,7 @@ fn passwords() -> Vec<String> {
         "pa#ss-w0rd-2",
         "pa?ss-w0rd-3",
         "p@ss@w0rd-44",
-        "us:er:pass-5",
+        "u5:er:pa55-5",
         "p%40ssw0rd-6",
         "%%%zz%%%zz%7",
         "pw=x&y=z#/?@",
@@ -60,15 +60,15 @@ fn everything_said(e: &palisade::Error) -> String {
     text
 }
 
-/// URL templates per connect function; `{pw}` is the password, `{port}` a closed port.
+/// URL templates per connect function; `{pw}` is the password, `{port}` and `{port2}` closed ports.
 const LOCKS: &[&str] = &[
     "redis://app:{pw}@127.0.0.1:{port}/0",
     "rediss://app:{pw}@127.0.0.1:{port}",
     "etcd://app:{pw}@127.0.0.1:{port}",
-    "etcds://app:{pw}@127.0.0.1:{port},127.0.0.1:{port}",
+    "etcds://app:{pw}@127.0.0.1:{port},127.0.0.1:{port2}",
     "zk://app:{pw}@127.0.0.1:{port}/chroot?session_timeout_ms=2000",
 ];
-const ANY_LOCKS: &[&str] = &["redlock://app:{pw}@127.0.0.1:{port},127.0.0.1:{port}?connect_timeout_ms=200"];
+const ANY_LOCKS: &[&str] = &["redlock://app:{pw}@127.0.0.1:{port},127.0.0.1:{port2}?connect_timeout_ms=200"];
 const STORES: &[&str] = &[
     "postgres://app:{pw}@127.0.0.1:{port}/app",
     "postgresql://app:{pw}@127.0.0.1:{port}/app?sslmode=disable",
@@ -92,13 +92,14 @@ async fn error_of(kind: usize, url: String) -> Option<palisade::Error> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_password_appears_in_any_connect_error() {
     let port = closed_port().to_string();
+    let port2 = closed_port().to_string();
     let mut tasks = tokio::task::JoinSet::new();
     let mut cases = 0;
     for password in passwords() {
         for form in [password.clone(), encode(&password)] {
             for (kind, templates) in [LOCKS, ANY_LOCKS, STORES].into_iter().enumerate() {
                 for template in templates {
-                    let url = template.replace("{pw}", &form).replace("{port}", &port);
+                    let url = template.replace("{pw}", &form).replace("{port}", &port).replace("{port2}", &port2);
                     let password = password.clone();
                     cases += 1;
                     tasks.spawn(async move {

@@ -15,8 +15,9 @@ pub struct DynamoConfig {
     /// The table holding watermarks and records (partition key `pk`, a string). Default:
     /// `palisade`.
     pub table: String,
-    /// An endpoint override for a local or compatible server (`http://127.0.0.1:8000`).
-    /// Default: none (the region's AWS endpoint).
+    /// An endpoint override for a local or compatible server (`http://127.0.0.1:8000`), without
+    /// user-info (credentials come from the AWS chain; an `@` is refused). Default: none (the
+    /// region's AWS endpoint).
     pub endpoint: Option<String>,
     /// The region. Default: none (the SDK's chain: `AWS_REGION`, profile).
     pub region: Option<String>,
@@ -118,6 +119,15 @@ impl DynamoConfig {
         if t.len() < 3 || t.len() > 255 || !t.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
             return invalid(format!("table name {t:?}: 3–255 characters of a-z, A-Z, 0-9, '_', '-', '.'"));
         }
+        // The SDK signs requests with credentials from the AWS chain and ignores user-info in
+        // the endpoint, but quotes the endpoint whole in its errors: refuse it, so a password
+        // put there by mistake never reaches a message.
+        if self.endpoint.as_deref().is_some_and(|e| e.contains('@')) {
+            return invalid(
+                "the endpoint must not carry user-info (user:password@): DynamoDB credentials come from the AWS chain"
+                    .to_string(),
+            );
+        }
         if self.max_attempts == 0 {
             return invalid("max_attempts must be at least 1".to_string());
         }
@@ -157,8 +167,12 @@ mod tests {
             "dynamodb://t12?bogus=1",
             "dynamodb://t12?create_table=maybe",
             "dynamodb://t12?region",
+            "dynamodb://t12?endpoint=http://u:s3cret@h:1",
+            "dynamodb://t12?endpoint=http://u:s3/cret@h:1",
         ] {
-            assert_eq!(DynamoConfig::from_url(url).err().map(|e| e.kind()), Some(ErrorKind::InvalidConfig), "{url}");
+            let err = DynamoConfig::from_url(url).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}");
+            assert!(!format!("{err} {err:?}").contains("s3"), "{err:?}");
         }
     }
 }
