@@ -17,8 +17,11 @@ pub struct RedisConfig {
     /// How long a command may take before it is reported as failed with an unknown outcome.
     /// Default: 5 s (never the client library's 500 ms).
     pub response_timeout: Duration,
-    /// Accept a `maxmemory-policy` that may evict keys without a TTL (fence keys). Default:
-    /// false. Set it only if this Redis never reaches `maxmemory`.
+    /// Accept a `maxmemory-policy` other than `noeviction`. Default: false. Set it only if this
+    /// Redis never reaches `maxmemory`: once it does, `volatile-*` policies evict held locks
+    /// (a second client is granted the lock inside the first one's TTL; only the fenced store
+    /// still orders their writes) and `allkeys-*` policies also evict fence keys (fences
+    /// restart low: a regression `lock_checked` must repair).
     pub allow_eviction: bool,
     /// For `rediss://` only: the CA certificate(s), PEM, to trust instead of the platform's
     /// root store (a private CA, a self-signed server). Default: none (platform roots).

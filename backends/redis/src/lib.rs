@@ -11,9 +11,9 @@
 //!   can release or extend. A release publishes on `palisade:released:lock:{d:id}`, which wakes
 //!   waiters at once; waiters also wake when the holder's remaining TTL (returned by the
 //!   acquire script) runs out, and every 250 ms at the latest.
-//! - **Eviction guard**: at connect, `maxmemory-policy` must be `noeviction` or `volatile-*`
-//!   (which never evict keys without a TTL, such as fence keys); anything else fails the
-//!   connection unless [`RedisConfig::allow_eviction`] is set.
+//! - **Eviction guard**: at connect, `maxmemory-policy` must be `noeviction`: `volatile-*`
+//!   policies evict held locks (their keys carry a PX expiry) and `allkeys-*` ones fence keys.
+//!   Anything else fails the connection unless [`RedisConfig::allow_eviction`] is set.
 //! - **Fence regression** (Redis restarted without persistence, failover to a lagging replica,
 //!   `FLUSHALL`): the counter restarts low. Acquire with
 //!   [`LockServiceExt::lock_checked`](palisade_core::LockServiceExt::lock_checked), which

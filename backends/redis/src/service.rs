@@ -66,8 +66,10 @@ impl RedisLockService {
         Ok(service)
     }
 
-    /// The seed: "eviction policies must never evict lock or fence keys". Fence keys have no
-    /// TTL, so `noeviction` and the `volatile-*` policies are safe; `allkeys-*` are not.
+    /// "Eviction policies must never evict lock or fence keys." Only `noeviction` guarantees it:
+    /// `allkeys-*` can evict fence keys, and every `volatile-*` policy can evict a held lock's
+    /// key (it carries a PX expiry; `volatile-ttl` even prefers it), after which a second client
+    /// is granted the lock while the first is inside its TTL.
     async fn check_eviction_policy(&self) -> Result<()> {
         let mut conn = self.conn.clone();
         let reply: redis::RedisResult<Vec<String>> =
@@ -79,15 +81,15 @@ impl RedisLockService {
                 return Ok(());
             }
         };
-        if policy == "noeviction" || policy.starts_with("volatile-") || self.config.allow_eviction {
+        if policy == "noeviction" || self.config.allow_eviction {
             return Ok(());
         }
         Err(Error::new(
             ErrorKind::InvalidConfig,
             BACKEND,
             format!(
-                "maxmemory-policy is {policy}, which can evict fence keys and silently restart fences; \
-                 use noeviction (or a volatile-* policy), or set RedisConfig::allow_eviction if this Redis never fills up"
+                "maxmemory-policy is {policy}, which can evict held locks (volatile-*) or fence keys (allkeys-*); \
+                 use noeviction, or set RedisConfig::allow_eviction if this Redis never fills up"
             ),
         ))
     }

@@ -36,8 +36,55 @@ async fn an_eviction_policy_that_can_evict_fence_keys_is_refused_unless_allowed(
     let config = RedisConfig { allow_eviction: true, ..RedisConfig::new(url) };
     RedisLockService::connect_with(config).await.unwrap();
 
-    let volatile = own_redis(&["--maxmemory-policy", "volatile-lru"]);
-    RedisLockService::connect(&volatile.redis_url()).await.unwrap();
+    let noeviction = own_redis(&["--maxmemory-policy", "noeviction"]);
+    RedisLockService::connect(&noeviction.redis_url()).await.unwrap();
+}
+
+/// Lock keys carry a PX expiry, so every `volatile-*` policy may evict a *held* lock
+/// (`volatile-lru` picks the oldest untouched one): refused at connect. With `allow_eviction`
+/// the consequence the doc warns about is real: a second client is granted the lock while the
+/// first is inside its TTL (the fence key has no TTL and survives, so the store still orders
+/// their writes).
+#[tokio::test]
+async fn volatile_policies_can_evict_held_locks_and_are_refused() {
+    let server = own_redis(&["--maxmemory", "2mb", "--maxmemory-policy", "volatile-lru"]);
+    let url = server.redis_url();
+    let err = RedisLockService::connect(&url).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(err.to_string().contains("volatile-lru"), "{err}");
+
+    let allowed = RedisConfig { allow_eviction: true, ..RedisConfig::new(url.clone()) };
+    let first = RedisLockService::connect_with(allowed.clone()).await.unwrap();
+    let second = RedisLockService::connect_with(allowed).await.unwrap();
+    let key = ResourceKey::new("evict", "held").unwrap();
+    let ttl = Ttl::from_millis(60_000).unwrap();
+    let held = first.try_acquire(&key, ttl).await.unwrap().expect("free");
+
+    // Fill memory with expiring keys until Redis evicts the held lock.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let value = vec![b'x'; 16 * 1024];
+    let mut evicted = false;
+    for i in 0..2_000 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg(&value)
+            .arg("PX")
+            .arg(600_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let exists: i64 = redis::cmd("EXISTS").arg(key.lock_key()).query_async(&mut conn).await.unwrap();
+        if exists == 0 {
+            evicted = true;
+            break;
+        }
+    }
+    assert!(evicted, "volatile-lru never evicted the held lock");
+    let fence_kept: i64 = redis::cmd("EXISTS").arg(key.fence_key()).query_async(&mut conn).await.unwrap();
+    assert_eq!(fence_kept, 1, "the fence key has no TTL and must survive");
+    let double = second.try_acquire(&key, ttl).await.unwrap().expect("the evicted lock is free again");
+    assert!(double.fence() > held.fence(), "fences still order the two holders");
 }
 
 #[tokio::test]

@@ -81,8 +81,26 @@ fn node_prefix(token: OwnerToken) -> String {
     format!("lock-{token}-")
 }
 
-fn sequence_of(name: &str) -> Option<i64> {
-    name.rsplit_once('-').and_then(|(_, seq)| seq.parse().ok())
+/// The sequence ZooKeeper appended to a node's name (`lock-<token>-<sequence>`, or a path
+/// ending in one): `%010d` of the parent's signed 32-bit `cversion`, which wraps to negative
+/// after 2³¹ changes (`lock-<token>--000000001`). Taking the digits after the last `-` would
+/// drop that sign; the token is hex, so the sequence is everything after its `-`.
+fn sequence_of(name: &str) -> Option<i32> {
+    let node = name.rsplit('/').next()?;
+    node.strip_prefix("lock-")?.split_once('-')?.1.parse().ok()
+}
+
+/// Sorts contenders into queue order across the sequence's wrap: by distance from the first
+/// one listed (wrapping), which is right as long as the live nodes of one lock span less than
+/// 2³¹ sequence numbers — they are created within a few seconds of lock traffic of each other.
+fn queue_order(contenders: &mut [(i32, String)]) {
+    let Some(&(anchor, _)) = contenders.first() else { return };
+    contenders.sort_by_key(|(s, _)| s.wrapping_sub(anchor));
+}
+
+/// Whether sequence `a` was issued before `b`, across the wrap.
+fn precedes(a: i32, b: i32) -> bool {
+    b.wrapping_sub(a) > 0
 }
 
 impl ZkLockService {
@@ -283,7 +301,7 @@ impl Inner {
     }
 
     /// The contenders of a resource, lowest sequence first.
-    async fn contenders(&self, session: &Session, parent: &str) -> Result<Vec<(i64, String)>> {
+    async fn contenders(&self, session: &Session, parent: &str) -> Result<Vec<(i32, String)>> {
         let children = timeout(self.config.request_timeout, session.client.list_children(parent))
             .await
             .map_err(|_| timed_out("listing contenders", false))?;
@@ -292,9 +310,9 @@ impl Inner {
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(map(e, "listing contenders", false)),
         };
-        let mut sorted: Vec<(i64, String)> =
+        let mut sorted: Vec<(i32, String)> =
             children.into_iter().filter_map(|c| sequence_of(&c).map(|s| (s, format!("{parent}/{c}")))).collect();
-        sorted.sort();
+        queue_order(&mut sorted);
         Ok(sorted)
     }
 
@@ -305,7 +323,7 @@ impl Inner {
         session: &Session,
         parent: &str,
         path: &str,
-    ) -> Result<(Option<zk::Stat>, Vec<(i64, String)>)> {
+    ) -> Result<(Option<zk::Stat>, Vec<(i32, String)>)> {
         let mut reader = session.client.new_multi_reader();
         reader.add_get_data(path).map_err(|e| map(e, "acquire (queue check)", false))?;
         reader.add_get_children(parent).map_err(|e| map(e, "acquire (queue check)", false))?;
@@ -329,7 +347,7 @@ impl Inner {
                 _ => return Err(Error::new(ErrorKind::Backend, BACKEND, "unexpected multi-read result")),
             }
         }
-        contenders.sort();
+        queue_order(&mut contenders);
         Ok((mine, contenders))
     }
 
@@ -511,7 +529,9 @@ impl LockService for ZkLockService {
         let (session, path, stat) = inner.join_queue(&parent, token).await?;
         let mut place =
             QueuePlace { inner: Arc::clone(inner), session: Arc::clone(&session), path: path.clone(), armed: true };
-        let my_sequence = sequence_of(&path).unwrap_or(i64::MAX);
+        let my_sequence = sequence_of(&path).ok_or_else(|| {
+            Error::new(ErrorKind::Backend, BACKEND, format!("lock node {path} has no sequence suffix"))
+        })?;
         loop {
             let sent_at = Instant::now();
             // One read: our own node and the queue, as of the same moment.
@@ -522,7 +542,7 @@ impl LockService for ZkLockService {
                 return Err(Error::new(ErrorKind::LeaseLost, BACKEND, "the ZooKeeper session ended while waiting")
                     .with_retryable(true));
             }
-            let ahead = contenders.iter().rfind(|(s, _)| *s < my_sequence).map(|(_, p)| p.clone());
+            let ahead = contenders.iter().rfind(|(s, _)| precedes(*s, my_sequence)).map(|(_, p)| p.clone());
             let Some(ahead) = ahead else {
                 place.armed = false;
                 return inner.grant(key, (token, path, stat.czxid), ttl, sent_at, &session);
@@ -592,5 +612,30 @@ impl LockService for ZkLockService {
                 Err(timed_out("release", true))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After 2³¹ changes of the parent the suffix is negative; nodes created after the wrap
+    /// must still queue behind the ones created before it (else a new node sees itself first
+    /// while the holder's node exists: two holders).
+    #[test]
+    fn queue_order_holds_across_the_sequence_wrap() {
+        let names = ["lock-c--2147483000", "lock-a-2147483000", "lock-d--2147482000", "lock-b-2147483647"];
+        let mut contenders: Vec<(i32, String)> =
+            names.iter().map(|n| (sequence_of(n).unwrap(), n.to_string())).collect();
+        queue_order(&mut contenders);
+        let order: Vec<&str> = contenders.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(order, ["lock-a-2147483000", "lock-b-2147483647", "lock-c--2147483000", "lock-d--2147482000"]);
+        assert_eq!(sequence_of("lock-x--2147483648"), Some(i32::MIN));
+        assert!(precedes(i32::MAX, i32::MIN), "the last positive sequence comes before the first negative");
+        assert!(precedes(-2_147_483_000, -5) && !precedes(-5, -2_147_483_000));
+        assert!(!precedes(7, 7));
+        assert_eq!(sequence_of("/palisade/locks/d/i/lock-ab12--000000001"), Some(-1));
+        assert_eq!(sequence_of("lock-ab12-0000000042"), Some(42));
+        assert_eq!(sequence_of("other-ab12-0000000042"), None);
     }
 }
