@@ -76,7 +76,7 @@ async fn raw_script_cycle_latency(url: &str, prefix: &str) -> Vec<Duration> {
     for i in 0..CYCLES {
         let (lock, fence) = (format!("lock:{{{prefix}:rs{}}}", i % 64), format!("fence:{{{prefix}:rs{}}}", i % 64));
         let t = Instant::now();
-        let _: (i64, i64) =
+        let _: (i64, String) =
             acquire.key(&lock).key(&fence).arg("token").arg(30_000).invoke_async(&mut conn).await.unwrap();
         let _: i64 = release.key(&lock).arg("token").arg("palisade:released:x").invoke_async(&mut conn).await.unwrap();
         lat.push(t.elapsed());
@@ -84,17 +84,9 @@ async fn raw_script_cycle_latency(url: &str, prefix: &str) -> Vec<Duration> {
     lat
 }
 
-/// The acquire and release scripts of palisade-redis, verbatim in effect.
+/// The acquire and release scripts of palisade-redis, the very same ones.
 fn scripts() -> (redis::Script, redis::Script) {
-    (
-        redis::Script::new(
-            "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, redis.call('INCR', KEYS[2])} end \
-             return {0, redis.call('PTTL', KEYS[1])}",
-        ),
-        redis::Script::new(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) redis.call('PUBLISH', ARGV[2], '1') return 1 end return 0",
-        ),
-    )
+    (palisade::redis::scripts::ACQUIRE.clone(), palisade::redis::scripts::RELEASE.clone())
 }
 
 async fn palisade_cycle_latency(svc: &Arc<RedisLockService>, prefix: &str, with_lease: bool) -> Vec<Duration> {
@@ -167,7 +159,7 @@ async fn raw_script_throughput(url: &str, prefix: &str, tasks: usize, for_: Dura
         handles.push(tokio::spawn(async move {
             let mut n = 0u64;
             while start.elapsed() < for_ {
-                let _: (i64, i64) =
+                let _: (i64, String) =
                     acquire.key(&lock).key(&fence).arg("token").arg(30_000).invoke_async(&mut conn).await.unwrap();
                 let _: i64 = release.key(&lock).arg("token").arg(&channel).invoke_async(&mut conn).await.unwrap();
                 n += 1;
@@ -292,7 +284,7 @@ async fn main() {
         r(&raw_scripts)
     );
     println!(
-        "| `try_acquire` + `release` (script: SET NX PX + INCR; compare-token DEL) | {} | {} | {:.2} |",
+        "| `try_acquire` + `release` (script: EXISTS, INCR, SET PX; compare-token DEL) | {} | {} | {:.2} |",
         ms(service.p50),
         ms(service.p99),
         r(&service)

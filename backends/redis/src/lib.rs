@@ -2,9 +2,11 @@
 //!
 //! Palisade's Redis lock service: the seed's engineered approach, done atomically.
 //!
-//! - **Acquire is one round trip**: one Lua script runs `SET lock:{d:id} TOKEN NX PX ttl` and,
-//!   only if that succeeded, `INCR fence:{d:id}`, returning the fence. There is never a lock
-//!   without a fence nor a fence spent without a lock. The braces are a Redis Cluster hash tag:
+//! - **Acquire is one round trip**: one Lua script checks that `lock:{d:id}` is absent, then runs
+//!   `INCR fence:{d:id}` and `SET lock:{d:id} TOKEN PX ttl`, returning the fence as the key's
+//!   decimal string (exact above 2⁵³, where Lua's doubles are not). There is never a lock
+//!   without a fence nor a fence spent without a lock: a counter that cannot be incremented fails
+//!   the script before the lock is set. The braces are a Redis Cluster hash tag:
 //!   both keys live in one slot, so the script is legal on a cluster too.
 //! - **Fence keys never expire** and the library never deletes them.
 //! - **Release and extend** are compare-token scripts: only the holder's 128-bit owner token
@@ -47,7 +49,7 @@
 
 mod config;
 mod errors;
-mod scripts;
+pub mod scripts;
 mod service;
 mod waiters;
 

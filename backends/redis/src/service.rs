@@ -98,7 +98,7 @@ impl RedisLockService {
         let token = OwnerToken::generate()?;
         let mut conn = self.conn.clone();
         let requested_at = Instant::now();
-        let (granted, value): (i64, i64) = ACQUIRE
+        let (granted, value): (i64, String) = ACQUIRE
             .key(key.lock_key())
             .key(key.fence_key())
             .arg(&token.to_hex()[..])
@@ -107,13 +107,13 @@ impl RedisLockService {
             .await
             .map_err(|e| map(e, "acquire"))?;
         if granted == 1 {
-            let fence = u64::try_from(value).map_err(|_| {
-                Error::new(ErrorKind::Backend, BACKEND, format!("fence key {} holds {value}", key.fence_key()))
+            let fence = value.parse::<u64>().map_err(|_| {
+                Error::new(ErrorKind::Backend, BACKEND, format!("fence key {} holds {value:?}", key.fence_key()))
             })?;
             return Ok(AttemptOutcome::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)));
         }
         // PTTL is -1 for a lock without expiry (never set by us) and -2 if it just vanished.
-        let remaining = u64::try_from(value).map_or(Duration::from_millis(1), Duration::from_millis);
+        let remaining = value.parse::<u64>().map_or(Duration::from_millis(1), Duration::from_millis);
         Ok(AttemptOutcome::Held { remaining })
     }
 }
@@ -190,7 +190,7 @@ impl LockService for RedisLockService {
         let floor = i64::try_from(floor.get())
             .map_err(|_| Error::new(ErrorKind::InvalidArgument, BACKEND, "fence floor above i64::MAX"))?;
         let mut conn = self.conn.clone();
-        let now: i64 = ADVANCE_FENCE
+        let now: String = ADVANCE_FENCE
             .key(key.fence_key())
             .arg(floor)
             .invoke_async(&mut conn)

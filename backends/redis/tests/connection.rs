@@ -114,3 +114,41 @@ async fn fence_keys_have_no_ttl_and_survive_release() {
     let lock_exists: i64 = redis::cmd("EXISTS").arg(key.lock_key()).query_async(&mut conn).await.unwrap();
     assert_eq!(lock_exists, 0, "release deletes the lock key");
 }
+
+/// Fences stay exact above 2⁵³ (Lua numbers are doubles): after the counter is moved to
+/// 2⁵³ + 1, grants get 2⁵³ + 2 and 2⁵³ + 3, never a rounded value at or below the floor.
+#[tokio::test]
+async fn fences_are_exact_above_two_to_the_53() {
+    let server = own_redis(&[]);
+    let svc = RedisLockService::connect(&server.redis_url()).await.unwrap();
+    let key = ResourceKey::new("big", "fence").unwrap();
+    let floor = (1u64 << 53) + 1;
+    svc.advance_fence(&key, palisade_core::Fence::new(floor)).await.unwrap();
+    let ttl = Ttl::from_millis(5_000).unwrap();
+    let first = svc.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert_eq!(first.fence().get(), floor + 1);
+    svc.release(&first).await.unwrap();
+    let second = svc.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert_eq!(second.fence().get(), floor + 2);
+    svc.release(&second).await.unwrap();
+    // Moving to a floor below the counter keeps the counter (an exact integer comparison).
+    svc.advance_fence(&key, palisade_core::Fence::new(floor + 1)).await.unwrap();
+    let third = svc.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert_eq!(third.fence().get(), floor + 3);
+}
+
+/// A fence counter Redis cannot increment (not an integer) fails the acquire, and leaves no
+/// lock behind: a held lock without a grant would block everyone for its TTL.
+#[tokio::test]
+async fn a_failed_increment_leaves_no_lock_held() {
+    let server = own_redis(&[]);
+    let svc = RedisLockService::connect(&server.redis_url()).await.unwrap();
+    let key = ResourceKey::new("bad", "counter").unwrap();
+    let client = redis::Client::open(server.redis_url().as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SET").arg(key.fence_key()).arg("not-a-number").query_async(&mut conn).await.unwrap();
+    let err = svc.try_acquire(&key, Ttl::from_millis(60_000).unwrap()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    let held: i64 = redis::cmd("EXISTS").arg(key.lock_key()).query_async(&mut conn).await.unwrap();
+    assert_eq!(held, 0, "the lock stayed held after a failed grant");
+}
