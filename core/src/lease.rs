@@ -53,7 +53,11 @@ pub(crate) struct LeaseShared<S: LockService + ?Sized> {
 #[derive(Clone, Copy)]
 struct Timing {
     deadline: Instant,
+    /// What the backend granted last (it may cap an extension below what was asked).
     ttl: Ttl,
+    /// What the holder asked for last: what renewal asks for again, so that one capped
+    /// extension does not shrink the lease for good.
+    requested: Ttl,
 }
 
 impl<S: LockService + ?Sized> LeaseShared<S> {
@@ -63,6 +67,10 @@ impl<S: LockService + ?Sized> LeaseShared<S> {
 
     pub(crate) fn ttl(&self) -> Ttl {
         self.timing().ttl
+    }
+
+    pub(crate) fn requested_ttl(&self) -> Ttl {
+        self.timing().requested
     }
 
     pub(crate) fn done(&self) -> &CancellationToken {
@@ -111,6 +119,7 @@ impl<S: LockService + ?Sized> LeaseShared<S> {
                     let mut t = self.timing.lock().unwrap_or_else(PoisonError::into_inner);
                     t.deadline = sent_at + granted.get();
                     t.ttl = granted;
+                    t.requested = ttl;
                 }
                 self.changed.notify_one();
                 Ok(())
@@ -154,7 +163,8 @@ impl<S: LockService + ?Sized> Lease<S> {
     /// Must be called inside a Tokio runtime. Users get leases from
     /// [`LockServiceExt`](crate::LockServiceExt); backend authors rarely call this directly.
     pub fn new(service: Arc<S>, grant: Grant<S::Fencing>) -> Self {
-        let timing = Timing { deadline: grant.requested_at() + grant.ttl().get(), ttl: grant.ttl() };
+        let timing =
+            Timing { deadline: grant.requested_at() + grant.ttl().get(), ttl: grant.ttl(), requested: grant.ttl() };
         let shared = Arc::new(LeaseShared {
             service,
             grant,
@@ -255,19 +265,21 @@ impl<S: LockService + ?Sized> Lease<S> {
     /// heartbeat proves forward progress; never renew on a timer alone".
     ///
     /// Every third of the TTL the renewal task compares `progress` with what it saw last time.
-    /// If it moved, it extends the lease by its TTL. If it stalled, it does not extend, so a
-    /// hung handler loses the lease within one TTL. A failed extension is logged at error
+    /// If it moved, it extends the lease by the TTL last asked for (not a TTL the backend
+    /// capped once), and the next check comes within a third of what was granted. If it
+    /// stalled, it does not extend, so a hung handler loses the lease within one TTL. A failed extension is logged at error
     /// level, counted in `lock_renew_failed_total`, and fires the lost signal.
     ///
     /// The task stops when the returned [`Renewal`] is stopped or dropped, the lease is
     /// released, or the lease is lost.
     pub fn renew_on_progress(&self, progress: &Progress) -> Renewal {
-        let every = (self.ttl().get() / 3).max(Duration::from_millis(1));
+        let every = (self.shared.requested_ttl().get() / 3).max(Duration::from_millis(1));
         self.renew_on_progress_every(progress, every)
     }
 
     /// [`renew_on_progress`](Lease::renew_on_progress) with an explicit check interval
-    /// (it should be well under the TTL).
+    /// (it should be well under the TTL); a check still comes within a third of the TTL last
+    /// granted when that is shorter.
     pub fn renew_on_progress_every(&self, progress: &Progress, every: Duration) -> Renewal {
         Renewal::start(Arc::clone(&self.shared), progress.clone(), every)
     }

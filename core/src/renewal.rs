@@ -89,11 +89,14 @@ async fn run<S: LockService + ?Sized>(
     let backend = shared.service.backend();
     let mut seen = progress.get();
     loop {
+        // Within a third of what was last granted: a backend that capped an extension must not
+        // see the next one only after the capped TTL ran out.
+        let period = every.min(shared.ttl().get() / 3).max(Duration::from_millis(1));
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = shared.done().cancelled() => return,
             _ = shared.lost_token().cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep(period) => {}
         }
         let now = progress.get();
         if now == seen {
@@ -102,7 +105,7 @@ async fn run<S: LockService + ?Sized>(
             continue;
         }
         seen = now;
-        match shared.extend(shared.ttl()).await {
+        match shared.extend(shared.requested_ttl()).await {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::LeaseLost => return,
             Err(e) => {

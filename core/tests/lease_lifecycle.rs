@@ -182,3 +182,64 @@ fn failed_renewal_fires_lost_and_is_counted() {
     assert_eq!(counter(&snapshot, palisade_core::metrics::LOCK_LOST_TOTAL), 1);
     assert_eq!(counter(&snapshot, palisade_core::metrics::LOCK_ACQUIRE_TOTAL), 1);
 }
+
+/// A service that caps the TTL of one extension (etcd does while its session's keep-alive
+/// hiccups), then grants what is asked again, and records what each extension asked for.
+struct CapsOnce {
+    inner: MemoryLockService,
+    capped: AtomicBool,
+    asked: std::sync::Mutex<Vec<Duration>>,
+}
+
+#[async_trait]
+impl LockService for CapsOnce {
+    type Fencing = Fenced;
+    fn backend(&self) -> &'static str {
+        "caps-once"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
+        self.asked.lock().unwrap().push(ttl.get());
+        let ttl = if self.capped.swap(false, Ordering::SeqCst) { Ttl::from_millis(150).unwrap() } else { ttl };
+        self.inner.extend(grant, ttl).await
+    }
+    async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
+        self.inner.release(grant).await
+    }
+}
+
+/// One capped extension must not shrink the lease for good: renewal keeps asking for the TTL
+/// the holder wanted, and renews often enough for whatever was granted. Before the fix it asked
+/// for the capped TTL from then on, every third of the *first* TTL: longer than the capped one,
+/// so a holder making progress lost its lease.
+#[tokio::test]
+async fn one_capped_extension_does_not_shrink_renewal_for_good() {
+    let svc = Arc::new(CapsOnce {
+        inner: MemoryLockService::new(),
+        capped: AtomicBool::new(true),
+        asked: std::sync::Mutex::new(Vec::new()),
+    });
+    let lease = svc.try_lock(&key("capped"), Duration::from_millis(600)).await.unwrap().unwrap();
+    let progress = Progress::new();
+    let _renewal = lease.renew_on_progress(&progress);
+    let ticking = {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            for _ in 0..100 {
+                progress.tick();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    ticking.await.unwrap();
+    assert!(!lease.is_lost(), "a holder that made progress lost its lease");
+    let asked = svc.asked.lock().unwrap().clone();
+    assert!(asked.len() >= 3, "{asked:?}");
+    assert!(asked.iter().all(|a| *a == Duration::from_millis(600)), "renewal asked for a shrunken TTL: {asked:?}");
+    assert_eq!(lease.ttl().get(), Duration::from_millis(600), "the granted TTL is back to what was asked");
+}
