@@ -184,8 +184,15 @@ impl PostgresStore {
     /// column:
     ///
     /// ```sql
-    /// UPDATE {table} SET {set}, {fence_column} = $1 WHERE {key_column} = $2 AND {fence_column} <= $1
+    /// UPDATE {table} SET {set}, {fence_column} = $1
+    ///   WHERE {key_column} = $2 AND ({fence_column} IS NULL OR {fence_column} <= $1)
     /// ```
+    ///
+    /// A row whose fence column is NULL has never been written under a fence: any fence may
+    /// write it. This form checks only the row's own fence: it does not raise the resource's
+    /// watermark, so [`lock_checked`](palisade_core::LockServiceExt::lock_checked) cannot see a
+    /// regressed lock counter through it. Use [`begin_fenced`](Self::begin_fenced) when that
+    /// matters.
     ///
     /// `set` is your SQL fragment (placeholders from `$3` on, bound by `bind`). Zero rows means
     /// the row's fence is higher ([`ErrorKind::StaleFence`], with the row's fence as `current`)
@@ -202,7 +209,7 @@ impl PostgresStore {
         let FencedRow { table, key_column, fence_column } = *row;
         let (t, k, f) = (quote_ident(table)?, quote_ident(key_column)?, quote_ident(fence_column)?);
         let fence_i64 = storable_fence(BACKEND, fence)?;
-        let update = format!("UPDATE {t} SET {set}, {f} = $1 WHERE {k} = $2 AND {f} <= $1");
+        let update = format!("UPDATE {t} SET {set}, {f} = $1 WHERE {k} = $2 AND ({f} IS NULL OR {f} <= $1)");
         let rows = bind(sqlx::query(AssertSqlSafe(update)).bind(fence_i64).bind(key))
             .execute(&self.pool)
             .await

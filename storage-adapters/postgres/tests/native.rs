@@ -85,6 +85,34 @@ async fn the_seeds_single_statement_form_accepts_equal_and_refuses_lower() {
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
 }
 
+/// A row whose fence column is NULL (an existing table that just gained the column, a row
+/// inserted without it) is writable by any fence: `fence <= $1` alone is NULL there, and the
+/// row could never be written (`StaleFence { current: 0 }` forever).
+#[tokio::test]
+async fn a_row_with_a_null_fence_is_writable() {
+    let s = store().await;
+    let table = unique("nullfence");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table} (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL, fence BIGINT)"
+    )))
+    .execute(s.pool())
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {table} (sku, qty) VALUES ('S1', 10)")))
+        .execute(s.pool())
+        .await
+        .unwrap();
+    let row = FencedRow { table: &table, key_column: "sku", fence_column: "fence" };
+    s.update_row_fenced(&row, "S1", Fence::new(7), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap();
+    let err = s.update_row_fenced(&row, "S1", Fence::new(6), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(6), current: Fence::new(7) });
+    let (qty, fence): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT qty, fence FROM {table}")))
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!((qty, fence), (9, 7));
+}
+
 #[tokio::test]
 async fn configurable_tables_and_bad_urls() {
     let url = require_env("PALISADE_POSTGRES_URL");
