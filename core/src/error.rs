@@ -190,11 +190,39 @@ impl fmt::Debug for Error {
     }
 }
 
+/// This error alone: kind, backend and message. The cause is [`source`](std::error::Error::source),
+/// not repeated here, so error reporters (`anyhow`, `eyre`, [`Error::report`]) print it once.
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({}): {}", self.kind, self.backend, self.message)?;
-        if let Some(source) = &self.source {
-            write!(f, ": {source}")?;
+        write!(f, "{} ({}): {}", self.kind, self.backend, self.message)
+    }
+}
+
+impl Error {
+    /// The error and its chain of causes on one line (`… : cause: cause`), for a program that
+    /// prints errors itself rather than through an error reporter.
+    ///
+    /// ```
+    /// use palisade_core::{Error, ErrorKind};
+    /// let e = Error::new(ErrorKind::Unavailable, "redis", "cannot connect")
+    ///     .with_source(std::io::Error::other("connection refused"));
+    /// assert_eq!(e.to_string(), "unavailable (redis): cannot connect");
+    /// assert_eq!(e.report().to_string(), "unavailable (redis): cannot connect: connection refused");
+    /// ```
+    pub fn report(&self) -> impl fmt::Display + '_ {
+        Report(self)
+    }
+}
+
+struct Report<'a>(&'a Error);
+
+impl fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = std::error::Error::source(self.0);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
         }
         Ok(())
     }
@@ -227,5 +255,21 @@ mod tests {
         assert!(s.contains("store holds 42"), "{s}");
         assert!(s.contains("sqlite"), "{s}");
         assert_eq!(e.stale_fence_details(), Some((Fence::new(41), Fence::new(42))));
+    }
+
+    /// `Display` and `source()` must not both carry the cause: reporters that walk the chain
+    /// (anyhow, eyre) would print it twice.
+    #[test]
+    fn the_source_is_printed_once_by_a_chain_reporter() {
+        let e = Error::new(ErrorKind::Unavailable, "redis", "cannot connect")
+            .with_source(std::io::Error::other("connection refused"));
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            chain.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        assert_eq!(chain.matches("connection refused").count(), 1, "{chain}");
+        assert_eq!(e.report().to_string(), chain);
     }
 }

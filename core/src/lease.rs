@@ -321,7 +321,7 @@ impl<S: LockService + ?Sized> Drop for Lease<S> {
             Ok(handle) => {
                 handle.spawn(async move {
                     if let Err(e) = shared.service.release(&shared.grant).await {
-                        debug!(key = %shared.grant.key(), error = %e, "release on drop failed");
+                        debug!(key = %shared.grant.key(), error = %e.report(), "release on drop failed");
                     }
                 });
             }

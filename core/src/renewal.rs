@@ -109,7 +109,7 @@ async fn run<S: LockService + ?Sized>(
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::LeaseLost => return,
             Err(e) => {
-                error!(backend, key = %shared.grant.key(), error = %e, "lease renewal failed");
+                error!(backend, key = %shared.grant.key(), error = %e.report(), "lease renewal failed");
                 metrics::record_renew_failed(backend);
                 shared.mark_lost("renewal failed");
                 return;

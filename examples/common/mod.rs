@@ -80,7 +80,7 @@ where
     match runtime.block_on(run()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", e.report());
             ExitCode::from(if e.kind() == palisade::ErrorKind::InvalidConfig { 2 } else { 1 })
         }
     }

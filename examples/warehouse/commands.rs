@@ -40,9 +40,9 @@ impl From<Error> for AppError {
     fn from(e: Error) -> Self {
         match e.kind() {
             ErrorKind::InvalidKey | ErrorKind::InvalidArgument | ErrorKind::InvalidConfig | ErrorKind::Unsupported => {
-                AppError::Usage(e.to_string())
+                AppError::Usage(e.report().to_string())
             }
-            _ => AppError::Runtime(e.to_string()),
+            _ => AppError::Runtime(e.report().to_string()),
         }
     }
 }
@@ -204,7 +204,7 @@ async fn allocate(
     if let Err(e) = lease.release().await
         && e.kind() != ErrorKind::NotHolder
     {
-        eprintln!("warehouse: release failed: {e}");
+        eprintln!("warehouse: release failed: {}", e.report());
     }
     Ok(code)
 }
