@@ -34,7 +34,7 @@ pub fn map_err(e: sqlx::Error) -> Error {
 }
 
 /// A failed COMMIT whose reply never arrived may have committed: say so instead of guessing.
-fn map_commit_err(e: sqlx::Error) -> Error {
+pub(crate) fn map_commit_err(e: sqlx::Error) -> Error {
     if matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) {
         return Error::new(
             ErrorKind::OutcomeUnknown,

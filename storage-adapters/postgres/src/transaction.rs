@@ -1,9 +1,9 @@
 //! A transaction for the user's own statements, opened under a fence.
 
-use palisade_core::{Fence, ResourceKey, Result};
+use palisade_core::{Error, ErrorKind, Fence, ResourceKey, Result};
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use crate::store::map_err;
+use crate::store::{BACKEND, map_commit_err, map_err};
 
 /// An open PostgreSQL transaction whose first statement accepted the fence (and holds the
 /// resource's watermark row locked until it ends).
@@ -38,8 +38,30 @@ impl PgFencedTransaction {
     }
 
     /// Commits your statements and the watermark raise together.
-    pub async fn commit(self) -> Result<()> {
-        self.tx.commit().await.map_err(map_err)
+    ///
+    /// Behavior:
+    /// - If one of your statements failed (even one whose error you ignored), PostgreSQL has
+    ///   aborted the transaction and would answer COMMIT with a silent ROLLBACK: this returns
+    ///   [`ErrorKind::Backend`] (not retryable) and nothing, not even the watermark, is written.
+    ///   It costs one short statement before the COMMIT.
+    /// - A COMMIT whose reply is lost (the connection broke after it was sent) is
+    ///   [`ErrorKind::OutcomeUnknown`]: re-read before retrying.
+    pub async fn commit(mut self) -> Result<()> {
+        // In an aborted transaction every statement but COMMIT/ROLLBACK fails with 25P02.
+        if let Err(e) = sqlx::query("SELECT 1").execute(&mut *self.tx).await {
+            let aborted = matches!(&e, sqlx::Error::Database(db) if db.code().as_deref() == Some("25P02"));
+            let _ = self.tx.rollback().await;
+            if aborted {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    BACKEND,
+                    "a statement in the fenced transaction failed, so PostgreSQL aborted it: nothing was committed, not even the watermark",
+                )
+                .with_retryable(false));
+            }
+            return Err(map_err(e));
+        }
+        self.tx.commit().await.map_err(map_commit_err)
     }
 
     /// Rolls everything back.

@@ -138,3 +138,19 @@ async fn configurable_tables_and_bad_urls() {
     assert_eq!(err.kind(), ErrorKind::Unavailable);
     assert!(!err.to_string().contains(":pw@"), "{err}");
 }
+
+/// PostgreSQL answers COMMIT of a transaction that a failed statement aborted with ROLLBACK
+/// and no error: a statement error the caller ignored must not turn into `Ok` from `commit`
+/// when nothing, not even the watermark, was written.
+#[tokio::test]
+async fn commit_after_an_ignored_failed_statement_is_an_error() {
+    let s = store().await;
+    let res = ResourceKey::new("aborted", unique("tx")).unwrap();
+    let mut tx = s.begin_fenced(&res, Fence::new(5)).await.unwrap();
+    let failed = sqlx::query("SELECT 1 / 0").execute(tx.conn()).await;
+    assert!(failed.is_err(), "division by zero must fail");
+    let err = tx.commit().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err:?}");
+    assert!(!err.is_retryable(), "{err:?}");
+    assert_eq!(s.watermark(&res).await.unwrap(), None, "the watermark raise was rolled back with the rest");
+}
