@@ -58,6 +58,7 @@ struct Statements {
     read_for_update: String,
     read: String,
     list: String,
+    claim_absent: String,
 }
 
 impl Statements {
@@ -79,6 +80,12 @@ impl Statements {
             create: format!("INSERT INTO {r} (key, value, fence) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING"),
             delete: format!("DELETE FROM {r} WHERE key = $1"),
             read_for_update: format!("SELECT value FROM {r} WHERE key = $1 FOR UPDATE"),
+            // A placeholder row for a "must be absent" check: the insert waits for any other
+            // transaction's uncommitted row with this key and then conflicts with it, and once
+            // in, blocks every other writer of the key until this transaction ends.
+            claim_absent: format!(
+                "INSERT INTO {r} (key, value, fence) VALUES ($1, ''::bytea, NULL) ON CONFLICT (key) DO NOTHING"
+            ),
             read: format!("SELECT value, fence FROM {r} WHERE key = $1"),
             // `starts_with` keeps LIKE wildcards in the prefix literal.
             list: format!("SELECT key, value, fence FROM {r} WHERE starts_with(key, $1) ORDER BY key COLLATE \"C\""),
@@ -250,8 +257,36 @@ impl PostgresStore {
         // Conditions see the state before the batch, so all checks run before any write.
         // On error `tx` is dropped, which rolls everything back: all or nothing.
         let is_check = |op: &&WriteOp| matches!(op, WriteOp::Check { .. });
+        // Keys held by a "must be absent" placeholder row until a write of the batch replaces it.
+        let mut claimed: Vec<&str> = Vec::new();
         for op in batch.ops().iter().filter(is_check).chain(batch.ops().iter().filter(|op| !is_check(op))) {
-            apply_op(&mut tx, &self.statements, op, fence_i64).await?;
+            match op {
+                WriteOp::Check { key, expected: None } => {
+                    let inserted = sqlx::query(sql(&self.statements.claim_absent))
+                        .bind(key)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(map_err)?
+                        .rows_affected();
+                    if inserted == 0 {
+                        return Err(conflict_error(BACKEND, op));
+                    }
+                    claimed.push(key);
+                }
+                // Our own placeholder is not a conflict: the create takes its place.
+                WriteOp::Create { key, value } if claimed.contains(&key.as_str()) => {
+                    claimed.retain(|k| k != key);
+                    let put = WriteOp::Put { key: key.clone(), value: value.clone() };
+                    apply_op(&mut tx, &self.statements, &put, fence_i64).await?;
+                }
+                _ => {
+                    claimed.retain(|k| *k != op.key());
+                    apply_op(&mut tx, &self.statements, op, fence_i64).await?;
+                }
+            }
+        }
+        for key in claimed {
+            sqlx::query(sql(&self.statements.delete)).bind(key).execute(&mut *tx).await.map_err(map_err)?;
         }
         tx.commit().await.map_err(map_commit_err)
     }
@@ -303,6 +338,8 @@ async fn apply_op(conn: &mut PgConnection, s: &Statements, op: &WriteOp, fence: 
         WriteOp::Delete { key } => {
             sqlx::query(sql(&s.delete)).bind(key).execute(&mut *conn).await.map_err(map_err)?;
         }
+        // `expected: None` is claimed by `apply_batch` with a placeholder row (a `SELECT … FOR
+        // UPDATE` locks nothing when the row is missing); this path checks a present value.
         WriteOp::Check { key, expected } => {
             let actual: Option<Vec<u8>> = sqlx::query_scalar(sql(&s.read_for_update))
                 .bind(key)

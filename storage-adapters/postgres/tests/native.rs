@@ -154,3 +154,41 @@ async fn commit_after_an_ignored_failed_statement_is_an_error() {
     assert!(!err.is_retryable(), "{err:?}");
     assert_eq!(s.watermark(&res).await.unwrap(), None, "the watermark raise was rolled back with the rest");
 }
+
+/// `Check { expected: None }` ("must be absent") must hold at commit: a row another transaction
+/// inserted but had not committed when the check ran must make the batch a `Conflict`, not be
+/// overwritten or ignored. A raw connection holds the uncommitted insert.
+#[tokio::test]
+async fn a_must_be_absent_check_sees_an_uncommitted_insert() {
+    let s = store().await;
+    let key = format!("absent/{}", unique("k"));
+    let mut raw = s.pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO palisade_records (key, value, fence) VALUES ($1, 'theirs', NULL)")
+        .bind(&key)
+        .execute(&mut *raw)
+        .await
+        .unwrap();
+    let batch = palisade_core::WriteBatch::new().check(key.clone(), None).put(key.clone(), b"ours".to_vec());
+    let res = ResourceKey::new("absent", unique("r")).unwrap();
+    let apply = {
+        let s = s.clone();
+        tokio::spawn(async move { s.apply(&res, Fence::new(1), &batch).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    raw.commit().await.unwrap();
+    let result = apply.await.unwrap();
+    let err = result.expect_err("the key exists once the other transaction commits");
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err:?}");
+    assert_eq!(s.read(&key).await.unwrap().unwrap().value, b"theirs", "their row was overwritten");
+
+    // The claim is the batch's own business: a create of the checked key takes its place, and
+    // a check alone leaves no row behind.
+    let (fresh, alone) = (format!("absent/{}", unique("c")), format!("absent/{}", unique("a")));
+    let res = ResourceKey::new("absent", unique("r2")).unwrap();
+    let batch = palisade_core::WriteBatch::new().check(fresh.clone(), None).create(fresh.clone(), b"v".to_vec());
+    s.apply(&res, Fence::new(1), &batch).await.unwrap();
+    assert_eq!(s.read(&fresh).await.unwrap().unwrap().value, b"v");
+    let batch = palisade_core::WriteBatch::new().check(alone.clone(), None).put(format!("{alone}-x"), b"x".to_vec());
+    s.apply(&res, Fence::new(1), &batch).await.unwrap();
+    assert!(s.read(&alone).await.unwrap().is_none(), "the placeholder row was left behind");
+}
