@@ -381,8 +381,14 @@ impl LockService for EtcdLockService {
         if !resp.succeeded() {
             return Ok(None);
         }
-        let fence = revision_of(&resp)?;
-        inner.grant(key, token, fence, ttl, sent_at, &session).map(Some)
+        let granted = revision_of(&resp).and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
+        if granted.is_err() {
+            // Our key is on the session lease but no deadline tracks it (the session's local
+            // deadline passed during the txn): if the session renews, it would block the
+            // resource for the life of the process. Delete it.
+            inner.abandon(etcd_key.into_bytes(), session.lost.clone());
+        }
+        granted.map(Some)
     }
 
     /// Joins the resource's queue (one txn that also says who is first), then watches the
@@ -458,9 +464,12 @@ impl LockService for EtcdLockService {
                 }
             }
         }
-        place.armed = false;
+        let granted = inner.grant(key, token, revision, ttl, sent_at, &session);
+        // Still armed if the grant failed (the session's local deadline passed meanwhile): the
+        // place's drop deletes our key instead of leaving it on a lease that may yet renew.
+        place.armed = granted.is_err();
         drop(place);
-        inner.grant(key, token, revision, ttl, sent_at, &session)
+        granted
     }
 
     /// Checks ownership in one txn (our key, created at the fence, still exists) and moves
