@@ -268,7 +268,13 @@ fn mark(cell: &Cell) -> String {
         return "–".into();
     }
     let Some(safe) = cell.safe else { return format!("⚠️ {}", cell.note) };
-    let mut s = String::from(if safe { "✅" } else { "❌" });
+    // Safe but nobody could proceed is a liveness failure: never drawn as a pass.
+    let symbol = match (safe, cell.proceed_ms) {
+        (false, _) => "❌",
+        (true, None) => "🟠",
+        (true, Some(_)) => "✅",
+    };
+    let mut s = String::from(symbol);
     if let Some(n) = cell.stale_accepted {
         let _ = write!(s, " stale {n}");
     }
@@ -315,7 +321,7 @@ fn markdown(
     let _ = writeln!(md, "## Fault matrix\n");
     let _ = writeln!(
         md,
-        "Each cell: ✅ no stale write accepted and no duplicate / ❌ otherwise; `stale` = writes the store accepted from a holder after a later holder's write; `dup` = effects applied twice (audit records; for a killed leader, holds of one lock that overlapped); `next in` = from the fault until another holder had the lock; `lost` = whether the frozen holder's lost signal had fired by the time it wrote.\n"
+        "Each cell: ✅ no stale write accepted, no duplicate, and another holder proceeded / 🟠 safe, but no other holder could proceed (a liveness failure) / ❌ a stale write or a duplicate; `stale` = writes the store accepted from a holder after a later holder's write; `dup` = effects applied twice (audit records; for a killed leader, holds of one lock that overlapped); `next in` = from the fault until another holder had the lock; `lost` = whether the frozen holder's lost signal had fired by the time it wrote.\n"
     );
     let _ = writeln!(
         md,
@@ -598,6 +604,9 @@ mod tests {
             note: String::new(),
         };
         assert_eq!(mark(&cell), "❌ stale 1, dup 1, next in 1200 ms, lost not fired");
+        // Safe, but the next holder was blocked: a liveness failure, not a pass.
+        let blocked = Cell { safe: Some(true), stale_accepted: Some(0), duplicates: Some(0), proceed_ms: None, ..cell };
+        assert_eq!(mark(&blocked), "🟠 stale 0, dup 0, next: blocked, lost not fired");
         assert_eq!(ratio(2.0, Some(1.0)), "2.00×");
         assert_eq!(ratio(2.0, None), "–");
     }
