@@ -24,26 +24,7 @@ where
         SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
             (if writes { ErrorKind::OutcomeUnknown } else { ErrorKind::Unavailable }, !writes)
         }
-        SdkError::ServiceError(s) => match s.err().code() {
-            Some(
-                "ProvisionedThroughputExceededException"
-                | "ThrottlingException"
-                | "RequestLimitExceeded"
-                | "InternalServerError"
-                | "ServiceUnavailable"
-                | "TransactionInProgressException",
-            ) => (ErrorKind::Unavailable, true),
-            Some("ResourceNotFoundException") => (ErrorKind::InvalidConfig, false),
-            Some(
-                "UnrecognizedClientException"
-                | "InvalidSignatureException"
-                | "AccessDeniedException"
-                | "MissingAuthenticationToken"
-                | "ExpiredTokenException",
-            ) => (ErrorKind::InvalidConfig, false),
-            Some("ValidationException") => (ErrorKind::InvalidArgument, false),
-            _ => (ErrorKind::Backend, false),
-        },
+        SdkError::ServiceError(s) => classify(s.err().code(), writes),
         _ => (ErrorKind::Backend, false),
     };
     let detail = match &e {
@@ -53,4 +34,50 @@ where
         other => other.to_string(),
     };
     Error::new(kind, BACKEND, format!("{what} failed: {detail}")).with_source(e).with_retryable(retryable)
+}
+
+/// The kind of a service error by its code, and whether retrying is safe.
+fn classify(code: Option<&str>, writes: bool) -> (ErrorKind, bool) {
+    match code {
+        // Refused before anything happened: retry.
+        Some("ProvisionedThroughputExceededException" | "ThrottlingException" | "RequestLimitExceeded") => {
+            (ErrorKind::Unavailable, true)
+        }
+        // The write may still commit (DynamoDB: "the request may or may not have succeeded";
+        // a transaction in progress is the first attempt, still running). A retry with a fresh
+        // token could apply the batch twice or report a false Conflict: the outcome is unknown.
+        Some("InternalServerError" | "ServiceUnavailable" | "TransactionInProgressException") if writes => {
+            (ErrorKind::OutcomeUnknown, false)
+        }
+        Some("InternalServerError" | "ServiceUnavailable" | "TransactionInProgressException") => {
+            (ErrorKind::Unavailable, true)
+        }
+        Some("ResourceNotFoundException") => (ErrorKind::InvalidConfig, false),
+        Some(
+            "UnrecognizedClientException"
+            | "InvalidSignatureException"
+            | "AccessDeniedException"
+            | "MissingAuthenticationToken"
+            | "ExpiredTokenException",
+        ) => (ErrorKind::InvalidConfig, false),
+        Some("ValidationException") => (ErrorKind::InvalidArgument, false),
+        _ => (ErrorKind::Backend, false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write that failed with an error after which it may still have committed is never
+    /// reported as a retryable `Unavailable`.
+    #[test]
+    fn ambiguous_write_failures_are_outcome_unknown() {
+        for code in ["InternalServerError", "ServiceUnavailable", "TransactionInProgressException"] {
+            assert_eq!(classify(Some(code), true), (ErrorKind::OutcomeUnknown, false), "{code}");
+            assert_eq!(classify(Some(code), false), (ErrorKind::Unavailable, true), "{code} on a read");
+        }
+        assert_eq!(classify(Some("ThrottlingException"), true), (ErrorKind::Unavailable, true));
+        assert_eq!(classify(Some("ValidationException"), true), (ErrorKind::InvalidArgument, false));
+    }
 }
