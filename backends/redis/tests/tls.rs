@@ -41,7 +41,7 @@ async fn a_server_signed_by_an_unknown_ca_is_refused() {
     config.tls_root_cert = None;
     let Err(err) = RedisLockService::connect_with(config).await else { panic!("an unknown CA must be refused") };
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
-    assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+    assert!(err.report().to_string().contains("UnknownIssuer"), "{}", err.report());
 }
 
 #[tokio::test]
@@ -50,7 +50,7 @@ async fn the_server_refuses_a_client_without_a_certificate() {
     config.tls_client_identity = None;
     let Err(err) = RedisLockService::connect_with(config).await else { panic!("mutual TLS must be enforced") };
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
-    assert!(err.to_string().contains("CertificateRequired"), "{err}");
+    assert!(err.report().to_string().contains("CertificateRequired"), "{}", err.report());
 }
 
 #[tokio::test]
