@@ -51,12 +51,12 @@ async fn own_statements_commit_with_the_watermark_or_not_at_all() {
     assert_eq!(qty(s.clone(), table.clone()).await, 9);
 }
 
-#[tokio::test]
-async fn the_seeds_single_statement_form_accepts_equal_and_refuses_lower() {
-    let s = store().await;
-    let table = unique("rows");
+/// A fresh table `(sku, qty, <fence column>)` holding SKU `S1` with 10 units (fence left to the
+/// column's default).
+async fn inventory_table(s: &PostgresStore, tag: &str, fence_column: &str) -> String {
+    let table = unique(tag);
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {table} (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL, fence BIGINT NOT NULL DEFAULT 0)"
+        "CREATE TABLE {table} (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL, {fence_column})"
     )))
     .execute(s.pool())
     .await
@@ -65,6 +65,13 @@ async fn the_seeds_single_statement_form_accepts_equal_and_refuses_lower() {
         .execute(s.pool())
         .await
         .unwrap();
+    table
+}
+
+#[tokio::test]
+async fn the_seeds_single_statement_form_accepts_equal_and_refuses_lower() {
+    let s = store().await;
+    let table = inventory_table(&s, "rows", "fence BIGINT NOT NULL DEFAULT 0").await;
     let row = FencedRow { table: &table, key_column: "sku", fence_column: "fence" };
     for _ in 0..2 {
         // Equal fences: one grant writes twice (the seed's `fence < @fence` would refuse the second).
@@ -91,17 +98,7 @@ async fn the_seeds_single_statement_form_accepts_equal_and_refuses_lower() {
 #[tokio::test]
 async fn a_row_with_a_null_fence_is_writable() {
     let s = store().await;
-    let table = unique("nullfence");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {table} (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL, fence BIGINT)"
-    )))
-    .execute(s.pool())
-    .await
-    .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {table} (sku, qty) VALUES ('S1', 10)")))
-        .execute(s.pool())
-        .await
-        .unwrap();
+    let table = inventory_table(&s, "nullfence", "fence BIGINT").await;
     let row = FencedRow { table: &table, key_column: "sku", fence_column: "fence" };
     s.update_row_fenced(&row, "S1", Fence::new(7), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap();
     let err = s.update_row_fenced(&row, "S1", Fence::new(6), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap_err();
