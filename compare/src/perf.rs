@@ -254,10 +254,11 @@ pub async fn store_perf(store: &Arc<DynFencedStore>, sizes: Sizes) -> palisade::
     let p = prefix();
     let resource = ResourceKey::new(p.clone(), "w")?;
     let (mut fenced, mut plain) = (Vec::new(), Vec::new());
+    let grant = palisade::GrantId::of(&palisade::OwnerToken::generate()?);
     for i in 0..sizes.writes {
         let batch = WriteBatch::new().put(format!("{p}/fenced"), i.to_string());
         let t = Instant::now();
-        store.apply(&resource, Fence::new(i as u64 + 1), &batch).await?;
+        store.apply(&resource, palisade::GrantFence::new(Fence::new(i as u64 + 1), grant), &batch).await?;
         fenced.push(t.elapsed());
         let batch = WriteBatch::new().put(format!("{p}/plain"), i.to_string());
         let t = Instant::now();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use palisade_core::{FencedStore, FencedStoreExt, LockService, LockServiceExt, WriteBatch};
+use palisade_core::{FencedStore, FencedStoreExt, GrantFence, LockService, LockServiceExt, WriteBatch};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
@@ -71,7 +71,7 @@ where
     let _ = ctx.take_counter(palisade_core::metrics::LOCK_FENCE_REJECTED_TOTAL);
     let batch = WriteBatch::new().put(ns.record("data"), b"A".to_vec()).put(ns.record("audit/A"), b"A".to_vec());
     let result = match lease.fence_if_any() {
-        Some(fence) => store.write_fenced(&key, fence, &batch).await,
+        Some(fence) => store.write_fenced(&key, GrantFence::new(fence, lease.grant().grant_id()), &batch).await,
         None => store.apply_unfenced(&batch).await,
     };
     let rejected = ctx.take_counter(palisade_core::metrics::LOCK_FENCE_REJECTED_TOTAL).unwrap_or(0);

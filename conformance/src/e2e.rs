@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use palisade_core::{
-    ErrorKind, Fence, FencedStore, FencedStoreExt, Lease, LockService, LockServiceExt, Progress, Record, Result,
-    WriteBatch,
+    ErrorKind, Fence, FencedStore, FencedStoreExt, GrantFence, Lease, LockService, LockServiceExt, Progress, Record,
+    Result, WriteBatch,
 };
 use tokio::time::Instant;
 
@@ -26,7 +26,7 @@ async fn write<L: LockService + ?Sized, S: FencedStore + ?Sized>(
     batch: &WriteBatch,
 ) -> Result<()> {
     match lease.fence_if_any() {
-        Some(fence) => store.write_fenced(lease.key(), fence, batch).await,
+        Some(fence) => store.write_fenced(lease.key(), GrantFence::new(fence, lease.grant().grant_id()), batch).await,
         None => store.apply_unfenced(batch).await,
     }
 }

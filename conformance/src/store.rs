@@ -2,7 +2,24 @@
 
 use std::sync::Arc;
 
-use palisade_core::{ErrorKind, Fence, FencedStore, FencedStoreExt, Record, WriteBatch};
+use palisade_core::{ErrorKind, Fence, FencedStore, FencedStoreExt, GrantFence, GrantId, Record, WriteBatch};
+
+/// The grant these scenarios write as, when one grant is all they need.
+const GRANT_A: GrantId = GrantId::from_bytes([0xa1; 16]);
+/// Another grant, that the lock service (wrongly) gave a fence `GRANT_A` already holds.
+const GRANT_B: GrantId = GrantId::from_bytes([0xb2; 16]);
+
+/// `fence` as `GRANT_A` presents it.
+fn gf(fence: u64) -> GrantFence {
+    GrantFence::new(Fence::new(fence), GRANT_A)
+}
+
+/// A grant of its own for each fence (as a lock service issues them).
+fn own_grant(fence: u64) -> GrantFence {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&fence.to_be_bytes());
+    GrantFence::new(Fence::new(fence), GrantId::from_bytes(id))
+}
 
 use crate::harness::{Ctx, Failure, Outcome};
 use crate::{FencedStoreFactory, Namespace, attempt, ensure};
@@ -20,10 +37,12 @@ async fn snapshot<S: FencedStore + ?Sized>(
 }
 
 /// **8. Equal, higher, lower.** `FencedStore::apply`: a fence equal to the watermark is
-/// accepted again and again (one grant writes many times); a higher one is accepted and
-/// raises the watermark; a lower one is refused with `StaleFence { presented, current }` and
-/// every record of the namespace stays byte-for-byte what it was. Records remember the fence
-/// that wrote them.
+/// accepted again and again from the grant that set it (one grant writes many times); a higher
+/// one is accepted and raises the watermark; a lower one is refused with
+/// `StaleFence { presented, current }`; an equal one from **another** grant is refused with
+/// `DuplicateFence { fence }` and leaves the watermark with the first grant (fencing rule 2);
+/// after every refusal each record of the namespace stays byte-for-byte what it was. Records
+/// remember the fence that wrote them.
 pub async fn equal_higher_lower<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> Outcome {
     let ns = Namespace::new();
     let store = store_client(ctx, factory).await?;
@@ -33,7 +52,7 @@ pub async fn equal_higher_lower<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -
     for (i, bytes) in [vec![1u8, 2, 3], vec![4, 5, 6], vec![0, 255, 10, 13]].into_iter().enumerate() {
         attempt!(
             ctx,
-            store.write_fenced(&res, Fence::new(10), &WriteBatch::new().put(k.clone(), bytes.clone())).await,
+            store.write_fenced(&res, gf(10), &WriteBatch::new().put(k.clone(), bytes.clone())).await,
             format!("equal fence write #{i}")
         );
         let got = attempt!(ctx, store.read(&k).await, "read");
@@ -45,14 +64,14 @@ pub async fn equal_higher_lower<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -
     }
     attempt!(
         ctx,
-        store.write_fenced(&res, Fence::new(11), &WriteBatch::new().put(k.clone(), b"eleven".to_vec())).await,
+        store.write_fenced(&res, gf(11), &WriteBatch::new().put(k.clone(), b"eleven".to_vec())).await,
         "higher fence"
     );
     let wm = attempt!(ctx, store.watermark(&res).await, "watermark");
     ensure!(ctx, wm == Some(Fence::new(11)), "watermark after fence 11 is {wm:?}");
     attempt!(
         ctx,
-        store.write_fenced(&res, Fence::new(11), &WriteBatch::new().put(ns.record("seed"), b"s".to_vec())).await,
+        store.write_fenced(&res, gf(11), &WriteBatch::new().put(ns.record("seed"), b"s".to_vec())).await,
         "seed record"
     );
     let before = snapshot(ctx, &*store, &ns).await?;
@@ -61,7 +80,7 @@ pub async fn equal_higher_lower<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -
         .put(ns.record("other"), b"x".to_vec())
         .delete(ns.record("seed"));
     for presented in [10u64, 0, 1] {
-        let err = store.write_fenced(&res, Fence::new(presented), &stale).await.err();
+        let err = store.write_fenced(&res, own_grant(presented), &stale).await.err();
         let kind = err.as_ref().map(|e| e.kind());
         let expected = ErrorKind::StaleFence { presented: Fence::new(presented), current: Fence::new(11) };
         ensure!(
@@ -71,17 +90,29 @@ pub async fn equal_higher_lower<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -
         );
         ensure!(ctx, err.is_some_and(|e| !e.is_retryable()), "StaleFence must not be retryable");
     }
+    // Rule 2: the same fence from another grant means the lock service issued it twice.
+    let err = store.write_fenced(&res, GrantFence::new(Fence::new(11), GRANT_B), &stale).await.err();
+    let kind = err.as_ref().map(|e| e.kind());
+    let expected = ErrorKind::DuplicateFence { fence: Fence::new(11) };
+    ensure!(
+        ctx,
+        kind == Some(expected),
+        "fence 11 from a second grant, after the first grant set watermark 11, gave {kind:?}, expected {expected:?}"
+    );
+    ensure!(ctx, err.is_some_and(|e| !e.is_retryable()), "DuplicateFence must not be retryable");
     let after = snapshot(ctx, &*store, &ns).await?;
     ensure!(ctx, before == after, "a refused write changed data: before {before:?}, after {after:?}");
     let wm = attempt!(ctx, store.watermark(&res).await, "watermark");
     ensure!(ctx, wm == Some(Fence::new(11)), "a refused write moved the watermark to {wm:?}");
-    // Watermarks are per resource.
-    let other = attempt!(ctx, ns.key("wm-other"), "key");
+    // The duplicate did not take the watermark over: the first grant still writes.
     attempt!(
         ctx,
-        store.write_fenced(&other, Fence::new(1), &WriteBatch::new()).await,
-        "another resource's first fence"
+        store.write_fenced(&res, gf(11), &WriteBatch::new().put(ns.record("seed"), b"s".to_vec())).await,
+        "the first grant's next write with fence 11 (after another grant's duplicate was refused)"
     );
+    // Watermarks are per resource.
+    let other = attempt!(ctx, ns.key("wm-other"), "key");
+    attempt!(ctx, store.write_fenced(&other, gf(1), &WriteBatch::new()).await, "another resource's first fence");
     Ok(ctx.report())
 }
 
@@ -105,7 +136,7 @@ pub async fn concurrent_interleaved_fences<F: FencedStoreFactory>(ctx: &Ctx, fac
                 let batch = WriteBatch::new()
                     .put(ns.record("value"), f.to_string())
                     .create(ns.record(&format!("log/{f:05}")), vec![]);
-                out.push((f, store.write_fenced(&res, Fence::new(f), &batch).await));
+                out.push((f, store.write_fenced(&res, gf(f), &batch).await));
             }
             out
         }));
@@ -163,7 +194,7 @@ pub async fn atomicity<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> Outcome
         store
             .write_fenced(
                 &res,
-                Fence::new(5),
+                gf(5),
                 &WriteBatch::new().put(qty.clone(), b"10".to_vec()).put(done.clone(), b"x".to_vec())
             )
             .await,
@@ -192,7 +223,7 @@ pub async fn atomicity<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> Outcome
         ),
     ];
     for (what, batch) in cases {
-        let kind = store.write_fenced(&res, Fence::new(6), &batch).await.err().map(|e| e.kind());
+        let kind = store.write_fenced(&res, gf(6), &batch).await.err().map(|e| e.kind());
         ensure!(ctx, kind == Some(ErrorKind::Conflict), "{what} gave {kind:?}, expected Conflict");
         let after = snapshot(ctx, &*store, &ns).await?;
         ensure!(ctx, after == before, "{what} left a partial write: {after:?}");
@@ -201,7 +232,7 @@ pub async fn atomicity<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> Outcome
     }
     let stale =
         WriteBatch::new().put(qty.clone(), b"0".to_vec()).delete(done.clone()).put(audit.clone(), b"stale".to_vec());
-    let kind = store.write_fenced(&res, Fence::new(4), &stale).await.err().map(|e| e.kind());
+    let kind = store.write_fenced(&res, gf(4), &stale).await.err().map(|e| e.kind());
     ensure!(ctx, matches!(kind, Some(ErrorKind::StaleFence { .. })), "a stale multi-operation write gave {kind:?}");
     ensure!(ctx, snapshot(ctx, &*store, &ns).await? == before, "a stale multi-operation write left a partial write");
 
@@ -211,7 +242,7 @@ pub async fn atomicity<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> Outcome
         .create(audit.clone(), b"ok".to_vec())
         .delete(done.clone())
         .check(ns.record("never-written"), None);
-    attempt!(ctx, store.write_fenced(&res, Fence::new(6), &good).await, "a batch whose conditions hold");
+    attempt!(ctx, store.write_fenced(&res, gf(6), &good).await, "a batch whose conditions hold");
     let got_qty = attempt!(ctx, store.read(&qty).await, "read");
     ensure!(
         ctx,
@@ -245,10 +276,10 @@ pub async fn store_bad_input<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> O
         ),
     ];
     for (what, batch, expected) in cases {
-        let kind = store.write_fenced(&res, Fence::new(1), &batch).await.err().map(|e| e.kind());
+        let kind = store.write_fenced(&res, gf(1), &batch).await.err().map(|e| e.kind());
         ensure!(ctx, kind == Some(expected), "{what} gave {kind:?}, expected {expected:?}");
     }
-    let kind = store.write_fenced(&res, Fence::new(u64::MAX), &WriteBatch::new()).await.err().map(|e| e.kind());
+    let kind = store.write_fenced(&res, gf(u64::MAX), &WriteBatch::new()).await.err().map(|e| e.kind());
     ensure!(ctx, kind == Some(ErrorKind::InvalidArgument), "an unstorable fence gave {kind:?}");
     ensure!(ctx, snapshot(ctx, &*store, &ns).await?.is_empty(), "refused writes left records behind");
     ensure!(ctx, attempt!(ctx, store.watermark(&res).await, "watermark").is_none(), "refused writes set a watermark");
@@ -257,7 +288,7 @@ pub async fn store_bad_input<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> O
 
     attempt!(
         ctx,
-        store.write_fenced(&res, Fence::new(3), &WriteBatch::new().put(k.clone(), b"a".to_vec())).await,
+        store.write_fenced(&res, gf(3), &WriteBatch::new().put(k.clone(), b"a".to_vec())).await,
         "fenced write"
     );
     attempt!(ctx, store.apply_unfenced(&WriteBatch::new().put(k.clone(), b"b".to_vec())).await, "unfenced write");

@@ -14,8 +14,8 @@ use palisade_conformance::{
     Ctx, FencedStoreFactory, LockServiceFactory, Outcome, ProcessAccess, Timing, e2e, harness, lock, store,
 };
 use palisade_core::{
-    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, FencedStore, Grant, LockService, OwnerToken, Record,
-    ResourceKey, Result, Ttl, WriteBatch, WriteOp, async_trait, conflict_error,
+    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, FencedStore, Grant, GrantFence, LockService,
+    OwnerToken, Record, ResourceKey, Result, Ttl, WriteBatch, WriteOp, async_trait, conflict_error,
 };
 use tokio::time::Instant;
 
@@ -172,11 +172,13 @@ enum StoreFlaw {
     SilentRejection,
     /// Does not validate batches.
     NoValidation,
+    /// Accepts a fence equal to the watermark from any grant (the rule before rule 2 knew grants).
+    AcceptsEqualFromAnyGrant,
 }
 
 #[derive(Default)]
 struct StoreState {
-    watermarks: HashMap<ResourceKey, Fence>,
+    watermarks: HashMap<ResourceKey, GrantFence>,
     records: BTreeMap<String, Record>,
 }
 
@@ -186,24 +188,29 @@ struct BrokenStore {
 }
 
 impl BrokenStore {
-    fn apply_ops(&self, fence: Option<(&ResourceKey, Fence)>, batch: &WriteBatch) -> Result<()> {
+    fn apply_ops(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
         if self.flaw != StoreFlaw::NoValidation {
             batch.validate()?;
         }
         let mut state = self.state.lock().unwrap();
-        if let Some((res, f)) = fence {
+        if let Some((res, presented)) = fence {
+            let f = presented.fence();
             let current = state.watermarks.get(res).copied();
-            if current.is_some_and(|c| f < c) {
+            if let Some(c) = current.filter(|c| f < c.fence()) {
                 match self.flaw {
                     StoreFlaw::AcceptsLowerFence => {}
                     StoreFlaw::SilentRejection => return Ok(()),
-                    _ => return Err(Error::stale_fence("broken", f, current.unwrap_or_default())),
+                    _ => return Err(Error::stale_fence("broken", f, c.fence())),
                 }
+            } else if current.is_some_and(|c| c.fence() == f && c.grant() != presented.grant())
+                && self.flaw != StoreFlaw::AcceptsEqualFromAnyGrant
+            {
+                return Err(Error::duplicate_fence("broken", f));
             } else {
-                state.watermarks.insert(res.clone(), f);
+                state.watermarks.insert(res.clone(), presented);
             }
         }
-        let record_fence = fence.map(|(_, f)| f);
+        let record_fence = fence.map(|(_, f)| f.fence());
         let holds = |state: &StoreState, op: &WriteOp| match op {
             WriteOp::Create { key, .. } => !state.records.contains_key(key),
             WriteOp::Check { key, expected } => state.records.get(key).map(|r| &r.value) == expected.as_ref(),
@@ -237,14 +244,14 @@ impl FencedStore for BrokenStore {
     fn backend(&self) -> &'static str {
         "broken"
     }
-    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+    async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         self.apply_ops(Some((resource, fence)), batch)
     }
     async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
         self.apply_ops(None, batch)
     }
     async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
-        Ok(self.state.lock().unwrap().watermarks.get(resource).copied())
+        Ok(self.state.lock().unwrap().watermarks.get(resource).map(GrantFence::fence))
     }
     async fn read(&self, key: &str) -> Result<Option<Record>> {
         Ok(self.state.lock().unwrap().records.get(key).cloned())
@@ -276,6 +283,19 @@ impl FencedStoreFactory for BrokenStoreFactory {
 
 fn ctx(name: &'static str) -> Ctx {
     Ctx::new(name, "")
+}
+
+/// Like `assert_fails`, and the failure must name `because` (so it failed for the flaw's reason).
+#[track_caller]
+fn assert_fails_because(outcome: Outcome, what: &str, because: &str) {
+    match outcome {
+        Ok(report) => panic!("{what}: scenario `{}` passed against a broken implementation", report.scenario),
+        Err(failure) => {
+            let text = failure.to_string();
+            assert!(text.contains(because), "{what}: failed, but not because of {because:?}: {text}");
+            println!("{what}: failed as it must: {text}");
+        }
+    }
 }
 
 #[track_caller]
@@ -424,5 +444,15 @@ fn a_ttl_that_never_expires_fails_the_sigkill_scenario() {
     assert!(
         palisade_conformance::is_child_process() || failed,
         "the SIGKILL scenario passed against a lock that never expires"
+    );
+}
+
+#[tokio::test]
+async fn a_store_accepting_an_equal_fence_from_any_grant_fails_equal_higher_lower() {
+    let s = BrokenStoreFactory::new(StoreFlaw::AcceptsEqualFromAnyGrant);
+    assert_fails_because(
+        store::equal_higher_lower(&ctx("equal_higher_lower"), &s).await,
+        "AcceptsEqualFromAnyGrant",
+        "from a second grant",
     );
 }

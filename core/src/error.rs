@@ -36,6 +36,17 @@ pub enum ErrorKind {
         /// The highest fence the store had accepted for the resource (its watermark).
         current: Fence,
     },
+    /// The store refused a write whose fence **equals** its watermark but was issued with a
+    /// different grant than the one that set it: the lock service issued one fence twice, so
+    /// it lost part of its counter (Redis `appendfsync everysec`, a failover to a lagging
+    /// replica). Nothing was written. This is a fence regression (fencing rules 2 and 5): it is
+    /// counted in `lock_fence_regression_total`, and the lease that hit it is useless; release it
+    /// and lock again (after [`FencedStoreExt::write`](crate::FencedStoreExt::write) has moved
+    /// the counter, the next grant outranks every fence issued before the loss).
+    DuplicateFence {
+        /// The fence both grants carried.
+        fence: Fence,
+    },
     /// A condition inside a fenced write did not hold (a record that had to be absent exists,
     /// or a record changed since it was read). The fence was fine; nothing was written.
     Conflict,
@@ -75,6 +86,7 @@ impl ErrorKind {
             ErrorKind::NotHolder => "not_holder",
             ErrorKind::LeaseLost => "lease_lost",
             ErrorKind::StaleFence { .. } => "stale_fence",
+            ErrorKind::DuplicateFence { .. } => "duplicate_fence",
             ErrorKind::Conflict => "conflict",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::InvalidKey => "invalid_key",
@@ -93,6 +105,9 @@ impl fmt::Display for ErrorKind {
         match self {
             ErrorKind::StaleFence { presented, current } => {
                 write!(f, "stale fence (presented {presented}, store holds {current})")
+            }
+            ErrorKind::DuplicateFence { fence } => {
+                write!(f, "duplicate fence ({fence} was issued to two grants)")
             }
             other => f.write_str(other.as_str()),
         }
@@ -129,6 +144,16 @@ impl Error {
             ErrorKind::StaleFence { presented, current },
             backend,
             "write refused: a newer lock holder has already written to this resource",
+        )
+    }
+
+    /// The [`ErrorKind::DuplicateFence`] error a store returns when an equal fence comes from a
+    /// grant other than the one that set its watermark.
+    pub fn duplicate_fence(backend: impl Into<Cow<'static, str>>, fence: Fence) -> Self {
+        Error::new(
+            ErrorKind::DuplicateFence { fence },
+            backend,
+            "write refused: another grant already wrote with this fence; the lock service issued it twice (it lost part of its counter)",
         )
     }
 

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, error, warn};
 
 use crate::error::{ErrorKind, Result};
-use crate::{Fence, Fenced, FencedStore, Lease, LockService, ResourceKey, Ttl, WriteBatch, metrics};
+use crate::{Fence, Fenced, FencedStore, GrantFence, Lease, LockService, ResourceKey, Ttl, WriteBatch, metrics};
 
 /// What users call on a lock service: leases with a lifecycle, plus metrics and tracing.
 ///
@@ -54,12 +54,18 @@ pub trait LockServiceExt {
     /// its counter (a restart without persistence, a failover to a lagging replica, `FLUSHALL`,
     /// a restore). Below, every write under it would be refused; **equal** is worse, because
     /// it is the very fence an earlier holder may still write with, and equal fences are
-    /// accepted: two holders the store cannot tell apart. The regression is logged at error level and counted in
+    /// accepted only from the grant that set the watermark. The regression is logged at error level and counted in
     /// `lock_fence_regression_total`; the grant is released; the service's counter is moved to
     /// the watermark plus [`REGRESSION_GAP`] ([`LockService::advance_fence`]), far enough to
     /// outrank grants issued before the loss that have not written yet; and the lock is taken
     /// again. No stale write is ever accepted on the way. A service that cannot move its
     /// counter gives [`ErrorKind::FenceRegression`].
+    ///
+    /// A counter that lost only its tail (watermark 990, grants up to 1000 issued, the service
+    /// back at 992) issues fences above the watermark that earlier grants also hold: no read
+    /// can see that. The store does, at the second write with such a fence
+    /// ([`ErrorKind::DuplicateFence`]), and [`FencedStoreExt::write`] repairs the counter then,
+    /// the same way.
     async fn lock_checked<T>(
         &self,
         store: &T,
@@ -177,35 +183,57 @@ where
         if lease.fence() > watermark {
             return Ok(Some(lease));
         }
-        metrics::record_fence_regression(backend);
-        error!(
-            backend,
-            store = store.backend(),
-            key = %key,
-            fence = lease.fence().get(),
-            watermark = watermark.get(),
-            "FENCE REGRESSION: the lock service issued a fence at or below the store's watermark; it lost its counter"
-        );
+        report_regression(backend, store.backend(), key, lease.fence(), watermark, "at or below the store's watermark");
         // Give the useless grant back before moving the counter; a failed release only
         // delays the next grant until the TTL.
         let _ = lease.release().await;
-        let floor = Fence::new(watermark.get().saturating_add(REGRESSION_GAP));
-        service.advance_fence(key, floor).await.map_err(|e| {
-            crate::Error::new(
-                ErrorKind::FenceRegression,
-                backend,
-                format!(
-                    "fence regression on {key}: issued below watermark {watermark}, and the counter cannot be moved"
-                ),
-            )
-            .with_source(e)
-        })?;
+        repair_counter(&**service, key, watermark).await?;
     }
     Err(crate::Error::new(
         ErrorKind::FenceRegression,
         backend,
         format!("fence regression on {key}: still not above the store's watermark after moving the counter"),
     ))
+}
+
+/// Logs a fence regression at error level and counts it in `lock_fence_regression_total`.
+fn report_regression(
+    backend: &'static str,
+    store: &'static str,
+    key: &ResourceKey,
+    fence: Fence,
+    watermark: Fence,
+    how: &str,
+) {
+    metrics::record_fence_regression(backend);
+    error!(
+        backend,
+        store,
+        key = %key,
+        fence = fence.get(),
+        watermark = watermark.get(),
+        "FENCE REGRESSION: the lock service issued a fence {how}; it lost its counter"
+    );
+}
+
+/// The repair of fencing rule 5: moves `key`'s counter to `watermark` plus [`REGRESSION_GAP`],
+/// above every fence issued before the loss that may not have been written yet.
+async fn repair_counter<S>(service: &S, key: &ResourceKey, watermark: Fence) -> Result<()>
+where
+    S: LockService<Fencing = Fenced> + ?Sized,
+{
+    let backend = service.backend();
+    let floor = Fence::new(watermark.get().saturating_add(REGRESSION_GAP));
+    service.advance_fence(key, floor).await.map_err(|e| {
+        crate::Error::new(
+            ErrorKind::FenceRegression,
+            backend,
+            format!(
+                "fence regression on {key}: issued at or below watermark {watermark}, and the counter cannot be moved"
+            ),
+        )
+        .with_source(e)
+    })
 }
 
 /// What users call on a fenced store: writes that take their fence from a lease.
@@ -245,29 +273,56 @@ where
 /// ```
 #[async_trait]
 pub trait FencedStoreExt: FencedStore {
-    /// Applies `batch` under the lease's resource and fence (see [`FencedStore::apply`]).
+    /// Applies `batch` under the lease's resource, fence and grant (see [`FencedStore::apply`]).
     ///
     /// The write goes to the store even if the lease is known to be lost: the store, not
     /// the local clock, is the judge (fencing rule 6). A stale fence is counted in
     /// `lock_fence_rejected_total` and logged.
+    ///
+    /// An [`ErrorKind::DuplicateFence`] (another grant already wrote with this very fence: the
+    /// lock service lost part of its counter) is a fence regression: it is logged at error
+    /// level, counted in `lock_fence_regression_total`, and repaired the way
+    /// [`LockServiceExt::lock_checked`] repairs one: the service's counter is moved to the fence
+    /// plus [`REGRESSION_GAP`]. The error is still returned, since this lease can never write;
+    /// release it and lock again, and the new grant outranks every fence issued before the loss.
+    /// If the counter cannot be moved, the error is [`ErrorKind::FenceRegression`].
     async fn write<S>(&self, lease: &Lease<S>, batch: &WriteBatch) -> Result<()>
     where
         S: LockService<Fencing = Fenced> + ?Sized,
     {
-        self.write_fenced(lease.key(), lease.fence(), batch).await
+        let result = self.write_fenced(lease.key(), lease.grant_fence(), batch).await;
+        if let Err(e) = &result
+            && let ErrorKind::DuplicateFence { fence } = e.kind()
+        {
+            let service = lease.service();
+            report_regression(service.backend(), self.backend(), lease.key(), fence, fence, "to two grants");
+            repair_counter(&**service, lease.key(), fence).await?;
+        }
+        result
     }
 
-    /// [`FencedStore::apply`] with metrics and tracing, for callers holding a raw fence
-    /// (a fence passed to another process, for example).
-    async fn write_fenced(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+    /// [`FencedStore::apply`] with metrics and tracing, for callers holding a raw fence and
+    /// grant id (passed to another process, for example).
+    ///
+    /// Without the lease it cannot move the lock service's counter on an
+    /// [`ErrorKind::DuplicateFence`]: it only logs it. Whoever holds the service repairs it
+    /// with [`LockService::advance_fence`] (the fence plus [`REGRESSION_GAP`]).
+    async fn write_fenced(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         let store = self.backend();
-        let span = tracing::debug_span!("store.fenced_write", store, resource = %resource, fence = fence.get());
+        let span = tracing::debug_span!("store.fenced_write", store, resource = %resource, fence = fence.fence().get());
         let result = self.apply(resource, fence, batch).instrument(span).await;
-        if let Err(e) = &result
-            && let Some((presented, current)) = e.stale_fence_details()
-        {
-            metrics::record_fence_rejected(store);
-            warn!(store, resource = %resource, %presented, %current, "stale fence rejected");
+        if let Err(e) = &result {
+            match e.kind() {
+                ErrorKind::StaleFence { presented, current } => {
+                    metrics::record_fence_rejected(store);
+                    warn!(store, resource = %resource, %presented, %current, "stale fence rejected");
+                }
+                ErrorKind::DuplicateFence { fence } => {
+                    metrics::record_fence_rejected(store);
+                    error!(store, resource = %resource, %fence, "duplicate fence rejected: the lock service issued it to two grants");
+                }
+                _ => {}
+            }
         }
         result
     }
@@ -303,6 +358,48 @@ mod tests {
         let err = store.write(&a, &WriteBatch::new().put("rec", b"A again".to_vec())).await.unwrap_err();
         assert!(err.stale_fence_details().is_some(), "{err}");
         assert_eq!(store.read("rec").await.unwrap().unwrap().value, b"B");
+    }
+
+    /// Issue 16.2: the counter loses only its tail. Watermark 990, grants 991–1000 issued and
+    /// not written, the service comes back at 992. Grant 993 is above the watermark, so no
+    /// check at acquire time can see it; the old holder of 993 writes first. The new holder's
+    /// write with the same fence must be refused, and after the repair a new grant must outrank
+    /// the old grants still in flight (995 here).
+    #[tokio::test]
+    async fn a_counter_that_lost_its_tail_is_caught_at_the_second_write_and_repaired() {
+        let store = MemoryFencedStore::new();
+        let key = ResourceKey::new("regress", "tail").unwrap();
+        let short = Duration::from_millis(5);
+        let ttl = Duration::from_secs(30);
+        let locks = Arc::new(MemoryLockService::new());
+        locks.rewind_fence(&key, Fence::new(989));
+        let w = locks.lock_checked(&store, &key, short, ttl).await.unwrap();
+        store.write(&w, &WriteBatch::new().put("rec", b"990".to_vec())).await.unwrap();
+        w.release().await.unwrap();
+        let mut in_flight = Vec::new();
+        for _ in 991..=1000 {
+            let lease = locks.lock(&key, short, ttl).await.unwrap();
+            tokio::time::sleep(short * 2).await; // its holder pauses past the TTL
+            in_flight.push(lease);
+        }
+        let old_993 = in_flight.iter().find(|l| l.fence() == Fence::new(993)).unwrap();
+        let old_995 = in_flight.iter().find(|l| l.fence() == Fence::new(995)).unwrap();
+
+        locks.rewind_fence(&key, Fence::new(992));
+        let new_993 = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        assert_eq!(new_993.fence(), Fence::new(993), "above the watermark: the check at acquire passes");
+        store.write(old_993, &WriteBatch::new().put("rec", b"old 993".to_vec())).await.unwrap();
+        let err = store.write(&new_993, &WriteBatch::new().put("rec", b"new 993".to_vec())).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(993) }, "{err}");
+        assert_eq!(store.read("rec").await.unwrap().unwrap().value, b"old 993");
+        new_993.release().await.unwrap();
+
+        let fresh = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        assert!(fresh.fence().get() > 993 + REGRESSION_GAP, "fence {} after the repair", fresh.fence());
+        store.write(&fresh, &WriteBatch::new().put("rec", b"fresh".to_vec())).await.unwrap();
+        let err = store.write(old_995, &WriteBatch::new().put("rec", b"old 995".to_vec())).await.unwrap_err();
+        assert!(err.stale_fence_details().is_some(), "{err}");
+        assert_eq!(store.read("rec").await.unwrap().unwrap().value, b"fresh");
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Fence, OwnerToken, ResourceKey, Ttl};
+use crate::{Fence, GrantFence, GrantId, OwnerToken, ResourceKey, Ttl};
 
 mod sealed {
     pub trait Sealed {}
@@ -102,6 +102,11 @@ impl<F: Fencing> Grant<F> {
         self.token
     }
 
+    /// The id a store records beside a watermark this grant set (a digest of the token).
+    pub fn grant_id(&self) -> GrantId {
+        GrantId::of(&self.token)
+    }
+
     /// The fence, or `()` for unfenced services.
     pub fn fence_token(&self) -> F::Token {
         self.fence
@@ -139,6 +144,11 @@ impl Grant<Fenced> {
     /// The fence issued with this grant.
     pub fn fence(&self) -> Fence {
         self.fence
+    }
+
+    /// The fence with this grant's id: what a fenced write presents to a store.
+    pub fn grant_fence(&self) -> GrantFence {
+        GrantFence::new(self.fence, self.grant_id())
     }
 }
 

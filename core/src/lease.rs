@@ -308,6 +308,13 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Lease<S> {
     pub fn fence(&self) -> Fence {
         self.shared.grant.fence()
     }
+
+    /// The fence with the id of this grant: what a write presents to a store
+    /// ([`FencedStore::apply`](crate::FencedStore::apply)), so the store can refuse the same
+    /// fence from another grant (fencing rule 2).
+    pub fn grant_fence(&self) -> crate::GrantFence {
+        self.shared.grant.grant_fence()
+    }
 }
 
 impl<S: LockService + ?Sized> Drop for Lease<S> {

@@ -44,7 +44,9 @@
 //!
 //! 1. The store decides, atomically: check and raise the watermark in the same statement or
 //!    transaction as the write.
-//! 2. Equal is accepted, lower is rejected; zero rows affected is a rejection.
+//! 2. Equal is accepted from the same grant, lower is rejected; zero rows affected is a
+//!    rejection. An equal fence from another grant is refused ([`ErrorKind::DuplicateFence`]):
+//!    the store keeps the [`GrantId`] that set its watermark.
 //! 3. A fence orders writes; it does not make a job run once: put the "already done?" check in
 //!    the fenced write ([`WriteOp::Create`]).
 //! 4. Fences come from the lock service, only with a grant.
@@ -77,7 +79,7 @@ pub use capabilities::{Capabilities, FenceSource, Waiting};
 pub use connection_url::{ConnectionUrl, redact_url};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use ext::{FencedStoreExt, LockServiceExt, REGRESSION_GAP};
-pub use fence::Fence;
+pub use fence::{Fence, GrantFence, GrantId};
 pub use grant::{Fenced, Fencing, Grant, Unfenced};
 pub use key::{MAX_DOMAIN_LEN, MAX_ID_LEN, ResourceKey};
 pub use lease::Lease;
@@ -89,7 +91,7 @@ pub use service::{
 };
 pub use store::{
     DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WriteBatch, WriteOp, conflict_error,
-    quote_sql_identifier, storable_fence, validate_record_key,
+    fence_refusal, quote_sql_identifier, storable_fence, validate_record_key,
 };
 pub use token::OwnerToken;
 pub use ttl::{Ttl, validate_wait};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::{Fence, ResourceKey};
+use crate::{Fence, GrantFence, GrantId, ResourceKey};
 
 /// The longest record key, in bytes.
 pub const MAX_RECORD_KEY_LEN: usize = 512;
@@ -33,17 +33,21 @@ pub trait FencedStore: Send + Sync + 'static {
     /// Behavior:
     /// - The batch is validated first ([`WriteBatch::validate`]); a fence above
     ///   [`Fence::MAX_STORABLE`] is [`ErrorKind::InvalidArgument`].
-    /// - If `fence` is lower than the resource's watermark (the highest fence accepted for
+    /// - If the fence is lower than the resource's watermark (the highest fence accepted for
     ///   it), nothing is written and the result is [`ErrorKind::StaleFence`] with the presented
     ///   fence and the watermark.
-    /// - Otherwise the watermark becomes `fence` (equal fences are accepted: one grant writes
-    ///   many times) and the operations apply in order, in the **same** transaction as the
-    ///   check. Each written record remembers `fence`.
+    /// - The store remembers which grant set the watermark. An **equal** fence is accepted from
+    ///   that same grant (one grant writes many times) and refused from any other with
+    ///   [`ErrorKind::DuplicateFence`]: the lock service issued one fence twice. A watermark
+    ///   stored before grants were recorded accepts an equal fence and records its grant.
+    /// - Otherwise the watermark becomes the fence and its grant, and the operations apply in
+    ///   order, in the **same** transaction as the check. Each written record remembers the
+    ///   fence.
     /// - If any `Create` or `Check` does not hold, nothing is written (the watermark included)
     ///   and the result is [`ErrorKind::Conflict`].
     /// - All or nothing: no partial batch is ever visible, whatever fails.
     /// - `Ok(())` means applied. Zero rows updated is never reported as success.
-    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()>;
+    async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()>;
 
     /// Applies `batch` without any fence check and without touching watermarks: the seed's
     /// naive lock, kept for efficiency locks (which have no fence) and for comparisons.
@@ -70,7 +74,7 @@ impl<T: FencedStore + ?Sized> FencedStore for Arc<T> {
     fn backend(&self) -> &'static str {
         (**self).backend()
     }
-    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+    async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         (**self).apply(resource, fence, batch).await
     }
     async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
@@ -295,6 +299,30 @@ pub fn storable_fence(backend: &'static str, fence: Fence) -> Result<i64> {
             format!("fence {fence} is above the largest storable fence {}", Fence::MAX_STORABLE),
         )
     })
+}
+
+/// Fencing rule 2 in one place, for store authors: whether a write presenting `presented` may
+/// pass a resource whose watermark is `watermark`, set by the grant `watermark_grant` (`None`
+/// when the store has no record of it).
+///
+/// Returns the refusal ([`ErrorKind::StaleFence`] or [`ErrorKind::DuplicateFence`]) or `None`
+/// when the write may proceed. A store must still check and raise the watermark atomically with
+/// the write (rule 1); this function is its reference, and how SQL stores explain a statement
+/// that changed zero rows.
+pub fn fence_refusal(
+    backend: &'static str,
+    presented: GrantFence,
+    watermark: Fence,
+    watermark_grant: Option<GrantId>,
+) -> Option<Error> {
+    let fence = presented.fence();
+    if fence < watermark {
+        return Some(Error::stale_fence(backend, fence, watermark));
+    }
+    match watermark_grant {
+        Some(grant) if fence == watermark && grant != presented.grant() => Some(Error::duplicate_fence(backend, fence)),
+        _ => None,
+    }
 }
 
 /// The [`ErrorKind::Conflict`] error for a failed `Create` or `Check`.

@@ -177,7 +177,9 @@ impl Warehouse {
                         .put(inventory_key.clone(), (available - n).to_string())
                         .create(done_key.clone(), attempt.as_bytes().to_vec())
                         .put(audit_key.clone(), audit_value.into_bytes());
-                    self.store.write_fenced(lease.key(), fence, &batch).await
+                    self.store
+                        .write_fenced(lease.key(), palisade::GrantFence::new(fence, lease.grant().grant_id()), &batch)
+                        .await
                 }
                 (Mode::Unfenced, _) | (Mode::Fenced, None) => {
                     let batch = WriteBatch::new()

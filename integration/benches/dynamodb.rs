@@ -125,7 +125,11 @@ async fn main() {
                 .update_expression("SET qty = qty - :one")
                 .expression_attribute_values(":one", AttributeValue::N("1".into()));
             timed(&mut fenced, &counter, async {
-                store.update_item_fenced(update, Fence::new(fence)).await.map(drop).unwrap()
+                store
+                    .update_item_fenced(update, palisade::GrantFence::new(Fence::new(fence), BENCH_GRANT))
+                    .await
+                    .map(drop)
+                    .unwrap()
             })
             .await;
         }
@@ -137,7 +141,7 @@ async fn main() {
             fence += 1;
             let batch = WriteBatch::new().put(format!("bench/f{i}"), b"v".to_vec());
             timed(&mut fenced_batch, &counter, async {
-                store.apply(&resource, Fence::new(fence), &batch).await.unwrap()
+                store.apply(&resource, palisade::GrantFence::new(Fence::new(fence), BENCH_GRANT), &batch).await.unwrap()
             })
             .await;
         }
@@ -159,3 +163,6 @@ async fn main() {
         );
     }
 }
+
+/// The grant every fenced write of the benchmark presents.
+const BENCH_GRANT: palisade::GrantId = palisade::GrantId::from_bytes([7; 16]);

@@ -416,7 +416,16 @@ async fn main() {
                 let store = store.clone();
                 let key = ResourceKey::new(prefix.clone(), format!("w{w}")).unwrap();
                 let batch = WriteBatch::new().put(format!("{prefix}/rec/{w}"), n.to_string());
-                Box::pin(async move { store.apply(&key, Fence::new(round * 100_000_000 + n), &batch).await.unwrap() })
+                Box::pin(async move {
+                    store
+                        .apply(
+                            &key,
+                            palisade::GrantFence::new(Fence::new(round * 100_000_000 + n), BENCH_GRANT),
+                            &batch,
+                        )
+                        .await
+                        .unwrap()
+                })
             })
             .await
         };
@@ -451,3 +460,6 @@ async fn main() {
     );
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}"))).execute(store.pool()).await.unwrap();
 }
+
+/// The grant every fenced write of the benchmark presents (each writer has its own resource).
+const BENCH_GRANT: palisade::GrantId = palisade::GrantId::from_bytes([7; 16]);

@@ -128,3 +128,51 @@ async fn redis_restart_without_persistence_is_detected_and_repaired() {
     assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"after");
     lease.release().await.unwrap();
 }
+
+/// Issue 16.2 against real servers: Redis loses only the tail of a counter (a failover to a
+/// lagging replica, `appendfsync everysec`). Grants 2–5 were issued and not written; the counter
+/// comes back at 2, so the next grant is 3 again, above the watermark 1: `lock_checked` cannot
+/// see it. The old holder of 3 writes first; PostgreSQL refuses the new holder's 3 as a
+/// duplicate (another grant), the write moves the counter past the gap, and the next grant
+/// outranks the old 5 that is still in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_losing_the_tail_of_a_counter_is_refused_as_a_duplicate_and_repaired() {
+    let url = require_env("PALISADE_REDIS_URL");
+    let store = PostgresStore::connect(&require_env("PALISADE_POSTGRES_URL")).await.unwrap();
+    let key = ResourceKey::new("regress", unique_sku("TAIL")).unwrap();
+    let record = format!("regress/{}", key.id());
+    let (short, ttl) = (Duration::from_millis(50), Duration::from_secs(5));
+    let locks = Arc::new(RedisLockService::connect(&url).await.unwrap());
+
+    let first = locks.lock_checked(&store, &key, short, ttl).await.unwrap();
+    assert_eq!(first.fence().get(), 1);
+    store.write(&first, &WriteBatch::new().put(record.clone(), b"1".to_vec())).await.unwrap();
+    let mut in_flight = Vec::new();
+    for _ in 2..=5 {
+        tokio::time::sleep(short * 2).await; // the previous holder paused past its TTL
+        in_flight.push(locks.lock(&key, short, ttl).await.unwrap());
+    }
+    assert_eq!(in_flight.iter().map(|l| l.fence().get()).collect::<Vec<_>>(), [2, 3, 4, 5]);
+    tokio::time::sleep(short * 2).await;
+
+    // The counter loses its tail: back at 2.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("SET").arg(key.fence_key()).arg(2).query_async(&mut raw).await.unwrap();
+
+    let new_3 = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+    assert_eq!(new_3.fence().get(), 3, "above the watermark 1: no check at acquire time can see it");
+    store.write(&in_flight[1], &WriteBatch::new().put(record.clone(), b"old 3".to_vec())).await.unwrap();
+    let err = store.write(&new_3, &WriteBatch::new().put(record.clone(), b"new 3".to_vec())).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: new_3.fence() }, "{err}");
+    assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"old 3");
+    new_3.release().await.unwrap();
+
+    let fresh = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+    assert!(fresh.fence().get() > 3 + REGRESSION_GAP, "fence {} after the repair", fresh.fence());
+    store.write(&fresh, &WriteBatch::new().put(record.clone(), b"fresh".to_vec())).await.unwrap();
+    let err = store.write(&in_flight[3], &WriteBatch::new().put(record.clone(), b"old 5".to_vec())).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "the old grant 5 is stale now: {err}");
+    assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"fresh");
+    fresh.release().await.unwrap();
+}

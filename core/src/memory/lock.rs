@@ -58,6 +58,14 @@ impl MemoryLockService {
         }
     }
 
+    /// Moves `key`'s counter back so the next grant gets `last + 1`, as a failover to a lagging
+    /// replica or an `appendfsync everysec` crash would: the counter loses its tail, and fences
+    /// already issued are issued again (for fence-regression tests).
+    pub fn rewind_fence(&self, key: &ResourceKey, last: Fence) {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        slots.entry(key.clone()).or_default().last_fence = last.get();
+    }
+
     /// The last fence issued for `key`, if any (for tests and diagnostics).
     pub fn last_fence(&self, key: &ResourceKey) -> Option<Fence> {
         let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);

@@ -3,9 +3,9 @@ use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
 
-use crate::error::{Error, Result};
-use crate::store::{conflict_error, storable_fence, validate_record_key};
-use crate::{Fence, FencedStore, Record, ResourceKey, WriteBatch, WriteOp};
+use crate::error::Result;
+use crate::store::{conflict_error, fence_refusal, storable_fence, validate_record_key};
+use crate::{Fence, FencedStore, GrantFence, Record, ResourceKey, WriteBatch, WriteOp};
 
 const BACKEND: &str = "memory";
 
@@ -18,7 +18,8 @@ pub struct MemoryFencedStore {
 
 #[derive(Debug, Default)]
 struct State {
-    watermarks: HashMap<ResourceKey, Fence>,
+    /// The highest fence accepted per resource, with the grant that presented it.
+    watermarks: HashMap<ResourceKey, GrantFence>,
     records: BTreeMap<String, Record>,
 }
 
@@ -28,17 +29,17 @@ impl MemoryFencedStore {
         MemoryFencedStore::default()
     }
 
-    fn apply_ops(&self, fence: Option<(&ResourceKey, Fence)>, batch: &WriteBatch) -> Result<()> {
+    fn apply_ops(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
         batch.validate()?;
         if let Some((_, f)) = fence {
-            storable_fence(BACKEND, f)?;
+            storable_fence(BACKEND, f.fence())?;
         }
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((resource, presented)) = fence
             && let Some(&current) = state.watermarks.get(resource)
-            && presented < current
+            && let Some(refusal) = fence_refusal(BACKEND, presented, current.fence(), Some(current.grant()))
         {
-            return Err(Error::stale_fence(BACKEND, presented, current));
+            return Err(refusal);
         }
         // Conditions see the state before the batch (see `WriteBatch`).
         for op in batch.ops() {
@@ -54,7 +55,7 @@ impl MemoryFencedStore {
         if let Some((resource, presented)) = fence {
             state.watermarks.insert(resource.clone(), presented);
         }
-        let record_fence = fence.map(|(_, f)| f);
+        let record_fence = fence.map(|(_, f)| f.fence());
         for op in batch.ops() {
             match op {
                 WriteOp::Put { key, value } | WriteOp::Create { key, value } => {
@@ -76,7 +77,7 @@ impl FencedStore for MemoryFencedStore {
         BACKEND
     }
 
-    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+    async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         self.apply_ops(Some((resource, fence)), batch)
     }
 
@@ -85,7 +86,7 @@ impl FencedStore for MemoryFencedStore {
     }
 
     async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
-        Ok(self.state.lock().unwrap_or_else(PoisonError::into_inner).watermarks.get(resource).copied())
+        Ok(self.state.lock().unwrap_or_else(PoisonError::into_inner).watermarks.get(resource).map(GrantFence::fence))
     }
 
     async fn read(&self, key: &str) -> Result<Option<Record>> {
@@ -113,24 +114,44 @@ mod tests {
         ResourceKey::new("alloc", "WH-01").unwrap()
     }
 
+    /// Fence `f` as grant `g` presents it.
+    fn gf(f: u64, g: u8) -> GrantFence {
+        GrantFence::new(Fence::new(f), crate::GrantId::from_bytes([g; 16]))
+    }
+
     #[tokio::test]
     async fn equal_accepted_lower_rejected_data_untouched() {
         let s = MemoryFencedStore::new();
-        s.apply(&res(), Fence::new(5), &WriteBatch::new().put("k", b"a".to_vec())).await.unwrap();
-        s.apply(&res(), Fence::new(5), &WriteBatch::new().put("k", b"b".to_vec())).await.unwrap();
-        let err = s.apply(&res(), Fence::new(4), &WriteBatch::new().put("k", b"c".to_vec())).await.unwrap_err();
+        s.apply(&res(), gf(5, 1), &WriteBatch::new().put("k", b"a".to_vec())).await.unwrap();
+        s.apply(&res(), gf(5, 1), &WriteBatch::new().put("k", b"b".to_vec())).await.unwrap();
+        let err = s.apply(&res(), gf(4, 2), &WriteBatch::new().put("k", b"c".to_vec())).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(4), current: Fence::new(5) });
         let r = s.read("k").await.unwrap().unwrap();
         assert_eq!((r.value.as_slice(), r.fence), (&b"b"[..], Some(Fence::new(5))));
         assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(5)));
     }
 
+    /// Rule 2: the lock service issued fence 5 twice (it lost part of its counter). The second
+    /// grant's write is refused as a duplicate, and the first grant may go on writing.
+    #[tokio::test]
+    async fn equal_fence_from_another_grant_is_a_duplicate() {
+        let s = MemoryFencedStore::new();
+        s.apply(&res(), gf(5, 1), &WriteBatch::new().put("k", b"a".to_vec())).await.unwrap();
+        let err = s.apply(&res(), gf(5, 2), &WriteBatch::new().put("k", b"b".to_vec())).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(5) });
+        assert_eq!(s.read("k").await.unwrap().unwrap().value, b"a");
+        s.apply(&res(), gf(5, 1), &WriteBatch::new().put("k", b"c".to_vec())).await.unwrap();
+        s.apply(&res(), gf(6, 2), &WriteBatch::new().put("k", b"d".to_vec())).await.unwrap();
+        let err = s.apply(&res(), gf(6, 1), &WriteBatch::new()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(6) });
+    }
+
     #[tokio::test]
     async fn failed_condition_writes_nothing_and_keeps_watermark() {
         let s = MemoryFencedStore::new();
-        s.apply(&res(), Fence::new(1), &WriteBatch::new().put("done/1", b"x".to_vec())).await.unwrap();
+        s.apply(&res(), gf(1, 1), &WriteBatch::new().put("done/1", b"x".to_vec())).await.unwrap();
         let batch = WriteBatch::new().put("other", b"y".to_vec()).create("done/1", b"z".to_vec());
-        let err = s.apply(&res(), Fence::new(2), &batch).await.unwrap_err();
+        let err = s.apply(&res(), gf(2, 2), &batch).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Conflict);
         assert!(s.read("other").await.unwrap().is_none());
         assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(1)));

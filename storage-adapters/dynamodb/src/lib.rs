@@ -35,9 +35,8 @@
 //! instance metadata), never from the URL. The HTTP client is rustls (ring) on tokio.
 //!
 //! ```no_run
-//! # async fn demo() -> palisade_core::Result<()> {
+//! # async fn demo<S: palisade_core::LockService<Fencing = palisade_core::Fenced>>(lease: palisade_core::Lease<S>) -> palisade_core::Result<()> {
 //! use aws_sdk_dynamodb::types::AttributeValue;
-//! use palisade_core::Fence;
 //! use palisade_dynamodb::DynamoStore;
 //!
 //! let store = DynamoStore::connect("dynamodb://palisade?region=eu-west-1").await?;
@@ -49,7 +48,8 @@
 //!     .update_expression("SET qty = qty - :one")
 //!     .condition_expression("qty >= :one")
 //!     .expression_attribute_values(":one", AttributeValue::N("1".into()));
-//! store.update_item_fenced(update, Fence::new(42)).await?;
+//! store.update_item_fenced(update, lease.grant_fence()).await?; // `lease`: a fenced lock
+
 //! # Ok(()) }
 //! ```
 

@@ -23,8 +23,8 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TransactWriteItem, Update,
 };
 use palisade_core::{
-    Backoff, Error, ErrorKind, Fence, FencedStore, OwnerToken, Record, ResourceKey, Result, WriteBatch, WriteOp,
-    conflict_error, storable_fence,
+    Backoff, Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, OwnerToken, Record, ResourceKey, Result,
+    WriteBatch, WriteOp, conflict_error, fence_refusal, storable_fence,
 };
 use tracing::{debug, warn};
 
@@ -39,10 +39,19 @@ pub const VALUE_ATTRIBUTE: &str = "value";
 /// fence on a record, and the default fence attribute of your own items.
 pub const FENCE_ATTRIBUTE: &str = "fence";
 
+/// The attribute holding the [`GrantId`] (binary) of the grant that set an item's fence, so an
+/// equal fence from another grant is refused (fencing rule 2).
+pub const GRANT_ATTRIBUTE: &str = "fence_grant";
+
 const FENCE_PREFIX: &str = "fence#";
 const RECORD_PREFIX: &str = "rec#";
-/// The condition every fenced write carries: no fence yet, or one not above ours.
-const FENCE_CONDITION: &str = "(attribute_not_exists(#palisade_fence) OR #palisade_fence <= :palisade_fence)";
+/// The condition every fenced write carries: no fence yet, one below ours, or ours from the
+/// same grant (or from an item written before grants were recorded).
+const FENCE_CONDITION: &str = "(attribute_not_exists(#palisade_fence) OR #palisade_fence < :palisade_fence \
+     OR (#palisade_fence = :palisade_fence \
+         AND (attribute_not_exists(#palisade_grant) OR #palisade_grant = :palisade_grant)))";
+/// What a fenced write sets besides the caller's own attributes.
+const FENCE_ASSIGNMENT: &str = "#palisade_fence = :palisade_fence, #palisade_grant = :palisade_grant";
 
 /// A fenced store in a DynamoDB table.
 ///
@@ -193,57 +202,71 @@ impl DynamoStore {
         }
     }
 
-    /// Your own `UpdateItem`, fenced: the condition `attribute_not_exists(fence) OR fence <=
-    /// :f` is added (ANDed with your condition, if any) and `fence = :f` joins your `SET`
-    /// clause, all in the **same request**. Build the request with
-    /// `store.client().update_item()…` but do not send it.
+    /// Your own `UpdateItem`, fenced: the fence condition (no fence on the item, a lower one,
+    /// or the same fence from the same grant) is ANDed with your condition, if any, and
+    /// `fence = :f, fence_grant = :g` join your `SET` clause, all in the **same request**. Build
+    /// the request with `store.client().update_item()…` but do not send it.
     ///
     /// Errors: a higher fence on the item → [`ErrorKind::StaleFence`] with the item's fence
-    /// (read from the old item DynamoDB returns with the failure); your own condition failing
-    /// → [`ErrorKind::Conflict`].
-    pub async fn update_item_fenced(&self, update: UpdateItemFluentBuilder, fence: Fence) -> Result<UpdateItemOutput> {
-        let f = storable_fence(BACKEND, fence)?;
-        let expression = add_set_clause(
-            update.get_update_expression().as_deref().unwrap_or(""),
-            "#palisade_fence = :palisade_fence",
-        );
+    /// (read from the old item DynamoDB returns with the failure); the same fence from another
+    /// grant → [`ErrorKind::DuplicateFence`]; your own condition failing →
+    /// [`ErrorKind::Conflict`].
+    pub async fn update_item_fenced(
+        &self,
+        update: UpdateItemFluentBuilder,
+        fence: GrantFence,
+    ) -> Result<UpdateItemOutput> {
+        let f = storable_fence(BACKEND, fence.fence())?;
+        let expression = add_set_clause(update.get_update_expression().as_deref().unwrap_or(""), FENCE_ASSIGNMENT);
         let condition = with_fence_condition(update.get_condition_expression().as_deref());
         let sent = update
             .update_expression(expression)
             .condition_expression(condition)
             .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
+            .expression_attribute_names("#palisade_grant", GRANT_ATTRIBUTE)
             .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
+            .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         sent.map_err(|e| single_item_error(e, fence, "update_item_fenced"))
     }
 
-    /// Your own `PutItem`, fenced: the item gets `fence = :f` and the request the fence
-    /// condition (ANDed with yours). Errors as for [`update_item_fenced`](Self::update_item_fenced).
-    pub async fn put_item_fenced(&self, put: PutItemFluentBuilder, fence: Fence) -> Result<PutItemOutput> {
-        let f = storable_fence(BACKEND, fence)?;
+    /// Your own `PutItem`, fenced: the item gets `fence = :f` and `fence_grant = :g`, and the
+    /// request the fence condition (ANDed with yours). Errors as for
+    /// [`update_item_fenced`](Self::update_item_fenced).
+    pub async fn put_item_fenced(&self, put: PutItemFluentBuilder, fence: GrantFence) -> Result<PutItemOutput> {
+        let f = storable_fence(BACKEND, fence.fence())?;
         let condition = with_fence_condition(put.get_condition_expression().as_deref());
         let sent = put
             .item(FENCE_ATTRIBUTE, AttributeValue::N(f.to_string()))
+            .item(GRANT_ATTRIBUTE, grant_value(fence.grant()))
             .condition_expression(condition)
             .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
+            .expression_attribute_names("#palisade_grant", GRANT_ATTRIBUTE)
             .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
+            .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         sent.map_err(|e| single_item_error(e, fence, "put_item_fenced"))
     }
 
-    /// Your own `DeleteItem`, fenced: deleted only if the item's fence is not above ours.
-    /// Errors as for [`update_item_fenced`](Self::update_item_fenced).
-    pub async fn delete_item_fenced(&self, delete: DeleteItemFluentBuilder, fence: Fence) -> Result<DeleteItemOutput> {
-        let f = storable_fence(BACKEND, fence)?;
+    /// Your own `DeleteItem`, fenced: deleted only if the fence condition holds. Errors as for
+    /// [`update_item_fenced`](Self::update_item_fenced).
+    pub async fn delete_item_fenced(
+        &self,
+        delete: DeleteItemFluentBuilder,
+        fence: GrantFence,
+    ) -> Result<DeleteItemOutput> {
+        let f = storable_fence(BACKEND, fence.fence())?;
         let condition = with_fence_condition(delete.get_condition_expression().as_deref());
         let sent = delete
             .condition_expression(condition)
             .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
+            .expression_attribute_names("#palisade_grant", GRANT_ATTRIBUTE)
             .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
+            .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
@@ -321,7 +344,7 @@ impl DynamoStore {
     async fn transact(
         &self,
         items: Vec<(TransactWriteItem, WriteOp)>,
-        fenced: Option<(&ResourceKey, Fence)>,
+        fenced: Option<(&ResourceKey, GrantFence)>,
     ) -> Result<()> {
         if items.is_empty() {
             return Ok(());
@@ -357,12 +380,18 @@ impl DynamoStore {
             if let Some((resource, fence)) = fenced
                 && code(0) == "ConditionalCheckFailed"
             {
-                let current = match reasons.first().and_then(|r| r.item()).and_then(fence_of) {
-                    Some(current) => current,
-                    // A server that does not return the old item: read the watermark.
-                    None => self.watermark(resource).await?.unwrap_or(fence),
+                let old = match reasons.first().and_then(|r| r.item()) {
+                    Some(item) => Some(item.clone()),
+                    // A server that does not return the old item: read the watermark's item.
+                    None => self.get(DynamoStore::fence_item_key(resource), "reading a watermark").await?,
                 };
-                return Err(Error::stale_fence(BACKEND, fence, current));
+                return Err(refusal_of(old.as_ref(), fence).unwrap_or_else(|| {
+                    Error::new(
+                        ErrorKind::Backend,
+                        BACKEND,
+                        format!("the watermark of {resource} refused fence {fence} for no known reason"),
+                    )
+                }));
             }
             if let Some(i) = (offset..reasons.len()).find(|&i| code(i) == "ConditionalCheckFailed") {
                 return Err(conflict_error(BACKEND, &blames[i]));
@@ -472,6 +501,24 @@ fn fence_of(item: &HashMap<String, AttributeValue>) -> Option<Fence> {
     }
 }
 
+fn grant_value(grant: GrantId) -> AttributeValue {
+    AttributeValue::B(Blob::new(grant.as_bytes().to_vec()))
+}
+
+fn grant_of(item: &HashMap<String, AttributeValue>) -> Option<GrantId> {
+    match item.get(GRANT_ATTRIBUTE) {
+        Some(AttributeValue::B(b)) => GrantId::from_slice(b.as_ref()),
+        _ => None,
+    }
+}
+
+/// Why the fence condition refused `presented` on the item `old` (as it was when refused), or
+/// `None` if the fence condition holds there (then it was another condition that failed).
+fn refusal_of(old: Option<&HashMap<String, AttributeValue>>, presented: GrantFence) -> Option<Error> {
+    let old = old?;
+    fence_refusal(BACKEND, presented, fence_of(old)?, grant_of(old))
+}
+
 /// `(fence condition) AND (yours)`.
 fn with_fence_condition(user: Option<&str>) -> String {
     match user {
@@ -499,8 +546,8 @@ pub(crate) fn add_set_clause(expression: &str, assignment: &str) -> String {
 }
 
 /// Maps the failure of a single-item fenced request: the condition failing because of the
-/// fence is `StaleFence`, because of the caller's own condition `Conflict`.
-fn single_item_error<E, R>(e: SdkError<E, R>, fence: Fence, what: &str) -> Error
+/// fence is `StaleFence` or `DuplicateFence`, because of the caller's own condition `Conflict`.
+fn single_item_error<E, R>(e: SdkError<E, R>, fence: GrantFence, what: &str) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static + ConditionFailure,
     R: std::fmt::Debug + Send + Sync + 'static,
@@ -508,10 +555,9 @@ where
     if let SdkError::ServiceError(s) = &e
         && let Some(old) = s.err().condition_failure()
     {
-        return match old.and_then(fence_of) {
-            Some(current) if current > fence => Error::stale_fence(BACKEND, fence, current),
-            _ => Error::new(ErrorKind::Conflict, BACKEND, format!("{what}: your condition on the item does not hold")),
-        };
+        return refusal_of(old, fence).unwrap_or_else(|| {
+            Error::new(ErrorKind::Conflict, BACKEND, format!("{what}: your condition on the item does not hold"))
+        });
     }
     map(e, what, true)
 }
@@ -544,16 +590,18 @@ impl FencedStore for DynamoStore {
 
     /// One `TransactWriteItems`: the watermark item's conditional update first, then the
     /// records. All or nothing.
-    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+    async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         batch.validate()?;
-        let f = storable_fence(BACKEND, fence)?;
+        let f = storable_fence(BACKEND, fence.fence())?;
         let update = Update::builder()
             .table_name(&self.config.table)
             .key(KEY_ATTRIBUTE, DynamoStore::fence_item_key(resource))
-            .update_expression("SET #palisade_fence = :palisade_fence")
+            .update_expression(format!("SET {FENCE_ASSIGNMENT}"))
             .condition_expression(FENCE_CONDITION)
             .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
+            .expression_attribute_names("#palisade_grant", GRANT_ATTRIBUTE)
             .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
+            .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
             .map_err(build_error)?;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use palisade_conformance::require_env;
-use palisade_core::{ErrorKind, Fence, FencedStore, ResourceKey, WriteBatch};
+use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey, WriteBatch};
 use palisade_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use palisade_dynamodb::{DynamoConfig, DynamoStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -59,35 +59,52 @@ async fn update_put_and_delete_of_your_own_items_are_fenced_in_one_request() {
     // An item without a fence yet: the first fenced put takes it.
     let put =
         store.client().put_item().table_name(&table).item("pk", AttributeValue::S("SKU-1".into())).item("qty", n(2));
-    store.put_item_fenced(put, Fence::new(5)).await.unwrap();
+    store.put_item_fenced(put, gf(5)).await.unwrap();
     assert_eq!(qty(&store, "SKU-1").await, Some((2, Some(5))));
 
     // Equal and higher fences pass; the item remembers the fence.
-    store.update_item_fenced(decrement("SKU-1"), Fence::new(5)).await.unwrap();
-    store.update_item_fenced(decrement("SKU-1"), Fence::new(7)).await.unwrap();
+    store.update_item_fenced(decrement("SKU-1"), gf(5)).await.unwrap();
+    store.update_item_fenced(decrement("SKU-1"), gf(7)).await.unwrap();
     assert_eq!(qty(&store, "SKU-1").await, Some((0, Some(7))));
 
+    // The same fence from another grant: the lock service issued it twice (rule 2).
+    let other = GrantFence::new(Fence::new(7), GrantId::from_bytes([0xb2; 16]));
+    let err = store.update_item_fenced(decrement("SKU-1"), other).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(7) }, "{err:?}");
+    let put =
+        store.client().put_item().table_name(&table).item("pk", AttributeValue::S("SKU-1".into())).item("qty", n(50));
+    assert_eq!(
+        store.put_item_fenced(put, other).await.unwrap_err().kind(),
+        ErrorKind::DuplicateFence { fence: Fence::new(7) }
+    );
+    let delete = store.client().delete_item().table_name(&table).key("pk", AttributeValue::S("SKU-1".into()));
+    assert_eq!(
+        store.delete_item_fenced(delete, other).await.unwrap_err().kind(),
+        ErrorKind::DuplicateFence { fence: Fence::new(7) }
+    );
+    assert_eq!(qty(&store, "SKU-1").await, Some((0, Some(7))), "the duplicates changed nothing");
+
     // A lower fence is StaleFence with the item's fence, and changes nothing.
-    let err = store.update_item_fenced(decrement("SKU-1"), Fence::new(6)).await.unwrap_err();
+    let err = store.update_item_fenced(decrement("SKU-1"), gf(6)).await.unwrap_err();
     assert_eq!(err.stale_fence_details(), Some((Fence::new(6), Fence::new(7))), "{err:?}");
     // Your own condition failing (stock 0) with a good fence is Conflict, not StaleFence.
-    let err = store.update_item_fenced(decrement("SKU-1"), Fence::new(8)).await.unwrap_err();
+    let err = store.update_item_fenced(decrement("SKU-1"), gf(8)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err:?}");
     assert_eq!(qty(&store, "SKU-1").await, Some((0, Some(7))), "nothing changed");
 
     // A stale put and a stale delete are refused too.
     let put =
         store.client().put_item().table_name(&table).item("pk", AttributeValue::S("SKU-1".into())).item("qty", n(99));
-    assert!(store.put_item_fenced(put, Fence::new(3)).await.unwrap_err().stale_fence_details().is_some());
+    assert!(store.put_item_fenced(put, gf(3)).await.unwrap_err().stale_fence_details().is_some());
     let delete = store.client().delete_item().table_name(&table).key("pk", AttributeValue::S("SKU-1".into()));
-    assert!(store.delete_item_fenced(delete, Fence::new(3)).await.unwrap_err().stale_fence_details().is_some());
+    assert!(store.delete_item_fenced(delete, gf(3)).await.unwrap_err().stale_fence_details().is_some());
     assert_eq!(qty(&store, "SKU-1").await, Some((0, Some(7))));
     let delete = store.client().delete_item().table_name(&table).key("pk", AttributeValue::S("SKU-1".into()));
-    store.delete_item_fenced(delete, Fence::new(7)).await.unwrap();
+    store.delete_item_fenced(delete, gf(7)).await.unwrap();
     assert_eq!(qty(&store, "SKU-1").await, None);
 
     // A fence above what the store can hold is refused before any request.
-    let err = store.update_item_fenced(decrement("SKU-2"), Fence::new(u64::MAX)).await.unwrap_err();
+    let err = store.update_item_fenced(decrement("SKU-2"), gf(u64::MAX)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
 }
 
@@ -157,11 +174,15 @@ async fn a_write_whose_answer_never_comes_is_outcome_unknown_never_applied_or_re
     through_proxy.operation_timeout = Duration::from_secs(2);
     let hanging = DynamoStore::open(through_proxy).await.unwrap();
     let resource = ResourceKey::new("amb", "x").unwrap();
-    let err =
-        hanging.apply(&resource, Fence::new(1), &WriteBatch::new().put("amb/1", b"v".to_vec())).await.unwrap_err();
+    let err = hanging.apply(&resource, gf(1), &WriteBatch::new().put("amb/1", b"v".to_vec())).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err:?}");
     assert!(!err.is_retryable(), "an unknown outcome must not invite a blind retry");
     // Reads through the same proxy still work, and the real store shows nothing was written.
     assert_eq!(hanging.watermark(&resource).await.unwrap(), None);
     assert_eq!(store.read("amb/1").await.unwrap(), None);
+}
+
+/// `fence` as the test's one grant presents it.
+fn gf(fence: u64) -> GrantFence {
+    GrantFence::new(Fence::new(fence), GrantId::from_bytes([0xa1; 16]))
 }

@@ -42,7 +42,8 @@ impl PostgresConfig {
         let f = quote_ident(&self.fences_table)?;
         let r = quote_ident(&self.records_table)?;
         Ok(format!(
-            "CREATE TABLE IF NOT EXISTS {f} (resource TEXT PRIMARY KEY, fence BIGINT NOT NULL);\n\
+            "CREATE TABLE IF NOT EXISTS {f} (resource TEXT PRIMARY KEY, fence BIGINT NOT NULL, grant_id BYTEA);\n\
+             ALTER TABLE {f} ADD COLUMN IF NOT EXISTS grant_id BYTEA;\n\
              CREATE TABLE IF NOT EXISTS {r} (key TEXT PRIMARY KEY, value BYTEA NOT NULL, fence BIGINT);"
         ))
     }

@@ -23,13 +23,14 @@
 //!   fence <= $f`, zero rows mapped to `StaleFence`.
 //!
 //! ```no_run
-//! use palisade_core::{Fence, ResourceKey};
+//! use palisade_core::{Lease, LockService, ResourceKey};
 //! use palisade_postgres::PostgresStore;
 //!
-//! # async fn demo() -> palisade_core::Result<()> {
+//! # async fn demo<S: LockService<Fencing = palisade_core::Fenced>>(lease: Lease<S>) -> palisade_core::Result<()> {
 //! let store = PostgresStore::connect("postgres://app@127.0.0.1/app").await?;
 //! let wh = ResourceKey::new("alloc", "WH-01")?;
-//! let mut tx = store.begin_fenced(&wh, Fence::new(42)).await?;
+//! // `lease`: the lock on `wh`, from any fenced lock service.
+//! let mut tx = store.begin_fenced(&wh, lease.grant_fence()).await?;
 //! sqlx::query("UPDATE inventory SET qty = qty - 1 WHERE sku = 'SKU-1'")
 //!     .execute(tx.conn()).await.map_err(palisade_postgres::map_err)?;
 //! tx.commit().await?;

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use palisade_core::{
-    Error, ErrorKind, Fence, FencedStore, Record, ResourceKey, Result, WriteBatch, WriteOp, conflict_error,
-    storable_fence, validate_record_key,
+    Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, Record, ResourceKey, Result, WriteBatch, WriteOp,
+    conflict_error, fence_refusal, storable_fence, validate_record_key,
 };
 use sqlx::postgres::{PgArguments, PgPoolOptions};
 use sqlx::query::Query;
@@ -67,12 +67,15 @@ impl Statements {
         let r = quote_ident(&config.records_table)?;
         Ok(Statements {
             schema: config.schema_sql()?,
-            // Rule 2: `<=`, so one grant may write many times; zero rows is a rejection.
+            // Rule 2: higher, or equal from the grant that set it (or from any grant when the
+            // row predates recorded grants); zero rows is a rejection.
             raise_watermark: format!(
-                "INSERT INTO {f} (resource, fence) VALUES ($1, $2) \
-                 ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence WHERE {f}.fence <= EXCLUDED.fence"
+                "INSERT INTO {f} (resource, fence, grant_id) VALUES ($1, $2, $3) \
+                 ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, grant_id = EXCLUDED.grant_id \
+                 WHERE {f}.fence < EXCLUDED.fence OR ({f}.fence = EXCLUDED.fence \
+                   AND ({f}.grant_id IS NULL OR {f}.grant_id = EXCLUDED.grant_id))"
             ),
-            read_watermark: format!("SELECT fence FROM {f} WHERE resource = $1"),
+            read_watermark: format!("SELECT fence, grant_id FROM {f} WHERE resource = $1"),
             put: format!(
                 "INSERT INTO {r} (key, value, fence) VALUES ($1, $2, $3) \
                  ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence"
@@ -171,20 +174,21 @@ impl PostgresStore {
     ///
     /// Behavior:
     /// - Its first statement checks and raises the watermark (and keeps the watermark row locked
-    ///   until the transaction ends). If `fence` is lower, the transaction is rolled back and the
-    ///   result is [`ErrorKind::StaleFence`]; none of your statements run.
+    ///   until the transaction ends). If the fence is lower, the transaction is rolled back and
+    ///   the result is [`ErrorKind::StaleFence`]; if it equals a watermark another grant set,
+    ///   [`ErrorKind::DuplicateFence`] (fencing rule 2). None of your statements run.
     /// - Nothing is written unless you call [`PgFencedTransaction::commit`].
-    pub async fn begin_fenced(&self, resource: &ResourceKey, fence: Fence) -> Result<PgFencedTransaction> {
-        let fence_i64 = storable_fence(BACKEND, fence)?;
+    pub async fn begin_fenced(&self, resource: &ResourceKey, fence: GrantFence) -> Result<PgFencedTransaction> {
+        let fence_i64 = storable_fence(BACKEND, fence.fence())?;
         let mut tx = self.pool.begin().await.map_err(map_err)?;
         if let Err(e) = raise_watermark(&mut tx, &self.statements, resource, fence, fence_i64).await {
             // This native path bypasses `FencedStoreExt`, so it counts its own rejections.
-            if e.stale_fence_details().is_some() {
+            if matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. }) {
                 palisade_core::metrics::record_fence_rejected(BACKEND);
             }
             return Err(e);
         }
-        Ok(PgFencedTransaction::new(tx, resource.clone(), fence))
+        Ok(PgFencedTransaction::new(tx, resource.clone(), fence.fence()))
     }
 
     /// The seed's single-statement form, on a row of your own table that carries its own fence
@@ -244,10 +248,10 @@ impl PostgresStore {
         }
     }
 
-    async fn apply_batch(&self, fence: Option<(&ResourceKey, Fence)>, batch: &WriteBatch) -> Result<()> {
+    async fn apply_batch(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
         batch.validate()?;
         let fence_i64 = match fence {
-            Some((_, f)) => Some(storable_fence(BACKEND, f)?),
+            Some((_, f)) => Some(storable_fence(BACKEND, f.fence())?),
             None => None,
         };
         let mut tx = self.pool.begin().await.map_err(map_err)?;
@@ -296,12 +300,13 @@ async fn raise_watermark(
     conn: &mut PgConnection,
     s: &Statements,
     resource: &ResourceKey,
-    fence: Fence,
+    fence: GrantFence,
     fence_i64: i64,
 ) -> Result<()> {
     let changed = sqlx::query(sql(&s.raise_watermark))
         .bind(resource.to_string())
         .bind(fence_i64)
+        .bind(fence.grant().as_bytes().as_slice())
         .execute(&mut *conn)
         .await
         .map_err(map_err)?
@@ -309,12 +314,20 @@ async fn raise_watermark(
     if changed == 1 {
         return Ok(());
     }
-    let current: i64 = sqlx::query_scalar(sql(&s.read_watermark))
+    let (current, grant): (i64, Option<Vec<u8>>) = sqlx::query_as(sql(&s.read_watermark))
         .bind(resource.to_string())
         .fetch_one(&mut *conn)
         .await
         .map_err(map_err)?;
-    Err(Error::stale_fence(BACKEND, fence, Fence::new(u64::try_from(current).unwrap_or(0))))
+    let current = Fence::new(u64::try_from(current).unwrap_or(0));
+    let grant = grant.as_deref().and_then(GrantId::from_slice);
+    Err(fence_refusal(BACKEND, fence, current, grant).unwrap_or_else(|| {
+        Error::new(
+            ErrorKind::Backend,
+            BACKEND,
+            format!("the watermark of {resource} refused fence {fence} for no known reason"),
+        )
+    }))
 }
 
 async fn apply_op(conn: &mut PgConnection, s: &Statements, op: &WriteOp, fence: Option<i64>) -> Result<()> {
@@ -364,7 +377,7 @@ impl FencedStore for PostgresStore {
         BACKEND
     }
 
-    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+    async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         self.apply_batch(Some((resource, fence)), batch).await
     }
 

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use palisade_conformance::require_env;
-use palisade_core::{ErrorKind, Fence, FencedStore, ResourceKey};
+use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey};
 use palisade_postgres::{FencedRow, PostgresConfig, PostgresStore, map_err};
 
 async fn store() -> PostgresStore {
@@ -35,18 +35,18 @@ async fn own_statements_commit_with_the_watermark_or_not_at_all() {
     };
     let res = ResourceKey::new("native", table.clone()).unwrap();
     {
-        let mut tx = s.begin_fenced(&res, Fence::new(5)).await.unwrap();
+        let mut tx = s.begin_fenced(&res, gf(5)).await.unwrap();
         sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET qty = qty - 1"))).execute(tx.conn()).await.unwrap();
         // Dropped without commit.
     }
     assert_eq!(qty(s.clone(), table.clone()).await, 10);
     assert_eq!(s.watermark(&res).await.unwrap(), None);
 
-    let mut tx = s.begin_fenced(&res, Fence::new(5)).await.unwrap();
+    let mut tx = s.begin_fenced(&res, gf(5)).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET qty = qty - 1"))).execute(tx.conn()).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(qty(s.clone(), table.clone()).await, 9);
-    let err = s.begin_fenced(&res, Fence::new(4)).await.unwrap_err();
+    let err = s.begin_fenced(&res, gf(4)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(4), current: Fence::new(5) });
     assert_eq!(qty(s.clone(), table.clone()).await, 9);
 }
@@ -122,7 +122,7 @@ async fn configurable_tables_and_bad_urls() {
     };
     let s = PostgresStore::open(config).await.unwrap();
     let res = ResourceKey::new("cfg", "x").unwrap();
-    s.apply(&res, Fence::new(3), &palisade_core::WriteBatch::new().put("k", b"v".to_vec())).await.unwrap();
+    s.apply(&res, gf(3), &palisade_core::WriteBatch::new().put("k", b"v".to_vec())).await.unwrap();
     let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {fences}")))
         .fetch_one(s.pool())
         .await
@@ -143,7 +143,7 @@ async fn configurable_tables_and_bad_urls() {
 async fn commit_after_an_ignored_failed_statement_is_an_error() {
     let s = store().await;
     let res = ResourceKey::new("aborted", unique("tx")).unwrap();
-    let mut tx = s.begin_fenced(&res, Fence::new(5)).await.unwrap();
+    let mut tx = s.begin_fenced(&res, gf(5)).await.unwrap();
     let failed = sqlx::query("SELECT 1 / 0").execute(tx.conn()).await;
     assert!(failed.is_err(), "division by zero must fail");
     let err = tx.commit().await.unwrap_err();
@@ -169,7 +169,7 @@ async fn a_must_be_absent_check_sees_an_uncommitted_insert() {
     let res = ResourceKey::new("absent", unique("r")).unwrap();
     let apply = {
         let s = s.clone();
-        tokio::spawn(async move { s.apply(&res, Fence::new(1), &batch).await })
+        tokio::spawn(async move { s.apply(&res, gf(1), &batch).await })
     };
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     raw.commit().await.unwrap();
@@ -183,9 +183,58 @@ async fn a_must_be_absent_check_sees_an_uncommitted_insert() {
     let (fresh, alone) = (format!("absent/{}", unique("c")), format!("absent/{}", unique("a")));
     let res = ResourceKey::new("absent", unique("r2")).unwrap();
     let batch = palisade_core::WriteBatch::new().check(fresh.clone(), None).create(fresh.clone(), b"v".to_vec());
-    s.apply(&res, Fence::new(1), &batch).await.unwrap();
+    s.apply(&res, gf(1), &batch).await.unwrap();
     assert_eq!(s.read(&fresh).await.unwrap().unwrap().value, b"v");
     let batch = palisade_core::WriteBatch::new().check(alone.clone(), None).put(format!("{alone}-x"), b"x".to_vec());
-    s.apply(&res, Fence::new(1), &batch).await.unwrap();
+    s.apply(&res, gf(1), &batch).await.unwrap();
     assert!(s.read(&alone).await.unwrap().is_none(), "the placeholder row was left behind");
+}
+
+/// `fence` as the test's one grant presents it.
+fn gf(fence: u64) -> GrantFence {
+    GrantFence::new(Fence::new(fence), GrantId::from_bytes([0xa1; 16]))
+}
+
+/// Rule 2 on both paths: the fence another grant set the watermark with is refused as a
+/// duplicate (`begin_fenced` and `apply`), nothing is written, and the first grant goes on.
+#[tokio::test]
+async fn an_equal_fence_from_another_grant_is_refused_as_a_duplicate() {
+    let s = store().await;
+    let res = ResourceKey::new("native", unique("dup")).unwrap();
+    let record = format!("native/{}", res.id());
+    let batch = |v: &str| palisade_core::WriteBatch::new().put(record.clone(), v.as_bytes().to_vec());
+    s.apply(&res, gf(5), &batch("first")).await.unwrap();
+    let other = GrantFence::new(Fence::new(5), GrantId::from_bytes([0xb2; 16]));
+    let err = s.apply(&res, other, &batch("second")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(5) }, "{err}");
+    assert!(!err.is_retryable());
+    let err = s.begin_fenced(&res, other).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(5) }, "{err}");
+    assert_eq!(s.read(&record).await.unwrap().unwrap().value, b"first");
+    s.apply(&res, gf(5), &batch("again")).await.unwrap();
+    s.begin_fenced(&res, gf(5)).await.unwrap().commit().await.unwrap();
+}
+
+/// A watermark table created before grant ids were recorded gets the column at connect; its
+/// old watermark accepts an equal fence once and then remembers that grant.
+#[tokio::test]
+async fn a_watermark_table_without_grant_ids_is_migrated() {
+    let url = require_env("PALISADE_POSTGRES_URL");
+    let (fences, records) = (unique("legacy_fences"), unique("legacy_records"));
+    let s = store().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {fences} (resource TEXT PRIMARY KEY, fence BIGINT NOT NULL); \
+         INSERT INTO {fences} VALUES ('native:legacy', 7)"
+    )))
+    .execute(s.pool())
+    .await
+    .unwrap();
+    let config = PostgresConfig { fences_table: fences, records_table: records, ..PostgresConfig::new(url) };
+    let s = PostgresStore::open(config).await.unwrap();
+    let res = ResourceKey::new("native", "legacy").unwrap();
+    assert_eq!(s.watermark(&res).await.unwrap(), Some(Fence::new(7)));
+    s.apply(&res, gf(7), &palisade_core::WriteBatch::new()).await.unwrap();
+    let other = GrantFence::new(Fence::new(7), GrantId::from_bytes([0xb2; 16]));
+    let err = s.apply(&res, other, &palisade_core::WriteBatch::new()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(7) }, "{err}");
 }

@@ -16,25 +16,31 @@
 //!   resource's watermark, then runs whatever you run, and commits only what you commit.
 //!
 //! ```
-//! use palisade_core::{ErrorKind, Fence, ResourceKey};
-//! use palisade_sqlite::SqliteStore;
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use palisade_core::{ErrorKind, LockServiceExt, ResourceKey};
+//! use palisade_sqlite::{SqliteLockService, SqliteStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> palisade_core::Result<()> {
 //! let store = SqliteStore::connect("sqlite::memory:").await?;
+//! let locks = Arc::new(SqliteLockService::new(&store).await?);
 //! sqlx::query("CREATE TABLE inventory (sku TEXT PRIMARY KEY, qty INTEGER NOT NULL)")
 //!     .execute(store.pool()).await.map_err(palisade_sqlite::map_err)?;
 //! sqlx::query("INSERT INTO inventory VALUES ('SKU-1', 10)")
 //!     .execute(store.pool()).await.map_err(palisade_sqlite::map_err)?;
 //!
 //! let wh = ResourceKey::new("alloc", "WH-01")?;
-//! let mut tx = store.begin_fenced(&wh, Fence::new(42)).await?;   // checks and raises the watermark
+//! let old = locks.lock(&wh, Duration::from_millis(50), Duration::from_secs(1)).await?;
+//! tokio::time::sleep(Duration::from_millis(100)).await;            // a pause past the TTL
+//! let new = locks.lock(&wh, Duration::from_secs(30), Duration::from_secs(1)).await?;
+//! let mut tx = store.begin_fenced(&wh, new.grant_fence()).await?; // checks and raises the watermark
 //! sqlx::query("UPDATE inventory SET qty = qty - 1 WHERE sku = 'SKU-1'")
 //!     .execute(tx.conn()).await.map_err(palisade_sqlite::map_err)?;
 //! tx.commit().await?;
 //!
-//! // A holder with an older fence is refused before it can run anything.
-//! let err = store.begin_fenced(&wh, Fence::new(41)).await.unwrap_err();
+//! // The holder that paused has an older fence: refused before it can run anything.
+//! let err = store.begin_fenced(&wh, old.grant_fence()).await.unwrap_err();
 //! assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }));
 //! # Ok(()) }
 //! ```

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::{
-    Error, ErrorKind, Fence, FencedStore, Record, ResourceKey, Result, WriteBatch, WriteOp, conflict_error,
-    storable_fence, validate_record_key,
+    Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, Record, ResourceKey, Result, WriteBatch, WriteOp,
+    conflict_error, fence_refusal, storable_fence, validate_record_key,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Row, SqliteConnection, SqlitePool};
@@ -40,6 +40,11 @@ pub fn map_err(e: sqlx::Error) -> Error {
 #[derive(Debug)]
 pub(crate) struct Statements {
     create_fences: String,
+    /// Adds the grant column to a watermark table created before grants were recorded.
+    add_grant_column: String,
+    has_grant_column: String,
+    /// The watermark table's name, unquoted (what `pragma_table_info` takes).
+    fences_name: String,
     create_records: String,
     pub(crate) raise_watermark: String,
     pub(crate) read_watermark: String,
@@ -56,17 +61,23 @@ impl Statements {
         let r = quote_ident(records)?;
         Ok(Statements {
             create_fences: format!(
-                "CREATE TABLE IF NOT EXISTS {f} (resource TEXT PRIMARY KEY NOT NULL, fence INTEGER NOT NULL) WITHOUT ROWID"
+                "CREATE TABLE IF NOT EXISTS {f} (resource TEXT PRIMARY KEY NOT NULL, fence INTEGER NOT NULL, grant_id BLOB) WITHOUT ROWID"
             ),
+            add_grant_column: format!("ALTER TABLE {f} ADD COLUMN grant_id BLOB"),
+            has_grant_column: "SELECT count(*) FROM pragma_table_info(?1) WHERE name = 'grant_id'".to_string(),
+            fences_name: fences.to_string(),
             create_records: format!(
                 "CREATE TABLE IF NOT EXISTS {r} (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL, fence INTEGER) WITHOUT ROWID"
             ),
-            // Rule 2: `<=`, so one grant may write many times; zero rows changed is a rejection.
+            // Rule 2: higher, or equal from the grant that set it (or from any grant when the
+            // row predates recorded grants); zero rows changed is a rejection.
             raise_watermark: format!(
-                "INSERT INTO {f} (resource, fence) VALUES (?1, ?2) \
-                 ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE {f}.fence <= excluded.fence"
+                "INSERT INTO {f} (resource, fence, grant_id) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence, grant_id = excluded.grant_id \
+                 WHERE {f}.fence < excluded.fence OR ({f}.fence = excluded.fence \
+                   AND ({f}.grant_id IS NULL OR {f}.grant_id = excluded.grant_id))"
             ),
-            read_watermark: format!("SELECT fence FROM {f} WHERE resource = ?1"),
+            read_watermark: format!("SELECT fence, grant_id FROM {f} WHERE resource = ?1"),
             put: format!(
                 "INSERT INTO {r} (key, value, fence) VALUES (?1, ?2, ?3) \
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value, fence = excluded.fence"
@@ -197,6 +208,14 @@ impl SqliteStore {
         let _writer = self.writer().await?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
         sqlx::query(sql(&self.statements.create_fences)).execute(&mut *tx).await.map_err(map_err)?;
+        let has_grant: i64 = sqlx::query_scalar(sql(&self.statements.has_grant_column))
+            .bind(&self.statements.fences_name)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        if has_grant == 0 {
+            sqlx::query(sql(&self.statements.add_grant_column)).execute(&mut *tx).await.map_err(map_err)?;
+        }
         sqlx::query(sql(&self.statements.create_records)).execute(&mut *tx).await.map_err(map_err)?;
         tx.commit().await.map_err(map_err)
     }
@@ -239,29 +258,30 @@ impl SqliteStore {
     /// Behavior:
     /// - The transaction is `BEGIN IMMEDIATE` (it holds SQLite's write lock from the start, so
     ///   no other writer can slip in between the fence check and your statements).
-    /// - Its first statement checks and raises the watermark. If `fence` is lower than the
+    /// - Its first statement checks and raises the watermark. If the fence is lower than the
     ///   watermark the transaction is rolled back and the result is
-    ///   [`ErrorKind::StaleFence`]; none of your statements run.
+    ///   [`ErrorKind::StaleFence`]; if it equals a watermark another grant set,
+    ///   [`ErrorKind::DuplicateFence`] (fencing rule 2). None of your statements run.
     /// - Nothing is written unless you call [`FencedTransaction::commit`]; dropping the
     ///   transaction rolls it back, watermark raise included.
-    pub async fn begin_fenced(&self, resource: &ResourceKey, fence: Fence) -> Result<FencedTransaction> {
-        let fence_i64 = storable_fence(BACKEND, fence)?;
+    pub async fn begin_fenced(&self, resource: &ResourceKey, fence: GrantFence) -> Result<FencedTransaction> {
+        let fence_i64 = storable_fence(BACKEND, fence.fence())?;
         let writer = self.writer().await?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
         if let Err(e) = raise_watermark(&mut tx, &self.statements, resource, fence, fence_i64).await {
             // This native path bypasses `FencedStoreExt`, so it counts its own rejections.
-            if e.stale_fence_details().is_some() {
+            if matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. }) {
                 palisade_core::metrics::record_fence_rejected(BACKEND);
             }
             return Err(e);
         }
-        Ok(FencedTransaction::new(tx, resource.clone(), fence, writer))
+        Ok(FencedTransaction::new(tx, resource.clone(), fence.fence(), writer))
     }
 
-    async fn apply_batch(&self, fence: Option<(&ResourceKey, Fence)>, batch: &WriteBatch) -> Result<()> {
+    async fn apply_batch(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
         batch.validate()?;
         let fence_i64 = match fence {
-            Some((_, f)) => Some(storable_fence(BACKEND, f)?),
+            Some((_, f)) => Some(storable_fence(BACKEND, f.fence())?),
             None => None,
         };
         let _writer = self.writer().await?;
@@ -323,17 +343,18 @@ fn is_busy(e: &Error) -> bool {
     false
 }
 
-/// Raises the watermark inside `conn`'s transaction, or reports the stale fence.
+/// Raises the watermark inside `conn`'s transaction, or reports why not (stale or duplicate).
 pub(crate) async fn raise_watermark(
     conn: &mut SqliteConnection,
     statements: &Statements,
     resource: &ResourceKey,
-    fence: Fence,
+    fence: GrantFence,
     fence_i64: i64,
 ) -> Result<()> {
     let changed = sqlx::query(sql(&statements.raise_watermark))
         .bind(resource.to_string())
         .bind(fence_i64)
+        .bind(fence.grant().as_bytes().as_slice())
         .execute(&mut *conn)
         .await
         .map_err(map_err)?
@@ -341,12 +362,20 @@ pub(crate) async fn raise_watermark(
     if changed == 1 {
         return Ok(());
     }
-    let current: i64 = sqlx::query_scalar(sql(&statements.read_watermark))
+    let (current, grant): (i64, Option<Vec<u8>>) = sqlx::query_as(sql(&statements.read_watermark))
         .bind(resource.to_string())
         .fetch_one(&mut *conn)
         .await
         .map_err(map_err)?;
-    Err(Error::stale_fence(BACKEND, fence, Fence::new(u64::try_from(current).unwrap_or(0))))
+    let current = Fence::new(u64::try_from(current).unwrap_or(0));
+    let grant = grant.as_deref().and_then(GrantId::from_slice);
+    Err(fence_refusal(BACKEND, fence, current, grant).unwrap_or_else(|| {
+        Error::new(
+            ErrorKind::Backend,
+            BACKEND,
+            format!("the watermark of {resource} refused fence {fence} for no known reason"),
+        )
+    }))
 }
 
 async fn apply_op(conn: &mut SqliteConnection, s: &Statements, op: &WriteOp, fence: Option<i64>) -> Result<()> {
@@ -391,7 +420,7 @@ impl FencedStore for SqliteStore {
         BACKEND
     }
 
-    async fn apply(&self, resource: &ResourceKey, fence: Fence, batch: &WriteBatch) -> Result<()> {
+    async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         self.apply_batch(Some((resource, fence)), batch).await
     }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use palisade_core::{ErrorKind, Fence, FencedStore, ResourceKey, WriteBatch};
+use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey, WriteBatch};
 use palisade_sqlite::{SqliteConfig, SqliteStore, Synchronous, map_err};
 
 fn res() -> ResourceKey {
@@ -20,10 +20,10 @@ async fn equal_fence_accepted_lower_rejected_data_byte_for_byte_unchanged() {
     let dir = tempfile::tempdir().unwrap();
     let s = file_store(&dir).await;
     assert_eq!(s.watermark(&res()).await.unwrap(), None);
-    s.apply(&res(), Fence::new(7), &WriteBatch::new().put("k", vec![1, 2, 3])).await.unwrap();
-    s.apply(&res(), Fence::new(7), &WriteBatch::new().put("k", vec![4, 5, 6])).await.unwrap();
-    s.apply(&res(), Fence::new(9), &WriteBatch::new().put("k", vec![7, 8, 9])).await.unwrap();
-    let err = s.apply(&res(), Fence::new(8), &WriteBatch::new().put("k", vec![0]).put("j", vec![0])).await.unwrap_err();
+    s.apply(&res(), gf(7), &WriteBatch::new().put("k", vec![1, 2, 3])).await.unwrap();
+    s.apply(&res(), gf(7), &WriteBatch::new().put("k", vec![4, 5, 6])).await.unwrap();
+    s.apply(&res(), gf(9), &WriteBatch::new().put("k", vec![7, 8, 9])).await.unwrap();
+    let err = s.apply(&res(), gf(8), &WriteBatch::new().put("k", vec![0]).put("j", vec![0])).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(8), current: Fence::new(9) });
     let r = s.read("k").await.unwrap().unwrap();
     assert_eq!(r.value, vec![7, 8, 9]);
@@ -35,23 +35,21 @@ async fn equal_fence_accepted_lower_rejected_data_byte_for_byte_unchanged() {
 #[tokio::test]
 async fn a_failed_condition_rolls_back_the_whole_batch() {
     let s = SqliteStore::connect("sqlite::memory:").await.unwrap();
-    s.apply(&res(), Fence::new(1), &WriteBatch::new().put("done/1", b"x".to_vec()).put("qty", b"10".to_vec()))
-        .await
-        .unwrap();
+    s.apply(&res(), gf(1), &WriteBatch::new().put("done/1", b"x".to_vec()).put("qty", b"10".to_vec())).await.unwrap();
     let batch = WriteBatch::new()
         .put("qty", b"9".to_vec())
         .delete("done/1")
         .create("new", b"n".to_vec())
         .check("absent", Some(b"v".to_vec()));
-    let err = s.apply(&res(), Fence::new(2), &batch).await.unwrap_err();
+    let err = s.apply(&res(), gf(2), &batch).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict);
     assert_eq!(s.read("qty").await.unwrap().unwrap().value, b"10");
     assert!(s.read("done/1").await.unwrap().is_some());
     assert!(s.read("new").await.unwrap().is_none());
     assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(1)), "watermark rolled back too");
-    let err = s.apply(&res(), Fence::new(2), &WriteBatch::new().create("done/1", b"y".to_vec())).await.unwrap_err();
+    let err = s.apply(&res(), gf(2), &WriteBatch::new().create("done/1", b"y".to_vec())).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict);
-    s.apply(&res(), Fence::new(2), &WriteBatch::new().check("qty", Some(b"10".to_vec())).put("qty", b"9".to_vec()))
+    s.apply(&res(), gf(2), &WriteBatch::new().check("qty", Some(b"10".to_vec())).put("qty", b"9".to_vec()))
         .await
         .unwrap();
     assert_eq!(s.read("qty").await.unwrap().unwrap().value, b"9");
@@ -71,7 +69,7 @@ async fn concurrent_writers_with_interleaved_fences_lose_no_update() {
             let mut outcomes = Vec::new();
             for f in chunk {
                 let batch = WriteBatch::new().put("value", f.to_string()).create(format!("log/{f:04}"), vec![]);
-                outcomes.push((f, s.apply(&res(), Fence::new(f), &batch).await));
+                outcomes.push((f, s.apply(&res(), gf(f), &batch).await));
             }
             outcomes
         }));
@@ -112,19 +110,19 @@ async fn own_statements_commit_with_the_watermark_or_not_at_all() {
 
     // Dropped without commit: nothing happened, watermark included.
     {
-        let mut tx = s.begin_fenced(&res(), Fence::new(5)).await.unwrap();
+        let mut tx = s.begin_fenced(&res(), gf(5)).await.unwrap();
         sqlx::query("UPDATE inventory SET qty = qty - 1").execute(tx.conn()).await.unwrap();
     }
     assert_eq!(qty(s.clone()).await, 10);
     assert_eq!(s.watermark(&res()).await.unwrap(), None);
 
-    let mut tx = s.begin_fenced(&res(), Fence::new(5)).await.unwrap();
+    let mut tx = s.begin_fenced(&res(), gf(5)).await.unwrap();
     assert_eq!(tx.fence(), Fence::new(5));
     sqlx::query("UPDATE inventory SET qty = qty - 1").execute(tx.conn()).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(qty(s.clone()).await, 9);
 
-    let err = s.begin_fenced(&res(), Fence::new(4)).await.unwrap_err();
+    let err = s.begin_fenced(&res(), gf(4)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(4), current: Fence::new(5) });
     assert_eq!(qty(s.clone()).await, 9);
 }
@@ -142,11 +140,11 @@ async fn watermarks_survive_reopening_and_tables_are_configurable() {
     };
     {
         let s = SqliteStore::open(config()).await.unwrap();
-        s.apply(&res(), Fence::new(42), &WriteBatch::new().put("k", b"v".to_vec())).await.unwrap();
+        s.apply(&res(), gf(42), &WriteBatch::new().put("k", b"v".to_vec())).await.unwrap();
         s.pool().close().await;
     }
     let s = SqliteStore::open(config()).await.unwrap();
-    let err = s.apply(&res(), Fence::new(41), &WriteBatch::new()).await.unwrap_err();
+    let err = s.apply(&res(), gf(41), &WriteBatch::new()).await.unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }));
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM my_fences").fetch_one(s.pool()).await.unwrap();
     assert_eq!(n, 1);
@@ -157,7 +155,7 @@ async fn watermarks_survive_reopening_and_tables_are_configurable() {
 #[tokio::test]
 async fn bad_input_is_typed() {
     let s = SqliteStore::connect("sqlite::memory:").await.unwrap();
-    let err = s.apply(&res(), Fence::new(u64::MAX), &WriteBatch::new()).await.unwrap_err();
+    let err = s.apply(&res(), gf(u64::MAX), &WriteBatch::new()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert_eq!(s.read("").await.unwrap_err().kind(), ErrorKind::InvalidKey);
     // A path that cannot be opened is the configuration's fault, not the server's: typed as
@@ -178,7 +176,7 @@ async fn bad_input_is_typed() {
 #[tokio::test]
 async fn unfenced_writes_ignore_and_keep_watermarks() {
     let s = SqliteStore::connect("sqlite::memory:").await.unwrap();
-    s.apply(&res(), Fence::new(3), &WriteBatch::new().put("k", b"a".to_vec())).await.unwrap();
+    s.apply(&res(), gf(3), &WriteBatch::new().put("k", b"a".to_vec())).await.unwrap();
     s.apply_unfenced(&WriteBatch::new().put("k", b"b".to_vec())).await.unwrap();
     let r = s.read("k").await.unwrap().unwrap();
     assert_eq!((r.value.as_slice(), r.fence), (&b"b"[..], None));
@@ -229,4 +227,58 @@ async fn lock_fences_continue_across_reopening_the_file() {
 
 async fn store_watermark(url: &str) -> u64 {
     SqliteStore::connect(url).await.unwrap().watermark(&res()).await.unwrap().unwrap().get()
+}
+
+/// Rule 2 on the native path: `begin_fenced` with the fence another grant set the watermark
+/// with is refused as a duplicate, and nothing of the transaction runs.
+#[tokio::test]
+async fn begin_fenced_refuses_an_equal_fence_from_another_grant() {
+    let s = SqliteStore::connect("sqlite::memory:").await.unwrap();
+    let mut tx = s.begin_fenced(&res(), gf(5)).await.unwrap();
+    sqlx::query("CREATE TABLE t (v INTEGER)").execute(tx.conn()).await.unwrap();
+    tx.commit().await.unwrap();
+    let other = GrantFence::new(Fence::new(5), GrantId::from_bytes([0xb2; 16]));
+    let err = s.begin_fenced(&res(), other).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(5) });
+    let err = s.apply(&res(), other, &WriteBatch::new().put("k", b"v".to_vec())).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(5) });
+    assert!(s.read("k").await.unwrap().is_none());
+    s.begin_fenced(&res(), gf(5)).await.unwrap().commit().await.unwrap();
+}
+
+/// A database whose watermark table predates grant ids gets the column at open, and its old
+/// watermark accepts an equal fence once, from whichever grant comes first.
+#[tokio::test]
+async fn a_watermark_table_without_grant_ids_is_migrated() {
+    let dir = std::env::temp_dir().join(format!("palisade-legacy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("legacy.db");
+    let _ = std::fs::remove_file(&path);
+    let url = format!("sqlite://{}", path.display());
+    {
+        let pool = sqlx::SqlitePool::connect(&format!("{url}?mode=rwc")).await.unwrap();
+        sqlx::query(
+            "CREATE TABLE palisade_fences (resource TEXT PRIMARY KEY NOT NULL, fence INTEGER NOT NULL) WITHOUT ROWID",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query("INSERT INTO palisade_fences VALUES (?1, 7)").bind(res().to_string()).execute(&pool).await.unwrap();
+        pool.close().await;
+    }
+    let s = SqliteStore::connect(&url).await.unwrap();
+    assert_eq!(s.watermark(&res()).await.unwrap(), Some(Fence::new(7)));
+    s.apply(&res(), gf(7), &WriteBatch::new().put("k", b"a".to_vec())).await.unwrap();
+    let other = GrantFence::new(Fence::new(7), GrantId::from_bytes([0xb2; 16]));
+    let err = s.apply(&res(), other, &WriteBatch::new()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(7) });
+    let err = s.apply(&res(), gf(6), &WriteBatch::new()).await.unwrap_err();
+    assert!(err.stale_fence_details().is_some());
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `fence` as the test's one grant presents it.
+fn gf(fence: u64) -> GrantFence {
+    GrantFence::new(Fence::new(fence), GrantId::from_bytes([0xa1; 16]))
 }
