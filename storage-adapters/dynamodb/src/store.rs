@@ -211,6 +211,12 @@ impl DynamoStore {
     /// (read from the old item DynamoDB returns with the failure); the same fence from another
     /// grant → [`ErrorKind::DuplicateFence`]; your own condition failing →
     /// [`ErrorKind::Conflict`].
+    ///
+    /// Sent **once**, whatever the client's retry settings: the request is not idempotent (your
+    /// `SET qty = qty - :d` passes the fence condition again on a resend), so a timeout or a
+    /// lost answer after it left is [`ErrorKind::OutcomeUnknown`], not retried. Read the item
+    /// to reconcile before deciding to send it again. A throttled or refused request (nothing
+    /// applied) is a retryable [`ErrorKind::Unavailable`].
     pub async fn update_item_fenced(
         &self,
         update: UpdateItemFluentBuilder,
@@ -227,6 +233,8 @@ impl DynamoStore {
             .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
             .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .customize()
+            .config_override(one_attempt())
             .send()
             .await;
         sent.map_err(|e| single_item_error(e, fence, "update_item_fenced"))
@@ -247,6 +255,8 @@ impl DynamoStore {
             .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
             .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .customize()
+            .config_override(one_attempt())
             .send()
             .await;
         sent.map_err(|e| single_item_error(e, fence, "put_item_fenced"))
@@ -268,6 +278,8 @@ impl DynamoStore {
             .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
             .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .customize()
+            .config_override(one_attempt())
             .send()
             .await;
         sent.map_err(|e| single_item_error(e, fence, "delete_item_fenced"))
@@ -499,6 +511,14 @@ fn fence_of(item: &HashMap<String, AttributeValue>) -> Option<Fence> {
         Some(AttributeValue::N(n)) => n.parse::<u64>().ok().map(Fence::new),
         _ => None,
     }
+}
+
+/// The SDK's retries for a single-item fenced request: none. A fenced update is not idempotent
+/// (the same fence from the same grant passes again, so `SET qty = qty - :d` would apply once
+/// per attempt), and these requests carry no idempotency token; an attempt that times out after
+/// the request left is reported as `OutcomeUnknown` instead of being sent again.
+fn one_attempt() -> aws_sdk_dynamodb::config::Builder {
+    aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled())
 }
 
 fn grant_value(grant: GrantId) -> AttributeValue {

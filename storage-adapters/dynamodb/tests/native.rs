@@ -108,16 +108,28 @@ async fn update_put_and_delete_of_your_own_items_are_fenced_in_one_request() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
 }
 
-/// A proxy to the real server that forwards everything but never answers
-/// `TransactWriteItems`: a write whose request left and whose answer never came.
-async fn black_hole_for_writes(upstream: String) -> String {
+/// What a test proxy does to requests for one DynamoDB operation (matched on `X-Amz-Target`).
+#[derive(Clone, Copy)]
+enum Fault {
+    /// Never forwards them and never answers: the request left, the answer never comes.
+    Swallow(&'static str),
+    /// Forwards the first one at once (the server applies it) but holds its answer back for
+    /// the delay, past the client's attempt timeout; later ones pass untouched.
+    DelayFirstReply(&'static str, Duration),
+}
+
+/// A proxy to the real server that forwards every request over a fresh connection and relays
+/// the answer, except for what `fault` says.
+async fn faulty_proxy(upstream: String, fault: Fault) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let upstream = upstream.trim_start_matches("http://").to_string();
+    let delayed_once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(async move {
         loop {
             let Ok((mut conn, _)) = listener.accept().await else { return };
             let upstream = upstream.clone();
+            let delayed_once = std::sync::Arc::clone(&delayed_once);
             tokio::spawn(async move {
                 loop {
                     // One request: headers, then Content-Length bytes.
@@ -139,10 +151,19 @@ async fn black_hole_for_writes(upstream: String) -> String {
                         .unwrap_or(0);
                     let mut body = vec![0u8; len];
                     conn.read_exact(&mut body).await.unwrap();
-                    if head.contains("TransactWriteItems") {
-                        tokio::time::sleep(Duration::from_secs(3600)).await;
-                        return;
-                    }
+                    let target = |op: &str| head.contains(&format!("DynamoDB_20120810.{op}"));
+                    let delay = match fault {
+                        Fault::Swallow(op) if target(op) => {
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                            return;
+                        }
+                        Fault::DelayFirstReply(op, delay)
+                            if target(op) && !delayed_once.swap(true, std::sync::atomic::Ordering::SeqCst) =>
+                        {
+                            Some(delay)
+                        }
+                        _ => None,
+                    };
                     // Forward over a fresh connection, without keep-alive, and relay the answer.
                     let mut up = tokio::net::TcpStream::connect(&upstream).await.unwrap();
                     let head = head.replace("\r\n\r\n", "\r\nConnection: close\r\n\r\n");
@@ -150,6 +171,9 @@ async fn black_hole_for_writes(upstream: String) -> String {
                     up.write_all(&body).await.unwrap();
                     let mut answer = Vec::new();
                     up.read_to_end(&mut answer).await.unwrap();
+                    if let Some(delay) = delay {
+                        tokio::time::sleep(delay).await;
+                    }
                     let answer =
                         String::from_utf8_lossy(&answer).replace("Connection: close", "Connection: keep-alive");
                     if conn.write_all(answer.as_bytes()).await.is_err() {
@@ -162,11 +186,52 @@ async fn black_hole_for_writes(upstream: String) -> String {
     format!("http://{addr}")
 }
 
+/// Issue 16.6b: the SDK retries a request whose attempt timed out, and a fenced update is not
+/// idempotent (the same fence from the same grant passes again). The first attempt reaches the
+/// server and applies; its answer is held back past the attempt timeout. The helper must not
+/// send it again: one decrement, reported as `OutcomeUnknown`, never a silent second one.
+#[tokio::test]
+async fn a_fenced_update_whose_answer_is_late_is_sent_once_and_outcome_unknown() {
+    let real = config("late-reply");
+    let table = real.table.clone();
+    let store = DynamoStore::open(real.clone()).await.unwrap();
+    let put =
+        store.client().put_item().table_name(&table).item("pk", AttributeValue::S("SKU-L".into())).item("qty", n(10));
+    store.put_item_fenced(put, gf(5)).await.unwrap();
+
+    let proxy =
+        faulty_proxy(real.endpoint.clone().unwrap(), Fault::DelayFirstReply("UpdateItem", Duration::from_millis(1500)))
+            .await;
+    let mut through_proxy = real.clone();
+    through_proxy.endpoint = Some(proxy);
+    through_proxy.max_attempts = 3;
+    through_proxy.attempt_timeout = Duration::from_millis(500);
+    through_proxy.operation_timeout = Duration::from_secs(10);
+    let late = DynamoStore::open(through_proxy).await.unwrap();
+    let decrement = late
+        .client()
+        .update_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S("SKU-L".into()))
+        .update_expression("SET qty = qty - :one")
+        .expression_attribute_values(":one", n(1));
+    let result = late.update_item_fenced(decrement, gf(5)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the held-back answer is long gone
+    assert_eq!(
+        qty(&store, "SKU-L").await,
+        Some((9, Some(5))),
+        "decremented more than once; the helper said {result:?}"
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err:?}");
+    assert!(!err.is_retryable());
+}
+
 #[tokio::test]
 async fn a_write_whose_answer_never_comes_is_outcome_unknown_never_applied_or_refused() {
     let real = config("ambiguous");
     let store = DynamoStore::open(real.clone()).await.unwrap();
-    let proxy = black_hole_for_writes(real.endpoint.clone().unwrap()).await;
+    let proxy = faulty_proxy(real.endpoint.clone().unwrap(), Fault::Swallow("TransactWriteItems")).await;
     let mut through_proxy = real.clone();
     through_proxy.endpoint = Some(proxy);
     through_proxy.max_attempts = 1;
