@@ -9,7 +9,9 @@ use tokio::time::Instant;
 use tracing::{Instrument, error, warn};
 
 use crate::error::{ErrorKind, Result};
-use crate::{Fence, Fenced, FencedStore, GrantFence, Lease, LockService, ResourceKey, Ttl, WriteBatch, metrics};
+use crate::{
+    Fence, Fenced, FencedStore, GrantFence, Lease, LockService, ResourceKey, Ttl, WatermarkSource, WriteBatch, metrics,
+};
 
 /// What users call on a lock service: leases with a lifecycle, plus metrics and tracing.
 ///
@@ -49,6 +51,9 @@ pub trait LockServiceExt {
     /// [`lock`](LockServiceExt::lock), then checks the grant against `store`'s watermark for
     /// the resource (fencing rule 5), at the cost of one watermark read.
     ///
+    /// `store` is any [`WatermarkSource`]: a [`FencedStore`], or where your writes keep their
+    /// fence (a row written by a single-row helper, read by the store's `row_watermark`).
+    ///
     /// A fresh grant's fence must be strictly above the watermark: every fence the store has
     /// seen belonged to an earlier grant. A fence at or below it means the lock service lost
     /// its counter (a restart without persistence, a failover to a lagging replica, `FLUSHALL`,
@@ -74,7 +79,7 @@ pub trait LockServiceExt {
         wait: Duration,
     ) -> Result<Lease<Self::Service>>
     where
-        T: FencedStore + ?Sized,
+        T: WatermarkSource + ?Sized,
         Self::Service: LockService<Fencing = Fenced>;
 
     /// [`try_lock`](LockServiceExt::try_lock) with the check of
@@ -88,7 +93,7 @@ pub trait LockServiceExt {
         ttl: Duration,
     ) -> Result<Option<Lease<Self::Service>>>
     where
-        T: FencedStore + ?Sized,
+        T: WatermarkSource + ?Sized,
         Self::Service: LockService<Fencing = Fenced>;
 }
 
@@ -142,7 +147,7 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
 
     async fn lock_checked<T>(&self, store: &T, key: &ResourceKey, ttl: Duration, wait: Duration) -> Result<Lease<S>>
     where
-        T: FencedStore + ?Sized,
+        T: WatermarkSource + ?Sized,
         S: LockService<Fencing = Fenced>,
     {
         let lease = checked(self, store, key, || async { self.lock(key, ttl, wait).await.map(Some) }).await?;
@@ -153,7 +158,7 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
 
     async fn try_lock_checked<T>(&self, store: &T, key: &ResourceKey, ttl: Duration) -> Result<Option<Lease<S>>>
     where
-        T: FencedStore + ?Sized,
+        T: WatermarkSource + ?Sized,
         S: LockService<Fencing = Fenced>,
     {
         checked(self, store, key, || self.try_lock(key, ttl)).await
@@ -170,7 +175,7 @@ async fn checked<S, T, F, Fut>(
 ) -> Result<Option<Lease<S>>>
 where
     S: LockService<Fencing = Fenced> + ?Sized,
-    T: FencedStore + ?Sized,
+    T: WatermarkSource + ?Sized,
     F: FnMut() -> Fut + Send,
     Fut: std::future::Future<Output = Result<Option<Lease<S>>>> + Send,
 {
@@ -178,12 +183,19 @@ where
     // Two rounds: the first may find and repair a regression, the second must be clean.
     for _ in 0..2 {
         let Some(lease) = acquire().await? else { return Ok(None) };
-        let Some(watermark) = store.watermark(key).await? else { return Ok(Some(lease)) };
+        let Some(watermark) = store.highest_fence(key).await? else { return Ok(Some(lease)) };
         // Strictly above: an equal fence was already spent by an earlier grant.
         if lease.fence() > watermark {
             return Ok(Some(lease));
         }
-        report_regression(backend, store.backend(), key, lease.fence(), watermark, "at or below the store's watermark");
+        report_regression(
+            backend,
+            store.source_name(),
+            key,
+            lease.fence(),
+            watermark,
+            "at or below the store's watermark",
+        );
         // Give the useless grant back before moving the counter; a failed release only
         // delays the next grant until the TTL.
         let _ = lease.release().await;

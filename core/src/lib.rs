@@ -90,8 +90,8 @@ pub use service::{
     wait_for_release,
 };
 pub use store::{
-    DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WriteBatch, WriteOp, conflict_error,
-    fence_refusal, quote_sql_identifier, storable_fence, validate_record_key,
+    DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WatermarkSource, WriteBatch,
+    WriteOp, conflict_error, fence_refusal, quote_sql_identifier, storable_fence, validate_record_key,
 };
 pub use token::OwnerToken;
 pub use ttl::{Ttl, validate_wait};

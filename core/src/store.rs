@@ -66,6 +66,32 @@ pub trait FencedStore: Send + Sync + 'static {
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>>;
 }
 
+/// Where [`lock_checked`](crate::LockServiceExt::lock_checked) reads the highest fence a
+/// resource has accepted, to compare a fresh grant with it (fencing rule 5).
+///
+/// Every [`FencedStore`] is one (its per-resource watermark). Fences that live elsewhere are
+/// too: a row of your own table written with a single-row helper carries its fence in its own
+/// column and never raises the store's watermark, so the store's watermark cannot show a
+/// regression for it; `palisade_postgres::PostgresStore::row_watermark` reads that column.
+#[async_trait]
+pub trait WatermarkSource: Send + Sync {
+    /// A short name for logs and errors (the store's [`backend`](FencedStore::backend)).
+    fn source_name(&self) -> &'static str;
+
+    /// The highest fence accepted for `resource`, or `None` if nothing was written under one.
+    async fn highest_fence(&self, resource: &ResourceKey) -> Result<Option<Fence>>;
+}
+
+#[async_trait]
+impl<T: FencedStore + ?Sized> WatermarkSource for T {
+    fn source_name(&self) -> &'static str {
+        self.backend()
+    }
+    async fn highest_fence(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
+        self.watermark(resource).await
+    }
+}
+
 /// A fenced store behind a pointer: what `palisade::connect_store` returns.
 pub type DynFencedStore = dyn FencedStore;
 

@@ -62,7 +62,7 @@ mod store;
 
 pub use aws_sdk_dynamodb;
 pub use config::DynamoConfig;
-pub use store::{DynamoStore, FENCE_ATTRIBUTE, KEY_ATTRIBUTE, VALUE_ATTRIBUTE};
+pub use store::{DynamoStore, FENCE_ATTRIBUTE, GRANT_ATTRIBUTE, ItemWatermark, KEY_ATTRIBUTE, VALUE_ATTRIBUTE};
 
 /// The backend name in errors, logs and metrics.
 pub const BACKEND: &str = "dynamodb";

@@ -24,7 +24,7 @@ use aws_sdk_dynamodb::types::{
 };
 use palisade_core::{
     Backoff, Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, OwnerToken, Record, ResourceKey, Result,
-    WriteBatch, WriteOp, conflict_error, fence_refusal, storable_fence,
+    WatermarkSource, WriteBatch, WriteOp, conflict_error, fence_refusal, storable_fence,
 };
 use tracing::{debug, warn};
 
@@ -211,6 +211,9 @@ impl DynamoStore {
     /// (read from the old item DynamoDB returns with the failure); the same fence from another
     /// grant → [`ErrorKind::DuplicateFence`]; your own condition failing →
     /// [`ErrorKind::Conflict`].
+    ///
+    /// These helpers never raise the store's watermark for a resource: check a fresh grant
+    /// against the item itself with [`item_watermark`](Self::item_watermark).
     ///
     /// Sent **once**, whatever the client's retry settings: the request is not idempotent (your
     /// `SET qty = qty - :d` passes the fence condition again on a resend), so a timeout or a
@@ -433,6 +436,16 @@ impl DynamoStore {
         }
     }
 
+    /// The fence on one of your own items, as a
+    /// [`WatermarkSource`](palisade_core::WatermarkSource) for
+    /// [`lock_checked`](palisade_core::LockServiceExt::lock_checked): what to check a fresh
+    /// grant against when that item is written only with the single-item helpers, which never
+    /// raise the store's watermark. One strongly consistent `GetItem` per check; a missing item
+    /// or one without a fence reads as "never written under a fence".
+    pub fn item_watermark(&self, table: impl Into<String>, key: HashMap<String, AttributeValue>) -> ItemWatermark<'_> {
+        ItemWatermark { store: self, table: table.into(), key }
+    }
+
     async fn get(&self, key: AttributeValue, what: &str) -> Result<Option<HashMap<String, AttributeValue>>> {
         let got = self
             .client
@@ -444,6 +457,37 @@ impl DynamoStore {
             .await
             .map_err(|e| map(e, what, false))?;
         Ok(got.item().cloned())
+    }
+}
+
+/// The fence attribute of one of your items, read as a watermark: see
+/// [`DynamoStore::item_watermark`].
+#[derive(Debug, Clone)]
+pub struct ItemWatermark<'a> {
+    store: &'a DynamoStore,
+    table: String,
+    key: HashMap<String, AttributeValue>,
+}
+
+#[async_trait]
+impl WatermarkSource for ItemWatermark<'_> {
+    fn source_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// The item's fence; the resource is the item, whatever `resource` the lock is taken on.
+    async fn highest_fence(&self, _resource: &ResourceKey) -> Result<Option<Fence>> {
+        let got = self
+            .store
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(self.key.clone()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| map(e, "reading an item's fence", false))?;
+        Ok(got.item().and_then(fence_of))
     }
 }
 

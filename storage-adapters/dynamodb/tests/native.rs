@@ -3,10 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use palisade_conformance::require_env;
-use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey, WriteBatch};
+use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey, WatermarkSource, WriteBatch};
 use palisade_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use palisade_dynamodb::{DynamoConfig, DynamoStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -83,6 +84,16 @@ async fn update_put_and_delete_of_your_own_items_are_fenced_in_one_request() {
         ErrorKind::DuplicateFence { fence: Fence::new(7) }
     );
     assert_eq!(qty(&store, "SKU-1").await, Some((0, Some(7))), "the duplicates changed nothing");
+    // `lock_checked` reads the item's fence through `item_watermark` (the helpers never raise
+    // the store's watermark).
+    let item = |sku: &str| HashMap::from([("pk".to_string(), AttributeValue::S(sku.into()))]);
+    let resource = ResourceKey::new("native", "SKU-1").unwrap();
+    assert_eq!(
+        store.item_watermark(&table, item("SKU-1")).highest_fence(&resource).await.unwrap(),
+        Some(Fence::new(7))
+    );
+    assert_eq!(store.item_watermark(&table, item("NOPE")).highest_fence(&resource).await.unwrap(), None);
+    assert_eq!(store.watermark(&resource).await.unwrap(), None, "the store's own watermark never saw them");
 
     // A lower fence is StaleFence with the item's fence, and changes nothing.
     let err = store.update_item_fenced(decrement("SKU-1"), gf(6)).await.unwrap_err();

@@ -51,5 +51,5 @@ mod store;
 mod transaction;
 
 pub use config::PostgresConfig;
-pub use store::{FencedRow, PostgresStore, map_err};
+pub use store::{FencedRow, PostgresStore, RowWatermark, map_err};
 pub use transaction::PgFencedTransaction;

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use palisade_core::{
-    Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, Record, ResourceKey, Result, WriteBatch, WriteOp,
-    conflict_error, fence_refusal, storable_fence, validate_record_key,
+    Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, Record, ResourceKey, Result, WatermarkSource,
+    WriteBatch, WriteOp, conflict_error, fence_refusal, storable_fence, validate_record_key,
 };
 use sqlx::postgres::{PgArguments, PgPoolOptions};
 use sqlx::query::Query;
@@ -112,6 +112,34 @@ pub struct FencedRow<'a> {
     pub fence_column: &'a str,
 }
 
+/// The fence column of one row, read as a watermark: see [`PostgresStore::row_watermark`].
+#[derive(Debug, Clone, Copy)]
+pub struct RowWatermark<'a> {
+    store: &'a PostgresStore,
+    row: FencedRow<'a>,
+    key: &'a str,
+}
+
+#[async_trait]
+impl WatermarkSource for RowWatermark<'_> {
+    fn source_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// The row's fence; the resource is the row, whatever `resource` the lock is taken on.
+    async fn highest_fence(&self, _resource: &ResourceKey) -> Result<Option<Fence>> {
+        let FencedRow { table, key_column, fence_column } = self.row;
+        let (t, k, f) = (quote_ident(table)?, quote_ident(key_column)?, quote_ident(fence_column)?);
+        let current: Option<Option<i64>> =
+            sqlx::query_scalar(AssertSqlSafe(format!("SELECT {f} FROM {t} WHERE {k} = $1")))
+                .bind(self.key)
+                .fetch_optional(&self.store.pool)
+                .await
+                .map_err(map_err)?;
+        Ok(current.flatten().and_then(|v| fence_from(Some(v))))
+    }
+}
+
 /// A fenced store in a PostgreSQL database. Cheap to clone (a pool handle).
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -201,9 +229,12 @@ impl PostgresStore {
     ///
     /// A row whose fence column is NULL has never been written under a fence: any fence may
     /// write it. This form checks only the row's own fence: it does not raise the resource's
-    /// watermark, so [`lock_checked`](palisade_core::LockServiceExt::lock_checked) cannot see a
-    /// regressed lock counter through it. Use [`begin_fenced`](Self::begin_fenced) when that
-    /// matters.
+    /// watermark, so [`lock_checked`](palisade_core::LockServiceExt::lock_checked) against the
+    /// store cannot see a regressed lock counter through it; check against the row instead,
+    /// with [`row_watermark`](Self::row_watermark). Your row has no grant column either, so an
+    /// equal fence from another grant (a counter that lost its tail, fencing rule 2) passes
+    /// here: use [`begin_fenced`](Self::begin_fenced) when the lock service can lose part of
+    /// its counter.
     ///
     /// `set` is your SQL fragment (placeholders from `$3` on, bound by `bind`). Zero rows means
     /// the row's fence is higher ([`ErrorKind::StaleFence`], with the row's fence as `current`)
@@ -246,6 +277,16 @@ impl PostgresStore {
                 format!("no row with {key_column} = {key:?} in {table}"),
             )),
         }
+    }
+
+    /// The fence on one row of your own table, as a
+    /// [`WatermarkSource`](palisade_core::WatermarkSource) for
+    /// [`lock_checked`](palisade_core::LockServiceExt::lock_checked): what to check a fresh
+    /// grant against when that row is written with [`update_row_fenced`](Self::update_row_fenced),
+    /// which never raises the store's watermark. One `SELECT` of the fence column per check; a
+    /// missing row or a NULL fence reads as "never written under a fence".
+    pub fn row_watermark<'a>(&'a self, row: &FencedRow<'a>, key: &'a str) -> RowWatermark<'a> {
+        RowWatermark { store: self, row: *row, key }
     }
 
     async fn apply_batch(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {

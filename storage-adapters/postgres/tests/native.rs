@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use palisade_conformance::require_env;
-use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey};
+use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey, WatermarkSource};
 use palisade_postgres::{FencedRow, PostgresConfig, PostgresStore, map_err};
 
 async fn store() -> PostgresStore {
@@ -237,4 +237,42 @@ async fn a_watermark_table_without_grant_ids_is_migrated() {
     let other = GrantFence::new(Fence::new(7), GrantId::from_bytes([0xb2; 16]));
     let err = s.apply(&res, other, &palisade_core::WriteBatch::new()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(7) }, "{err}");
+}
+
+/// Issue 16.7b: a team that writes only through `update_row_fenced` never raises the store's
+/// watermark, so `lock_checked` against the store cannot see a lock service that lost its
+/// counter. Against `row_watermark` it can: it repairs the counter, and the row is writable
+/// again with a fence above the gap.
+#[tokio::test]
+async fn lock_checked_against_a_row_sees_a_regression_the_store_watermark_cannot() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use palisade_core::{LockServiceExt, MemoryLockService, REGRESSION_GAP};
+
+    let s = store().await;
+    let table = inventory_table(&s, "rowcheck", "fence BIGINT").await;
+    let row = FencedRow { table: &table, key_column: "sku", fence_column: "fence" };
+    let res = ResourceKey::new("native", table.clone()).unwrap();
+    let ttl = Duration::from_secs(30);
+    let locks = Arc::new(MemoryLockService::new());
+    for _ in 0..3 {
+        let lease = locks.lock_checked(&s.row_watermark(&row, "S1"), &res, ttl, ttl).await.unwrap();
+        s.update_row_fenced(&row, "S1", lease.fence(), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap();
+        lease.release().await.unwrap();
+    }
+    assert_eq!(s.row_watermark(&row, "S1").highest_fence(&res).await.unwrap(), Some(Fence::new(3)));
+
+    locks.forget_fences(); // the lock service lost its counter
+    let blind = locks.lock_checked(&s, &res, ttl, ttl).await.unwrap();
+    assert_eq!(blind.fence(), Fence::new(1), "the store's watermark knows nothing of the row's fence");
+    let err = s.update_row_fenced(&row, "S1", blind.fence(), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap_err();
+    assert!(err.stale_fence_details().is_some(), "{err}");
+    blind.release().await.unwrap();
+
+    let checked = locks.lock_checked(&s.row_watermark(&row, "S1"), &res, ttl, ttl).await.unwrap();
+    assert!(checked.fence().get() > 3 + REGRESSION_GAP, "fence {} after the repair", checked.fence());
+    s.update_row_fenced(&row, "S1", checked.fence(), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap();
+    let missing = s.row_watermark(&row, "NOPE").highest_fence(&res).await.unwrap();
+    assert_eq!(missing, None, "a missing row was never written under a fence");
 }
