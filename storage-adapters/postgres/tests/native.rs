@@ -276,3 +276,75 @@ async fn lock_checked_against_a_row_sees_a_regression_the_store_watermark_cannot
     let missing = s.row_watermark(&row, "NOPE").highest_fence(&res).await.unwrap();
     assert_eq!(missing, None, "a missing row was never written under a fence");
 }
+
+/// A TCP relay to PostgreSQL that forwards a `COMMIT` to the server and then cuts the client
+/// off, so the commit happens and its reply is lost. Returns the URL to connect through it.
+async fn commit_reply_cutter(url: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let upstream = url.split('@').nth(1).and_then(|rest| rest.split('/').next()).unwrap().to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else { return };
+            let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+            let (mut client_rd, mut client_wr) = client.into_split();
+            let (mut server_rd, mut server_wr) = server.into_split();
+            let cut = std::sync::Arc::new(tokio::sync::Notify::new());
+            let cut_up = std::sync::Arc::clone(&cut);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = client_rd.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 || server_wr.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    if buf[..n].windows(6).any(|w| w == b"COMMIT") {
+                        cut_up.notify_one();
+                        // Keep the server side open until the COMMIT has been processed.
+                        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                        return;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    tokio::select! {
+                        () = cut.notified() => return, // drops the client's write half: reply lost
+                        read = server_rd.read(&mut buf) => {
+                            let n = read.unwrap_or(0);
+                            if n == 0 || client_wr.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let (scheme_user, rest) = url.split_once('@').unwrap();
+    let path = rest.split_once('/').map_or("", |(_, p)| p);
+    format!("{scheme_user}@{addr}/{path}?sslmode=disable")
+}
+
+/// Issue 16.5b: a COMMIT whose reply is lost may have committed. It must be `OutcomeUnknown`
+/// (re-read before retrying), not the retryable `Unavailable` that invites a blind second
+/// attempt. Here it did commit: the watermark moved.
+#[tokio::test]
+async fn a_commit_whose_reply_is_lost_is_outcome_unknown() {
+    let url = require_env("PALISADE_POSTGRES_URL");
+    let direct = store().await;
+    // No migration through the relay: its COMMIT would be cut too (the direct store ran it).
+    let config =
+        PostgresConfig { max_connections: 1, migrate: false, ..PostgresConfig::new(commit_reply_cutter(&url).await) };
+    let s = PostgresStore::open(config).await.unwrap();
+    let res = ResourceKey::new("lostreply", unique("tx")).unwrap();
+    let tx = s.begin_fenced(&res, gf(9)).await.unwrap();
+    let err = tx.commit().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err:?}");
+    assert!(!err.is_retryable(), "{err:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(direct.watermark(&res).await.unwrap(), Some(Fence::new(9)), "the COMMIT did happen");
+}
