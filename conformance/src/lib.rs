@@ -115,7 +115,8 @@ pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Ve
     Ok(reports)
 }
 
-/// Runs store scenarios 8–10 and the bad-input scenario in the caller's runtime.
+/// Runs the store scenarios (8–10, bad input, stale batch shapes, the comparison matrix,
+/// watermark scope, the store race) in the caller's runtime.
 pub async fn run_store_scenarios<F: FencedStoreFactory>(factory: &F) -> Result<Vec<Report>, Failure> {
     let mut reports = Vec::new();
     macro_rules! go {
@@ -123,7 +124,16 @@ pub async fn run_store_scenarios<F: FencedStoreFactory>(factory: &F) -> Result<V
             reports.push(store::$name(&Ctx::new(stringify!($name), ""), factory).await?);
         )*};
     }
-    go!(equal_higher_lower, concurrent_interleaved_fences, atomicity, store_bad_input);
+    go!(
+        equal_higher_lower,
+        concurrent_interleaved_fences,
+        atomicity,
+        store_bad_input,
+        stale_batches_of_every_shape,
+        fence_comparison_matrix,
+        watermark_scope,
+        store_race
+    );
     Ok(reports)
 }
 
@@ -200,7 +210,7 @@ macro_rules! lock_service_suite {
     };
 }
 
-/// Stamps out one `#[test]` per fenced store scenario (8–10 and bad input) in a module
+/// Stamps out one `#[test]` per fenced store scenario in a module
 /// (`fenced_store_conformance`, or the name given first).
 #[macro_export]
 macro_rules! fenced_store_suite {
@@ -215,6 +225,10 @@ macro_rules! fenced_store_suite {
             $crate::__scenario_test!(store, concurrent_interleaved_fences, ($factory));
             $crate::__scenario_test!(store, atomicity, ($factory));
             $crate::__scenario_test!(store, store_bad_input, ($factory));
+            $crate::__scenario_test!(store, stale_batches_of_every_shape, ($factory));
+            $crate::__scenario_test!(store, fence_comparison_matrix, ($factory));
+            $crate::__scenario_test!(store, watermark_scope, ($factory));
+            $crate::__scenario_test!(store, store_race, ($factory));
         }
     };
 }

@@ -164,6 +164,8 @@ impl LockServiceFactory for BrokenLockFactory {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StoreFlaw {
+    /// None: the control, which passes every store scenario.
+    None,
     /// Applies writes whatever their fence (the watermark only goes up).
     AcceptsLowerFence,
     /// Applies operations one by one and stops at a failed condition, keeping what it wrote.
@@ -174,63 +176,111 @@ enum StoreFlaw {
     NoValidation,
     /// Accepts a fence equal to the watermark from any grant (the rule before rule 2 knew grants).
     AcceptsEqualFromAnyGrant,
+    /// Reads the watermark, then writes in a second step (bug class 18): another writer can
+    /// slip in between.
+    CheckThenWrite,
+    /// Checks the fence only when the batch has a `Put` (and then sets the watermark
+    /// unconditionally).
+    ChecksOnlyPuts,
+    /// One watermark for the whole store instead of one per resource.
+    WatermarkPerStore,
+    /// Keeps watermarks in the client's memory: a new client starts with none.
+    WatermarkInClient,
+    /// Accepts fence 0 (an uninitialised fence).
+    AcceptsZero,
 }
 
-#[derive(Default)]
-struct StoreState {
-    watermarks: HashMap<ResourceKey, GrantFence>,
-    records: BTreeMap<String, Record>,
-}
+type Watermarks = Arc<Mutex<HashMap<ResourceKey, GrantFence>>>;
+type Records = Arc<Mutex<BTreeMap<String, Record>>>;
 
+/// One client of a broken store. Records are shared by every client; so are watermarks,
+/// unless the flaw keeps them in the client.
 struct BrokenStore {
     flaw: StoreFlaw,
-    state: Mutex<StoreState>,
+    watermarks: Watermarks,
+    records: Records,
 }
 
 impl BrokenStore {
-    fn apply_ops(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
+    /// Whose watermark a write to `res` checks and raises.
+    fn scope(&self, res: &ResourceKey) -> ResourceKey {
+        if self.flaw == StoreFlaw::WatermarkPerStore { ResourceKey::new("store", "all").unwrap() } else { res.clone() }
+    }
+
+    /// The fence check; `Ok(true)`: go on and raise the watermark, `Ok(false)`: report success
+    /// without writing.
+    fn check(&self, current: Option<GrantFence>, presented: GrantFence, batch: &WriteBatch) -> Result<bool> {
+        let f = presented.fence();
+        if (f.get() == 0 && self.flaw != StoreFlaw::AcceptsZero) || f > Fence::MAX_STORABLE {
+            return Err(Error::new(ErrorKind::InvalidArgument, "broken", format!("fence {f} cannot be stored")));
+        }
+        if self.flaw == StoreFlaw::ChecksOnlyPuts && !batch.ops().iter().any(|op| matches!(op, WriteOp::Put { .. })) {
+            return Ok(true);
+        }
+        if let Some(c) = current.filter(|c| f < c.fence()) {
+            return match self.flaw {
+                StoreFlaw::AcceptsLowerFence => Ok(true),
+                StoreFlaw::SilentRejection => Ok(false),
+                _ => Err(Error::stale_fence("broken", f, c.fence())),
+            };
+        }
+        if current.is_some_and(|c| c.fence() == f && c.grant() != presented.grant())
+            && self.flaw != StoreFlaw::AcceptsEqualFromAnyGrant
+        {
+            return Err(Error::duplicate_fence("broken", f));
+        }
+        Ok(true)
+    }
+
+    async fn apply_ops(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
         if self.flaw != StoreFlaw::NoValidation {
             batch.validate()?;
         }
-        let mut state = self.state.lock().unwrap();
-        if let Some((res, presented)) = fence {
-            let f = presented.fence();
-            let current = state.watermarks.get(res).copied();
-            if let Some(c) = current.filter(|c| f < c.fence()) {
-                match self.flaw {
-                    StoreFlaw::AcceptsLowerFence => {}
-                    StoreFlaw::SilentRejection => return Ok(()),
-                    _ => return Err(Error::stale_fence("broken", f, c.fence())),
-                }
-            } else if current.is_some_and(|c| c.fence() == f && c.grant() != presented.grant())
-                && self.flaw != StoreFlaw::AcceptsEqualFromAnyGrant
-            {
-                return Err(Error::duplicate_fence("broken", f));
-            } else {
-                state.watermarks.insert(res.clone(), presented);
+        if self.flaw == StoreFlaw::CheckThenWrite
+            && let Some((res, presented)) = fence
+        {
+            let current = self.watermarks.lock().unwrap().get(&self.scope(res)).copied();
+            if !self.check(current, presented, batch)? {
+                return Ok(());
             }
+            tokio::task::yield_now().await; // the second round trip
+        }
+        let mut watermarks = self.watermarks.lock().unwrap();
+        let mut records = self.records.lock().unwrap();
+        if let Some((res, presented)) = fence
+            && self.flaw != StoreFlaw::CheckThenWrite
+            && !self.check(watermarks.get(&self.scope(res)).copied(), presented, batch)?
+        {
+            return Ok(());
         }
         let record_fence = fence.map(|(_, f)| f.fence());
-        let holds = |state: &StoreState, op: &WriteOp| match op {
-            WriteOp::Create { key, .. } => !state.records.contains_key(key),
-            WriteOp::Check { key, expected } => state.records.get(key).map(|r| &r.value) == expected.as_ref(),
+        let holds = |records: &BTreeMap<String, Record>, op: &WriteOp| match op {
+            WriteOp::Create { key, .. } => !records.contains_key(key),
+            WriteOp::Check { key, expected } => records.get(key).map(|r| &r.value) == expected.as_ref(),
             _ => true,
         };
         if self.flaw != StoreFlaw::PartialBatch
-            && let Some(op) = batch.ops().iter().find(|op| !holds(&state, op))
+            && let Some(op) = batch.ops().iter().find(|op| !holds(&records, op))
         {
             return Err(conflict_error("broken", op));
         }
+        if let Some((res, presented)) = fence {
+            let scope = self.scope(res);
+            let lower = watermarks.get(&scope).is_some_and(|c| presented.fence() < c.fence());
+            if !lower || self.flaw == StoreFlaw::ChecksOnlyPuts || self.flaw == StoreFlaw::CheckThenWrite {
+                watermarks.insert(scope, presented);
+            }
+        }
         for op in batch.ops() {
-            if !holds(&state, op) {
+            if !holds(&records, op) {
                 return Err(conflict_error("broken", op));
             }
             match op {
                 WriteOp::Put { key, value } | WriteOp::Create { key, value } => {
-                    state.records.insert(key.clone(), Record { value: value.clone(), fence: record_fence });
+                    records.insert(key.clone(), Record { value: value.clone(), fence: record_fence });
                 }
                 WriteOp::Delete { key } => {
-                    state.records.remove(key);
+                    records.remove(key);
                 }
                 WriteOp::Check { .. } => {}
             }
@@ -245,29 +295,36 @@ impl FencedStore for BrokenStore {
         "broken"
     }
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
-        self.apply_ops(Some((resource, fence)), batch)
+        self.apply_ops(Some((resource, fence)), batch).await
     }
     async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
-        self.apply_ops(None, batch)
+        self.apply_ops(None, batch).await
     }
     async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
-        Ok(self.state.lock().unwrap().watermarks.get(resource).map(GrantFence::fence))
+        Ok(self.watermarks.lock().unwrap().get(&self.scope(resource)).map(GrantFence::fence))
     }
     async fn read(&self, key: &str) -> Result<Option<Record>> {
-        Ok(self.state.lock().unwrap().records.get(key).cloned())
+        if self.flaw != StoreFlaw::NoValidation {
+            palisade_core::validate_record_key(key)?;
+        }
+        Ok(self.records.lock().unwrap().get(key).cloned())
     }
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
-        let state = self.state.lock().unwrap();
-        Ok(state.records.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, r)| (k.clone(), r.clone())).collect())
+        let records = self.records.lock().unwrap();
+        Ok(records.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, r)| (k.clone(), r.clone())).collect())
     }
 }
 
 #[derive(Clone)]
-struct BrokenStoreFactory(Arc<BrokenStore>);
+struct BrokenStoreFactory {
+    flaw: StoreFlaw,
+    watermarks: Watermarks,
+    records: Records,
+}
 
 impl BrokenStoreFactory {
     fn new(flaw: StoreFlaw) -> Self {
-        BrokenStoreFactory(Arc::new(BrokenStore { flaw, state: Mutex::default() }))
+        BrokenStoreFactory { flaw, watermarks: Watermarks::default(), records: Records::default() }
     }
 }
 
@@ -275,7 +332,12 @@ impl BrokenStoreFactory {
 impl FencedStoreFactory for BrokenStoreFactory {
     type Store = BrokenStore;
     async fn client(&self) -> Result<Arc<BrokenStore>> {
-        Ok(Arc::clone(&self.0))
+        let watermarks = if self.flaw == StoreFlaw::WatermarkInClient {
+            Watermarks::default()
+        } else {
+            Arc::clone(&self.watermarks)
+        };
+        Ok(Arc::new(BrokenStore { flaw: self.flaw, watermarks, records: Arc::clone(&self.records) }))
     }
 }
 
@@ -359,40 +421,25 @@ async fn gaps_in_declared_gap_free_fences_fail_monotonicity_and_load() {
 
 #[tokio::test]
 async fn a_store_accepting_lower_fences_fails_the_store_and_pause_scenarios() {
+    store_flaw_fails(
+        StoreFlaw::AcceptsLowerFence,
+        &[
+            ("equal_higher_lower", "below watermark 11 gave None"),
+            ("stale_batches_of_every_shape", "gave None"),
+            ("fence_comparison_matrix", "expected Err(StaleFence"),
+            ("watermark_scope", "accepted fence 9"),
+            ("atomicity", "a stale multi-operation write gave None"),
+        ],
+        &["concurrent_interleaved_fences", "store_race"],
+    )
+    .await;
     let s = BrokenStoreFactory::new(StoreFlaw::AcceptsLowerFence);
-    assert_fails(store::equal_higher_lower(&ctx("equal_higher_lower"), &s).await, "AcceptsLowerFence");
-    assert_fails(
-        store::concurrent_interleaved_fences(&ctx("concurrent_interleaved_fences"), &s).await,
-        "AcceptsLowerFence",
-    );
     let lf = palisade_conformance::memory::MemoryLockFactory::new();
     assert_fails(e2e::paused_holder_in_process(&ctx("paused_holder_in_process"), &lf, &s).await, "AcceptsLowerFence");
     assert_fails(
         e2e::stale_write_before_new_holder_writes(&ctx("stale_write_before_new_holder_writes"), &lf, &s).await,
         "AcceptsLowerFence",
     );
-}
-
-#[tokio::test]
-async fn a_store_applying_partial_batches_fails_atomicity() {
-    let s = BrokenStoreFactory::new(StoreFlaw::PartialBatch);
-    assert_fails(store::atomicity(&ctx("atomicity"), &s).await, "PartialBatch");
-}
-
-#[tokio::test]
-async fn a_store_reporting_rejections_as_success_fails() {
-    let s = BrokenStoreFactory::new(StoreFlaw::SilentRejection);
-    assert_fails(store::equal_higher_lower(&ctx("equal_higher_lower"), &s).await, "SilentRejection");
-    assert_fails(
-        store::concurrent_interleaved_fences(&ctx("concurrent_interleaved_fences"), &s).await,
-        "SilentRejection",
-    );
-}
-
-#[tokio::test]
-async fn a_store_without_validation_fails_bad_input() {
-    let s = BrokenStoreFactory::new(StoreFlaw::NoValidation);
-    assert_fails(store::store_bad_input(&ctx("store_bad_input"), &s).await, "NoValidation");
 }
 
 /// The SQLite file every process of this test binary can open.
@@ -447,12 +494,115 @@ fn a_ttl_that_never_expires_fails_the_sigkill_scenario() {
     );
 }
 
-#[tokio::test]
-async fn a_store_accepting_an_equal_fence_from_any_grant_fails_equal_higher_lower() {
-    let s = BrokenStoreFactory::new(StoreFlaw::AcceptsEqualFromAnyGrant);
-    assert_fails_because(
-        store::equal_higher_lower(&ctx("equal_higher_lower"), &s).await,
-        "AcceptsEqualFromAnyGrant",
-        "from a second grant",
+/// Runs every store scenario against `flaw`: each of `must_fail` must fail with a message
+/// naming its reason, those in `may_fail` may fail as a consequence, every other one must pass
+/// (the flaw breaks one guarantee, and the suite says which).
+async fn store_flaw_fails(flaw: StoreFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
+    macro_rules! scenarios {
+        ($($name:ident),*) => {
+            [$((stringify!($name), store::$name(&ctx(stringify!($name)), &BrokenStoreFactory::new(flaw)).await)),*]
+        };
+    }
+    let outcomes = scenarios!(
+        equal_higher_lower,
+        concurrent_interleaved_fences,
+        atomicity,
+        store_bad_input,
+        stale_batches_of_every_shape,
+        fence_comparison_matrix,
+        watermark_scope,
+        store_race
     );
+    for (name, outcome) in outcomes {
+        if let Some((_, because)) = must_fail.iter().find(|(n, _)| *n == name) {
+            assert_fails_because(outcome, &format!("{flaw:?}"), because);
+        } else if let Err(failure) = outcome
+            && !may_fail.contains(&name)
+        {
+            panic!("{flaw:?} should fail only {must_fail:?} (and maybe {may_fail:?}), but also failed: {failure}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_store_that_checks_then_writes_in_two_steps_fails_the_store_race() {
+    store_flaw_fails(StoreFlaw::CheckThenWrite, &[("store_race", "not one step")], &["concurrent_interleaved_fences"])
+        .await;
+}
+
+#[tokio::test]
+async fn a_store_that_checks_only_puts_fails_stale_batches_of_every_shape() {
+    store_flaw_fails(StoreFlaw::ChecksOnlyPuts, &[("stale_batches_of_every_shape", "Delete-only")], &[]).await;
+}
+
+#[tokio::test]
+async fn a_store_with_one_watermark_fails_watermark_scope() {
+    store_flaw_fails(
+        StoreFlaw::WatermarkPerStore,
+        &[("watermark_scope", "watermarks are per resource"), ("equal_higher_lower", "another resource")],
+        &["fence_comparison_matrix"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_store_keeping_watermarks_in_the_client_fails_watermark_scope() {
+    store_flaw_fails(
+        StoreFlaw::WatermarkInClient,
+        &[("watermark_scope", "a new client")],
+        &["store_race", "concurrent_interleaved_fences"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_store_accepting_fence_zero_fails_the_comparison_matrix() {
+    store_flaw_fails(StoreFlaw::AcceptsZero, &[("fence_comparison_matrix", "fence 0")], &[]).await;
+}
+
+#[tokio::test]
+async fn the_broken_store_without_a_flaw_passes_every_store_scenario() {
+    // The control: each flaw test fails for its flaw, not for the harness.
+    store_flaw_fails(StoreFlaw::None, &[], &[]).await;
+}
+
+#[tokio::test]
+async fn a_store_applying_partial_batches_fails_atomicity() {
+    store_flaw_fails(StoreFlaw::PartialBatch, &[("atomicity", "left a partial write")], &[]).await;
+}
+
+#[tokio::test]
+async fn a_store_reporting_rejections_as_success_fails() {
+    store_flaw_fails(
+        StoreFlaw::SilentRejection,
+        &[
+            ("equal_higher_lower", "below watermark 11 gave None"),
+            ("stale_batches_of_every_shape", "gave None"),
+            ("fence_comparison_matrix", "expected Err(StaleFence"),
+            ("watermark_scope", "accepted fence 9"),
+            ("concurrent_interleaved_fences", "but the log holds"),
+            ("atomicity", "a stale multi-operation write gave None"),
+        ],
+        &["store_race"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_store_without_validation_fails_bad_input() {
+    store_flaw_fails(StoreFlaw::NoValidation, &[("store_bad_input", "expected InvalidKey")], &[]).await;
+}
+
+#[tokio::test]
+async fn a_store_accepting_equal_fences_from_any_grant_fails_the_rule_2_scenarios() {
+    store_flaw_fails(
+        StoreFlaw::AcceptsEqualFromAnyGrant,
+        &[
+            ("equal_higher_lower", "from a second grant"),
+            ("stale_batches_of_every_shape", "DuplicateFence"),
+            ("fence_comparison_matrix", "DuplicateFence"),
+        ],
+        &[],
+    )
+    .await;
 }

@@ -32,7 +32,7 @@ pub trait FencedStore: Send + Sync + 'static {
     ///
     /// Behavior:
     /// - The batch is validated first ([`WriteBatch::validate`]); a fence above
-    ///   [`Fence::MAX_STORABLE`] is [`ErrorKind::InvalidArgument`].
+    ///   [`Fence::MAX_STORABLE`], or 0 (never issued), is [`ErrorKind::InvalidArgument`].
     /// - If the fence is lower than the resource's watermark (the highest fence accepted for
     ///   it), nothing is written and the result is [`ErrorKind::StaleFence`] with the presented
     ///   fence and the watermark.
@@ -316,8 +316,17 @@ pub fn quote_sql_identifier(backend: &'static str, name: &str) -> Result<String>
     Ok(format!("\"{name}\""))
 }
 
-/// Converts a fence for a signed 64-bit column, or explains why a store cannot hold it.
+/// Converts a fence for a signed 64-bit column, or explains why a store cannot take it: above
+/// [`Fence::MAX_STORABLE`], or 0, which no lock service issues (fences start at 1), so a 0 is
+/// an uninitialised fence, never a grant's.
 pub fn storable_fence(backend: &'static str, fence: Fence) -> Result<i64> {
+    if fence.get() == 0 {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            backend,
+            "fence 0 is never issued by a lock service (fences start at 1): an uninitialised fence",
+        ));
+    }
     fence.to_i64().ok_or_else(|| {
         Error::new(
             ErrorKind::InvalidArgument,
