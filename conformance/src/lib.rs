@@ -95,7 +95,8 @@ pub fn test_process_id() -> u32 {
     if is_child_process() { std::os::unix::process::parent_id() } else { std::process::id() }
 }
 
-/// Runs lock scenarios 1–7 in the caller's runtime; stops at the first failure.
+/// Runs the lock scenarios (1–7, stale release and extend, cancellation, FIFO) in the caller's
+/// runtime; stops at the first failure.
 pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Vec<Report>, Failure> {
     let mut reports = Vec::new();
     macro_rules! go {
@@ -110,7 +111,10 @@ pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Ve
         fence_monotonicity,
         progress_gated_renewal,
         wait_and_handoff,
-        bad_input
+        bad_input,
+        stale_release_and_extend_after_takeover,
+        cancelled_acquires_leave_no_residue,
+        fifo_when_declared
     );
     Ok(reports)
 }
@@ -180,7 +184,7 @@ macro_rules! __scenario_call {
     }};
 }
 
-/// Stamps out one `#[test]` per lock service scenario (1–7) in a module
+/// Stamps out one `#[test]` per lock service scenario in a module
 /// (`lock_service_conformance`, or the name given first).
 ///
 /// ```
@@ -206,6 +210,9 @@ macro_rules! lock_service_suite {
             $crate::__scenario_test!(lock, progress_gated_renewal, ($factory));
             $crate::__scenario_test!(lock, wait_and_handoff, ($factory));
             $crate::__scenario_test!(lock, bad_input, ($factory));
+            $crate::__scenario_test!(lock, stale_release_and_extend_after_takeover, ($factory));
+            $crate::__scenario_test!(lock, cancelled_acquires_leave_no_residue, ($factory));
+            $crate::__scenario_test!(lock, fifo_when_declared, ($factory));
         }
     };
 }

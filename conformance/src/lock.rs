@@ -57,15 +57,21 @@ pub async fn mutual_exclusion<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> 
             Ok::<(), palisade_core::Error>(())
         }));
     }
+    let mut results = Vec::new();
     for t in tasks {
-        attempt!(ctx, attempt!(ctx, t.await, "client task panicked"), "a contending client failed");
+        results.push(attempt!(ctx, t.await, "client task panicked"));
     }
+    // Overlaps first: a second holder is the broken guarantee; the errors it causes later
+    // (a release that finds someone else's lock) are its consequences.
     ensure!(
         ctx,
         overlaps.load(Ordering::SeqCst) == 0,
         "{} times a client got the lock while another held it",
         overlaps.load(Ordering::SeqCst)
     );
+    for r in results {
+        attempt!(ctx, r, "a contending client failed");
+    }
     let got = value.load(Ordering::SeqCst);
     ensure!(
         ctx,
@@ -267,7 +273,8 @@ pub async fn progress_gated_renewal<F: LockServiceFactory>(ctx: &Ctx, factory: &
 
 /// **6. Wait and handoff.** `acquire` with a wait timeout gets the lock when the holder
 /// releases it, and fails with `Timeout` (retryable) when the holder keeps it. Handoff latency
-/// (release returned → waiter holds) is reported, not asserted.
+/// (release returned → waiter holds) is reported, and bounded by one TTL (the hold is four): a
+/// waiter that misses its wake-up and waits for the holder's expiry fails.
 pub async fn wait_and_handoff<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
     let ns = Namespace::new();
     let key = key(ctx, &ns, "handoff")?;
@@ -290,7 +297,16 @@ pub async fn wait_and_handoff<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> 
         let released = Instant::now();
         let (lease, got_at) = attempt!(ctx, waiter.await, "waiter task");
         let lease = attempt!(ctx, lease, "the waiter did not get the released lock");
-        handoffs.push(got_at.saturating_duration_since(released));
+        let handoff = got_at.saturating_duration_since(released);
+        // A waiter that is woken, or polls, gets a released lock promptly; one that sleeps
+        // until the holder's TTL would wait out most of the 4 TTLs of this hold.
+        ensure!(
+            ctx,
+            handoff <= timing.ttl,
+            "the waiter got the released lock {handoff:?} after the release, more than one TTL ({:?}): it missed its wake-up",
+            timing.ttl
+        );
+        handoffs.push(handoff);
         attempt!(ctx, lease.release().await, "waiter release");
     }
     handoffs.sort();
@@ -339,5 +355,151 @@ pub async fn bad_input<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome
     );
     let free = attempt!(ctx, svc.try_lock(&key, factory.timing().ttl).await, "try_lock after bad input");
     ensure!(ctx, free.is_some(), "bad input left the key locked");
+    Ok(ctx.report())
+}
+
+/// **Stale release and extend reach the backend** (catalogue C8, C9, C13). The lease refuses
+/// locally once its deadline passed, so this calls the service itself with the old grant:
+/// after another client took the expired lock over, `release` and `extend` of the old grant
+/// are `NotHolder` and the new holder keeps the lock; and an expired grant nobody took over
+/// cannot be extended back to life (`LockService::extend`: "a grant that has expired … gets
+/// `NotHolder` and nothing changes"; `release`: "the current holder (if any) keeps the lock").
+pub async fn stale_release_and_extend_after_takeover<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "stale-ops")?;
+    let timing = factory.timing();
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
+    let (a, b, c) = (client(ctx, factory).await?, client(ctx, factory).await?, client(ctx, factory).await?);
+    let old = attempt!(ctx, a.try_acquire(&key, ttl).await, "try_acquire");
+    let Some(old) = old else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let started = Instant::now();
+    let new = loop {
+        if let Some(g) = attempt!(ctx, b.try_acquire(&key, ttl).await, "takeover try_acquire") {
+            break g;
+        }
+        ensure!(
+            ctx,
+            started.elapsed() <= timing.expiry_bound() + Duration::from_millis(250),
+            "the expired lock was never free"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let kind = a.extend(&old, ttl).await.err().map(|e| e.kind());
+    ensure!(
+        ctx,
+        kind == Some(ErrorKind::NotHolder),
+        "extend of the expired grant after a takeover gave {kind:?}, expected NotHolder"
+    );
+    let kind = a.release(&old).await.err().map(|e| e.kind());
+    ensure!(
+        ctx,
+        kind == Some(ErrorKind::NotHolder),
+        "release of the expired grant after a takeover gave {kind:?}, expected NotHolder"
+    );
+    let stolen = attempt!(ctx, c.try_acquire(&key, ttl).await, "probe");
+    ensure!(ctx, stolen.is_none(), "a stale release or extend freed the new holder's lock");
+    attempt!(ctx, b.extend(&new, ttl).await, "the new holder's extend");
+    attempt!(ctx, b.release(&new).await, "the new holder's release");
+
+    // C13: expired, and nobody took it over.
+    let lonely = attempt!(ctx, a.try_acquire(&key, ttl).await, "try_acquire");
+    let Some(lonely) = lonely else { return Err(ctx.fail("a released key was reported busy")) };
+    tokio::time::sleep(timing.expiry_bound() + Duration::from_millis(50)).await;
+    let kind = a.extend(&lonely, ttl).await.err().map(|e| e.kind());
+    ensure!(
+        ctx,
+        kind == Some(ErrorKind::NotHolder),
+        "extend of a grant that expired with nobody waiting gave {kind:?}, expected NotHolder (an expired lock must not come back to life)"
+    );
+    let free = attempt!(ctx, c.try_acquire(&key, ttl).await, "try_acquire after the refused extend");
+    ensure!(ctx, free.is_some(), "the lock is held after its grant expired and its extend was refused");
+    if let Some(g) = free {
+        attempt!(ctx, c.release(&g).await, "release");
+    }
+    Ok(ctx.report())
+}
+
+/// **Cancelled acquires leave no residue** (catalogue C25, C39). Six waiters for a held lock
+/// are cancelled (their `acquire` futures dropped) at different points of their wait. After the
+/// holder releases, another client gets the lock within TTL + margin and releases it, and a
+/// fresh client then finds it free: no queue entry, session node or reservation of a cancelled
+/// waiter blocks anyone. (`LockService::acquire`: dropping the future gives up the wait.)
+pub async fn cancelled_acquires_leave_no_residue<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "cancel")?;
+    let timing = factory.timing();
+    let long = timing.ttl * 4;
+    let holder = client(ctx, factory).await?;
+    let held = attempt!(ctx, holder.lock(&key, long, patience(timing.ttl)).await, "holder lock");
+    for i in 0..6u64 {
+        let svc = client(ctx, factory).await?;
+        let key = key.clone();
+        let waiter = tokio::spawn(async move { svc.lock(&key, long, patience(long)).await.map(drop) });
+        tokio::time::sleep(Duration::from_millis((i * 7) % 25)).await;
+        waiter.abort();
+        let _ = waiter.await;
+    }
+    attempt!(ctx, held.release().await, "holder release");
+    let released = Instant::now();
+    let next = client(ctx, factory).await?;
+    let bound = timing.expiry_bound() + Duration::from_millis(500);
+    let lease = next.lock(&key, timing.ttl, bound).await;
+    let lease = attempt!(
+        ctx,
+        lease,
+        format!(
+            "the lock after six cancelled waiters and a release (waited up to {bound:?}): a cancelled waiter left residue"
+        )
+    );
+    let took = released.elapsed();
+    attempt!(ctx, lease.release().await, "release");
+    let fresh = client(ctx, factory).await?;
+    let free = attempt!(ctx, fresh.try_lock(&key, timing.ttl).await, "try_lock");
+    ensure!(ctx, free.is_some(), "the lock is busy after everyone released it: a cancelled waiter holds it");
+    if let Some(l) = free {
+        attempt!(ctx, l.release().await, "release");
+    }
+    ctx.note(format!("next holder {:.1} ms after the release", took.as_secs_f64() * 1e3));
+    Ok(ctx.report())
+}
+
+/// **FIFO when declared** (catalogue C28). A service whose capabilities say
+/// `Waiting::NativeFifo` grants waiters in arrival order: four waiters arrive 30 ms apart
+/// behind a holder, and after each release the longest-waiting one gets the lock. A service
+/// that does not declare it passes with a note.
+pub async fn fifo_when_declared<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "fifo")?;
+    let timing = factory.timing();
+    let holder = client(ctx, factory).await?;
+    if holder.capabilities().waiting != palisade_core::Waiting::NativeFifo {
+        ctx.note("FIFO not declared: not checked");
+        return Ok(ctx.report());
+    }
+    let long = timing.ttl * 4;
+    let held = attempt!(ctx, holder.lock(&key, long, patience(timing.ttl)).await, "holder lock");
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..4usize {
+        let svc = client(ctx, factory).await?;
+        let (key, order) = (key.clone(), Arc::clone(&order));
+        waiters.push(tokio::spawn(async move {
+            let lease = svc.lock(&key, long, patience(long)).await?;
+            order.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            lease.release().await
+        }));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    attempt!(ctx, held.release().await, "holder release");
+    for w in waiters {
+        attempt!(ctx, attempt!(ctx, w.await, "waiter task"), "a waiter");
+    }
+    let got = order.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    ensure!(
+        ctx,
+        got == [0, 1, 2, 3],
+        "declared FIFO, but waiters arriving in order 0, 1, 2, 3 got the lock as {got:?}"
+    );
     Ok(ctx.report())
 }

@@ -24,6 +24,8 @@ use tokio::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LockFlaw {
+    /// None: the control, which passes every lock scenario.
+    None,
     /// Grants whether or not the key is held.
     NoExclusion,
     /// Release removes whoever holds the lock, whatever the token.
@@ -38,12 +40,24 @@ enum LockFlaw {
     AcquireNeverWaits,
     /// Fences jump by two while the service declares them gap-free.
     GapsDeclaredGapFree,
+    /// Extend of an expired grant nobody took over brings it back to life.
+    ExtendResurrects,
+    /// A waiter sleeps until the holder's expiry instead of being woken by the release.
+    WakesOnlyAtExpiry,
+    /// A waiter reserves the lock while it waits and only a normal return gives the
+    /// reservation back: a cancelled waiter blocks everyone.
+    CancelLeaksReservation,
+    /// Declares FIFO waiting, but the newest waiter goes first.
+    NewestWaiterFirstDeclaredFifo,
 }
 
 #[derive(Default)]
 struct Slot {
     holder: Option<(OwnerToken, Instant)>,
     last_fence: u64,
+    /// Tickets of the waiters in `acquire`, in arrival order.
+    waiters: Vec<u64>,
+    next_ticket: u64,
 }
 
 struct BrokenLock {
@@ -64,29 +78,17 @@ impl LockService for BrokenLock {
             fence_source: FenceSource::Counter,
             fences_survive_release: true,
             gap_free: true,
+            waiting: if self.flaw == LockFlaw::NewestWaiterFirstDeclaredFifo {
+                palisade_core::Waiting::NativeFifo
+            } else {
+                palisade_core::Waiting::Polling
+            },
             ..Capabilities::default()
         }
     }
 
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
-        let now = Instant::now();
-        let mut slots = self.slots.lock().unwrap();
-        let slot = slots.entry(key.clone()).or_default();
-        let held = slot.holder.is_some_and(|(_, expires)| expires > now);
-        if held && self.flaw != LockFlaw::NoExclusion {
-            return Ok(None);
-        }
-        let expired_takeover = slot.holder.is_some() && !held;
-        slot.last_fence += match self.flaw {
-            LockFlaw::FenceNotIncreasedAfterExpiry if expired_takeover => 0,
-            LockFlaw::GapsDeclaredGapFree => 2,
-            _ => 1,
-        };
-        let token = OwnerToken::generate()?;
-        let expires =
-            if self.flaw == LockFlaw::NeverExpires { now + Duration::from_secs(3600) } else { now + ttl.get() };
-        slot.holder = Some((token, expires));
-        Ok(Some(Grant::new(key.clone(), token, Fence::new(slot.last_fence), ttl, now)))
+        self.attempt(key, ttl, None)
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
@@ -95,22 +97,43 @@ impl LockService for BrokenLock {
         }
         palisade_core::validate_wait(wait)?;
         let give_up = Instant::now() + wait;
-        loop {
-            if let Some(g) = self.try_acquire(key, ttl).await? {
-                return Ok(g);
+        let ticket = {
+            let mut slots = self.slots.lock().unwrap();
+            let slot = slots.entry(key.clone()).or_default();
+            slot.next_ticket += 1;
+            slot.waiters.push(slot.next_ticket);
+            slot.next_ticket
+        };
+        // Correct implementations leave the queue however the wait ends, drop included.
+        let leave =
+            Leave { lock: self, key: key.clone(), ticket, armed: self.flaw != LockFlaw::CancelLeaksReservation };
+        let result = loop {
+            if let Some(g) = self.attempt(key, ttl, Some(ticket))? {
+                break Ok(g);
             }
-            if Instant::now() >= give_up {
-                return Err(palisade_core::timeout_error("broken", key, wait));
+            let now = Instant::now();
+            if now >= give_up {
+                break Err(palisade_core::timeout_error("broken", key, wait));
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+            let mut nap = Duration::from_millis(2);
+            if self.flaw == LockFlaw::WakesOnlyAtExpiry
+                && let Some((_, expires)) = self.slots.lock().unwrap().get(key).and_then(|s| s.holder)
+            {
+                nap = nap.max(expires.saturating_duration_since(now));
+            }
+            tokio::time::sleep(nap.min(give_up - now)).await;
+        };
+        leave.now();
+        result
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         let now = Instant::now();
         let mut slots = self.slots.lock().unwrap();
         match slots.get_mut(grant.key()).and_then(|s| s.holder.as_mut()) {
-            Some((token, expires)) if *token == grant.token() && *expires > now => {
+            Some((token, expires))
+                if *token == grant.token() && (*expires > now || self.flaw == LockFlaw::ExtendResurrects) =>
+            {
                 if self.flaw != LockFlaw::ExtendDoesNothing {
                     *expires = now + ttl.get();
                 }
@@ -133,6 +156,67 @@ impl LockService for BrokenLock {
         } else {
             Err(Error::new(ErrorKind::NotHolder, "broken", "not held"))
         }
+    }
+}
+
+/// Takes a waiter's ticket out of the queue when its `acquire` ends or is dropped.
+struct Leave<'a> {
+    lock: &'a BrokenLock,
+    key: ResourceKey,
+    ticket: u64,
+    armed: bool,
+}
+
+impl Leave<'_> {
+    fn now(mut self) {
+        self.remove();
+        self.armed = false;
+    }
+    fn remove(&self) {
+        if let Some(slot) = self.lock.slots.lock().unwrap().get_mut(&self.key) {
+            slot.waiters.retain(|t| *t != self.ticket);
+        }
+    }
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.remove();
+        }
+    }
+}
+
+impl BrokenLock {
+    /// One attempt; `ticket`: the caller is a waiter in `acquire`. Waiters go in arrival order
+    /// (or newest first, for that flaw), and a plain `try_acquire` defers to waiters.
+    fn attempt(&self, key: &ResourceKey, ttl: Ttl, ticket: Option<u64>) -> Result<Option<Grant<Fenced>>> {
+        let now = Instant::now();
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(key.clone()).or_default();
+        let held = slot.holder.is_some_and(|(_, expires)| expires > now);
+        if held && self.flaw != LockFlaw::NoExclusion {
+            return Ok(None);
+        }
+        let next = if self.flaw == LockFlaw::NewestWaiterFirstDeclaredFifo {
+            slot.waiters.iter().max()
+        } else {
+            slot.waiters.first()
+        };
+        if next.is_some_and(|n| Some(*n) != ticket) && self.flaw != LockFlaw::NoExclusion {
+            return Ok(None);
+        }
+        let expired_takeover = slot.holder.is_some() && !held;
+        slot.last_fence += match self.flaw {
+            LockFlaw::FenceNotIncreasedAfterExpiry if expired_takeover => 0,
+            LockFlaw::GapsDeclaredGapFree => 2,
+            _ => 1,
+        };
+        let token = OwnerToken::generate()?;
+        let expires =
+            if self.flaw == LockFlaw::NeverExpires { now + Duration::from_secs(3600) } else { now + ttl.get() };
+        slot.holder = Some((token, expires));
+        Ok(Some(Grant::new(key.clone(), token, Fence::new(slot.last_fence), ttl, now)))
     }
 }
 
@@ -347,7 +431,8 @@ fn ctx(name: &'static str) -> Ctx {
     Ctx::new(name, "")
 }
 
-/// Like `assert_fails`, and the failure must name `because` (so it failed for the flaw's reason).
+/// The scenario must fail, and its failure must name `because` (so it failed for the flaw's
+/// reason, not for a broken relay, a failed spawn or a harness bug).
 #[track_caller]
 fn assert_fails_because(outcome: Outcome, what: &str, because: &str) {
     match outcome {
@@ -360,63 +445,86 @@ fn assert_fails_because(outcome: Outcome, what: &str, because: &str) {
     }
 }
 
-#[track_caller]
-fn assert_fails(outcome: Outcome, what: &str) {
-    match outcome {
-        Ok(report) => panic!("{what}: scenario `{}` passed against a broken implementation", report.scenario),
-        Err(failure) => println!("{what}: failed as it must: {failure}"),
-    }
-}
-
 #[tokio::test]
 async fn no_exclusion_fails_mutual_exclusion() {
-    let f = BrokenLockFactory::new(LockFlaw::NoExclusion);
-    assert_fails(lock::mutual_exclusion(&ctx("mutual_exclusion"), &f).await, "NoExclusion");
-    assert_fails(lock::owner_only_release_and_extend(&ctx("owner_only_release_and_extend"), &f).await, "NoExclusion");
+    lock_flaw_fails(
+        LockFlaw::NoExclusion,
+        &[
+            ("mutual_exclusion", "while another held it"),
+            ("owner_only_release_and_extend", "the holder lost the lock"),
+            ("progress_gated_renewal", "another client took the lock"),
+            ("stale_release_and_extend_after_takeover", "freed the new holder's lock"),
+        ],
+        &["expiry_and_takeover", "wait_and_handoff", "cancelled_acquires_leave_no_residue", "fifo_when_declared"],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn release_ignoring_the_token_fails_owner_only() {
-    let f = BrokenLockFactory::new(LockFlaw::ReleaseIgnoresToken);
-    assert_fails(
-        lock::owner_only_release_and_extend(&ctx("owner_only_release_and_extend"), &f).await,
-        "ReleaseIgnoresToken",
-    );
+    lock_flaw_fails(
+        LockFlaw::ReleaseIgnoresToken,
+        &[
+            ("owner_only_release_and_extend", "release with a foreign token"),
+            ("stale_release_and_extend_after_takeover", "release of the expired grant after a takeover"),
+            ("expiry_and_takeover", "release by the expired holder"),
+        ],
+        &[],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_ttl_that_never_expires_fails_expiry() {
-    let f = BrokenLockFactory::new(LockFlaw::NeverExpires);
-    assert_fails(lock::expiry_and_takeover(&ctx("expiry_and_takeover"), &f).await, "NeverExpires");
+    lock_flaw_fails(
+        LockFlaw::NeverExpires,
+        &[
+            ("expiry_and_takeover", "nobody could take the lock"),
+            ("stale_release_and_extend_after_takeover", "never free"),
+        ],
+        &["fence_monotonicity"],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_fence_not_increased_after_expiry_fails_monotonicity_and_the_pause() {
+    lock_flaw_fails(
+        LockFlaw::FenceNotIncreasedAfterExpiry,
+        &[("fence_monotonicity", "not strictly increasing"), ("expiry_and_takeover", "not above the expired holder's")],
+        &[],
+    )
+    .await;
     let f = BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry);
-    assert_fails(lock::fence_monotonicity(&ctx("fence_monotonicity"), &f).await, "FenceNotIncreasedAfterExpiry");
-    assert_fails(lock::expiry_and_takeover(&ctx("expiry_and_takeover"), &f).await, "FenceNotIncreasedAfterExpiry");
     let outcome = e2e::paused_holder_in_process(&ctx("paused_holder_in_process"), &f, &MemoryStoreFactory::new()).await;
-    assert_fails(outcome, "FenceNotIncreasedAfterExpiry");
+    assert_fails_because(outcome, "FenceNotIncreasedAfterExpiry", "is not above A's");
 }
 
 #[tokio::test]
 async fn an_extend_that_does_nothing_fails_renewal() {
-    let f = BrokenLockFactory::new(LockFlaw::ExtendDoesNothing);
-    assert_fails(lock::progress_gated_renewal(&ctx("progress_gated_renewal"), &f).await, "ExtendDoesNothing");
+    lock_flaw_fails(
+        LockFlaw::ExtendDoesNothing,
+        &[("progress_gated_renewal", "while its holder was making progress")],
+        &[],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn an_acquire_that_never_waits_fails_handoff_and_bad_input() {
-    let f = BrokenLockFactory::new(LockFlaw::AcquireNeverWaits);
-    assert_fails(lock::wait_and_handoff(&ctx("wait_and_handoff"), &f).await, "AcquireNeverWaits");
-    assert_fails(lock::bad_input(&ctx("bad_input"), &f).await, "AcquireNeverWaits");
+    lock_flaw_fails(
+        LockFlaw::AcquireNeverWaits,
+        &[("wait_and_handoff", "did not get the released lock"), ("bad_input", "zero wait")],
+        &["mutual_exclusion", "fence_monotonicity", "fifo_when_declared", "cancelled_acquires_leave_no_residue"],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn gaps_in_declared_gap_free_fences_fail_monotonicity_and_load() {
+    lock_flaw_fails(LockFlaw::GapsDeclaredGapFree, &[("fence_monotonicity", "declared gap-free")], &[]).await;
     let f = BrokenLockFactory::new(LockFlaw::GapsDeclaredGapFree);
-    assert_fails(lock::fence_monotonicity(&ctx("fence_monotonicity"), &f).await, "GapsDeclaredGapFree");
-    assert_fails(e2e::load(&ctx("load"), &f, &MemoryStoreFactory::new()).await, "GapsDeclaredGapFree");
+    assert_fails_because(e2e::load(&ctx("load"), &f, &MemoryStoreFactory::new()).await, "GapsDeclaredGapFree", "gaps");
 }
 
 #[tokio::test]
@@ -435,10 +543,15 @@ async fn a_store_accepting_lower_fences_fails_the_store_and_pause_scenarios() {
     .await;
     let s = BrokenStoreFactory::new(StoreFlaw::AcceptsLowerFence);
     let lf = palisade_conformance::memory::MemoryLockFactory::new();
-    assert_fails(e2e::paused_holder_in_process(&ctx("paused_holder_in_process"), &lf, &s).await, "AcceptsLowerFence");
-    assert_fails(
+    assert_fails_because(
+        e2e::paused_holder_in_process(&ctx("paused_holder_in_process"), &lf, &s).await,
+        "AcceptsLowerFence",
+        "stale write gave None",
+    );
+    assert_fails_because(
         e2e::stale_write_before_new_holder_writes(&ctx("stale_write_before_new_holder_writes"), &lf, &s).await,
         "AcceptsLowerFence",
+        "A's write after B's gave Ok",
     );
 }
 
@@ -458,7 +571,8 @@ impl FencedStoreFactory for SharedSqlite {
 
 /// Runs a process-level scenario by hand (it re-executes this test) and returns whether it
 /// failed; in the child it just plays the holder.
-fn process_scenario_fails(scenario: &'static str, test: &'static str, lf: BrokenLockFactory) -> bool {
+/// Returns the failure message, or `None` if the scenario passed (or this is the child).
+fn process_scenario_failure(scenario: &'static str, test: &'static str, lf: BrokenLockFactory) -> Option<String> {
     let name = harness::test_name(module_path!(), test);
     let run = std::panic::catch_unwind(move || {
         harness::run(scenario, &name, |ctx| async move {
@@ -468,30 +582,42 @@ fn process_scenario_fails(scenario: &'static str, test: &'static str, lf: Broken
             }
         })
     });
-    run.is_err()
+    let payload = run.err()?;
+    let message = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_string()))
+        .unwrap_or_default();
+    Some(message)
 }
 
 #[test]
 fn a_fence_not_increased_after_expiry_fails_the_sigstop_scenario() {
-    let failed = process_scenario_fails(
+    let failure = process_scenario_failure(
         "paused_holder_process",
         "a_fence_not_increased_after_expiry_fails_the_sigstop_scenario",
         BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
     );
-    assert!(palisade_conformance::is_child_process() || failed, "the SIGSTOP scenario passed against a broken fence");
+    if !palisade_conformance::is_child_process() {
+        let failure = failure.expect("the SIGSTOP scenario passed against a broken fence");
+        assert!(failure.contains("is not above"), "the SIGSTOP scenario failed, but not for the fence: {failure}");
+    }
 }
 
 #[test]
 fn a_ttl_that_never_expires_fails_the_sigkill_scenario() {
-    let failed = process_scenario_fails(
+    let failure = process_scenario_failure(
         "killed_holder",
         "a_ttl_that_never_expires_fails_the_sigkill_scenario",
         BrokenLockFactory::new(LockFlaw::NeverExpires),
     );
-    assert!(
-        palisade_conformance::is_child_process() || failed,
-        "the SIGKILL scenario passed against a lock that never expires"
-    );
+    if !palisade_conformance::is_child_process() {
+        let failure = failure.expect("the SIGKILL scenario passed against a lock that never expires");
+        assert!(
+            failure.contains("was not free within"),
+            "the SIGKILL scenario failed, but not for the expiry: {failure}"
+        );
+    }
 }
 
 /// Runs every store scenario against `flaw`: each of `must_fail` must fail with a message
@@ -605,4 +731,70 @@ async fn a_store_accepting_equal_fences_from_any_grant_fails_the_rule_2_scenario
         &[],
     )
     .await;
+}
+
+/// Runs every in-process lock scenario against `flaw`, like `store_flaw_fails`.
+async fn lock_flaw_fails(flaw: LockFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
+    macro_rules! scenarios {
+        ($($name:ident),*) => {
+            [$((stringify!($name), lock::$name(&ctx(stringify!($name)), &BrokenLockFactory::new(flaw)).await)),*]
+        };
+    }
+    let outcomes = scenarios!(
+        mutual_exclusion,
+        owner_only_release_and_extend,
+        expiry_and_takeover,
+        fence_monotonicity,
+        progress_gated_renewal,
+        wait_and_handoff,
+        bad_input,
+        stale_release_and_extend_after_takeover,
+        cancelled_acquires_leave_no_residue,
+        fifo_when_declared
+    );
+    for (name, outcome) in outcomes {
+        if let Some((_, because)) = must_fail.iter().find(|(n, _)| *n == name) {
+            assert_fails_because(outcome, &format!("{flaw:?}"), because);
+        } else if let Err(failure) = outcome
+            && !may_fail.contains(&name)
+        {
+            panic!("{flaw:?} should fail only {must_fail:?} (and maybe {may_fail:?}), but also failed: {failure}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_broken_lock_without_a_flaw_passes_every_lock_scenario() {
+    lock_flaw_fails(LockFlaw::None, &[], &[]).await;
+}
+
+#[tokio::test]
+async fn an_extend_that_resurrects_an_expired_grant_fails_the_stale_extend_scenario() {
+    lock_flaw_fails(
+        LockFlaw::ExtendResurrects,
+        &[("stale_release_and_extend_after_takeover", "must not come back to life")],
+        &[],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_waiter_that_waits_for_the_expiry_fails_the_handoff_bound() {
+    lock_flaw_fails(
+        LockFlaw::WakesOnlyAtExpiry,
+        &[("wait_and_handoff", "missed its wake-up")],
+        &["fifo_when_declared"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_cancelled_waiter_that_keeps_its_place_fails_the_cancellation_scenario() {
+    lock_flaw_fails(LockFlaw::CancelLeaksReservation, &[("cancelled_acquires_leave_no_residue", "left residue")], &[])
+        .await;
+}
+
+#[tokio::test]
+async fn newest_first_declared_fifo_fails_the_fifo_scenario() {
+    lock_flaw_fails(LockFlaw::NewestWaiterFirstDeclaredFifo, &[("fifo_when_declared", "declared FIFO")], &[]).await;
 }
