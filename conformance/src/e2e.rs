@@ -338,12 +338,19 @@ impl LoadSettings {
     }
 }
 
+/// One hold of the load scenario whose write was accepted: granted at, the last moment its
+/// holder could act, its fence.
+type Hold = (Instant, Instant, u64);
+
 /// **13. Load.** Acquisitions at a target rate across a set of keys with 5–20 ms handlers
 /// (see [`LoadSettings`]; the store factory's [`load`](crate::FencedStoreFactory::load));
-/// every job writes its audit record with its fence, and a job whose
-/// write is refused for a stale fence is redone under a new grant. Every job's record exists
-/// exactly once (no duplicate side effects), no fence is issued twice for a key, and fences are
-/// gap-free where declared. The achieved rate, acquisition latency and redone jobs are
+/// every job reads its key's counter, then writes its audit record and the counter plus one
+/// (checked against what it read) under its fence, and a job whose write is refused (a stale
+/// fence, or the counter moved) is redone under a new grant. Every job's record exists exactly once, each key's counter equals its jobs (no update
+/// lost or applied twice), no two holds of a key whose writes were accepted overlap (each hold
+/// runs from its grant to the last moment its holder could act: the write, or its
+/// `safe_until` if earlier), no fence is issued twice for a key, and fences are gap-free where
+/// declared. The achieved rate, acquisition latency and redone jobs are
 /// reported.
 pub async fn load<L: LockServiceFactory, S: FencedStoreFactory>(ctx: &Ctx, lf: &L, sf: &S) -> Outcome {
     load_with(ctx, lf, sf, sf.load()).await
@@ -368,6 +375,10 @@ pub async fn load_with<L: LockServiceFactory, S: FencedStoreFactory>(
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let rejected = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let expired = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // Per key: (granted, last moment the holder could act, fence) of every hold whose write
+    // was accepted; two that overlap mean two holders at once.
+    let holds: Arc<Mutex<BTreeMap<u64, Vec<Hold>>>> = Arc::default();
+    let mut jobs_per_key: BTreeMap<u64, u64> = BTreeMap::new();
     // Far above handler + write time, so refusals stay rare; they are retried when they happen.
     let lease_ttl = (timing.ttl * 10).max(Duration::from_secs(2));
     let mut interval = tokio::time::interval(Duration::from_secs_f64(1.0 / settings.rate as f64));
@@ -384,26 +395,44 @@ pub async fn load_with<L: LockServiceFactory, S: FencedStoreFactory>(
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let handler = Duration::from_millis(5 + rng % 16);
+        *jobs_per_key.entry(k).or_default() += 1;
         let (ns, fences, latencies) = (ns.clone(), Arc::clone(&fences), Arc::clone(&latencies));
-        let (rejected, expired) = (Arc::clone(&rejected), Arc::clone(&expired));
+        let (rejected, expired, holds) = (Arc::clone(&rejected), Arc::clone(&expired), Arc::clone(&holds));
         tasks.push(tokio::spawn(async move {
             // A job whose holder outlived its lease (a slow store under load) is refused by the
             // fence and redone under a new grant, as a queue would redeliver it.
             for _ in 0..5 {
                 let asked = Instant::now();
                 let lease = svc.lock(&key, lease_ttl, patience(timing.ttl)).await?;
+                let granted = Instant::now();
                 latencies.lock().unwrap_or_else(PoisonError::into_inner).push(asked.elapsed());
                 if let Some(f) = lease.fence_if_any() {
                     fences.lock().unwrap_or_else(PoisonError::into_inner).entry(k).or_default().push(f.get());
                 }
+                // A read-modify-write of the key's counter: an effect two holders at once can
+                // lose (both read n, both write n + 1) unless the store refuses the stale one.
+                let counter = ns.record(&format!("count/{k:04}"));
+                let read = store.read(&counter).await?.map(|r| r.value);
+                let n = read.as_deref().map_or(0, |v| String::from_utf8_lossy(v).parse::<u64>().unwrap_or(0));
                 tokio::time::sleep(handler).await;
-                let batch =
-                    WriteBatch::new().create(ns.record(&format!("audit/{job:08}")), format!("{k}").into_bytes());
+                // The check keeps the read inside the fenced write (rule 3): a holder whose
+                // lease ran out mid-job cannot overwrite its successor's increment.
+                let batch = WriteBatch::new()
+                    .create(ns.record(&format!("audit/{job:08}")), format!("{k}").into_bytes())
+                    .check(counter.clone(), read)
+                    .put(counter, (n + 1).to_string());
                 match write(&*store, &lease, &batch).await {
                     // The fence made the write safe even if the lease ran out during it (a
                     // store stalled by the disk); then the release finds the lock gone, which
                     // is harmless and counted, not a failure.
                     Ok(()) => {
+                        let acted_until = Instant::now().min(lease.safe_until());
+                        let fence = lease.fence_if_any().map_or(0, |f| f.get());
+                        holds.lock().unwrap_or_else(PoisonError::into_inner).entry(k).or_default().push((
+                            granted,
+                            acted_until,
+                            fence,
+                        ));
                         return match lease.release().await {
                             Err(e) if matches!(e.kind(), ErrorKind::NotHolder | ErrorKind::LeaseLost) => {
                                 expired.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -412,7 +441,8 @@ pub async fn load_with<L: LockServiceFactory, S: FencedStoreFactory>(
                             other => other,
                         };
                     }
-                    Err(e) if e.stale_fence_details().is_some() => {
+                    // Stale, or the counter moved under a successor: redo under a new grant.
+                    Err(e) if e.stale_fence_details().is_some() || e.kind() == ErrorKind::Conflict => {
                         rejected.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
                     Err(e) => return Err(e),
@@ -437,6 +467,28 @@ pub async fn load_with<L: LockServiceFactory, S: FencedStoreFactory>(
     ensure!(ctx, failures == 0, "{failures} of {jobs} jobs failed; first: {}", first_error.unwrap_or_default());
     let audit = attempt!(ctx, clients[0].1.list(&ns.record("audit/")).await, "list");
     ensure!(ctx, audit.len() as u64 == jobs, "{} audit records for {jobs} jobs", audit.len());
+    let holds = holds.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    for (k, mut hs) in holds {
+        hs.sort_by_key(|h| h.0);
+        for pair in hs.windows(2) {
+            let ((_, a_until, a_fence), (b_granted, _, b_fence)) = (pair[0], pair[1]);
+            ensure!(
+                ctx,
+                b_granted >= a_until,
+                "key load-{k}: two holders at once, both writes accepted: fence {b_fence} was granted {:?} before the holder of fence {a_fence} stopped acting",
+                a_until.saturating_duration_since(b_granted)
+            );
+        }
+    }
+    for (k, expected) in &jobs_per_key {
+        let counter = attempt!(ctx, clients[0].1.read(&ns.record(&format!("count/{k:04}"))).await, "read");
+        let got = counter.map_or(0, |r| String::from_utf8_lossy(&r.value).parse::<u64>().unwrap_or(0));
+        ensure!(
+            ctx,
+            got == *expected,
+            "key load-{k}: the counter says {got} after {expected} jobs: an update was lost or applied twice"
+        );
+    }
     let fences = fences.lock().unwrap_or_else(PoisonError::into_inner).clone();
     for (k, mut fs) in fences {
         let issued = fs.len();

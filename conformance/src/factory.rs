@@ -61,6 +61,20 @@ pub trait LockServiceFactory: Send + Sync + 'static {
     fn process_access(&self) -> ProcessAccess {
         ProcessAccess::Direct
     }
+
+    /// Deletes `key`'s lock on the server behind its holder's back (what an operator, an
+    /// eviction or a failover can do), so the suite can check that the holder learns of the
+    /// loss from the backend, not from its own clock. Default: [`ErrorKind::Unsupported`]
+    /// (the scenario that needs it then says so in its report).
+    ///
+    /// [`ErrorKind::Unsupported`]: palisade_core::ErrorKind::Unsupported
+    async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
+        Err(palisade_core::Error::new(
+            palisade_core::ErrorKind::Unsupported,
+            "conformance",
+            format!("this factory cannot break the lock of {key} on the server"),
+        ))
+    }
 }
 
 /// Hands out independent clients of one fenced store.

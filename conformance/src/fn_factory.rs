@@ -1,18 +1,23 @@
 //! Factories from closures, so a backend's test needs no factory type of its own.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use palisade_core::{FencedStore, LockService, Result};
+use palisade_core::{FencedStore, LockService, ResourceKey, Result};
 
 use crate::{FencedStoreFactory, LoadSettings, LockServiceFactory, ProcessAccess, Timing};
+
+/// What [`FnLockFactory::with_break_lock`] calls.
+type BreakLock = Arc<dyn Fn(ResourceKey) -> Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send + Sync>;
 
 /// A [`LockServiceFactory`] that calls a closure for each client.
 pub struct FnLockFactory<F> {
     make: F,
     timing: Timing,
     access: ProcessAccess,
+    break_lock: Option<BreakLock>,
 }
 
 /// A lock service factory from `make` (called once per client), reached directly by child
@@ -37,13 +42,24 @@ where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Arc<S>>> + Send,
 {
-    FnLockFactory { make, timing, access: ProcessAccess::Direct }
+    FnLockFactory { make, timing, access: ProcessAccess::Direct, break_lock: None }
 }
 
 impl<F> FnLockFactory<F> {
     /// Child processes reach the service through the relay (for in-process services).
     pub fn via_relay(mut self) -> Self {
         self.access = ProcessAccess::Relay;
+        self
+    }
+
+    /// How to delete a key's lock on the server behind its holder's back (see
+    /// [`LockServiceFactory::break_lock`]).
+    pub fn with_break_lock<B, BFut>(mut self, break_lock: B) -> Self
+    where
+        B: Fn(ResourceKey) -> BFut + Send + Sync + 'static,
+        BFut: Future<Output = Result<()>> + Send + 'static,
+    {
+        self.break_lock = Some(Arc::new(move |key| Box::pin(break_lock(key))));
         self
     }
 }
@@ -64,6 +80,16 @@ where
     }
     fn process_access(&self) -> ProcessAccess {
         self.access
+    }
+    async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
+        match &self.break_lock {
+            Some(b) => b(key.clone()).await,
+            None => Err(palisade_core::Error::new(
+                palisade_core::ErrorKind::Unsupported,
+                "conformance",
+                format!("this factory cannot break the lock of {key} on the server"),
+            )),
+        }
     }
 }
 

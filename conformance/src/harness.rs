@@ -39,8 +39,8 @@ impl std::error::Error for Failure {}
 /// A scenario's result.
 pub type Outcome = Result<Report, Failure>;
 
-/// Fails the scenario with a formatted message unless the condition holds.
-#[macro_export]
+/// Fails the scenario with a formatted message unless the condition holds. (Crate-private:
+/// it stays out of the namespace of the backend authors who use this crate.)
 macro_rules! ensure {
     ($ctx:expr, $cond:expr, $($msg:tt)+) => {
         if !$cond {
@@ -50,7 +50,6 @@ macro_rules! ensure {
 }
 
 /// Unwraps a `Result`, failing the scenario with context on `Err`.
-#[macro_export]
 macro_rules! attempt {
     ($ctx:expr, $result:expr, $what:expr) => {
         match $result {
@@ -59,6 +58,8 @@ macro_rules! attempt {
         }
     };
 }
+
+pub(crate) use {attempt, ensure};
 
 /// What a scenario knows about the run it is part of.
 pub struct Ctx {

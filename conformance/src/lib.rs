@@ -81,6 +81,7 @@ pub use e2e::LoadSettings;
 pub use factory::{FencedStoreFactory, LockServiceFactory, Namespace, ProcessAccess, Timing};
 pub use fn_factory::{FnLockFactory, FnStoreFactory, lock_factory, store_factory};
 pub use harness::{Ctx, Failure, Outcome, Report, require_env};
+use harness::{attempt, ensure};
 
 /// Whether this process is the holder child of a process-level scenario (tests that run such a
 /// scenario by hand use it to skip their own assertions in the child).
@@ -114,7 +115,9 @@ pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Ve
         bad_input,
         stale_release_and_extend_after_takeover,
         cancelled_acquires_leave_no_residue,
-        fifo_when_declared
+        fifo_when_declared,
+        declared_timing_is_explained,
+        lost_signal_from_the_backend
     );
     Ok(reports)
 }
@@ -213,6 +216,8 @@ macro_rules! lock_service_suite {
             $crate::__scenario_test!(lock, stale_release_and_extend_after_takeover, ($factory));
             $crate::__scenario_test!(lock, cancelled_acquires_leave_no_residue, ($factory));
             $crate::__scenario_test!(lock, fifo_when_declared, ($factory));
+            $crate::__scenario_test!(lock, declared_timing_is_explained, ($factory));
+            $crate::__scenario_test!(lock, lost_signal_from_the_backend, ($factory));
         }
     };
 }

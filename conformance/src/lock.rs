@@ -503,3 +503,91 @@ pub async fn fifo_when_declared<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -
     );
     Ok(ctx.report())
 }
+
+/// **Declared timing is explained.** The factory's expiry margin (how long after a TTL the
+/// scenarios wait for a stopped holder's lock to come free) must be explained by the service's
+/// declared [`Capabilities::expiry_delay`](palisade_core::Capabilities::expiry_delay), plus at
+/// most `max(TTL, 1 s)` for round trips and expiry resolution. A larger margin would weaken
+/// every expiry bound of the suite without anyone noticing.
+pub async fn declared_timing_is_explained<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let timing = factory.timing();
+    let caps = client(ctx, factory).await?.capabilities();
+    let slack = timing.ttl.max(Duration::from_secs(1));
+    ensure!(
+        ctx,
+        timing.expiry_margin <= caps.expiry_delay + slack,
+        "the expiry margin {:?} is not explained: the service declares an expiry delay of {:?}, and at most {slack:?} more is allowed for round trips",
+        timing.expiry_margin,
+        caps.expiry_delay
+    );
+    ctx.note(format!(
+        "margin {} ms = declared expiry delay {} ms + {} ms",
+        timing.expiry_margin.as_millis(),
+        caps.expiry_delay.as_millis(),
+        timing.expiry_margin.saturating_sub(caps.expiry_delay).as_millis()
+    ));
+    Ok(ctx.report())
+}
+
+/// **The lost signal comes from the backend** (catalogue C23). A holder renewing on progress
+/// (a long TTL, renewed every third of it) has its lock deleted on the server behind its back
+/// ([`LockServiceFactory::break_lock`]): its lost signal must fire within two thirds of the
+/// granted TTL, before the local deadline, so it was the backend that reported the loss (an extend that finds the lock gone is `NotHolder`), not the lease's own clock. A
+/// lost signal subscribed after the loss fires at once, and a cleanly released lease's lost
+/// signal never fires. A factory without the hook passes with a note.
+pub async fn lost_signal_from_the_backend<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "lost-signal")?;
+    let timing = factory.timing();
+    let svc = client(ctx, factory).await?;
+    let long = timing.ttl * 6;
+
+    let clean = attempt!(ctx, svc.lock(&key, long, patience(timing.ttl)).await, "lock");
+    let clean_lost = clean.lost();
+    attempt!(ctx, clean.release().await, "release");
+    let fired = tokio::time::timeout(timing.ttl, clean_lost).await.is_ok();
+    ensure!(ctx, !fired, "the lost signal fired after a clean release");
+
+    let lease = attempt!(ctx, svc.lock(&key, long, patience(timing.ttl)).await, "lock");
+    let progress = palisade_core::Progress::new();
+    let _renewal = lease.renew_on_progress(&progress);
+    match factory.break_lock(&key).await {
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            ctx.note("the factory cannot break a lock on the server: loss from the backend not checked");
+            let _ = lease.release().await;
+            return Ok(ctx.report());
+        }
+        other => attempt!(ctx, other, "break_lock"),
+    }
+    let broken = Instant::now();
+    // Renewal runs every third of the granted TTL (a session-based backend may cap it below
+    // `long`): the loss must be known by two thirds, while the local deadline is at the full TTL.
+    let granted = lease.ttl().get();
+    let bound = granted * 2 / 3;
+    let ticking = {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            loop {
+                progress.tick();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let fired = tokio::time::timeout(bound, lease.lost()).await.is_ok();
+    ticking.abort();
+    ensure!(
+        ctx,
+        fired,
+        "the lock was deleted on the server, but the holder's lost signal had not fired {bound:?} later (renewal every {:?}; the local deadline is at {granted:?})",
+        granted / 3
+    );
+    let took = broken.elapsed();
+    let again = tokio::time::timeout(Duration::from_millis(20), lease.lost()).await.is_ok();
+    ensure!(ctx, again, "a lost signal subscribed after the loss did not fire at once");
+    ctx.note(format!(
+        "lost {:.0} ms after the server-side delete (local deadline {} ms)",
+        took.as_secs_f64() * 1e3,
+        granted.as_millis()
+    ));
+    Ok(ctx.report())
+}

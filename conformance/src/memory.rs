@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::{MemoryFencedStore, MemoryLockService, Result};
+use palisade_core::{MemoryFencedStore, MemoryLockService, ResourceKey, Result};
 
 use crate::{FencedStoreFactory, LockServiceFactory, ProcessAccess, Timing};
 
@@ -35,6 +35,11 @@ impl LockServiceFactory for MemoryLockFactory {
 
     fn process_access(&self) -> ProcessAccess {
         ProcessAccess::Relay
+    }
+
+    async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
+        self.service.break_lock(key);
+        Ok(())
     }
 }
 

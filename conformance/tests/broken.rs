@@ -49,6 +49,11 @@ enum LockFlaw {
     CancelLeaksReservation,
     /// Declares FIFO waiting, but the newest waiter goes first.
     NewestWaiterFirstDeclaredFifo,
+    /// Correct, but its test factory declares a 5 s expiry margin nothing explains.
+    UnexplainedMargin,
+    /// Extend re-creates a lock that is gone (`SET … PX` instead of a compare), so a holder
+    /// whose lock was deleted is never told (bug class 13).
+    ExtendRecreates,
 }
 
 #[derive(Default)]
@@ -130,6 +135,13 @@ impl LockService for BrokenLock {
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         let now = Instant::now();
         let mut slots = self.slots.lock().unwrap();
+        if self.flaw == LockFlaw::ExtendRecreates
+            && let Some(slot) = slots.get_mut(grant.key())
+            && slot.holder.is_none()
+        {
+            slot.holder = Some((grant.token(), now + ttl.get()));
+            return Ok(ttl);
+        }
         match slots.get_mut(grant.key()).and_then(|s| s.holder.as_mut()) {
             Some((token, expires))
                 if *token == grant.token() && (*expires > now || self.flaw == LockFlaw::ExtendResurrects) =>
@@ -236,10 +248,17 @@ impl LockServiceFactory for BrokenLockFactory {
         Ok(Arc::clone(&self.0))
     }
     fn timing(&self) -> Timing {
-        Timing::new(Duration::from_millis(200), Duration::from_millis(50))
+        let margin = if self.0.flaw == LockFlaw::UnexplainedMargin { 5000 } else { 50 };
+        Timing::new(Duration::from_millis(200), Duration::from_millis(margin))
     }
     fn process_access(&self) -> ProcessAccess {
         ProcessAccess::Relay
+    }
+    async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
+        if let Some(slot) = self.0.slots.lock().unwrap().get_mut(key) {
+            slot.holder = None;
+        }
+        Ok(())
     }
 }
 
@@ -750,7 +769,9 @@ async fn lock_flaw_fails(flaw: LockFlaw, must_fail: &[(&str, &str)], may_fail: &
         bad_input,
         stale_release_and_extend_after_takeover,
         cancelled_acquires_leave_no_residue,
-        fifo_when_declared
+        fifo_when_declared,
+        declared_timing_is_explained,
+        lost_signal_from_the_backend
     );
     for (name, outcome) in outcomes {
         if let Some((_, because)) = must_fail.iter().find(|(n, _)| *n == name) {
@@ -797,4 +818,19 @@ async fn a_cancelled_waiter_that_keeps_its_place_fails_the_cancellation_scenario
 #[tokio::test]
 async fn newest_first_declared_fifo_fails_the_fifo_scenario() {
     lock_flaw_fails(LockFlaw::NewestWaiterFirstDeclaredFifo, &[("fifo_when_declared", "declared FIFO")], &[]).await;
+}
+
+#[tokio::test]
+async fn an_unexplained_expiry_margin_fails_the_timing_check() {
+    lock_flaw_fails(LockFlaw::UnexplainedMargin, &[("declared_timing_is_explained", "is not explained")], &[]).await;
+}
+
+#[tokio::test]
+async fn an_extend_that_recreates_a_deleted_lock_fails_the_lost_signal_scenario() {
+    lock_flaw_fails(
+        LockFlaw::ExtendRecreates,
+        &[("lost_signal_from_the_backend", "had not fired"), ("owner_only_release_and_extend", "extend after release")],
+        &[],
+    )
+    .await;
 }

@@ -57,6 +57,11 @@ pub struct Capabilities {
     pub gap_free: bool,
     /// How waiting works. Default: [`Waiting::Polling`].
     pub waiting: Waiting,
+    /// How long beyond a grant's TTL the service may keep the lock of a holder that stopped
+    /// (crashed, froze): the session timeout where locks live in a session (etcd, ZooKeeper),
+    /// zero where the server expires the lock at its TTL. The conformance suite refuses a test
+    /// timing whose expiry margin this does not explain. Default: zero.
+    pub expiry_delay: std::time::Duration,
 }
 
 impl Capabilities {

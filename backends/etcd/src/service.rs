@@ -355,6 +355,8 @@ impl LockService for EtcdLockService {
             fences_survive_restart: true,
             gap_free: false,
             waiting: Waiting::NativeFifo,
+            // A stopped holder's key lives on its session lease until the lease expires.
+            expiry_delay: self.inner.config.session_ttl,
         }
     }
 

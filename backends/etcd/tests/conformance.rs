@@ -13,14 +13,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_core::{Error, ErrorKind};
 use palisade_etcd::{EtcdConfig, EtcdLockService};
 use palisade_sqlite::SqliteStore;
 
 fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
     let url = format!("{}?session_ttl_s=3", require_env("PALISADE_ETCD_URL"));
+    let raw = url.clone();
     lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(3500)), move || {
         let config = EtcdConfig::from_url(&url);
         async move { Ok(Arc::new(EtcdLockService::connect_with(config?).await?)) }
+    })
+    // An operator deleting the resource's keys (holder and waiters) with etcdctl.
+    .with_break_lock(move |key| {
+        let config = EtcdConfig::from_url(&raw);
+        async move {
+            let config = config?;
+            let fail = |e: etcd_client::Error| Error::new(ErrorKind::Backend, "test", format!("raw delete: {e}"));
+            let endpoints: Vec<String> = config.endpoints.iter().map(|e| format!("http://{e}")).collect();
+            let mut client = etcd_client::Client::connect(endpoints, None).await.map_err(fail)?;
+            let prefix = format!("{}{}/", config.key_prefix, key.lock_key());
+            client.delete(prefix, Some(etcd_client::DeleteOptions::new().with_prefix())).await.map_err(fail)?;
+            Ok(())
+        }
     })
 }
 

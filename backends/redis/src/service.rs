@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use palisade_core::{
     AttemptOutcome, Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken,
-    ResourceKey, Result, Ttl, Waiting, wait_for_release,
+    ResourceKey, Result, Ttl, Waiting, validate_wait, wait_for_release,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
@@ -21,6 +21,9 @@ pub(crate) const BACKEND: &str = "redis";
 
 /// The longest a waiter sleeps between attempts when no release notification arrives.
 const MAX_WAIT_STEP: Duration = Duration::from_millis(250);
+/// How long a waiter waits for the release subscription to go live before it waits anyway
+/// (and polls every `MAX_WAIT_STEP`).
+const SUBSCRIBE_WAIT: Duration = Duration::from_secs(1);
 
 /// A lock service on one Redis server (or a Redis Cluster's primary for the key's slot).
 ///
@@ -134,6 +137,7 @@ impl LockService for RedisLockService {
             fences_survive_restart: false,
             gap_free: true,
             waiting: Waiting::Native,
+            ..Capabilities::default()
         }
     }
 
@@ -145,8 +149,22 @@ impl LockService for RedisLockService {
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        validate_wait(wait)?;
+        let give_up = Instant::now() + wait;
+        if let AttemptOutcome::Granted(grant) = self.attempt(key, ttl).await? {
+            return Ok(grant);
+        }
+        // Held: wait on the release notifications only once they are live, or a release in
+        // the meantime goes unheard until the next poll (a conformance test caught 250 ms).
+        self.waiters.ready(wait.min(SUBSCRIBE_WAIT)).await;
+        let left = give_up.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(palisade_core::timeout_error(BACKEND, key, wait));
+        }
         let released = || self.waiters.watch(&Waiters::channel(&key.lock_key()));
-        wait_for_release(BACKEND, key, wait, released, Some(MAX_WAIT_STEP), || self.attempt(key, ttl)).await
+        wait_for_release(BACKEND, key, left, released, Some(MAX_WAIT_STEP), || self.attempt(key, ttl)).await.map_err(
+            |e| if e.kind() == ErrorKind::Timeout { palisade_core::timeout_error(BACKEND, key, wait) } else { e },
+        )
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {

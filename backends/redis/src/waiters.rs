@@ -8,8 +8,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
+use std::time::Duration;
+
 use futures_util::StreamExt;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
@@ -20,7 +22,8 @@ type Registry = Arc<Mutex<HashMap<String, Weak<Notify>>>>;
 pub(crate) struct Waiters {
     client: redis::Client,
     registry: Registry,
-    listener: Mutex<Option<JoinHandle<()>>>,
+    /// The listener task, and whether its subscription is live.
+    listener: Mutex<Option<(JoinHandle<()>, watch::Receiver<bool>)>>,
 }
 
 impl Waiters {
@@ -30,6 +33,15 @@ impl Waiters {
 
     pub(crate) fn channel(lock_key: &str) -> String {
         format!("palisade:released:{lock_key}")
+    }
+
+    /// Waits (up to `limit`) until the subscription is live, starting it if it is not running.
+    ///
+    /// A waiter that relies on a subscription still being set up (a TLS handshake, then
+    /// `PSUBSCRIBE`) misses a release published meanwhile and only finds out at its next poll.
+    pub(crate) async fn ready(&self, limit: Duration) {
+        let mut live = self.ensure_listener();
+        let _ = tokio::time::timeout(limit, live.wait_for(|live| *live)).await;
     }
 
     /// The notifier for `channel`, starting the subscription if it is not running.
@@ -47,13 +59,17 @@ impl Waiters {
         notify
     }
 
-    fn ensure_listener(&self) {
+    /// Starts the listener if it is not running; returns whether its subscription is live.
+    fn ensure_listener(&self) -> watch::Receiver<bool> {
         let mut listener = self.listener.lock().unwrap_or_else(PoisonError::into_inner);
-        if listener.as_ref().is_some_and(|t| !t.is_finished()) {
-            return;
+        if let Some((task, live)) = listener.as_ref()
+            && !task.is_finished()
+        {
+            return live.clone();
         }
         let (client, registry) = (self.client.clone(), Arc::clone(&self.registry));
-        *listener = Some(tokio::spawn(async move {
+        let (live_tx, live) = watch::channel(false);
+        let task = tokio::spawn(async move {
             let mut pubsub = match client.get_async_pubsub().await {
                 Ok(p) => p,
                 Err(e) => return debug!(error = %e, "release notifications unavailable; waiters poll"),
@@ -61,6 +77,7 @@ impl Waiters {
             if let Err(e) = pubsub.psubscribe(PATTERN).await {
                 return debug!(error = %e, "release subscription failed; waiters poll");
             }
+            live_tx.send_replace(true);
             let mut messages = pubsub.into_on_message();
             while let Some(msg) = messages.next().await {
                 let waiters = registry
@@ -72,14 +89,17 @@ impl Waiters {
                     notify.notify_waiters();
                 }
             }
+            live_tx.send_replace(false);
             debug!("release subscription closed; it restarts with the next waiter");
-        }));
+        });
+        *listener = Some((task, live.clone()));
+        live
     }
 }
 
 impl Drop for Waiters {
     fn drop(&mut self) {
-        if let Some(task) = self.listener.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some((task, _)) = self.listener.lock().unwrap_or_else(PoisonError::into_inner).take() {
             task.abort();
         }
     }

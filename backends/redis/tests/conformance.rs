@@ -7,15 +7,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_core::{Error, ErrorKind};
 use palisade_redis::RedisLockService;
 use palisade_sqlite::SqliteStore;
 
 /// Each client is its own connection, as a separate process would have.
 fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
     let url = require_env("PALISADE_REDIS_URL");
+    let raw = url.clone();
     lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
         let url = url.clone();
         async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
+    })
+    .with_break_lock(move |key| {
+        let url = raw.clone();
+        async move {
+            let fail = |e: redis::RedisError| Error::new(ErrorKind::Backend, "test", format!("raw DEL: {e}"));
+            let client = redis::Client::open(url.as_str()).map_err(fail)?;
+            let mut conn = client.get_multiplexed_async_connection().await.map_err(fail)?;
+            let _: i64 = redis::cmd("DEL").arg(key.lock_key()).query_async(&mut conn).await.map_err(fail)?;
+            Ok(())
+        }
     })
 }
 

@@ -491,6 +491,8 @@ impl LockService for ZkLockService {
             fences_survive_restart: true,
             gap_free: false,
             waiting: Waiting::NativeFifo,
+            // A stopped holder's node lives until the ensemble expires its session.
+            expiry_delay: self.inner.config.session_timeout,
         }
     }
 

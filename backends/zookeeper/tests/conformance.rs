@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_core::{Error, ErrorKind};
 use palisade_core::{LockService, LockServiceExt, ResourceKey, Ttl};
 use palisade_sqlite::SqliteStore;
 use palisade_zookeeper::{ZkConfig, ZkLockService};
@@ -21,9 +22,25 @@ fn url() -> String {
 
 fn zookeeper() -> impl LockServiceFactory<Service = ZkLockService> {
     let url = url();
+    let raw = url.clone();
     lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(4000)), move || {
         let config = ZkConfig::from_url(&url);
         async move { Ok(Arc::new(ZkLockService::connect_with(config?).await?)) }
+    })
+    // An operator deleting the resource's contender nodes with zkCli.
+    .with_break_lock(move |key| {
+        let config = ZkConfig::from_url(&raw);
+        async move {
+            let config = config?;
+            let fail = |e: zookeeper_client::Error| Error::new(ErrorKind::Backend, "test", format!("raw delete: {e}"));
+            let cluster = format!("{}{}", config.servers.join(","), config.chroot.as_deref().unwrap_or(""));
+            let client = zookeeper_client::Client::connector().connect(&cluster).await.map_err(fail)?;
+            let parent = format!("{}/{}/{}", config.root, key.domain(), key.id());
+            for child in client.list_children(&parent).await.map_err(fail)? {
+                client.delete(&format!("{parent}/{child}"), None).await.map_err(fail)?;
+            }
+            Ok(())
+        }
     })
 }
 

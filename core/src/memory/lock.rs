@@ -58,6 +58,16 @@ impl MemoryLockService {
         }
     }
 
+    /// Drops `key`'s holder, as an operator deleting the lock would: the holder is not told,
+    /// and its next extend finds the lock gone (for lost-signal tests).
+    pub fn break_lock(&self, key: &ResourceKey) {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = slots.get_mut(key) {
+            slot.holder = None;
+            slot.released.notify_waiters();
+        }
+    }
+
     /// Moves `key`'s counter back so the next grant gets `last + 1`, as a failover to a lagging
     /// replica or an `appendfsync everysec` crash would: the counter loses its tail, and fences
     /// already issued are issued again (for fence-regression tests).
@@ -124,6 +134,7 @@ impl LockService for MemoryLockService {
             fences_survive_restart: false,
             gap_free: true,
             waiting: Waiting::Native,
+            ..Capabilities::default()
         }
     }
 

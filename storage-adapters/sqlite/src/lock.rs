@@ -141,6 +141,7 @@ impl LockService for SqliteLockService {
             fences_survive_restart: true,
             gap_free: true,
             waiting: Waiting::Polling,
+            ..Capabilities::default()
         }
     }
 

@@ -30,6 +30,16 @@ fn sqlite_locks() -> impl LockServiceFactory<Service = SqliteLockService> {
     lock_factory(Timing::new(Duration::from_millis(300), Duration::from_millis(300)), || async {
         Ok(Arc::new(SqliteLockService::connect(&url()).await?))
     })
+    // An operator clearing the lock by hand (the row and its fence counter stay).
+    .with_break_lock(|key| async move {
+        let store = SqliteStore::connect(&url()).await?;
+        sqlx::query("UPDATE palisade_locks SET owner = NULL, expires_at_ms = 0 WHERE resource = ?1")
+            .bind(key.to_string())
+            .execute(store.pool())
+            .await
+            .map_err(palisade_sqlite::map_err)?;
+        Ok(())
+    })
 }
 
 palisade_conformance::fenced_store_suite!(sqlite());
