@@ -590,6 +590,27 @@ impl FencedStoreFactory for SharedSqlite {
 
 /// Runs a process-level scenario by hand (it re-executes this test) and returns whether it
 /// failed; in the child it just plays the holder.
+/// Each of `must_fail` must have failed with a message naming its reason, those in `may_fail`
+/// may have failed as a consequence, every other scenario must have passed: the flaw breaks one
+/// guarantee, and the suite says which.
+#[track_caller]
+fn judge(
+    flaw: &str,
+    outcomes: impl IntoIterator<Item = (&'static str, Outcome)>,
+    must_fail: &[(&str, &str)],
+    may_fail: &[&str],
+) {
+    for (name, outcome) in outcomes {
+        if let Some((_, because)) = must_fail.iter().find(|(n, _)| *n == name) {
+            assert_fails_because(outcome, flaw, because);
+        } else if let Err(failure) = outcome
+            && !may_fail.contains(&name)
+        {
+            panic!("{flaw} should fail only {must_fail:?} (and maybe {may_fail:?}), but also failed: {failure}");
+        }
+    }
+}
+
 /// Returns the failure message, or `None` if the scenario passed (or this is the child).
 fn process_scenario_failure(scenario: &'static str, test: &'static str, lf: BrokenLockFactory) -> Option<String> {
     let name = harness::test_name(module_path!(), test);
@@ -639,9 +660,7 @@ fn a_ttl_that_never_expires_fails_the_sigkill_scenario() {
     }
 }
 
-/// Runs every store scenario against `flaw`: each of `must_fail` must fail with a message
-/// naming its reason, those in `may_fail` may fail as a consequence, every other one must pass
-/// (the flaw breaks one guarantee, and the suite says which).
+/// Runs every store scenario against `flaw`, each on a fresh broken store, and [`judge`]s them.
 async fn store_flaw_fails(flaw: StoreFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
     macro_rules! scenarios {
         ($($name:ident),*) => {
@@ -658,15 +677,7 @@ async fn store_flaw_fails(flaw: StoreFlaw, must_fail: &[(&str, &str)], may_fail:
         watermark_scope,
         store_race
     );
-    for (name, outcome) in outcomes {
-        if let Some((_, because)) = must_fail.iter().find(|(n, _)| *n == name) {
-            assert_fails_because(outcome, &format!("{flaw:?}"), because);
-        } else if let Err(failure) = outcome
-            && !may_fail.contains(&name)
-        {
-            panic!("{flaw:?} should fail only {must_fail:?} (and maybe {may_fail:?}), but also failed: {failure}");
-        }
-    }
+    judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
 }
 
 #[tokio::test]
@@ -752,7 +763,8 @@ async fn a_store_accepting_equal_fences_from_any_grant_fails_the_rule_2_scenario
     .await;
 }
 
-/// Runs every in-process lock scenario against `flaw`, like `store_flaw_fails`.
+/// Runs every in-process lock scenario against `flaw`, each on a fresh broken service, and
+/// [`judge`]s them.
 async fn lock_flaw_fails(flaw: LockFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
     macro_rules! scenarios {
         ($($name:ident),*) => {
@@ -773,15 +785,7 @@ async fn lock_flaw_fails(flaw: LockFlaw, must_fail: &[(&str, &str)], may_fail: &
         declared_timing_is_explained,
         lost_signal_from_the_backend
     );
-    for (name, outcome) in outcomes {
-        if let Some((_, because)) = must_fail.iter().find(|(n, _)| *n == name) {
-            assert_fails_because(outcome, &format!("{flaw:?}"), because);
-        } else if let Err(failure) = outcome
-            && !may_fail.contains(&name)
-        {
-            panic!("{flaw:?} should fail only {must_fail:?} (and maybe {may_fail:?}), but also failed: {failure}");
-        }
-    }
+    judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
 }
 
 #[tokio::test]

@@ -91,7 +91,7 @@ pub use service::{
 };
 pub use store::{
     DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WatermarkSource, WriteBatch,
-    WriteOp, conflict_error, fence_refusal, quote_sql_identifier, storable_fence, validate_record_key,
+    WriteOp, conflict_error, explain_refusal, fence_refusal, quote_sql_identifier, storable_fence, validate_record_key,
 };
 pub use token::OwnerToken;
 pub use ttl::{Ttl, validate_wait};

@@ -360,6 +360,25 @@ pub fn fence_refusal(
     }
 }
 
+/// Why a store's conditional watermark update changed nothing: the [`fence_refusal`] for the
+/// watermark it then read, or, if that would have passed (the watermark moved in between, which
+/// an atomic store rules out), an [`ErrorKind::Backend`] error naming the resource.
+pub fn explain_refusal(
+    backend: &'static str,
+    resource: &ResourceKey,
+    presented: GrantFence,
+    watermark: Fence,
+    watermark_grant: Option<GrantId>,
+) -> Error {
+    fence_refusal(backend, presented, watermark, watermark_grant).unwrap_or_else(|| {
+        Error::new(
+            ErrorKind::Backend,
+            backend,
+            format!("the watermark of {resource} refused fence {presented} for no known reason"),
+        )
+    })
+}
+
 /// The [`ErrorKind::Conflict`] error for a failed `Create` or `Check`.
 pub fn conflict_error(backend: &'static str, op: &WriteOp) -> Error {
     let what = match op {

@@ -24,7 +24,7 @@ use aws_sdk_dynamodb::types::{
 };
 use palisade_core::{
     Backoff, Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, OwnerToken, Record, ResourceKey, Result,
-    WatermarkSource, WriteBatch, WriteOp, conflict_error, fence_refusal, storable_fence,
+    WatermarkSource, WriteBatch, WriteOp, conflict_error, explain_refusal, fence_refusal, storable_fence,
 };
 use tracing::{debug, warn};
 
@@ -400,13 +400,14 @@ impl DynamoStore {
                     // A server that does not return the old item: read the watermark's item.
                     None => self.get(DynamoStore::fence_item_key(resource), "reading a watermark").await?,
                 };
-                return Err(refusal_of(old.as_ref(), fence).unwrap_or_else(|| {
-                    Error::new(
-                        ErrorKind::Backend,
-                        BACKEND,
-                        format!("the watermark of {resource} refused fence {fence} for no known reason"),
-                    )
-                }));
+                let old = old.as_ref();
+                return Err(explain_refusal(
+                    BACKEND,
+                    resource,
+                    fence,
+                    old.and_then(fence_of).unwrap_or_default(),
+                    old.and_then(grant_of),
+                ));
             }
             if let Some(i) = (offset..reasons.len()).find(|&i| code(i) == "ConditionalCheckFailed") {
                 return Err(conflict_error(BACKEND, &blames[i]));

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use palisade_core::{
     Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, Record, ResourceKey, Result, WatermarkSource,
-    WriteBatch, WriteOp, conflict_error, fence_refusal, storable_fence, validate_record_key,
+    WriteBatch, WriteOp, conflict_error, explain_refusal, storable_fence, validate_record_key,
 };
 use sqlx::postgres::{PgArguments, PgPoolOptions};
 use sqlx::query::Query;
@@ -361,14 +361,7 @@ async fn raise_watermark(
         .await
         .map_err(map_err)?;
     let current = Fence::new(u64::try_from(current).unwrap_or(0));
-    let grant = grant.as_deref().and_then(GrantId::from_slice);
-    Err(fence_refusal(BACKEND, fence, current, grant).unwrap_or_else(|| {
-        Error::new(
-            ErrorKind::Backend,
-            BACKEND,
-            format!("the watermark of {resource} refused fence {fence} for no known reason"),
-        )
-    }))
+    Err(explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice)))
 }
 
 async fn apply_op(conn: &mut PgConnection, s: &Statements, op: &WriteOp, fence: Option<i64>) -> Result<()> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use palisade_core::{
     Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, Record, ResourceKey, Result, WriteBatch, WriteOp,
-    conflict_error, fence_refusal, storable_fence, validate_record_key,
+    conflict_error, explain_refusal, storable_fence, validate_record_key,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Row, SqliteConnection, SqlitePool};
@@ -368,14 +368,7 @@ pub(crate) async fn raise_watermark(
         .await
         .map_err(map_err)?;
     let current = Fence::new(u64::try_from(current).unwrap_or(0));
-    let grant = grant.as_deref().and_then(GrantId::from_slice);
-    Err(fence_refusal(BACKEND, fence, current, grant).unwrap_or_else(|| {
-        Error::new(
-            ErrorKind::Backend,
-            BACKEND,
-            format!("the watermark of {resource} refused fence {fence} for no known reason"),
-        )
-    }))
+    Err(explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice)))
 }
 
 async fn apply_op(conn: &mut SqliteConnection, s: &Statements, op: &WriteOp, fence: Option<i64>) -> Result<()> {
