@@ -35,17 +35,26 @@
 //! | 3 | [`expiry_and_takeover`](lock::expiry_and_takeover) | lock | a silent holder loses the lock after TTL (+ margin), not before; lost signal fired |
 //! | 4 | [`fence_monotonicity`](lock::fence_monotonicity) | lock | fences strictly increase across release, expiry, takeover; gap-free if declared |
 //! | 5 | [`progress_gated_renewal`](lock::progress_gated_renewal) | lock | progress keeps the lease past 3 TTLs; a stall loses it within TTL + margin |
-//! | 6 | [`wait_and_handoff`](lock::wait_and_handoff) | lock | a waiter gets a released lock; `Timeout` otherwise; handoff latency reported |
+//! | 6 | [`wait_and_handoff`](lock::wait_and_handoff) | lock | a waiter gets a released lock within one TTL; `Timeout` otherwise; handoff latency reported |
 //! | 7 | [`bad_input`](lock::bad_input) | lock | bad keys, TTLs and waits are typed errors |
-//! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted, higher raises the watermark, lower refused, data untouched |
+//! | – | [`stale_release_and_extend_after_takeover`](lock::stale_release_and_extend_after_takeover) | lock | the service refuses release/extend of an expired grant; no resurrection |
+//! | – | [`cancelled_acquires_leave_no_residue`](lock::cancelled_acquires_leave_no_residue) | lock | cancelled waiters block nobody |
+//! | – | [`fifo_when_declared`](lock::fifo_when_declared) | lock | declared FIFO waiting is FIFO |
+//! | – | [`declared_timing_is_explained`](lock::declared_timing_is_explained) | lock | the factory's expiry margin is explained by the declared expiry delay |
+//! | – | [`lost_signal_from_the_backend`](lock::lost_signal_from_the_backend) | lock | a lock deleted on the server fires the holder's lost signal before its local deadline |
+//! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted from the same grant, refused from another; higher raises the watermark; lower refused; data untouched |
 //! | 9 | [`concurrent_interleaved_fences`](store::concurrent_interleaved_fences) | store | concurrent scrambled fences: exactly the writes ≥ the watermark land |
 //! | 10 | [`atomicity`](store::atomicity) | store | multi-operation writes are all or nothing; conditions see the state before the batch |
 //! | – | [`store_bad_input`](store::store_bad_input) | store | malformed batches refused; unfenced writes keep watermarks |
+//! | – | [`stale_batches_of_every_shape`](store::stale_batches_of_every_shape) | store | stale Delete-only, Create-only, Check-only and empty batches refused too |
+//! | – | [`fence_comparison_matrix`](store::fence_comparison_matrix) | store | w−1, w, w+1 × same/other grant; the watermark never decreases; fence 0 refused |
+//! | – | [`watermark_scope`](store::watermark_scope) | store | watermarks per resource, kept in the store (a new client sees them) |
+//! | – | [`store_race`](store::store_race) | store | two clients racing t1 < t2: t2's value always wins |
 //! | 11a | [`paused_holder_in_process`](e2e::paused_holder_in_process) | end to end | a holder paused past TTL gets `StaleFence`; metric +1; lost fired |
 //! | 11b | [`paused_holder_process`](e2e::paused_holder_process) | end to end | the same with a real process frozen by `SIGSTOP` and thawed by `SIGCONT` |
 //! | 12 | [`killed_holder`](e2e::killed_holder) | end to end | after `SIGKILL` of the holder the next one proceeds within TTL + margin |
 //! | – | [`stale_write_before_new_holder_writes`](e2e::stale_write_before_new_holder_writes) | end to end | fencing rule 3: a fence orders writes, the "done" check in the write stops the job running twice |
-//! | 13 | [`load`](e2e::load) | end to end | sustained rate across keys: no duplicate side effects; fences gap-free if declared |
+//! | 13 | [`load`](e2e::load) | end to end | sustained rate across keys: no overlapping holds with accepted writes; every job once; fences gap-free if declared |
 //!
 //! ## Servers of a test's own
 //!
@@ -96,8 +105,7 @@ pub fn test_process_id() -> u32 {
     if is_child_process() { std::os::unix::process::parent_id() } else { std::process::id() }
 }
 
-/// Runs the lock scenarios (1–7, stale release and extend, cancellation, FIFO) in the caller's
-/// runtime; stops at the first failure.
+/// Runs the in-process lock scenarios in the caller's runtime; stops at the first failure.
 pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Vec<Report>, Failure> {
     let mut reports = Vec::new();
     macro_rules! go {

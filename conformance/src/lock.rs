@@ -1,4 +1,4 @@
-//! Lock service scenarios (1–7).
+//! Lock service scenarios (1–7, and the ones named after catalogue classes).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -1,4 +1,4 @@
-//! Fenced store scenarios (8–10, and bad input).
+//! Fenced store scenarios (8–10, bad input, and the store-side classes of the catalogue).
 
 use std::sync::Arc;
 
