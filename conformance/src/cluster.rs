@@ -20,6 +20,9 @@ use palisade_core::{
 };
 use tokio::time::Instant;
 
+use crate::harness::{Ctx, Outcome};
+use crate::{ClusterFactory, FencedStoreFactory, Namespace, attempt};
+
 /// How long the scenario runs, and how many keys the clients share.
 #[derive(Debug, Clone, Copy)]
 pub struct LeaderKillSettings {
@@ -240,4 +243,41 @@ where
         }
     }
     Ok(report)
+}
+
+/// **Leader killed under contention** (catalogue C35), as a suite scenario: four clients of
+/// `lf`'s cluster contend for two keys and write through `sf`'s store while the factory kills
+/// the cluster's leader ([`ClusterFactory::kill_leader`]); [`LeaderKillReport::check`] must
+/// pass: no two holds of a key overlapped, the store accepted no fence that did not increase,
+/// every record ends with its last accepted write, and locks were usable again after the
+/// election.
+pub async fn leader_killed<L, S>(ctx: &Ctx, lf: &L, sf: &S) -> Outcome
+where
+    L: ClusterFactory,
+    L::Service: LockService<Fencing = Fenced>,
+    S: FencedStoreFactory,
+{
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(attempt!(ctx, lf.client().await, "a cluster client"));
+    }
+    let store: Arc<DynFencedStore> = attempt!(ctx, sf.client().await, "a store client");
+    let ns = Namespace::new();
+    let kill = || async { lf.kill_leader().await.map_err(|e| e.report().to_string()) };
+    let report = leader_killed_under_contention(clients, store, ns.name(), LeaderKillSettings::default(), kill).await;
+    let report = match report {
+        Ok(report) => report,
+        Err(e) => return Err(ctx.fail(format!("the leader could not be killed: {e}"))),
+    };
+    ctx.note(format!(
+        "leader {} killed; {} writes, {} after the election; {} errors meanwhile",
+        report.killed,
+        report.writes,
+        report.writes_after_election,
+        report.errors.len()
+    ));
+    if let Err(broken) = report.check() {
+        return Err(ctx.fail(broken));
+    }
+    Ok(ctx.report())
 }

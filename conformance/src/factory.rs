@@ -77,6 +77,16 @@ pub trait LockServiceFactory: Send + Sync + 'static {
     }
 }
 
+/// A lock service that runs as a cluster of the test's own, whose leader the suite may kill: a
+/// backend author with a replicated service gets the leader-kill scenario with
+/// [`cluster_suite!`](crate::cluster_suite).
+#[async_trait]
+pub trait ClusterFactory: LockServiceFactory {
+    /// Kills the cluster's current leader (waiting for one to be elected if need be) and
+    /// returns its name, for the report.
+    async fn kill_leader(&self) -> Result<String>;
+}
+
 /// Hands out independent clients of one fenced store.
 ///
 /// A child process builds its own client with the same factory, so the store must be

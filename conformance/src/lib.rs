@@ -62,7 +62,9 @@
 //! directory of its own, and can kill or restart it: for the chaos tests no shared server may
 //! suffer (a Redis restarted without persistence, a killed cluster leader).
 //! [`servers::EtcdCluster`] and [`servers::ZkEnsemble`] are 3-member clusters whose leader a test
-//! can kill; [`cluster::leader_killed_under_contention`] is the scenario to run meanwhile.
+//! can kill: a [`ClusterFactory`] over one gets [`cluster::leader_killed`] stamped by
+//! [`cluster_suite!`]; [`cluster::leader_killed_under_contention`] is the same run for callers
+//! with their own clients (`palisade compare`).
 //!
 //! ## Without the macros
 //!
@@ -87,7 +89,7 @@ pub mod servers;
 pub mod store;
 
 pub use e2e::LoadSettings;
-pub use factory::{FencedStoreFactory, LockServiceFactory, Namespace, ProcessAccess, Timing};
+pub use factory::{ClusterFactory, FencedStoreFactory, LockServiceFactory, Namespace, ProcessAccess, Timing};
 pub use fn_factory::{FnLockFactory, FnStoreFactory, lock_factory, store_factory};
 pub use harness::{Ctx, Failure, Outcome, Report, require_env};
 use harness::{attempt, ensure};
@@ -191,7 +193,7 @@ macro_rules! __scenario_call {
     }};
     ($group:ident, $name:ident, $ctx:ident, ($lock:expr, $store:expr)) => {{
         let (lock_factory, store_factory) = ($lock, $store);
-        $crate::e2e::$name(&$ctx, &lock_factory, &store_factory).await
+        $crate::$group::$name(&$ctx, &lock_factory, &store_factory).await
     }};
 }
 
@@ -270,6 +272,23 @@ macro_rules! end_to_end_suite {
             $crate::__scenario_test!(e2e, killed_holder, ($lock, $store));
             $crate::__scenario_test!(e2e, stale_write_before_new_holder_writes, ($lock, $store));
             $crate::__scenario_test!(e2e, load, ($lock, $store));
+        }
+    };
+}
+
+/// Stamps out the cluster scenario ([`cluster::leader_killed`]) for a [`ClusterFactory`] (a
+/// replicated lock service of the test's own, whose leader it can kill) and a store factory, in
+/// a module (`cluster_conformance`, or the name given first).
+#[macro_export]
+macro_rules! cluster_suite {
+    ($lock:expr, $store:expr) => {
+        $crate::cluster_suite!(cluster_conformance, $lock, $store);
+    };
+    ($module:ident, $lock:expr, $store:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__scenario_test!(cluster, leader_killed, ($lock, $store));
         }
     };
 }

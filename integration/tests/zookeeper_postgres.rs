@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use common::{Allocator, last_json, run, setup_sku, unique_sku};
 use nix::sys::signal::{Signal, kill};
-use palisade::DynFencedStore;
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::zookeeper::{ZkConfig, ZkLockService};
-use palisade_conformance::cluster::{LeaderKillSettings, leader_killed_under_contention};
 use palisade_conformance::servers::ZkEnsemble;
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_conformance::{
+    ClusterFactory, FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory,
+};
 
 fn zookeeper() -> impl LockServiceFactory<Service = ZkLockService> {
     let url = format!("{}?session_timeout_ms=3000", require_env("PALISADE_ZK_URL"));
@@ -90,33 +90,39 @@ fn sigkill_holder_is_replaced_within_the_session_timeout() {
     assert!(took < Duration::from_millis(SESSION_MS + 500 + 3000), "next holder took {took:?}");
 }
 
-/// The ensemble's leader is killed while 4 clients contend for 2 keys and write through
-/// PostgreSQL (`palisade_conformance::cluster`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ensemble_leader_killed_under_contention() {
-    let mut ensemble = ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), 3).unwrap();
-    let url = format!("{}?session_timeout_ms=4000", ensemble.url());
-    let store: Arc<DynFencedStore> =
-        Arc::new(PostgresStore::connect(&require_env("PALISADE_POSTGRES_URL")).await.unwrap());
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        clients.push(Arc::new(ZkLockService::connect(&url).await.unwrap()));
-    }
-    let ensemble = &mut ensemble;
-    let run = format!("zkleader{}", std::process::id());
-    let kill = move || async move {
-        let leader = ensemble.kill_leader(Duration::from_secs(10)).await.map_err(|e| e.to_string())?;
-        Ok(format!("server {}", leader + 1))
-    };
-    let report =
-        leader_killed_under_contention(clients, store, &run, LeaderKillSettings::default(), kill).await.unwrap();
-    eprintln!(
-        "leader {} killed; {} writes, {} after the election; {} errors meanwhile: {:?}",
-        report.killed,
-        report.writes,
-        report.writes_after_election,
-        report.errors.len(),
-        report.errors
-    );
-    report.check().unwrap();
+/// Clients of a 3-member ensemble of the factory's own, with 4 s sessions: its leader is
+/// killed while 4 clients contend for 2 keys and write through PostgreSQL
+/// (`palisade_conformance::cluster::leader_killed`, stamped by `cluster_suite!`).
+struct ZkEnsembleFactory {
+    ensemble: tokio::sync::Mutex<ZkEnsemble>,
+    url: String,
 }
+
+fn zookeeper_ensemble() -> ZkEnsembleFactory {
+    let ensemble = ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), 3).unwrap();
+    let url = format!("{}?session_timeout_ms=4000", ensemble.url());
+    ZkEnsembleFactory { ensemble: tokio::sync::Mutex::new(ensemble), url }
+}
+
+#[palisade::async_trait]
+impl LockServiceFactory for ZkEnsembleFactory {
+    type Service = ZkLockService;
+    async fn client(&self) -> palisade::Result<Arc<ZkLockService>> {
+        Ok(Arc::new(ZkLockService::connect(&self.url).await?))
+    }
+    fn timing(&self) -> Timing {
+        Timing::new(Duration::from_secs(1), Duration::from_millis(4500))
+    }
+}
+
+#[palisade::async_trait]
+impl ClusterFactory for ZkEnsembleFactory {
+    async fn kill_leader(&self) -> palisade::Result<String> {
+        let leader = self.ensemble.lock().await.kill_leader(Duration::from_secs(10)).await.map_err(|e| {
+            palisade::Error::new(palisade::ErrorKind::Backend, "test", format!("could not kill the leader: {e}"))
+        })?;
+        Ok(format!("server {}", leader + 1))
+    }
+}
+
+palisade_conformance::cluster_suite!(ensemble, zookeeper_ensemble(), postgres());
