@@ -107,12 +107,20 @@ pub fn test_process_id() -> u32 {
     if is_child_process() { std::os::unix::process::parent_id() } else { std::process::id() }
 }
 
-/// Runs the in-process lock scenarios in the caller's runtime; stops at the first failure.
+/// Runs the in-process lock scenarios in the caller's runtime; the first failure, if any, is
+/// the result.
 pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Vec<Report>, Failure> {
-    let mut reports = Vec::new();
+    lock_outcomes(factory).await.into_iter().map(|(_, outcome)| outcome).collect()
+}
+
+/// Runs every in-process lock scenario (each in its own namespace) and returns each outcome by
+/// name, failures included: what a test of a deliberately broken service inspects, to see that
+/// the scenarios of the guarantee it breaks fail, for that reason, and the others pass.
+pub async fn lock_outcomes<F: LockServiceFactory>(factory: &F) -> Vec<(&'static str, Outcome)> {
+    let mut outcomes = Vec::new();
     macro_rules! go {
         ($($name:ident),*) => {$(
-            reports.push(lock::$name(&Ctx::new(stringify!($name), ""), factory).await?);
+            outcomes.push((stringify!($name), lock::$name(&Ctx::new(stringify!($name), ""), factory).await));
         )*};
     }
     go!(
@@ -129,16 +137,23 @@ pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Ve
         declared_timing_is_explained,
         lost_signal_from_the_backend
     );
-    Ok(reports)
+    outcomes
 }
 
 /// Runs the store scenarios (8–10, bad input, stale batch shapes, the comparison matrix,
-/// watermark scope, the store race) in the caller's runtime.
+/// watermark scope, the store race) in the caller's runtime; the first failure, if any, is the
+/// result.
 pub async fn run_store_scenarios<F: FencedStoreFactory>(factory: &F) -> Result<Vec<Report>, Failure> {
-    let mut reports = Vec::new();
+    store_outcomes(factory).await.into_iter().map(|(_, outcome)| outcome).collect()
+}
+
+/// Runs every store scenario (each in its own namespace) and returns each outcome by name,
+/// failures included, like [`lock_outcomes`].
+pub async fn store_outcomes<F: FencedStoreFactory>(factory: &F) -> Vec<(&'static str, Outcome)> {
+    let mut outcomes = Vec::new();
     macro_rules! go {
         ($($name:ident),*) => {$(
-            reports.push(store::$name(&Ctx::new(stringify!($name), ""), factory).await?);
+            outcomes.push((stringify!($name), store::$name(&Ctx::new(stringify!($name), ""), factory).await));
         )*};
     }
     go!(
@@ -151,7 +166,7 @@ pub async fn run_store_scenarios<F: FencedStoreFactory>(factory: &F) -> Result<V
         watermark_scope,
         store_race
     );
-    Ok(reports)
+    outcomes
 }
 
 /// Runs the in-process end-to-end scenarios (11a, rule 3, 13) in the caller's runtime.

@@ -10,9 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use palisade_conformance::memory::MemoryStoreFactory;
-use palisade_conformance::{
-    Ctx, FencedStoreFactory, LockServiceFactory, Outcome, ProcessAccess, Timing, e2e, harness, lock, store,
-};
+use palisade_conformance::{Ctx, FencedStoreFactory, LockServiceFactory, Outcome, ProcessAccess, Timing, e2e, harness};
 use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, FencedStore, Grant, GrantFence, LockService,
     OwnerToken, Record, ResourceKey, Result, Ttl, WriteBatch, WriteOp, async_trait, conflict_error,
@@ -285,8 +283,8 @@ enum StoreFlaw {
     /// Checks the fence only when the batch has a `Put` (and then sets the watermark
     /// unconditionally).
     ChecksOnlyPuts,
-    /// One watermark for the whole store instead of one per resource.
-    WatermarkPerStore,
+    /// One watermark per key domain (a table's worth) instead of one per resource.
+    WatermarkPerDomain,
     /// Keeps watermarks in the client's memory: a new client starts with none.
     WatermarkInClient,
     /// Accepts fence 0 (an uninitialised fence).
@@ -307,7 +305,11 @@ struct BrokenStore {
 impl BrokenStore {
     /// Whose watermark a write to `res` checks and raises.
     fn scope(&self, res: &ResourceKey) -> ResourceKey {
-        if self.flaw == StoreFlaw::WatermarkPerStore { ResourceKey::new("store", "all").unwrap() } else { res.clone() }
+        if self.flaw == StoreFlaw::WatermarkPerDomain {
+            ResourceKey::new(res.domain(), "all").unwrap()
+        } else {
+            res.clone()
+        }
     }
 
     /// The fence check; `Ok(true)`: go on and raise the watermark, `Ok(false)`: report success
@@ -660,23 +662,9 @@ fn a_ttl_that_never_expires_fails_the_sigkill_scenario() {
     }
 }
 
-/// Runs every store scenario against `flaw`, each on a fresh broken store, and [`judge`]s them.
+/// Runs every store scenario against one broken store with `flaw`, and [`judge`]s them.
 async fn store_flaw_fails(flaw: StoreFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
-    macro_rules! scenarios {
-        ($($name:ident),*) => {
-            [$((stringify!($name), store::$name(&ctx(stringify!($name)), &BrokenStoreFactory::new(flaw)).await)),*]
-        };
-    }
-    let outcomes = scenarios!(
-        equal_higher_lower,
-        concurrent_interleaved_fences,
-        atomicity,
-        store_bad_input,
-        stale_batches_of_every_shape,
-        fence_comparison_matrix,
-        watermark_scope,
-        store_race
-    );
+    let outcomes = palisade_conformance::store_outcomes(&BrokenStoreFactory::new(flaw)).await;
     judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
 }
 
@@ -694,7 +682,7 @@ async fn a_store_that_checks_only_puts_fails_stale_batches_of_every_shape() {
 #[tokio::test]
 async fn a_store_with_one_watermark_fails_watermark_scope() {
     store_flaw_fails(
-        StoreFlaw::WatermarkPerStore,
+        StoreFlaw::WatermarkPerDomain,
         &[("watermark_scope", "watermarks are per resource"), ("equal_higher_lower", "another resource")],
         &["fence_comparison_matrix"],
     )
@@ -763,28 +751,10 @@ async fn a_store_accepting_equal_fences_from_any_grant_fails_the_rule_2_scenario
     .await;
 }
 
-/// Runs every in-process lock scenario against `flaw`, each on a fresh broken service, and
-/// [`judge`]s them.
+/// Runs every in-process lock scenario against one broken service with `flaw`, and [`judge`]s
+/// them.
 async fn lock_flaw_fails(flaw: LockFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
-    macro_rules! scenarios {
-        ($($name:ident),*) => {
-            [$((stringify!($name), lock::$name(&ctx(stringify!($name)), &BrokenLockFactory::new(flaw)).await)),*]
-        };
-    }
-    let outcomes = scenarios!(
-        mutual_exclusion,
-        owner_only_release_and_extend,
-        expiry_and_takeover,
-        fence_monotonicity,
-        progress_gated_renewal,
-        wait_and_handoff,
-        bad_input,
-        stale_release_and_extend_after_takeover,
-        cancelled_acquires_leave_no_residue,
-        fifo_when_declared,
-        declared_timing_is_explained,
-        lost_signal_from_the_backend
-    );
+    let outcomes = palisade_conformance::lock_outcomes(&BrokenLockFactory::new(flaw)).await;
     judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
 }
 

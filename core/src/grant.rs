@@ -68,6 +68,8 @@ impl Fencing for Unfenced {
 pub struct Grant<F: Fencing> {
     key: ResourceKey,
     token: OwnerToken,
+    /// Derived from `token` once: every fenced write presents it.
+    grant_id: GrantId,
     fence: F::Token,
     ttl: Ttl,
     requested_at: Instant,
@@ -82,7 +84,8 @@ impl<F: Fencing> Grant<F> {
     /// `requested_at` must be taken **before** the acquire request was sent, so the local
     /// deadline errs early, never late.
     pub fn new(key: ResourceKey, token: OwnerToken, fence: F::Token, ttl: Ttl, requested_at: Instant) -> Self {
-        Grant { key, token, fence, ttl, requested_at, handle: None, lost: CancellationToken::new() }
+        let grant_id = GrantId::of(&token);
+        Grant { key, token, grant_id, fence, ttl, requested_at, handle: None, lost: CancellationToken::new() }
     }
 
     /// Attaches a backend-specific handle (a ZooKeeper node path, an etcd key), returned by
@@ -104,7 +107,7 @@ impl<F: Fencing> Grant<F> {
 
     /// The id a store records beside a watermark this grant set (a digest of the token).
     pub fn grant_id(&self) -> GrantId {
-        GrantId::of(&self.token)
+        self.grant_id
     }
 
     /// The fence, or `()` for unfenced services.
@@ -157,6 +160,7 @@ impl<F: Fencing> Clone for Grant<F> {
         Grant {
             key: self.key.clone(),
             token: self.token,
+            grant_id: self.grant_id,
             fence: self.fence,
             ttl: self.ttl,
             requested_at: self.requested_at,

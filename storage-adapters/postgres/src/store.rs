@@ -128,15 +128,7 @@ impl WatermarkSource for RowWatermark<'_> {
 
     /// The row's fence; the resource is the row, whatever `resource` the lock is taken on.
     async fn highest_fence(&self, _resource: &ResourceKey) -> Result<Option<Fence>> {
-        let FencedRow { table, key_column, fence_column } = self.row;
-        let (t, k, f) = (quote_ident(table)?, quote_ident(key_column)?, quote_ident(fence_column)?);
-        let current: Option<Option<i64>> =
-            sqlx::query_scalar(AssertSqlSafe(format!("SELECT {f} FROM {t} WHERE {k} = $1")))
-                .bind(self.key)
-                .fetch_optional(&self.store.pool)
-                .await
-                .map_err(map_err)?;
-        Ok(current.flatten().and_then(|v| fence_from(Some(v))))
+        Ok(self.store.row_fence(&self.row, self.key).await?.flatten())
     }
 }
 
@@ -260,16 +252,10 @@ impl PostgresStore {
         if rows > 0 {
             return Ok(());
         }
-        let current: Option<Option<i64>> =
-            sqlx::query_scalar(AssertSqlSafe(format!("SELECT {f} FROM {t} WHERE {k} = $1")))
-                .bind(key)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(map_err)?;
-        match current {
+        match self.row_fence(row, key).await? {
             Some(current) => {
                 palisade_core::metrics::record_fence_rejected(BACKEND);
-                Err(Error::stale_fence(BACKEND, fence, fence_from(current).unwrap_or_default()))
+                Err(Error::stale_fence(BACKEND, fence, current.unwrap_or_default()))
             }
             None => Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -277,6 +263,20 @@ impl PostgresStore {
                 format!("no row with {key_column} = {key:?} in {table}"),
             )),
         }
+    }
+
+    /// The fence column of `key`'s row: `None` if there is no such row, `Some(None)` if its
+    /// fence is NULL.
+    async fn row_fence(&self, row: &FencedRow<'_>, key: &str) -> Result<Option<Option<Fence>>> {
+        let FencedRow { table, key_column, fence_column } = *row;
+        let (t, k, f) = (quote_ident(table)?, quote_ident(key_column)?, quote_ident(fence_column)?);
+        let current: Option<Option<i64>> =
+            sqlx::query_scalar(AssertSqlSafe(format!("SELECT {f} FROM {t} WHERE {k} = $1")))
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_err)?;
+        Ok(current.map(fence_from))
     }
 
     /// The fence on one row of your own table, as a
@@ -360,7 +360,7 @@ async fn raise_watermark(
         .fetch_one(&mut *conn)
         .await
         .map_err(map_err)?;
-    let current = Fence::new(u64::try_from(current).unwrap_or(0));
+    let current = fence_from(Some(current)).unwrap_or_default();
     Err(explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice)))
 }
 

@@ -367,7 +367,7 @@ pub(crate) async fn raise_watermark(
         .fetch_one(&mut *conn)
         .await
         .map_err(map_err)?;
-    let current = Fence::new(u64::try_from(current).unwrap_or(0));
+    let current = fence_from_column(Some(current)).unwrap_or_default();
     Err(explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice)))
 }
 
