@@ -7,6 +7,88 @@ use async_trait::async_trait;
 use palisade_core::{FencedStore, LockService, ResourceKey, Result};
 
 use crate::e2e::LoadSettings;
+use crate::proxy::FaultProxy;
+
+/// The fencing of a factory's service (`Fenced` or `Unfenced`).
+pub type FencingOf<F> = <<F as LockServiceFactory>::Service as LockService>::Fencing;
+
+/// A client whose connections pass through fault proxies, one per server it talks to (from
+/// [`LockServiceFactory::faulty_client`]).
+pub struct FaultyClient<G: palisade_core::Fencing> {
+    /// The client. Its type may differ from the factory's service (an in-process service is
+    /// reached over the loopback relay), so it is behind a pointer.
+    pub service: Arc<dyn LockService<Fencing = G>>,
+    /// The proxies, in the order of the servers the client talks to.
+    pub proxies: Vec<FaultProxy>,
+    keep: Vec<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl<G: palisade_core::Fencing> FaultyClient<G> {
+    /// A client and the proxies its connections pass through.
+    pub fn new(service: Arc<dyn LockService<Fencing = G>>, proxies: Vec<FaultProxy>) -> Self {
+        FaultyClient { service, proxies, keep: Vec::new() }
+    }
+
+    /// Keeps `guard` alive as long as the client (a relay the proxy forwards to, a server).
+    pub fn keeping(mut self, guard: impl std::any::Any + Send + Sync) -> Self {
+        self.keep.push(Box::new(guard));
+        self
+    }
+
+    /// Arms a lost reply on every proxy ([`FaultProxy::lose_next_reply`]) and returns how many
+    /// replies they had lost before, for [`lost_since`](Self::lost_since).
+    pub fn lose_next_replies(&self) -> usize {
+        let before = self.lost_replies();
+        for p in &self.proxies {
+            p.lose_next_reply();
+        }
+        before
+    }
+
+    /// Disarms every proxy's pending lost reply.
+    pub fn disarm(&self) {
+        for p in &self.proxies {
+            p.disarm();
+        }
+    }
+
+    /// Replies lost by all proxies together.
+    pub fn lost_replies(&self) -> usize {
+        self.proxies.iter().map(FaultProxy::lost_replies).sum()
+    }
+
+    /// Replies lost since `before` (a value of [`lost_replies`](Self::lost_replies)).
+    pub fn lost_since(&self, before: usize) -> usize {
+        self.lost_replies().saturating_sub(before)
+    }
+
+    /// Closes every connection of every proxy.
+    pub fn cut_connections(&self) {
+        for p in &self.proxies {
+            p.cut_connections();
+        }
+    }
+
+    /// Partitions the client from every server.
+    pub fn partition(&self) {
+        for p in &self.proxies {
+            p.partition();
+        }
+    }
+
+    /// Heals every partition.
+    pub fn heal(&self) {
+        for p in &self.proxies {
+            p.heal();
+        }
+    }
+}
+
+impl<G: palisade_core::Fencing> std::fmt::Debug for FaultyClient<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultyClient").field("proxies", &self.proxies).finish_non_exhaustive()
+    }
+}
 
 /// The timing a lock service's scenarios use.
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +155,20 @@ pub trait LockServiceFactory: Send + Sync + 'static {
             palisade_core::ErrorKind::Unsupported,
             "conformance",
             format!("this factory cannot break the lock of {key} on the server"),
+        ))
+    }
+
+    /// A new, independent client whose every connection to the server passes through a
+    /// [`FaultProxy`] of its own (start one per server with [`FaultProxy::start`] and dial its
+    /// address), so the suite can lose replies, cut connections and partition the client.
+    /// Default: [`ErrorKind::Unsupported`] (the fault scenarios then say so in their report).
+    ///
+    /// [`ErrorKind::Unsupported`]: palisade_core::ErrorKind::Unsupported
+    async fn faulty_client(&self) -> Result<FaultyClient<FencingOf<Self>>> {
+        Err(palisade_core::Error::new(
+            palisade_core::ErrorKind::Unsupported,
+            "conformance",
+            "this factory cannot make a client behind a fault proxy",
         ))
     }
 }

@@ -5,19 +5,23 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use palisade_core::{FencedStore, LockService, ResourceKey, Result};
+use palisade_core::{FencedStore, Fencing, LockService, ResourceKey, Result};
 
-use crate::{FencedStoreFactory, LoadSettings, LockServiceFactory, ProcessAccess, Timing};
+use crate::{FaultyClient, FencedStoreFactory, LoadSettings, LockServiceFactory, ProcessAccess, Timing};
 
 /// What [`FnLockFactory::with_break_lock`] calls.
 type BreakLock = Arc<dyn Fn(ResourceKey) -> Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send + Sync>;
 
-/// A [`LockServiceFactory`] that calls a closure for each client.
-pub struct FnLockFactory<F> {
+/// What [`FnLockFactory::with_faulty_client`] calls.
+type MakeFaulty<G> = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<FaultyClient<G>>> + Send>> + Send + Sync>;
+
+/// A [`LockServiceFactory`] that calls a closure for each client (`G`: the service's fencing).
+pub struct FnLockFactory<F, G: Fencing = palisade_core::Fenced> {
     make: F,
     timing: Timing,
     access: ProcessAccess,
     break_lock: Option<BreakLock>,
+    faulty: Option<MakeFaulty<G>>,
 }
 
 /// A lock service factory from `make` (called once per client), reached directly by child
@@ -36,16 +40,16 @@ pub struct FnLockFactory<F> {
 /// });
 /// # let _ = factory;
 /// ```
-pub fn lock_factory<S, F, Fut>(timing: Timing, make: F) -> FnLockFactory<F>
+pub fn lock_factory<S, F, Fut>(timing: Timing, make: F) -> FnLockFactory<F, S::Fencing>
 where
     S: LockService,
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Arc<S>>> + Send,
 {
-    FnLockFactory { make, timing, access: ProcessAccess::Direct, break_lock: None }
+    FnLockFactory { make, timing, access: ProcessAccess::Direct, break_lock: None, faulty: None }
 }
 
-impl<F> FnLockFactory<F> {
+impl<F, G: Fencing> FnLockFactory<F, G> {
     /// Child processes reach the service through the relay (for in-process services).
     pub fn via_relay(mut self) -> Self {
         self.access = ProcessAccess::Relay;
@@ -62,10 +66,20 @@ impl<F> FnLockFactory<F> {
         self.break_lock = Some(Arc::new(move |key| Box::pin(break_lock(key))));
         self
     }
+
+    /// How to make a client behind fault proxies (see [`LockServiceFactory::faulty_client`]).
+    pub fn with_faulty_client<M, MFut>(mut self, make: M) -> Self
+    where
+        M: Fn() -> MFut + Send + Sync + 'static,
+        MFut: Future<Output = Result<FaultyClient<G>>> + Send + 'static,
+    {
+        self.faulty = Some(Arc::new(move || Box::pin(make())));
+        self
+    }
 }
 
 #[async_trait]
-impl<S, F, Fut> LockServiceFactory for FnLockFactory<F>
+impl<S, F, Fut> LockServiceFactory for FnLockFactory<F, S::Fencing>
 where
     S: LockService,
     F: Fn() -> Fut + Send + Sync + 'static,
@@ -88,6 +102,16 @@ where
                 palisade_core::ErrorKind::Unsupported,
                 "conformance",
                 format!("this factory cannot break the lock of {key} on the server"),
+            )),
+        }
+    }
+    async fn faulty_client(&self) -> Result<FaultyClient<S::Fencing>> {
+        match &self.faulty {
+            Some(make) => make().await,
+            None => Err(palisade_core::Error::new(
+                palisade_core::ErrorKind::Unsupported,
+                "conformance",
+                "this factory cannot make a client behind a fault proxy",
             )),
         }
     }

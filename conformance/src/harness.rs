@@ -133,8 +133,8 @@ impl Ctx {
     }
 }
 
-/// Runs one scenario the way the suite macros do: on a current-thread Tokio runtime inside a
-/// local `metrics` recorder (so counters are this scenario's own), printing the report and
+/// Runs one scenario the way the suite macros do: on a multi-thread Tokio runtime (two
+/// workers) inside a local `metrics` recorder (so counters are this scenario's own), printing the report and
 /// panicking with the failure. `make` builds the scenario future from its context.
 pub fn run<F, Fut>(scenario: &'static str, test_name: &str, make: F)
 where
@@ -144,7 +144,9 @@ where
     let recorder = DebuggingRecorder::new();
     let ctx = Arc::new(Ctx::new(scenario, test_name).with_metrics(recorder.snapshotter()));
     let outcome = metrics::with_local_recorder(&recorder, || {
-        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        // Two workers: tasks race for real (a store's check and write, a waiter and a
+        // release). The scenario itself runs on this thread, inside the local recorder.
+        let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
             Ok(rt) => rt,
             Err(e) => return Err(ctx.fail(format!("cannot build a Tokio runtime: {e}"))),
         };

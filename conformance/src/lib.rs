@@ -42,6 +42,10 @@
 //! | – | [`fifo_when_declared`](lock::fifo_when_declared) | lock | declared FIFO waiting is FIFO |
 //! | – | [`declared_timing_is_explained`](lock::declared_timing_is_explained) | lock | the factory's expiry margin is explained by the declared expiry delay |
 //! | – | [`lost_signal_from_the_backend`](lock::lost_signal_from_the_backend) | lock | a lock deleted on the server fires the holder's lost signal before its local deadline |
+//! | – | [`lost_replies_leave_one_live_grant`](lock::lost_replies_leave_one_live_grant) | lock | a reply lost after the server applied acquire, release or extend leaves one live, releasable grant or none; a repeated release never frees the next holder |
+//! | – | [`cut_connections_keep_the_grant_or_report_it`](lock::cut_connections_keep_the_grant_or_report_it) | lock | after every connection is cut the holder still holds (and nobody else does) or is told it lost the lock |
+//! | – | [`partitioned_holder_loses_before_anyone_gains`](lock::partitioned_holder_loses_before_anyone_gains) | lock | a holder partitioned from the service is lost (`safe_until` past) before another client is granted the lock |
+//! | – | [`quorum_faults_never_grant_a_minority`](lock::quorum_faults_never_grant_a_minority) | lock | over several servers: no grant from a minority, partial grants rolled back, a minority down still grants |
 //! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted from the same grant, refused from another; higher raises the watermark; lower refused; data untouched |
 //! | 9 | [`concurrent_interleaved_fences`](store::concurrent_interleaved_fences) | store | concurrent scrambled fences: exactly the writes ≥ the watermark land |
 //! | 10 | [`atomicity`](store::atomicity) | store | multi-operation writes are all or nothing; conditions see the state before the batch |
@@ -84,15 +88,19 @@ mod fn_factory;
 pub mod harness;
 pub mod lock;
 pub mod memory;
+pub mod proxy;
 pub mod relay;
 pub mod servers;
 pub mod store;
 
 pub use e2e::LoadSettings;
-pub use factory::{ClusterFactory, FencedStoreFactory, LockServiceFactory, Namespace, ProcessAccess, Timing};
+pub use factory::{
+    ClusterFactory, FaultyClient, FencedStoreFactory, FencingOf, LockServiceFactory, Namespace, ProcessAccess, Timing,
+};
 pub use fn_factory::{FnLockFactory, FnStoreFactory, lock_factory, store_factory};
 pub use harness::{Ctx, Failure, Outcome, Report, require_env};
 use harness::{attempt, ensure};
+pub use proxy::FaultProxy;
 
 /// Whether this process is the holder child of a process-level scenario (tests that run such a
 /// scenario by hand use it to skip their own assertions in the child).
@@ -135,7 +143,11 @@ pub async fn lock_outcomes<F: LockServiceFactory>(factory: &F) -> Vec<(&'static 
         cancelled_acquires_leave_no_residue,
         fifo_when_declared,
         declared_timing_is_explained,
-        lost_signal_from_the_backend
+        lost_signal_from_the_backend,
+        lost_replies_leave_one_live_grant,
+        cut_connections_keep_the_grant_or_report_it,
+        partitioned_holder_loses_before_anyone_gains,
+        quorum_faults_never_grant_a_minority
     );
     outcomes
 }
@@ -243,6 +255,10 @@ macro_rules! lock_service_suite {
             $crate::__scenario_test!(lock, fifo_when_declared, ($factory));
             $crate::__scenario_test!(lock, declared_timing_is_explained, ($factory));
             $crate::__scenario_test!(lock, lost_signal_from_the_backend, ($factory));
+            $crate::__scenario_test!(lock, lost_replies_leave_one_live_grant, ($factory));
+            $crate::__scenario_test!(lock, cut_connections_keep_the_grant_or_report_it, ($factory));
+            $crate::__scenario_test!(lock, partitioned_holder_loses_before_anyone_gains, ($factory));
+            $crate::__scenario_test!(lock, quorum_faults_never_grant_a_minority, ($factory));
         }
     };
 }

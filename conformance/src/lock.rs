@@ -8,7 +8,7 @@ use palisade_core::{ErrorKind, Fencing, Grant, LockService, LockServiceExt, Owne
 use tokio::time::Instant;
 
 use crate::harness::{Ctx, Failure, Outcome};
-use crate::{LockServiceFactory, Namespace, attempt, ensure};
+use crate::{FaultyClient, FencingOf, LockServiceFactory, Namespace, attempt, ensure};
 
 type Service<F> = <F as LockServiceFactory>::Service;
 
@@ -589,5 +589,373 @@ pub async fn lost_signal_from_the_backend<F: LockServiceFactory>(ctx: &Ctx, fact
         took.as_secs_f64() * 1e3,
         granted.as_millis()
     ));
+    Ok(ctx.report())
+}
+
+/// The factory's client behind fault proxies, or `None` (noted in the report) if it has none.
+async fn faulty_client<F: LockServiceFactory>(
+    ctx: &Ctx,
+    factory: &F,
+) -> Result<Option<FaultyClient<FencingOf<F>>>, Failure> {
+    match factory.faulty_client().await {
+        Ok(c) if c.proxies.is_empty() => Err(ctx.fail("the factory's faulty client has no fault proxy")),
+        Ok(c) => Ok(Some(c)),
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            ctx.note("the factory has no client behind a fault proxy (LockServiceFactory::faulty_client): not checked");
+            Ok(None)
+        }
+        Err(e) => Err(ctx.fail(format!("factory could not make a faulty client: {e}"))),
+    }
+}
+
+/// Retries `op` while it fails with a retryable error (a client reconnecting after a fault),
+/// for up to five seconds; the first non-retryable result is returned.
+async fn settle<T, Fut>(mut op: impl FnMut() -> Fut) -> palisade_core::Result<T>
+where
+    Fut: std::future::Future<Output = palisade_core::Result<T>>,
+{
+    let give_up = Instant::now() + Duration::from_secs(5);
+    loop {
+        match op().await {
+            Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Polls `try_acquire` until it grants or `within` has passed.
+async fn free_within<S: LockService + ?Sized>(
+    svc: &S,
+    key: &ResourceKey,
+    ttl: Ttl,
+    within: Duration,
+) -> palisade_core::Result<Option<Grant<S::Fencing>>> {
+    let give_up = Instant::now() + within;
+    loop {
+        if let Some(g) = svc.try_acquire(key, ttl).await? {
+            return Ok(Some(g));
+        }
+        if Instant::now() >= give_up {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// **Lost replies leave one live grant** (catalogue C33; bug classes 6 and 11). Through the
+/// factory's [fault proxy](crate::proxy), the reply to a request is lost after the server
+/// applied it, once for each of `try_acquire`, `release` and `extend`. Whatever the client
+/// then answers, the lock must be in the state its answer implies (`LockService::try_acquire`:
+/// "there is never a grant without a fence, nor a fence spent without a grant"):
+/// - a grant returned after the lost reply is the only one (no other client gets the lock),
+///   releasable, and on a gap-free service it spent one fence, not two;
+/// - an error leaves no orphan: the lock is free well before its TTL (a `None`, "held", on a
+///   free key is the client's own first attempt holding it);
+/// - after a release whose reply was lost the lock is free, and repeating that release (what
+///   a caller does with an unconfirmed one) is `NotHolder` and leaves the next holder's lock
+///   alone;
+/// - an extend whose reply was lost leaves the grant releasable, or cleanly gone.
+pub async fn lost_replies_leave_one_live_grant<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let Some(faulty) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
+    let ns = Namespace::new();
+    let timing = factory.timing();
+    // A TTL long enough that "free well before its TTL" tells a resolved fault from an orphan.
+    let long = timing.ttl * 5;
+    let ttl = attempt!(ctx, Ttl::new(long), "ttl");
+    let prompt = long / 2;
+    let svc = &faulty.service;
+    let (other, third) = (client(ctx, factory).await?, client(ctx, factory).await?);
+    let gap_free = other.capabilities().gap_free;
+
+    // Acquire.
+    let k = key(ctx, &ns, "lost-acquire")?;
+    let before = faulty.lose_next_replies();
+    let result = svc.try_acquire(&k, ttl).await;
+    faulty.disarm();
+    ensure!(ctx, faulty.lost_since(before) > 0, "the fault proxy lost no reply: does the faulty client dial it?");
+    match result {
+        Ok(Some(g)) => {
+            let probe = attempt!(ctx, other.try_acquire(&k, ttl).await, "probe");
+            ensure!(
+                ctx,
+                probe.is_none(),
+                "after its reply was lost try_acquire returned a grant, and another client got the lock too: a double grant"
+            );
+            attempt!(ctx, settle(|| svc.release(&g)).await, "release of the grant returned after a lost reply");
+            let next = attempt!(ctx, free_within(&*other, &k, ttl, prompt).await, "try_acquire after the release");
+            let Some(next) = next else {
+                return Err(ctx.fail("the grant returned after a lost reply was released, but the lock stayed held"));
+            };
+            if let (Some(a), Some(b)) = (g.fence_if_any(), next.fence_if_any()) {
+                ensure!(ctx, b > a, "fence {b} after {a}: not increasing");
+                ensure!(
+                    ctx,
+                    !gap_free || b.get() == a.get() + 1,
+                    "fences {a} then {b} around a lost acquire reply, though declared gap-free: the retry spent a second fence"
+                );
+            }
+            attempt!(ctx, other.release(&next).await, "release");
+            ctx.note("acquire: the lost reply was resolved into the grant");
+        }
+        Ok(None) => {
+            return Err(ctx.fail(
+                "try_acquire of a free key answered \"held\" after its reply was lost: its own first attempt holds \
+                 the lock, an orphan nobody can release until its TTL (a retry that is not the same request)",
+            ));
+        }
+        Err(e) => {
+            let next = attempt!(ctx, free_within(&*other, &k, ttl, prompt).await, "try_acquire after the failure");
+            let Some(next) = next else {
+                return Err(ctx.fail(format!(
+                    "try_acquire failed after its reply was lost ({e}), and the lock was still held {prompt:?} later: \
+                     an orphaned grant nobody can release until its TTL"
+                )));
+            };
+            attempt!(ctx, other.release(&next).await, "release");
+            ctx.note(format!("acquire: failed with {} and left no orphan", e.kind().as_str()));
+        }
+    }
+
+    // Release, then the caller's repeat of the release it could not confirm.
+    let k = key(ctx, &ns, "lost-release")?;
+    let g = attempt!(ctx, settle(|| svc.try_acquire(&k, ttl)).await, "try_acquire after the fault");
+    let Some(g) = g else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let before = faulty.lose_next_replies();
+    let result = svc.release(&g).await;
+    faulty.disarm();
+    ensure!(ctx, faulty.lost_since(before) > 0, "the fault proxy lost no reply to the release");
+    let next = attempt!(ctx, free_within(&*other, &k, ttl, prompt).await, "try_acquire after the release");
+    let Some(next) = next else {
+        return Err(ctx.fail(format!(
+            "the release reached the server but its reply was lost ({:?}), and the lock was still held {prompt:?} later",
+            result.err().map(|e| e.kind())
+        )));
+    };
+    let again = settle(|| svc.release(&g)).await.err().map(|e| e.kind());
+    let stolen = attempt!(ctx, third.try_acquire(&k, ttl).await, "probe");
+    ensure!(
+        ctx,
+        stolen.is_none(),
+        "a release repeated after its lost reply freed the next holder's lock (bug class 6)"
+    );
+    ensure!(
+        ctx,
+        again == Some(ErrorKind::NotHolder),
+        "a repeated release of a grant already released gave {again:?}, expected NotHolder"
+    );
+    attempt!(ctx, other.release(&next).await, "the next holder's release");
+
+    // Extend.
+    let k = key(ctx, &ns, "lost-extend")?;
+    let g = attempt!(ctx, settle(|| svc.try_acquire(&k, ttl)).await, "try_acquire after the fault");
+    let Some(g) = g else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let before = faulty.lose_next_replies();
+    let extended = svc.extend(&g, ttl).await;
+    faulty.disarm();
+    ensure!(ctx, faulty.lost_since(before) > 0, "the fault proxy lost no reply to the extend");
+    let stolen = attempt!(ctx, third.try_acquire(&k, ttl).await, "probe");
+    ensure!(ctx, stolen.is_none(), "after an extend whose reply was lost another client got the lock");
+    match (extended, settle(|| svc.release(&g)).await) {
+        (_, Ok(())) => {}
+        (Err(_), Err(e)) if e.kind() == ErrorKind::NotHolder => {}
+        (Ok(_), Err(e)) => {
+            return Err(ctx.fail(format!(
+                "extend reported success after its reply was lost, but the grant could not be released: {e}"
+            )));
+        }
+        (Err(x), Err(e)) => {
+            return Err(ctx.fail(format!("after an extend whose reply was lost ({x}) the release failed: {e}")));
+        }
+    }
+    let next = attempt!(ctx, free_within(&*other, &k, ttl, prompt).await, "try_acquire after the release");
+    let Some(next) = next else {
+        return Err(ctx.fail("after an extend whose reply was lost and a release, the lock stayed held"));
+    };
+    attempt!(ctx, other.release(&next).await, "release");
+    Ok(ctx.report())
+}
+
+/// **A cut connection keeps the grant or reports it lost** (catalogue C31). While a client
+/// behind a [fault proxy](crate::proxy) holds a lock, every one of its connections is cut (a
+/// server restart, a load balancer's reap). Afterwards the client either still holds the
+/// grant, and then extending and releasing it works and nobody else got the lock meanwhile,
+/// or it reports the grant gone (`NotHolder`, `LeaseLost`) and the lock comes free within
+/// TTL + margin. Either way the client can take new locks.
+pub async fn cut_connections_keep_the_grant_or_report_it<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let Some(faulty) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
+    let ns = Namespace::new();
+    let timing = factory.timing();
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl * 4), "ttl");
+    let svc = &faulty.service;
+    let other = client(ctx, factory).await?;
+    let k = key(ctx, &ns, "cut")?;
+    let g = attempt!(ctx, svc.try_acquire(&k, ttl).await, "try_acquire");
+    let Some(g) = g else { return Err(ctx.fail("a fresh key was reported busy")) };
+    faulty.cut_connections();
+    let probe = attempt!(ctx, other.try_acquire(&k, ttl).await, "probe right after the cut");
+    ensure!(ctx, probe.is_none(), "right after the holder's connections were cut another client got its lock");
+    match settle(|| svc.extend(&g, ttl)).await {
+        Ok(_) => {
+            let probe = attempt!(ctx, other.try_acquire(&k, ttl).await, "probe");
+            ensure!(
+                ctx,
+                probe.is_none(),
+                "the holder extended its grant after the cut, yet another client got the lock"
+            );
+            attempt!(ctx, settle(|| svc.release(&g)).await, "release after the cut");
+            ctx.note("the grant survived the cut");
+        }
+        Err(e) if matches!(e.kind(), ErrorKind::NotHolder | ErrorKind::LeaseLost) => {
+            let free = attempt!(
+                ctx,
+                free_within(&*other, &k, ttl, ttl.get() + timing.expiry_margin).await,
+                "try_acquire after the lost grant"
+            );
+            ensure!(
+                ctx,
+                free.is_some(),
+                "the holder was told its grant is gone, but the lock stayed held past its TTL"
+            );
+            if let Some(free) = free {
+                attempt!(ctx, other.release(&free).await, "release");
+            }
+            ctx.note(format!("the cut cost the grant ({})", e.kind().as_str()));
+        }
+        Err(e) => return Err(ctx.fail(format!("extend after the connections were cut: {e}"))),
+    }
+    let k = key(ctx, &ns, "after-cut")?;
+    let again = attempt!(ctx, settle(|| svc.try_acquire(&k, ttl)).await, "try_acquire on a new key after the cut");
+    ensure!(ctx, again.is_some(), "after the cut the client could not take a free lock");
+    if let Some(g) = again {
+        attempt!(ctx, svc.release(&g).await, "release");
+    }
+    Ok(ctx.report())
+}
+
+/// **A partitioned holder loses the lock before anyone else gains it** (catalogue C34 for one
+/// holder, C42, bug class 13). A holder renewing on progress is cut off from the service by a
+/// [partition](crate::proxy::FaultProxy::partition) while another client waits for the lock.
+/// When the other client is granted it, the holder's lease must already be lost and its
+/// `safe_until` past (the lease's deadline is never later than the server's expiry). After the
+/// partition heals, extending the old grant reaches the service and is `NotHolder`, and the
+/// new holder keeps the lock.
+pub async fn partitioned_holder_loses_before_anyone_gains<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let Some(faulty) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
+    let ns = Namespace::new();
+    let timing = factory.timing();
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
+    let (other, third) = (client(ctx, factory).await?, client(ctx, factory).await?);
+    let k = key(ctx, &ns, "partition")?;
+    let lease = attempt!(ctx, faulty.service.lock(&k, timing.ttl, patience(timing.ttl)).await, "lock");
+    let progress = Progress::new();
+    let _renewal = lease.renew_on_progress(&progress);
+    let ticking = {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            loop {
+                progress.tick();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    tokio::time::sleep(timing.ttl / 2).await;
+    ensure!(ctx, !lease.is_lost(), "a lease renewed on progress was lost before the partition");
+    faulty.partition();
+    let cut_at = Instant::now();
+    let next = other.acquire(&k, ttl, patience(timing.ttl)).await;
+    let granted_at = Instant::now();
+    ticking.abort();
+    let next = attempt!(ctx, next, "the other client's acquire during the partition");
+    ensure!(
+        ctx,
+        lease.safe_until() <= granted_at,
+        "another client got the lock {:?} after the partition while the partitioned holder's safe_until was {:?} later still: two holders",
+        granted_at - cut_at,
+        lease.safe_until() - granted_at
+    );
+    // The lost signal is the watchdog's timer at the deadline (or the backend's word before):
+    // a few milliseconds of scheduling after the deadline are not a second holder.
+    let fired = tokio::time::timeout_at(lease.deadline().max(granted_at) + Duration::from_millis(50), lease.lost())
+        .await
+        .is_ok();
+    ensure!(ctx, fired, "the partitioned holder's lost signal did not fire at its deadline");
+    faulty.heal();
+    let stale = settle(|| faulty.service.extend(lease.grant(), ttl)).await.err().map(|e| e.kind());
+    ensure!(
+        ctx,
+        stale == Some(ErrorKind::NotHolder),
+        "after the partition healed, extending the old grant gave {stale:?}, expected NotHolder"
+    );
+    let stolen = attempt!(ctx, third.try_acquire(&k, ttl).await, "probe");
+    ensure!(ctx, stolen.is_none(), "after the partition healed the new holder's lock was free");
+    attempt!(ctx, other.release(&next).await, "the new holder's release");
+    ctx.note(format!("the lock changed hands {:.0} ms after the partition", (granted_at - cut_at).as_secs_f64() * 1e3));
+    Ok(ctx.report())
+}
+
+/// **A minority is never a quorum** (catalogue C32; bug class 17), for services that spread a
+/// lock over several servers (Redlock): a factory whose faulty client has at least three fault
+/// proxies. With a majority of its servers partitioned away, a client is not granted the lock;
+/// the partial grants it made on the minority are rolled back, so a second client that reaches
+/// a bare majority (every server but as many as the first client reached) gets the free lock at
+/// once; and with a minority partitioned away the lock is still granted. Single-server
+/// services pass with a note.
+pub async fn quorum_faults_never_grant_a_minority<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let Some(first) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
+    let n = first.proxies.len();
+    if n < 3 {
+        ctx.note(format!("{n} server(s) behind the faulty client: no quorum to fault"));
+        return Ok(ctx.report());
+    }
+    let Some(second) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
+    let majority = n / 2 + 1;
+    let minority = n - majority;
+    let ns = Namespace::new();
+    let timing = factory.timing();
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl * 5), "ttl");
+
+    let k = key(ctx, &ns, "quorum")?;
+    for p in &first.proxies[..majority] {
+        p.partition();
+    }
+    let cut_off = first.service.try_acquire(&k, ttl).await;
+    first.heal();
+    ensure!(
+        ctx,
+        !matches!(cut_off, Ok(Some(_))),
+        "granted with only {minority} of {n} servers reachable: a minority counted as a quorum"
+    );
+    // The first client wrote to the last `minority` servers; the second reaches all but the
+    // first `minority`, a bare majority that includes them.
+    for p in &second.proxies[..minority] {
+        p.partition();
+    }
+    let failed_at = Instant::now();
+    let next = free_within(&*second.service, &k, ttl, ttl.get() / 2).await;
+    let waited = failed_at.elapsed();
+    second.heal();
+    let next = attempt!(ctx, next, "try_acquire through a bare majority");
+    let Some(next) = next else {
+        return Err(ctx.fail(format!(
+            "a client reaching {majority} of {n} servers could not take the free lock: the servers that answered the \
+             failed attempt still hold its partial grant (not rolled back)"
+        )));
+    };
+    attempt!(ctx, settle(|| second.service.release(&next)).await, "release");
+    ctx.note(format!("a bare majority got the lock {:.0} ms after the failed attempt", waited.as_secs_f64() * 1e3));
+
+    let k = key(ctx, &ns, "quorum-minority-down")?;
+    for p in &first.proxies[..minority] {
+        p.partition();
+    }
+    let granted = first.service.try_acquire(&k, ttl).await;
+    first.heal();
+    let granted = attempt!(ctx, granted, "try_acquire with a minority unreachable");
+    let Some(granted) = granted else {
+        return Err(ctx.fail(format!("with {minority} of {n} servers unreachable the free lock was not granted")));
+    };
+    attempt!(ctx, settle(|| first.service.release(&granted)).await, "release");
     Ok(ctx.report())
 }

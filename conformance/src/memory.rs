@@ -4,9 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::{MemoryFencedStore, MemoryLockService, ResourceKey, Result};
+use palisade_core::{Fenced, LockService, MemoryFencedStore, MemoryLockService, ResourceKey, Result};
 
-use crate::{FencedStoreFactory, LockServiceFactory, ProcessAccess, Timing};
+use crate::relay::{Relay, RelayLockService};
+use crate::{FaultProxy, FaultyClient, FencedStoreFactory, LockServiceFactory, ProcessAccess, Timing};
 
 /// Clients of one shared [`MemoryLockService`]; child processes reach it through the relay.
 #[derive(Debug, Clone, Default)]
@@ -40,6 +41,14 @@ impl LockServiceFactory for MemoryLockFactory {
     async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
         self.service.break_lock(key);
         Ok(())
+    }
+
+    /// The shared service served over the loopback relay, its client dialing a fault proxy.
+    async fn faulty_client(&self) -> Result<FaultyClient<Fenced>> {
+        let relay = Relay::serve(Arc::clone(&self.service)).await?;
+        let proxy = FaultProxy::start(relay.addr()).await?;
+        let client = RelayLockService::<Fenced>::connect(proxy.addr(), self.service.capabilities()).await?;
+        Ok(FaultyClient::new(Arc::new(client), vec![proxy]).keeping(relay))
     }
 }
 

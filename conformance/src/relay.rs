@@ -6,14 +6,21 @@
 //! `LockService` calls over a line protocol on 127.0.0.1; it never releases a grant when a
 //! connection drops, so a killed child's lock expires at its TTL as with a real server.
 //!
-//! Wire format, one request and one reply per line:
-//! `TRY key ttl_us` → `GRANT token fence|- granted_ttl_us` or `BUSY`;
-//! `EXTEND key token fence|- ttl_us` → `OK granted_ttl_us`; `RELEASE key token fence|-` → `OK`;
-//! any request → `ERR kind message` on failure.
+//! Wire format, one request and one reply per line, each request led by a request id the
+//! client chooses:
+//! `id TRY key ttl_us` → `GRANT token fence|- granted_ttl_us` or `BUSY`;
+//! `id EXTEND key token fence|- ttl_us` → `OK granted_ttl_us`; `id RELEASE key token fence|-` →
+//! `OK`; any request → `ERR kind message` on failure.
+//!
+//! A reply can be lost after its request ran (the fault scenarios make sure of it). The client
+//! then reconnects and sends the same line again; the relay answers a request id it has seen
+//! from its reply cache instead of running the request twice, so a lost `TRY` reply neither
+//! orphans the grant nor takes a second one (catalogue C33).
 
+use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +35,34 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const BACKEND: &str = "relay";
+/// Replies kept for repeated request ids: far more than the requests in flight at once.
+const REPLY_CACHE: usize = 4096;
+/// How long a client keeps resending a request whose reply was lost.
+const RESEND_FOR: Duration = Duration::from_secs(3);
+
+/// The replies to the latest request ids, oldest first out.
+#[derive(Debug, Default)]
+struct ReplyCache {
+    replies: HashMap<u64, String>,
+    order: VecDeque<u64>,
+}
+
+impl ReplyCache {
+    fn get(&self, id: u64) -> Option<String> {
+        self.replies.get(&id).cloned()
+    }
+
+    fn put(&mut self, id: u64, reply: &str) {
+        if self.replies.insert(id, reply.to_string()).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > REPLY_CACHE {
+            if let Some(old) = self.order.pop_front() {
+                self.replies.remove(&old);
+            }
+        }
+    }
+}
 
 /// A running relay; dropping it stops accepting connections.
 #[derive(Debug)]
@@ -41,9 +76,10 @@ impl Relay {
     pub async fn serve<S: LockService>(service: Arc<S>) -> Result<Relay> {
         let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io_err)?;
         let addr = listener.local_addr().map_err(io_err)?;
+        let cache = Arc::new(StdMutex::new(ReplyCache::default()));
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve_connection(Arc::clone(&service), stream));
+                tokio::spawn(serve_connection(Arc::clone(&service), Arc::clone(&cache), stream));
             }
         });
         Ok(Relay { addr, task })
@@ -100,13 +136,25 @@ fn kind_from(name: &str) -> ErrorKind {
     .unwrap_or(ErrorKind::Backend)
 }
 
-async fn serve_connection<S: LockService>(service: Arc<S>, stream: TcpStream) {
+async fn serve_connection<S: LockService>(service: Arc<S>, cache: Arc<StdMutex<ReplyCache>>, stream: TcpStream) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let reply = match handle(&*service, &line).await {
-            Ok(reply) => reply,
-            Err(e) => format!("ERR {} {}", e.kind().as_str(), e.message().replace('\n', " ")),
+        let (id, request) = line.split_once(' ').unwrap_or((&line, ""));
+        let id = id.parse::<u64>().ok();
+        let cached = id.and_then(|id| cache.lock().unwrap_or_else(PoisonError::into_inner).get(id));
+        let reply = match cached {
+            Some(reply) => reply,
+            None => {
+                let reply = match handle(&*service, request).await {
+                    Ok(reply) => reply,
+                    Err(e) => format!("ERR {} {}", e.kind().as_str(), e.message().replace('\n', " ")),
+                };
+                if let Some(id) = id {
+                    cache.lock().unwrap_or_else(PoisonError::into_inner).put(id, &reply);
+                }
+                reply
+            }
         };
         if write.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
             return;
@@ -147,30 +195,103 @@ async fn handle<S: LockService>(service: &S, line: &str) -> Result<String> {
     }
 }
 
+/// What a [`RelayLockService`] does when a request's reply is lost (its connection ended
+/// after the request was sent, so the request may have run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayRetry {
+    /// Reconnects and sends the same request with the same id; the relay answers it from its
+    /// reply cache if it ran. The default, and the correct client.
+    SameRequest,
+    /// Reconnects and sends the request under a new id, so it runs again: a lost `TRY` reply
+    /// leaves the first grant orphaned (bug class 11). For tests of the suite itself.
+    NewRequest,
+    /// Gives up at once with [`ErrorKind::OutcomeUnknown`]: the grant of a lost `TRY` reply is
+    /// orphaned until its TTL. For tests of the suite itself.
+    Never,
+}
+
+type Conn = (tokio::io::Lines<BufReader<OwnedReadHalf>>, OwnedWriteHalf);
+
 /// The child's side: a `LockService` whose calls go to a [`Relay`].
 #[derive(Debug)]
 pub struct RelayLockService<F: Fencing> {
-    conn: Mutex<(tokio::io::Lines<BufReader<OwnedReadHalf>>, OwnedWriteHalf)>,
+    addr: SocketAddr,
+    conn: Mutex<Option<Conn>>,
+    retry: RelayRetry,
     capabilities: Capabilities,
     _fencing: PhantomData<F>,
+}
+
+fn request_id() -> Result<u64> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::new(ErrorKind::Backend, BACKEND, format!("no randomness for a request id: {e}")))?;
+    Ok(u64::from_le_bytes(bytes))
 }
 
 impl<F: Fencing> RelayLockService<F> {
     /// Connects to a relay; `capabilities` are the relayed service's.
     pub async fn connect(addr: SocketAddr, capabilities: Capabilities) -> Result<Self> {
+        RelayLockService::connect_with(addr, capabilities, RelayRetry::SameRequest).await
+    }
+
+    /// Connects to a relay, resending requests whose reply was lost as `retry` says.
+    pub async fn connect_with(addr: SocketAddr, capabilities: Capabilities, retry: RelayRetry) -> Result<Self> {
+        let conn = RelayLockService::<F>::open(addr).await?;
+        Ok(RelayLockService { addr, conn: Mutex::new(Some(conn)), retry, capabilities, _fencing: PhantomData })
+    }
+
+    async fn open(addr: SocketAddr) -> Result<Conn> {
         let stream = TcpStream::connect(addr).await.map_err(io_err)?;
+        let _ = stream.set_nodelay(true);
         let (read, write) = stream.into_split();
-        Ok(RelayLockService {
-            conn: Mutex::new((BufReader::new(read).lines(), write)),
-            capabilities,
-            _fencing: PhantomData,
-        })
+        Ok((BufReader::new(read).lines(), write))
+    }
+
+    /// Sends `request` and reads its reply on the open connection.
+    async fn exchange(conn: &mut Conn, line: &str) -> std::io::Result<Option<String>> {
+        conn.1.write_all(line.as_bytes()).await?;
+        conn.0.next_line().await
     }
 
     async fn call(&self, request: String) -> Result<String> {
+        let mut id = request_id()?;
+        let give_up = Instant::now() + RESEND_FOR;
         let mut conn = self.conn.lock().await;
-        conn.1.write_all(format!("{request}\n").as_bytes()).await.map_err(io_err)?;
-        let reply = conn.0.next_line().await.map_err(io_err)?.ok_or_else(|| proto_err("relay closed"))?;
+        let reply = loop {
+            if conn.is_none() {
+                match RelayLockService::<F>::open(self.addr).await {
+                    Ok(c) => *conn = Some(c),
+                    Err(_) if Instant::now() < give_up => {
+                        resend_pause().await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            // Out of the slot while in use: a call dropped mid-exchange (a caller's timeout)
+            // drops the connection with it, so its late reply is never read as the next one's.
+            let Some(mut open) = conn.take() else { continue };
+            match RelayLockService::<F>::exchange(&mut open, &format!("{id} {request}\n")).await {
+                Ok(Some(reply)) => {
+                    *conn = Some(open);
+                    break reply;
+                }
+                Ok(None) | Err(_) => {
+                    // The reply is lost; the request may have run.
+                    let unknown = || {
+                        Error::new(ErrorKind::OutcomeUnknown, BACKEND, "the relay connection ended before the reply")
+                    };
+                    match self.retry {
+                        RelayRetry::Never => return Err(unknown()),
+                        _ if Instant::now() >= give_up => return Err(unknown()),
+                        RelayRetry::SameRequest => {}
+                        RelayRetry::NewRequest => id = request_id()?,
+                    }
+                    resend_pause().await;
+                }
+            }
+        };
         match reply.strip_prefix("ERR ") {
             Some(rest) => {
                 let (kind, message) = rest.split_once(' ').unwrap_or((rest, ""));
@@ -179,6 +300,11 @@ impl<F: Fencing> RelayLockService<F> {
             None => Ok(reply),
         }
     }
+}
+
+/// The pause between resends.
+async fn resend_pause() {
+    tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
 #[async_trait]

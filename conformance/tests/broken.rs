@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use palisade_conformance::memory::MemoryStoreFactory;
+use palisade_conformance::relay::{Relay, RelayLockService, RelayRetry};
 use palisade_conformance::{Ctx, FencedStoreFactory, LockServiceFactory, Outcome, ProcessAccess, Timing, e2e, harness};
+use palisade_conformance::{FaultProxy, FaultyClient};
 use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, FencedStore, Grant, GrantFence, LockService,
     OwnerToken, Record, ResourceKey, Result, Ttl, WriteBatch, WriteOp, async_trait, conflict_error,
@@ -52,6 +54,9 @@ enum LockFlaw {
     /// Extend re-creates a lock that is gone (`SET … PX` instead of a compare), so a holder
     /// whose lock was deleted is never told (bug class 13).
     ExtendRecreates,
+    /// Grants report twice the TTL the service enforces (a unit or rounding bug on the way
+    /// back, bug class 8): the holder's deadline outlives the server's.
+    OverstatesTtl,
 }
 
 #[derive(Default)]
@@ -226,16 +231,24 @@ impl BrokenLock {
         let expires =
             if self.flaw == LockFlaw::NeverExpires { now + Duration::from_secs(3600) } else { now + ttl.get() };
         slot.holder = Some((token, expires));
-        Ok(Some(Grant::new(key.clone(), token, Fence::new(slot.last_fence), ttl, now)))
+        let told = if self.flaw == LockFlaw::OverstatesTtl { Ttl::new(ttl.get() * 2)? } else { ttl };
+        Ok(Some(Grant::new(key.clone(), token, Fence::new(slot.last_fence), told, now)))
     }
 }
 
+/// A broken service, and how its faulty client (over the relay) resends a request whose reply
+/// was lost.
 #[derive(Clone)]
-struct BrokenLockFactory(Arc<BrokenLock>);
+struct BrokenLockFactory(Arc<BrokenLock>, RelayRetry);
 
 impl BrokenLockFactory {
     fn new(flaw: LockFlaw) -> Self {
-        BrokenLockFactory(Arc::new(BrokenLock { flaw, slots: Mutex::default() }))
+        BrokenLockFactory(Arc::new(BrokenLock { flaw, slots: Mutex::default() }), RelayRetry::SameRequest)
+    }
+
+    /// A correct service whose faulty client resends lost requests as `retry` says.
+    fn retrying(retry: RelayRetry) -> Self {
+        BrokenLockFactory(BrokenLockFactory::new(LockFlaw::None).0, retry)
     }
 }
 
@@ -257,6 +270,12 @@ impl LockServiceFactory for BrokenLockFactory {
             slot.holder = None;
         }
         Ok(())
+    }
+    async fn faulty_client(&self) -> Result<FaultyClient<Fenced>> {
+        let relay = Relay::serve(Arc::clone(&self.0)).await?;
+        let proxy = FaultProxy::start(relay.addr()).await?;
+        let client = RelayLockService::<Fenced>::connect_with(proxy.addr(), self.0.capabilities(), self.1).await?;
+        Ok(FaultyClient::new(Arc::new(client), vec![proxy]).keeping(relay))
     }
 }
 
@@ -475,6 +494,9 @@ async fn no_exclusion_fails_mutual_exclusion() {
             ("owner_only_release_and_extend", "the holder lost the lock"),
             ("progress_gated_renewal", "another client took the lock"),
             ("stale_release_and_extend_after_takeover", "freed the new holder's lock"),
+            ("lost_replies_leave_one_live_grant", "a double grant"),
+            ("cut_connections_keep_the_grant_or_report_it", "another client got its lock"),
+            ("partitioned_holder_loses_before_anyone_gains", "two holders"),
         ],
         &["expiry_and_takeover", "wait_and_handoff", "cancelled_acquires_leave_no_residue", "fifo_when_declared"],
     )
@@ -489,6 +511,7 @@ async fn release_ignoring_the_token_fails_owner_only() {
             ("owner_only_release_and_extend", "release with a foreign token"),
             ("stale_release_and_extend_after_takeover", "release of the expired grant after a takeover"),
             ("expiry_and_takeover", "release by the expired holder"),
+            ("lost_replies_leave_one_live_grant", "bug class 6"),
         ],
         &[],
     )
@@ -525,7 +548,10 @@ async fn a_fence_not_increased_after_expiry_fails_monotonicity_and_the_pause() {
 async fn an_extend_that_does_nothing_fails_renewal() {
     lock_flaw_fails(
         LockFlaw::ExtendDoesNothing,
-        &[("progress_gated_renewal", "while its holder was making progress")],
+        &[
+            ("progress_gated_renewal", "while its holder was making progress"),
+            ("partitioned_holder_loses_before_anyone_gains", "two holders"),
+        ],
         &[],
     )
     .await;
@@ -536,14 +562,25 @@ async fn an_acquire_that_never_waits_fails_handoff_and_bad_input() {
     lock_flaw_fails(
         LockFlaw::AcquireNeverWaits,
         &[("wait_and_handoff", "did not get the released lock"), ("bad_input", "zero wait")],
-        &["mutual_exclusion", "fence_monotonicity", "fifo_when_declared", "cancelled_acquires_leave_no_residue"],
+        &[
+            "mutual_exclusion",
+            "fence_monotonicity",
+            "fifo_when_declared",
+            "cancelled_acquires_leave_no_residue",
+            "partitioned_holder_loses_before_anyone_gains",
+        ],
     )
     .await;
 }
 
 #[tokio::test]
 async fn gaps_in_declared_gap_free_fences_fail_monotonicity_and_load() {
-    lock_flaw_fails(LockFlaw::GapsDeclaredGapFree, &[("fence_monotonicity", "declared gap-free")], &[]).await;
+    lock_flaw_fails(
+        LockFlaw::GapsDeclaredGapFree,
+        &[("fence_monotonicity", "declared gap-free"), ("lost_replies_leave_one_live_grant", "declared gap-free")],
+        &[],
+    )
+    .await;
     let f = BrokenLockFactory::new(LockFlaw::GapsDeclaredGapFree);
     assert_fails_because(e2e::load(&ctx("load"), &f, &MemoryStoreFactory::new()).await, "GapsDeclaredGapFree", "gaps");
 }
@@ -800,6 +837,39 @@ async fn an_unexplained_expiry_margin_fails_the_timing_check() {
 }
 
 #[tokio::test]
+async fn a_client_resending_a_lost_acquire_as_a_new_request_fails_the_lost_reply_scenario() {
+    let outcomes = palisade_conformance::lock_outcomes(&BrokenLockFactory::retrying(RelayRetry::NewRequest)).await;
+    judge(
+        "resend as a new request",
+        outcomes,
+        &[("lost_replies_leave_one_live_grant", "its own first attempt holds")],
+        &[],
+    );
+}
+
+#[tokio::test]
+async fn a_client_giving_up_on_a_lost_acquire_reply_fails_the_lost_reply_scenario() {
+    let outcomes = palisade_conformance::lock_outcomes(&BrokenLockFactory::retrying(RelayRetry::Never)).await;
+    // It does not reconnect either: the first call after a cut connection is lost too.
+    judge(
+        "no resend",
+        outcomes,
+        &[("lost_replies_leave_one_live_grant", "an orphaned grant")],
+        &["cut_connections_keep_the_grant_or_report_it"],
+    );
+}
+
+#[tokio::test]
+async fn a_grant_overstating_its_ttl_fails_the_partition_scenario() {
+    lock_flaw_fails(
+        LockFlaw::OverstatesTtl,
+        &[("partitioned_holder_loses_before_anyone_gains", "two holders")],
+        &["expiry_and_takeover", "progress_gated_renewal"],
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn an_extend_that_recreates_a_deleted_lock_fails_the_lost_signal_scenario() {
     lock_flaw_fails(
         LockFlaw::ExtendRecreates,
@@ -807,4 +877,203 @@ async fn an_extend_that_recreates_a_deleted_lock_fails_the_lost_signal_scenario(
         &[],
     )
     .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A quorum lock over five in-memory services (Redlock's shape), with one flaw at a time.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QuorumFlaw {
+    /// None: the control.
+    None,
+    /// Grants when any one server said yes (bug class 17: a minority counted as success).
+    MinorityCounts,
+    /// A failed round leaves its partial grants in place (bug class 17: no rollback).
+    NoRollback,
+}
+
+type Node = Arc<dyn LockService<Fencing = Fenced>>;
+
+struct Quorum {
+    flaw: QuorumFlaw,
+    nodes: Vec<Node>,
+    /// Each grant's per-server grants, by the quorum grant's token.
+    held: Mutex<HashMap<OwnerToken, Vec<Option<Grant<Fenced>>>>>,
+}
+
+const NODE_TIMEOUT: Duration = Duration::from_millis(100);
+
+impl Quorum {
+    fn majority(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    async fn on_each<T, Fut>(&self, op: impl Fn(usize, Node) -> Fut) -> Vec<Option<T>>
+    where
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut out = Vec::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            out.push(tokio::time::timeout(NODE_TIMEOUT, op(i, Arc::clone(node))).await.ok().and_then(Result::ok));
+        }
+        out
+    }
+
+    async fn release_all(&self, grants: &[Option<Grant<Fenced>>]) {
+        for (node, grant) in self.nodes.iter().zip(grants) {
+            if let Some(g) = grant {
+                let _ = tokio::time::timeout(NODE_TIMEOUT, node.release(g)).await;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LockService for Quorum {
+    type Fencing = palisade_core::Unfenced;
+
+    fn backend(&self) -> &'static str {
+        "broken-quorum"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { fence_source: FenceSource::None, ..Capabilities::default() }
+    }
+
+    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<palisade_core::Unfenced>>> {
+        let requested_at = Instant::now();
+        // Each server's answer is awaited for the node timeout; one that comes later (held up
+        // by a partition) is released by its own task, unless the flaw forgets rollbacks.
+        let mut answers = Vec::new();
+        for node in &self.nodes {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let (node, key, forget) = (Arc::clone(node), key.clone(), self.flaw == QuorumFlaw::NoRollback);
+            tokio::spawn(async move {
+                if let Err(Ok(Some(late))) = tx.send(node.try_acquire(&key, ttl).await)
+                    && !forget
+                {
+                    let _ = node.release(&late).await;
+                }
+            });
+            answers.push(rx);
+        }
+        let mut grants: Vec<Option<Grant<Fenced>>> = Vec::new();
+        for rx in answers {
+            let answer = tokio::time::timeout_at(requested_at + NODE_TIMEOUT, rx).await;
+            grants.push(answer.ok().and_then(|r| r.ok()).and_then(|r| r.ok()).flatten());
+        }
+        let yes = grants.iter().filter(|g| g.is_some()).count();
+        let needed = if self.flaw == QuorumFlaw::MinorityCounts { 1 } else { self.majority() };
+        if yes >= needed {
+            let token = OwnerToken::generate()?;
+            self.held.lock().unwrap().insert(token, grants);
+            return Ok(Some(Grant::new(key.clone(), token, (), ttl, requested_at)));
+        }
+        if self.flaw != QuorumFlaw::NoRollback {
+            self.release_all(&grants).await;
+        }
+        Ok(None)
+    }
+
+    async fn extend(&self, grant: &Grant<palisade_core::Unfenced>, ttl: Ttl) -> Result<Ttl> {
+        let grants = self.held.lock().unwrap().get(&grant.token()).cloned();
+        let Some(grants) = grants else { return Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "not held")) };
+        let extended = self
+            .on_each(|i, node| {
+                let g = grants[i].clone();
+                async move {
+                    match g {
+                        Some(g) => node.extend(&g, ttl).await,
+                        None => Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "no grant here")),
+                    }
+                }
+            })
+            .await;
+        if extended.iter().filter(|e| e.is_some()).count() >= self.majority() {
+            Ok(ttl)
+        } else {
+            Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "no majority extended"))
+        }
+    }
+
+    async fn release(&self, grant: &Grant<palisade_core::Unfenced>) -> Result<()> {
+        let grants = self.held.lock().unwrap().remove(&grant.token());
+        let Some(grants) = grants else { return Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "not held")) };
+        self.release_all(&grants).await;
+        Ok(())
+    }
+}
+
+/// Clients of one quorum of five in-memory services; the faulty client reaches each service
+/// over the relay through a fault proxy of its own.
+struct QuorumFactory {
+    flaw: QuorumFlaw,
+    services: Vec<Arc<palisade_core::MemoryLockService>>,
+}
+
+impl QuorumFactory {
+    fn new(flaw: QuorumFlaw) -> Self {
+        QuorumFactory { flaw, services: (0..5).map(|_| Arc::new(palisade_core::MemoryLockService::new())).collect() }
+    }
+
+    fn quorum(&self, nodes: Vec<Node>) -> Quorum {
+        Quorum { flaw: self.flaw, nodes, held: Mutex::default() }
+    }
+}
+
+#[async_trait]
+impl LockServiceFactory for QuorumFactory {
+    type Service = Quorum;
+    async fn client(&self) -> Result<Arc<Quorum>> {
+        Ok(Arc::new(self.quorum(self.services.iter().map(|s| Arc::clone(s) as Node).collect())))
+    }
+    fn timing(&self) -> Timing {
+        Timing::new(Duration::from_millis(500), Duration::from_millis(50))
+    }
+    fn process_access(&self) -> ProcessAccess {
+        ProcessAccess::Relay
+    }
+    async fn faulty_client(&self) -> Result<FaultyClient<palisade_core::Unfenced>> {
+        let (mut nodes, mut proxies, mut relays) = (Vec::new(), Vec::new(), Vec::new());
+        for service in &self.services {
+            let relay = Relay::serve(Arc::clone(service)).await?;
+            let proxy = FaultProxy::start(relay.addr()).await?;
+            nodes.push(
+                Arc::new(RelayLockService::<Fenced>::connect(proxy.addr(), service.capabilities()).await?) as Node
+            );
+            proxies.push(proxy);
+            relays.push(relay);
+        }
+        Ok(FaultyClient::new(Arc::new(self.quorum(nodes)), proxies).keeping(relays))
+    }
+}
+
+#[tokio::test]
+async fn the_quorum_without_a_flaw_passes_the_quorum_scenario() {
+    let outcome = palisade_conformance::lock::quorum_faults_never_grant_a_minority(
+        &ctx("quorum_faults_never_grant_a_minority"),
+        &QuorumFactory::new(QuorumFlaw::None),
+    )
+    .await;
+    outcome.unwrap();
+}
+
+#[tokio::test]
+async fn a_quorum_counting_a_minority_fails_the_quorum_scenario() {
+    let outcome = palisade_conformance::lock::quorum_faults_never_grant_a_minority(
+        &ctx("quorum_faults_never_grant_a_minority"),
+        &QuorumFactory::new(QuorumFlaw::MinorityCounts),
+    )
+    .await;
+    assert_fails_because(outcome, "MinorityCounts", "a minority counted as a quorum");
+}
+
+#[tokio::test]
+async fn a_quorum_without_rollback_fails_the_quorum_scenario() {
+    let outcome = palisade_conformance::lock::quorum_faults_never_grant_a_minority(
+        &ctx("quorum_faults_never_grant_a_minority"),
+        &QuorumFactory::new(QuorumFlaw::NoRollback),
+    )
+    .await;
+    assert_fails_because(outcome, "NoRollback", "not rolled back");
 }

@@ -12,7 +12,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_conformance::{
+    FaultyClient, FencedStoreFactory, LockServiceFactory, Timing, lock_factory, proxy, require_env, store_factory,
+};
 use palisade_core::{Error, ErrorKind};
 use palisade_etcd::{EtcdConfig, EtcdLockService};
 use palisade_sqlite::SqliteStore;
@@ -20,6 +22,7 @@ use palisade_sqlite::SqliteStore;
 fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
     let url = format!("{}?session_ttl_s=3", require_env("PALISADE_ETCD_URL"));
     let raw = url.clone();
+    let proxied = url.clone();
     lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(3500)), move || {
         let config = EtcdConfig::from_url(&url);
         async move { Ok(Arc::new(EtcdLockService::connect_with(config?).await?)) }
@@ -35,6 +38,13 @@ fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
             let prefix = format!("{}{}/", config.key_prefix, key.lock_key());
             client.delete(prefix, Some(etcd_client::DeleteOptions::new().with_prefix())).await.map_err(fail)?;
             Ok(())
+        }
+    })
+    .with_faulty_client(move || {
+        let url = proxied.clone();
+        async move {
+            let (url, proxies) = proxy::proxy_url(&url).await?;
+            Ok(FaultyClient::new(Arc::new(EtcdLockService::connect_with(EtcdConfig::from_url(&url)?).await?), proxies))
         }
     })
 }

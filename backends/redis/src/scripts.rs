@@ -11,12 +11,20 @@ use redis::Script;
 /// each as a decimal string: Lua numbers are doubles, inexact above 2⁵³, so the fence is read
 /// back from the key rather than passed through Lua. `INCR` runs before `SET`: a counter Redis
 /// cannot increment fails the script before any lock is taken.
+///
+/// Idempotent per token: a lock already held by `token` is this very request sent again after
+/// its reply was lost, and gets the grant back (the counter moves only on a grant, so it still
+/// holds that grant's fence) instead of a second grant or "held" by its own orphan.
 pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-        if redis.call('EXISTS', KEYS[1]) == 0 then
+        local holder = redis.call('GET', KEYS[1])
+        if not holder then
             redis.call('INCR', KEYS[2])
             redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+            return {1, redis.call('GET', KEYS[2])}
+        end
+        if holder == ARGV[1] then
             return {1, redis.call('GET', KEYS[2])}
         end
         return {0, tostring(redis.call('PTTL', KEYS[1]))}

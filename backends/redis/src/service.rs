@@ -97,18 +97,44 @@ impl RedisLockService {
         ))
     }
 
+    /// Runs a script, sending it again while its outcome is unknown (a reply lost with its
+    /// connection, a connection cut before the request went out) for up to the response
+    /// timeout. Safe because every script is idempotent for its owner token: a resent acquire
+    /// gets its own grant back, a resent extend extends again, a resent release finds the
+    /// lock gone. Returns the reply and whether an earlier send's outcome was unknown.
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        what: &str,
+    ) -> Result<(T, bool)> {
+        let give_up = Instant::now() + self.config.response_timeout;
+        let mut pause = Duration::from_millis(5);
+        let mut unknown = false;
+        loop {
+            let mut conn = self.conn.clone();
+            match invocation.invoke_async(&mut conn).await {
+                Ok(reply) => return Ok((reply, unknown)),
+                Err(e) => {
+                    let e = map(e, what);
+                    let resend = matches!(e.kind(), ErrorKind::OutcomeUnknown | ErrorKind::Unavailable);
+                    if !resend || Instant::now() + pause >= give_up {
+                        return Err(e);
+                    }
+                    unknown |= e.kind() == ErrorKind::OutcomeUnknown;
+                    debug!(error = %e, "resending a redis script whose outcome is unknown");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
     async fn attempt(&self, key: &ResourceKey, ttl: Ttl) -> Result<AttemptOutcome<Grant<Fenced>>> {
         let token = OwnerToken::generate()?;
-        let mut conn = self.conn.clone();
         let requested_at = Instant::now();
-        let (granted, value): (i64, String) = ACQUIRE
-            .key(key.lock_key())
-            .key(key.fence_key())
-            .arg(&token.to_hex()[..])
-            .arg(ttl.as_millis_ceil())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| map(e, "acquire"))?;
+        let mut acquire = ACQUIRE.key(key.lock_key());
+        acquire.key(key.fence_key()).arg(&token.to_hex()[..]).arg(ttl.as_millis_ceil());
+        let ((granted, value), _): ((i64, String), bool) = self.invoke(&acquire, "acquire").await?;
         if granted == 1 {
             let fence = value.parse::<u64>().map_err(|_| {
                 Error::new(ErrorKind::Backend, BACKEND, format!("fence key {} holds {value:?}", key.fence_key()))
@@ -168,14 +194,9 @@ impl LockService for RedisLockService {
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
-        let mut conn = self.conn.clone();
-        let extended: i64 = EXTEND
-            .key(grant.key().lock_key())
-            .arg(&grant.token().to_hex()[..])
-            .arg(ttl.as_millis_ceil())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| map(e, "extend"))?;
+        let mut extend = EXTEND.key(grant.key().lock_key());
+        extend.arg(&grant.token().to_hex()[..]).arg(ttl.as_millis_ceil());
+        let (extended, _): (i64, bool) = self.invoke(&extend, "extend").await?;
         if extended == 1 {
             Ok(ttl)
         } else {
@@ -187,17 +208,15 @@ impl LockService for RedisLockService {
         }
     }
 
+    /// Owner-checked delete. A release whose first reply was lost and whose resend finds the
+    /// lock gone reports success: the first send deleted it, or it had expired; either way
+    /// this grant no longer holds it, and nobody else's lock was touched.
     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
-        let mut conn = self.conn.clone();
         let lock_key = grant.key().lock_key();
-        let released: i64 = RELEASE
-            .key(&lock_key)
-            .arg(&grant.token().to_hex()[..])
-            .arg(Waiters::channel(&lock_key))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| map(e, "release"))?;
-        if released == 1 {
+        let mut release = RELEASE.key(&lock_key);
+        release.arg(&grant.token().to_hex()[..]).arg(Waiters::channel(&lock_key));
+        let (released, resent): (i64, bool) = self.invoke(&release, "release").await?;
+        if released == 1 || resent {
             Ok(())
         } else {
             Err(Error::new(ErrorKind::NotHolder, BACKEND, format!("{lock_key} is not held by this owner token")))

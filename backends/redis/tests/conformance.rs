@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_conformance::{
+    FaultyClient, FencedStoreFactory, LockServiceFactory, Timing, lock_factory, proxy, require_env, store_factory,
+};
 use palisade_core::{Error, ErrorKind};
 use palisade_redis::RedisLockService;
 use palisade_sqlite::SqliteStore;
@@ -15,6 +17,7 @@ use palisade_sqlite::SqliteStore;
 fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
     let url = require_env("PALISADE_REDIS_URL");
     let raw = url.clone();
+    let proxied = url.clone();
     lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
         let url = url.clone();
         async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
@@ -27,6 +30,13 @@ fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
             let mut conn = client.get_multiplexed_async_connection().await.map_err(fail)?;
             let _: i64 = redis::cmd("DEL").arg(key.lock_key()).query_async(&mut conn).await.map_err(fail)?;
             Ok(())
+        }
+    })
+    .with_faulty_client(move || {
+        let url = proxied.clone();
+        async move {
+            let (url, proxies) = proxy::proxy_url(&url).await?;
+            Ok(FaultyClient::new(Arc::new(RedisLockService::connect(&url).await?), proxies))
         }
     })
 }

@@ -1,6 +1,7 @@
 //! The Redlock service: the algorithm over the masters.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,7 +26,7 @@ pub(crate) const BACKEND: &str = "redlock";
 /// See the [crate docs](crate) for the algorithm, its assumptions, and when to use it.
 pub struct RedlockService {
     config: RedlockConfig,
-    nodes: Vec<Node>,
+    nodes: Vec<Arc<Node>>,
 }
 
 /// How the masters answered one round.
@@ -69,10 +70,10 @@ impl RedlockService {
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, url)| Node::new(i + 1, url, config.node_timeout, config.connect_timeout))
+            .map(|(i, url)| Node::new(i + 1, url, config.node_timeout, config.connect_timeout).map(Arc::new))
             .collect::<Result<Vec<_>>>()?;
         let failures: Vec<String> =
-            join_all(nodes.iter().map(Node::connect)).await.into_iter().filter_map(|r| r.err()).collect();
+            join_all(nodes.iter().map(|n| n.connect())).await.into_iter().filter_map(|r| r.err()).collect();
         let reachable = nodes.len() - failures.len();
         if reachable < config.quorum() {
             return Err(Error::new(
@@ -143,12 +144,30 @@ impl RedlockService {
         Tally::of(join_all(self.nodes.iter().map(|n| n.compare_token(what, script, key, token, ttl_ms))).await)
     }
 
-    /// Best effort: deletes the key wherever it still holds `token` (also on masters that
-    /// failed to answer, whose `SET` may have landed).
-    async fn release_everywhere(&self, key: &str, token: &[u8]) {
-        let tally = self.on_every_node(&RELEASE, "release", key, token, None).await;
-        if !tally.failures.is_empty() {
-            debug!(key, failures = ?tally.failures, "some masters missed the clean-up; the key expires at its TTL there");
+    /// Deletes the key wherever it still holds `token`, also on masters that failed to answer
+    /// (their `SET` may have landed, or may still land: bytes held up by a partition arrive
+    /// when it heals). A master that fails again is retried in the background until `until`
+    /// (the TTL's end, when the key expires there anyway), so a late `SET` is not left holding
+    /// the lock on it with nobody to release it.
+    async fn release_everywhere(&self, key: &str, token: &[u8], until: Instant) {
+        let replies = join_all(self.nodes.iter().map(|n| n.compare_token("release", &RELEASE, key, token, None))).await;
+        for (node, reply) in self.nodes.iter().zip(replies) {
+            if let Reply::Failed(why) = reply {
+                debug!(key, failure = %why, "a master missed the clean-up; retrying it in the background");
+                let (node, key, token) = (Arc::clone(node), key.to_string(), token.to_vec());
+                tokio::spawn(async move {
+                    let mut backoff = Backoff::with_bounds(Duration::from_millis(20), Duration::from_millis(250));
+                    while Instant::now() < until {
+                        tokio::time::sleep(backoff.next_delay()).await;
+                        if !matches!(
+                            node.compare_token("release", &RELEASE, &key, &token, None).await,
+                            Reply::Failed(_)
+                        ) {
+                            return;
+                        }
+                    }
+                });
+            }
         }
     }
 
@@ -168,7 +187,7 @@ impl RedlockService {
             return Ok(Some(Grant::new(key.clone(), token, (), reported, started)));
         }
         if tally.yes > 0 || !tally.failures.is_empty() {
-            self.release_everywhere(&redis_key, token_text).await;
+            self.release_everywhere(&redis_key, token_text, started + ttl.get()).await;
         }
         if tally.yes >= quorum {
             return Err(Error::new(
@@ -230,7 +249,7 @@ impl LockService for RedlockService {
             return Ok(reported);
         }
         if tally.yes > 0 {
-            self.release_everywhere(&redis_key, &token[..]).await;
+            self.release_everywhere(&redis_key, &token[..], started + ttl.get()).await;
         }
         if tally.answered() < self.config.quorum() {
             return Err(self.unavailable(&format!("extend {}", grant.key()), &tally));

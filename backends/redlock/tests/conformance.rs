@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_conformance::{
-    FencedStoreFactory, LoadSettings, LockServiceFactory, Timing, lock_factory, require_env, store_factory,
+    FaultyClient, FencedStoreFactory, LoadSettings, LockServiceFactory, Timing, lock_factory, proxy, require_env,
+    store_factory,
 };
 use palisade_core::{Error, ErrorKind};
 use palisade_redlock::RedlockService;
@@ -23,6 +24,7 @@ fn redlock(n: usize) -> impl LockServiceFactory<Service = RedlockService> {
     assert!(hosts.len() >= n, "PALISADE_REDLOCK_URL lists {} masters, the test needs {n}", hosts.len());
     let url = format!("redlock://{}?node_timeout_ms=250", hosts[..n].join(","));
     let masters: Vec<String> = hosts[..n].iter().map(|h| format!("redis://{h}")).collect();
+    let proxied = url.clone();
     lock_factory(Timing::new(Duration::from_millis(500), Duration::from_millis(100)), move || {
         let url = url.clone();
         async move { Ok(Arc::new(RedlockService::connect(&url).await?)) }
@@ -39,6 +41,13 @@ fn redlock(n: usize) -> impl LockServiceFactory<Service = RedlockService> {
                 let _: i64 = redis::cmd("DEL").arg(lock).query_async(&mut conn).await.map_err(fail)?;
             }
             Ok(())
+        }
+    })
+    .with_faulty_client(move || {
+        let url = proxied.clone();
+        async move {
+            let (url, proxies) = proxy::proxy_url(&url).await?;
+            Ok(FaultyClient::new(Arc::new(RedlockService::connect(&url).await?), proxies))
         }
     })
 }

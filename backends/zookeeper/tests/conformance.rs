@@ -10,7 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_conformance::{
+    FaultyClient, FencedStoreFactory, LockServiceFactory, Timing, lock_factory, proxy, require_env, store_factory,
+};
 use palisade_core::{Error, ErrorKind};
 use palisade_core::{LockService, LockServiceExt, ResourceKey, Ttl};
 use palisade_sqlite::SqliteStore;
@@ -23,6 +25,7 @@ fn url() -> String {
 fn zookeeper() -> impl LockServiceFactory<Service = ZkLockService> {
     let url = url();
     let raw = url.clone();
+    let proxied = url.clone();
     lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(4000)), move || {
         let config = ZkConfig::from_url(&url);
         async move { Ok(Arc::new(ZkLockService::connect_with(config?).await?)) }
@@ -40,6 +43,13 @@ fn zookeeper() -> impl LockServiceFactory<Service = ZkLockService> {
                 client.delete(&format!("{parent}/{child}"), None).await.map_err(fail)?;
             }
             Ok(())
+        }
+    })
+    .with_faulty_client(move || {
+        let url = proxied.clone();
+        async move {
+            let (url, proxies) = proxy::proxy_url(&url).await?;
+            Ok(FaultyClient::new(Arc::new(ZkLockService::connect_with(ZkConfig::from_url(&url)?).await?), proxies))
         }
     })
 }

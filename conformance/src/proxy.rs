@@ -1,0 +1,357 @@
+//! A TCP fault proxy: it sits between a client and its server, forwards bytes both ways, and
+//! on command loses a reply after its request reached the server, cuts every connection,
+//! delays traffic, or partitions the client from the server until healed.
+//!
+//! A backend author gets the fault scenarios by handing the suite a client that dials the
+//! proxy instead of the server ([`LockServiceFactory::faulty_client`]); the proxy knows
+//! nothing of the protocol, so it works for any server spoken to over TCP.
+//!
+//! What each fault looks like to the client:
+//! - **lost reply** ([`FaultProxy::lose_next_reply`]): the next request goes through and is
+//!   applied; the first bytes the server sends back on that connection are dropped and the
+//!   connection is closed. The client sees its connection end with the request's outcome
+//!   unknown: the ambiguity every retry protocol must resolve.
+//! - **cut** ([`FaultProxy::cut_connections`]): every open connection is closed at once (a
+//!   server restart, a load balancer's idle reap, a NAT table flush); new ones are accepted.
+//! - **partition** ([`FaultProxy::partition`] until [`FaultProxy::heal`]): nothing flows
+//!   either way and new connections hang; bytes already sent are held and delivered on heal,
+//!   as TCP's retransmissions would.
+//! - **delay** ([`FaultProxy::set_delay`]): every chunk waits that long in each direction.
+//!
+//! [`LockServiceFactory::faulty_client`]: crate::LockServiceFactory::faulty_client
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use palisade_core::{Error, ErrorKind, Result};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Whether traffic may flow, and which generation of connections is still wanted.
+#[derive(Debug, Clone, Copy, Default)]
+struct Gate {
+    partitioned: bool,
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    upstream: SocketAddr,
+    gate: watch::Sender<Gate>,
+    lose_next_reply: AtomicBool,
+    lost_replies: AtomicUsize,
+    delay_us: AtomicU64,
+    connections: AtomicUsize,
+}
+
+/// A running fault proxy on an ephemeral port of 127.0.0.1; dropping it stops accepting
+/// connections (open ones end when either side closes).
+#[derive(Debug)]
+pub struct FaultProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy that forwards every connection it accepts to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Result<FaultProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io_err)?;
+        let addr = listener.local_addr().map_err(io_err)?;
+        let shared = Arc::new(Shared {
+            upstream,
+            gate: watch::Sender::new(Gate::default()),
+            lose_next_reply: AtomicBool::new(false),
+            lost_replies: AtomicUsize::new(0),
+            delay_us: AtomicU64::new(0),
+            connections: AtomicUsize::new(0),
+        });
+        let task = {
+            let shared = Arc::clone(&shared);
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    shared.connections.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(relay(Arc::clone(&shared), client));
+                }
+            })
+        };
+        Ok(FaultProxy { addr, shared, task })
+    }
+
+    /// Where the client must connect instead of the server.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server behind the proxy.
+    pub fn upstream(&self) -> SocketAddr {
+        self.shared.upstream
+    }
+
+    /// Arms a one-shot fault: the next request (on any connection) reaches the server, and
+    /// the server's reply to it is dropped and its connection closed.
+    pub fn lose_next_reply(&self) {
+        self.shared.lose_next_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// Disarms [`lose_next_reply`](Self::lose_next_reply) if no request came.
+    pub fn disarm(&self) {
+        self.shared.lose_next_reply.store(false, Ordering::SeqCst);
+    }
+
+    /// How many replies the proxy has dropped so far.
+    pub fn lost_replies(&self) -> usize {
+        self.shared.lost_replies.load(Ordering::SeqCst)
+    }
+
+    /// How many client connections the proxy has accepted so far.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::SeqCst)
+    }
+
+    /// Closes every open connection, both sides; new connections are accepted as usual.
+    pub fn cut_connections(&self) {
+        self.shared.gate.send_modify(|g| g.generation += 1);
+    }
+
+    /// Stops all traffic, both ways, on open and new connections, until [`heal`](Self::heal).
+    pub fn partition(&self) {
+        self.shared.gate.send_modify(|g| g.partitioned = true);
+    }
+
+    /// Ends a [`partition`](Self::partition): held bytes flow again.
+    pub fn heal(&self) {
+        self.shared.gate.send_modify(|g| g.partitioned = false);
+    }
+
+    /// Delays every chunk of bytes by `delay` in each direction (zero: no delay).
+    pub fn set_delay(&self, delay: Duration) {
+        self.shared.delay_us.store(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        // Open connections end too: a proxy that is gone must not keep a client talking.
+        self.cut_connections();
+    }
+}
+
+/// Puts a fault proxy in front of every server a connection URL names, and returns the URL
+/// rewritten to dial the proxies (in the order of the hosts), with the proxies.
+///
+/// The URL is `scheme://[userinfo@]host:port[,host:port…][/path][?query]`, the shape of every
+/// Palisade URL (`redis://`, `redlock://a,b,c`, `etcd://`, `zk://`); the rest is kept as is.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> palisade_core::Result<()> {
+/// let (url, proxies) = palisade_conformance::proxy::proxy_url("redis://:secret@127.0.0.1:6379/0").await?;
+/// assert_eq!(url, format!("redis://:secret@{}/0", proxies[0].addr()));
+/// assert_eq!(proxies[0].upstream().port(), 6379);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn proxy_url(url: &str) -> Result<(String, Vec<FaultProxy>)> {
+    let bad = |what: &str| Error::new(ErrorKind::InvalidConfig, "fault-proxy", format!("cannot proxy a URL: {what}"));
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((user, hosts)) => (format!("{user}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let mut proxies = Vec::new();
+    let mut dialed = Vec::new();
+    for host in hosts.split(',') {
+        let upstream = tokio::net::lookup_host(host)
+            .await
+            .map_err(|_| bad("a host without a port, or one that does not resolve"))?
+            .next()
+            .ok_or_else(|| bad("a host that does not resolve"))?;
+        let proxy = FaultProxy::start(upstream).await?;
+        dialed.push(proxy.addr().to_string());
+        proxies.push(proxy);
+    }
+    Ok((format!("{scheme}://{userinfo}{}{tail}", dialed.join(",")), proxies))
+}
+
+fn io_err(e: std::io::Error) -> Error {
+    Error::new(ErrorKind::Unavailable, "fault-proxy", "fault proxy I/O failed").with_source(e)
+}
+
+/// One client connection: forwards both ways until either side closes, the connection is
+/// cut, or a lost reply ends it.
+async fn relay(shared: Arc<Shared>, client: TcpStream) {
+    let mut gate = shared.gate.subscribe();
+    let generation = gate.borrow().generation;
+    let cut = {
+        let mut gate = gate.clone();
+        async move {
+            // An error means the proxy is gone: end the connection too.
+            let _ = gate.wait_for(|g| g.generation != generation).await;
+        }
+    };
+    let session = async {
+        if !open(&mut gate, generation).await {
+            return;
+        }
+        let Ok(server) = TcpStream::connect(shared.upstream).await else { return };
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        let (client_read, client_write) = client.into_split();
+        let (server_read, server_write) = server.into_split();
+        // Set when the request whose reply is to be lost went up this connection.
+        let doomed = AtomicBool::new(false);
+        tokio::select! {
+            () = pump(&shared, shared.gate.subscribe(), client_read, server_write, Direction::Up, &doomed) => {}
+            () = pump(&shared, shared.gate.subscribe(), server_read, client_write, Direction::Down, &doomed) => {}
+        }
+    };
+    tokio::select! {
+        () = cut => {}
+        () = session => {}
+    }
+}
+
+/// Waits until traffic may flow; false if the connection was cut meanwhile.
+async fn open(gate: &mut watch::Receiver<Gate>, generation: u64) -> bool {
+    match gate.wait_for(|g| !g.partitioned || g.generation != generation).await {
+        Ok(g) => g.generation == generation,
+        Err(_) => false,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Client to server.
+    Up,
+    /// Server to client.
+    Down,
+}
+
+async fn pump(
+    shared: &Shared,
+    mut gate: watch::Receiver<Gate>,
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    direction: Direction,
+    doomed: &AtomicBool,
+) {
+    let generation = gate.borrow().generation;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if !open(&mut gate, generation).await {
+            return;
+        }
+        let delay = shared.delay_us.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_micros(delay)).await;
+        }
+        match direction {
+            Direction::Up => {
+                if shared.lose_next_reply.swap(false, Ordering::SeqCst) {
+                    doomed.store(true, Ordering::SeqCst);
+                }
+            }
+            Direction::Down => {
+                if doomed.load(Ordering::SeqCst) {
+                    // The request was applied (the server answered): lose the answer and end
+                    // the connection, so the client never learns the outcome.
+                    shared.lost_replies.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// An echo server that counts the requests it received.
+    async fn echo() -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&seen);
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        if s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    async fn roundtrip(s: &mut TcpStream, msg: &[u8]) -> std::io::Result<Vec<u8>> {
+        s.write_all(msg).await?;
+        let mut buf = vec![0u8; msg.len()];
+        s.read_exact(&mut buf).await?;
+        Ok(buf)
+    }
+
+    #[tokio::test]
+    async fn forwards_and_loses_exactly_one_reply_after_the_request_arrived() {
+        let (server, seen) = echo().await;
+        let proxy = FaultProxy::start(server).await.unwrap();
+        let mut a = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut a, b"ping").await.unwrap(), b"ping");
+        proxy.lose_next_reply();
+        assert!(roundtrip(&mut a, b"lost").await.is_err(), "the reply was delivered");
+        assert_eq!(seen.load(Ordering::SeqCst), 2, "the request whose reply was lost never reached the server");
+        assert_eq!(proxy.lost_replies(), 1);
+        let mut b = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut b, b"again").await.unwrap(), b"again", "one-shot fault stayed armed");
+    }
+
+    #[tokio::test]
+    async fn a_partition_holds_traffic_until_healed_and_a_cut_closes_connections() {
+        let (server, seen) = echo().await;
+        let proxy = FaultProxy::start(server).await.unwrap();
+        let mut a = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut a, b"one").await.unwrap(), b"one");
+        proxy.partition();
+        let held = tokio::time::timeout(Duration::from_millis(200), roundtrip(&mut a, b"two")).await;
+        assert!(held.is_err(), "traffic flowed through a partition");
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+        proxy.heal();
+        let mut rest = [0u8; 3];
+        a.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"two", "the bytes held by the partition were not delivered on heal");
+        proxy.cut_connections();
+        let mut buf = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_secs(2), a.read(&mut buf)).await.unwrap();
+        assert!(matches!(closed, Ok(0) | Err(_)), "a cut connection stayed open");
+        let mut b = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut b, b"new").await.unwrap(), b"new");
+        assert_eq!(proxy.connections(), 2);
+    }
+}
