@@ -38,9 +38,15 @@ impl<G: palisade_core::Fencing> FaultyClient<G> {
     /// Arms a lost reply on every proxy ([`FaultProxy::lose_next_reply`]) and returns how many
     /// replies they had lost before, for [`lost_since`](Self::lost_since).
     pub fn lose_next_replies(&self) -> usize {
+        self.lose_replies_to(0)
+    }
+
+    /// Like [`lose_next_replies`](Self::lose_next_replies), for the request after the next
+    /// `skip` ones on each proxy ([`FaultProxy::lose_reply_to`]).
+    pub fn lose_replies_to(&self, skip: usize) -> usize {
         let before = self.lost_replies();
         for p in &self.proxies {
-            p.lose_next_reply();
+            p.lose_reply_to(skip);
         }
         before
     }
@@ -171,6 +177,32 @@ pub trait LockServiceFactory: Send + Sync + 'static {
             "this factory cannot make a client behind a fault proxy",
         ))
     }
+
+    /// A new, independent client whose clock runs `ahead` of everyone else's (an NTP step, a
+    /// VM resumed with a stale clock), for a service whose clients read a clock that could
+    /// matter (a lock kept in a table with a client-computed expiry). Default:
+    /// [`ErrorKind::Unsupported`], right for services that judge expiry by the server's clock.
+    ///
+    /// [`ErrorKind::Unsupported`]: palisade_core::ErrorKind::Unsupported
+    async fn skewed_client(&self, ahead: Duration) -> Result<Arc<Self::Service>> {
+        let _ = ahead;
+        Err(palisade_core::Error::new(
+            palisade_core::ErrorKind::Unsupported,
+            "conformance",
+            "this factory's clients read no clock of their own",
+        ))
+    }
+}
+
+/// A lock service whose server(s) belong to the test, so the suite may restart them: a backend
+/// author gets the restart scenario with [`restart_suite!`](crate::restart_suite).
+#[async_trait]
+pub trait RestartableFactory: LockServiceFactory {
+    /// Restarts the server(s), keeping their data (`keep_data`: a restart, a failover to an
+    /// up-to-date replica) or losing it (a restart without persistence, a restore of an old
+    /// backup), and returns once they accept connections again. Clients made before may have
+    /// to reconnect.
+    async fn restart_server(&self, keep_data: bool) -> Result<()>;
 }
 
 /// A lock service that runs as a cluster of the test's own, whose leader the suite may kill: a

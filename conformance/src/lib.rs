@@ -37,6 +37,7 @@
 //! | 5 | [`progress_gated_renewal`](lock::progress_gated_renewal) | lock | progress keeps the lease past 3 TTLs; a stall loses it within TTL + margin |
 //! | 6 | [`wait_and_handoff`](lock::wait_and_handoff) | lock | a waiter gets a released lock within one TTL; `Timeout` otherwise; handoff latency reported |
 //! | 7 | [`bad_input`](lock::bad_input) | lock | bad keys, TTLs and waits are typed errors |
+//! | – | [`keys_are_independent`](lock::keys_are_independent) | lock | keys differing in case, prefix, domain or at the maximum length do not collide; no re-entrant grant; per-key counters |
 //! | – | [`stale_release_and_extend_after_takeover`](lock::stale_release_and_extend_after_takeover) | lock | the service refuses release/extend of an expired grant; no resurrection |
 //! | – | [`cancelled_acquires_leave_no_residue`](lock::cancelled_acquires_leave_no_residue) | lock | cancelled waiters block nobody |
 //! | – | [`fifo_when_declared`](lock::fifo_when_declared) | lock | declared FIFO waiting is FIFO |
@@ -46,6 +47,10 @@
 //! | – | [`cut_connections_keep_the_grant_or_report_it`](lock::cut_connections_keep_the_grant_or_report_it) | lock | after every connection is cut the holder still holds (and nobody else does) or is told it lost the lock |
 //! | – | [`partitioned_holder_loses_before_anyone_gains`](lock::partitioned_holder_loses_before_anyone_gains) | lock | a holder partitioned from the service is lost (`safe_until` past) before another client is granted the lock |
 //! | – | [`quorum_faults_never_grant_a_minority`](lock::quorum_faults_never_grant_a_minority) | lock | over several servers: no grant from a minority, partial grants rolled back, a minority down still grants |
+//! | – | [`dropped_client_lets_go`](lock::dropped_client_lets_go) | lock | a client dropped while holding lets the lock go within TTL + margin: nothing keeps renewing it |
+//! | – | [`fast_client_clock_takes_nothing_early`](lock::fast_client_clock_takes_nothing_early) | lock | a client whose clock runs ten TTLs ahead cannot take a held lock |
+//! | – | [`dead_waiter_is_never_granted`](lock::dead_waiter_is_never_granted) | lock | a waiter cut off past its session neither blocks the lock nor comes back holding it |
+//! | – | [`fences_survive_restart_or_are_repaired`](lock::fences_survive_restart_or_are_repaired) | restart | fences grow across a restart with data when declared; after a data loss `lock_checked` moves the counter on or refuses |
 //! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted from the same grant, refused from another; higher raises the watermark; lower refused; data untouched |
 //! | 9 | [`concurrent_interleaved_fences`](store::concurrent_interleaved_fences) | store | concurrent scrambled fences: exactly the writes ≥ the watermark land |
 //! | 10 | [`atomicity`](store::atomicity) | store | multi-operation writes are all or nothing; conditions see the state before the batch |
@@ -95,7 +100,8 @@ pub mod store;
 
 pub use e2e::LoadSettings;
 pub use factory::{
-    ClusterFactory, FaultyClient, FencedStoreFactory, FencingOf, LockServiceFactory, Namespace, ProcessAccess, Timing,
+    ClusterFactory, FaultyClient, FencedStoreFactory, FencingOf, LockServiceFactory, Namespace, ProcessAccess,
+    RestartableFactory, Timing,
 };
 pub use fn_factory::{FnLockFactory, FnStoreFactory, lock_factory, store_factory};
 pub use harness::{Ctx, Failure, Outcome, Report, require_env};
@@ -126,29 +132,7 @@ pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Ve
 /// the scenarios of the guarantee it breaks fail, for that reason, and the others pass.
 pub async fn lock_outcomes<F: LockServiceFactory>(factory: &F) -> Vec<(&'static str, Outcome)> {
     let mut outcomes = Vec::new();
-    macro_rules! go {
-        ($($name:ident),*) => {$(
-            outcomes.push((stringify!($name), lock::$name(&Ctx::new(stringify!($name), ""), factory).await));
-        )*};
-    }
-    go!(
-        mutual_exclusion,
-        owner_only_release_and_extend,
-        expiry_and_takeover,
-        fence_monotonicity,
-        progress_gated_renewal,
-        wait_and_handoff,
-        bad_input,
-        stale_release_and_extend_after_takeover,
-        cancelled_acquires_leave_no_residue,
-        fifo_when_declared,
-        declared_timing_is_explained,
-        lost_signal_from_the_backend,
-        lost_replies_leave_one_live_grant,
-        cut_connections_keep_the_grant_or_report_it,
-        partitioned_holder_loses_before_anyone_gains,
-        quorum_faults_never_grant_a_minority
-    );
+    crate::__lock_scenarios!(__push_outcomes(lock, outcomes, factory));
     outcomes
 }
 
@@ -163,21 +147,7 @@ pub async fn run_store_scenarios<F: FencedStoreFactory>(factory: &F) -> Result<V
 /// failures included, like [`lock_outcomes`].
 pub async fn store_outcomes<F: FencedStoreFactory>(factory: &F) -> Vec<(&'static str, Outcome)> {
     let mut outcomes = Vec::new();
-    macro_rules! go {
-        ($($name:ident),*) => {$(
-            outcomes.push((stringify!($name), store::$name(&Ctx::new(stringify!($name), ""), factory).await));
-        )*};
-    }
-    go!(
-        equal_higher_lower,
-        concurrent_interleaved_fences,
-        atomicity,
-        store_bad_input,
-        stale_batches_of_every_shape,
-        fence_comparison_matrix,
-        watermark_scope,
-        store_race
-    );
+    crate::__store_scenarios!(__push_outcomes(store, outcomes, factory));
     outcomes
 }
 
@@ -194,6 +164,82 @@ pub async fn run_end_to_end_scenarios<L: LockServiceFactory, S: FencedStoreFacto
     }
     go!(paused_holder_in_process, stale_write_before_new_holder_writes, load);
     Ok(reports)
+}
+
+/// The lock service scenarios, in the order they run: the one list that
+/// [`lock_service_suite!`] stamps and [`lock_outcomes`] runs. Calls `$crate::$callback!` with
+/// `($args)` and the names.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __lock_scenarios {
+    ($callback:ident $args:tt) => {
+        $crate::$callback!(
+            $args
+            mutual_exclusion,
+            owner_only_release_and_extend,
+            expiry_and_takeover,
+            fence_monotonicity,
+            progress_gated_renewal,
+            wait_and_handoff,
+            bad_input,
+            keys_are_independent,
+            stale_release_and_extend_after_takeover,
+            cancelled_acquires_leave_no_residue,
+            fifo_when_declared,
+            declared_timing_is_explained,
+            lost_signal_from_the_backend,
+            lost_replies_leave_one_live_grant,
+            cut_connections_keep_the_grant_or_report_it,
+            partitioned_holder_loses_before_anyone_gains,
+            quorum_faults_never_grant_a_minority,
+            dropped_client_lets_go,
+            fast_client_clock_takes_nothing_early,
+            dead_waiter_is_never_granted
+        );
+    };
+}
+
+/// The fenced store scenarios: the one list that [`fenced_store_suite!`] stamps and
+/// [`store_outcomes`] runs.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_scenarios {
+    ($callback:ident $args:tt) => {
+        $crate::$callback!(
+            $args
+            equal_higher_lower,
+            concurrent_interleaved_fences,
+            atomicity,
+            store_bad_input,
+            stale_batches_of_every_shape,
+            fence_comparison_matrix,
+            watermark_scope,
+            store_race
+        );
+    };
+}
+
+/// One `#[test]` per named scenario.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __stamp_tests {
+    (($group:ident, $factories:tt) $($name:ident),*) => {
+        $($crate::__scenario_test!($group, $name, $factories);)*
+    };
+}
+
+/// Runs each named scenario in turn, pushing `(name, outcome)` onto `$outcomes`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __push_outcomes {
+    (($group:ident, $outcomes:ident, $factory:ident) $($name:ident),*) => {
+        $(
+            $outcomes.push((
+                stringify!($name),
+                $crate::$group::$name(&$crate::Ctx::new(stringify!($name), ""), $factory).await,
+            ));
+        )*
+    };
 }
 
 /// One `#[test]` running one scenario through [`harness::run`].
@@ -243,22 +289,7 @@ macro_rules! lock_service_suite {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
-            $crate::__scenario_test!(lock, mutual_exclusion, ($factory));
-            $crate::__scenario_test!(lock, owner_only_release_and_extend, ($factory));
-            $crate::__scenario_test!(lock, expiry_and_takeover, ($factory));
-            $crate::__scenario_test!(lock, fence_monotonicity, ($factory));
-            $crate::__scenario_test!(lock, progress_gated_renewal, ($factory));
-            $crate::__scenario_test!(lock, wait_and_handoff, ($factory));
-            $crate::__scenario_test!(lock, bad_input, ($factory));
-            $crate::__scenario_test!(lock, stale_release_and_extend_after_takeover, ($factory));
-            $crate::__scenario_test!(lock, cancelled_acquires_leave_no_residue, ($factory));
-            $crate::__scenario_test!(lock, fifo_when_declared, ($factory));
-            $crate::__scenario_test!(lock, declared_timing_is_explained, ($factory));
-            $crate::__scenario_test!(lock, lost_signal_from_the_backend, ($factory));
-            $crate::__scenario_test!(lock, lost_replies_leave_one_live_grant, ($factory));
-            $crate::__scenario_test!(lock, cut_connections_keep_the_grant_or_report_it, ($factory));
-            $crate::__scenario_test!(lock, partitioned_holder_loses_before_anyone_gains, ($factory));
-            $crate::__scenario_test!(lock, quorum_faults_never_grant_a_minority, ($factory));
+            $crate::__lock_scenarios!(__stamp_tests(lock, ($factory)));
         }
     };
 }
@@ -274,14 +305,7 @@ macro_rules! fenced_store_suite {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
-            $crate::__scenario_test!(store, equal_higher_lower, ($factory));
-            $crate::__scenario_test!(store, concurrent_interleaved_fences, ($factory));
-            $crate::__scenario_test!(store, atomicity, ($factory));
-            $crate::__scenario_test!(store, store_bad_input, ($factory));
-            $crate::__scenario_test!(store, stale_batches_of_every_shape, ($factory));
-            $crate::__scenario_test!(store, fence_comparison_matrix, ($factory));
-            $crate::__scenario_test!(store, watermark_scope, ($factory));
-            $crate::__scenario_test!(store, store_race, ($factory));
+            $crate::__store_scenarios!(__stamp_tests(store, ($factory)));
         }
     };
 }
@@ -320,6 +344,24 @@ macro_rules! cluster_suite {
             #[allow(unused_imports)]
             use super::*;
             $crate::__scenario_test!(cluster, leader_killed, ($lock, $store));
+        }
+    };
+}
+
+/// Stamps out the restart scenario ([`lock::fences_survive_restart_or_are_repaired`]) for a
+/// [`RestartableFactory`] (a fenced service over a server of the test's own, which the suite
+/// may restart with or without its data), in a module (`restart_conformance`, or the name given
+/// first).
+#[macro_export]
+macro_rules! restart_suite {
+    ($factory:expr) => {
+        $crate::restart_suite!(restart_conformance, $factory);
+    };
+    ($module:ident, $factory:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__scenario_test!(lock, fences_survive_restart_or_are_repaired, ($factory));
         }
     };
 }

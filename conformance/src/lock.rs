@@ -564,17 +564,9 @@ pub async fn lost_signal_from_the_backend<F: LockServiceFactory>(ctx: &Ctx, fact
     // `long`): the loss must be known by two thirds, while the local deadline is at the full TTL.
     let granted = lease.ttl().get();
     let bound = granted * 2 / 3;
-    let ticking = {
-        let progress = progress.clone();
-        tokio::spawn(async move {
-            loop {
-                progress.tick();
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
+    let ticking = Ticking::start(&progress);
     let fired = tokio::time::timeout(bound, lease.lost()).await.is_ok();
-    ticking.abort();
+    drop(ticking);
     ensure!(
         ctx,
         fired,
@@ -591,6 +583,30 @@ pub async fn lost_signal_from_the_backend<F: LockServiceFactory>(ctx: &Ctx, fact
     ));
     Ok(ctx.report())
 }
+
+/// A task that reports progress every 10 ms (a holder that keeps working) until dropped.
+struct Ticking(tokio::task::JoinHandle<()>);
+
+impl Ticking {
+    fn start(progress: &Progress) -> Self {
+        let progress = progress.clone();
+        Ticking(tokio::spawn(async move {
+            loop {
+                progress.tick();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }))
+    }
+}
+
+impl Drop for Ticking {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How many of an acquire's requests the lost-reply scenario loses the reply of, one at a time.
+const ACQUIRE_ROUND_TRIPS: usize = 4;
 
 /// The factory's client behind fault proxies, or `None` (noted in the report) if it has none.
 async fn faulty_client<F: LockServiceFactory>(
@@ -669,52 +685,63 @@ pub async fn lost_replies_leave_one_live_grant<F: LockServiceFactory>(ctx: &Ctx,
     let (other, third) = (client(ctx, factory).await?, client(ctx, factory).await?);
     let gap_free = other.capabilities().gap_free;
 
-    // Acquire.
-    let k = key(ctx, &ns, "lost-acquire")?;
-    let before = faulty.lose_next_replies();
-    let result = svc.try_acquire(&k, ttl).await;
-    faulty.disarm();
-    ensure!(ctx, faulty.lost_since(before) > 0, "the fault proxy lost no reply: does the faulty client dial it?");
-    match result {
-        Ok(Some(g)) => {
-            let probe = attempt!(ctx, other.try_acquire(&k, ttl).await, "probe");
-            ensure!(
-                ctx,
-                probe.is_none(),
-                "after its reply was lost try_acquire returned a grant, and another client got the lock too: a double grant"
-            );
-            attempt!(ctx, settle(|| svc.release(&g)).await, "release of the grant returned after a lost reply");
-            let next = attempt!(ctx, free_within(&*other, &k, ttl, prompt).await, "try_acquire after the release");
-            let Some(next) = next else {
-                return Err(ctx.fail("the grant returned after a lost reply was released, but the lock stayed held"));
-            };
-            if let (Some(a), Some(b)) = (g.fence_if_any(), next.fence_if_any()) {
-                ensure!(ctx, b > a, "fence {b} after {a}: not increasing");
+    // Acquire, losing the reply of its first request, then of its second, … (an acquire may
+    // take several round trips), until the acquire takes fewer requests than that.
+    for skip in 0..ACQUIRE_ROUND_TRIPS {
+        let k = key(ctx, &ns, &format!("lost-acquire-{skip}"))?;
+        let before = faulty.lose_replies_to(skip);
+        let result = svc.try_acquire(&k, ttl).await;
+        faulty.disarm();
+        if faulty.lost_since(before) == 0 {
+            ensure!(ctx, skip > 0, "the fault proxy lost no reply: does the faulty client dial it?");
+            if let Ok(Some(g)) = result {
+                attempt!(ctx, svc.release(&g).await, "release");
+            }
+            break;
+        }
+        match result {
+            Ok(Some(g)) => {
+                let probe = attempt!(ctx, other.try_acquire(&k, ttl).await, "probe");
                 ensure!(
                     ctx,
-                    !gap_free || b.get() == a.get() + 1,
-                    "fences {a} then {b} around a lost acquire reply, though declared gap-free: the retry spent a second fence"
+                    probe.is_none(),
+                    "after its reply was lost try_acquire returned a grant, and another client got the lock too: a double grant"
                 );
+                attempt!(ctx, settle(|| svc.release(&g)).await, "release of the grant returned after a lost reply");
+                let next = attempt!(ctx, free_within(&*other, &k, ttl, prompt).await, "try_acquire after the release");
+                let Some(next) = next else {
+                    return Err(
+                        ctx.fail("the grant returned after a lost reply was released, but the lock stayed held")
+                    );
+                };
+                if let (Some(a), Some(b)) = (g.fence_if_any(), next.fence_if_any()) {
+                    ensure!(ctx, b > a, "fence {b} after {a}: not increasing");
+                    ensure!(
+                        ctx,
+                        !gap_free || b.get() == a.get() + 1,
+                        "fences {a} then {b} around a lost acquire reply, though declared gap-free: the retry spent a second fence"
+                    );
+                }
+                attempt!(ctx, other.release(&next).await, "release");
+                ctx.note(format!("acquire (reply {skip} lost): resolved into the grant"));
             }
-            attempt!(ctx, other.release(&next).await, "release");
-            ctx.note("acquire: the lost reply was resolved into the grant");
-        }
-        Ok(None) => {
-            return Err(ctx.fail(
-                "try_acquire of a free key answered \"held\" after its reply was lost: its own first attempt holds \
-                 the lock, an orphan nobody can release until its TTL (a retry that is not the same request)",
-            ));
-        }
-        Err(e) => {
-            let next = attempt!(ctx, free_within(&*other, &k, ttl, prompt).await, "try_acquire after the failure");
-            let Some(next) = next else {
-                return Err(ctx.fail(format!(
-                    "try_acquire failed after its reply was lost ({e}), and the lock was still held {prompt:?} later: \
-                     an orphaned grant nobody can release until its TTL"
-                )));
-            };
-            attempt!(ctx, other.release(&next).await, "release");
-            ctx.note(format!("acquire: failed with {} and left no orphan", e.kind().as_str()));
+            Ok(None) => {
+                return Err(ctx.fail(
+                    "try_acquire of a free key answered \"held\" after its reply was lost: its own first attempt holds \
+                     the lock, an orphan nobody can release until its TTL (a retry that is not the same request)",
+                ));
+            }
+            Err(e) => {
+                let next = attempt!(ctx, free_within(&*other, &k, ttl, prompt).await, "try_acquire after the failure");
+                let Some(next) = next else {
+                    return Err(ctx.fail(format!(
+                        "try_acquire failed after its reply was lost ({e}), and the lock was still held {prompt:?} later: \
+                         an orphaned grant nobody can release until its TTL"
+                    )));
+                };
+                attempt!(ctx, other.release(&next).await, "release");
+                ctx.note(format!("acquire (reply {skip} lost): failed with {}, no orphan", e.kind().as_str()));
+            }
         }
     }
 
@@ -851,22 +878,14 @@ pub async fn partitioned_holder_loses_before_anyone_gains<F: LockServiceFactory>
     let lease = attempt!(ctx, faulty.service.lock(&k, timing.ttl, patience(timing.ttl)).await, "lock");
     let progress = Progress::new();
     let _renewal = lease.renew_on_progress(&progress);
-    let ticking = {
-        let progress = progress.clone();
-        tokio::spawn(async move {
-            loop {
-                progress.tick();
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-    };
+    let ticking = Ticking::start(&progress);
     tokio::time::sleep(timing.ttl / 2).await;
     ensure!(ctx, !lease.is_lost(), "a lease renewed on progress was lost before the partition");
     faulty.partition();
     let cut_at = Instant::now();
     let next = other.acquire(&k, ttl, patience(timing.ttl)).await;
     let granted_at = Instant::now();
-    ticking.abort();
+    drop(ticking);
     let next = attempt!(ctx, next, "the other client's acquire during the partition");
     ensure!(
         ctx,
@@ -957,5 +976,290 @@ pub async fn quorum_faults_never_grant_a_minority<F: LockServiceFactory>(ctx: &C
         return Err(ctx.fail(format!("with {minority} of {n} servers unreachable the free lock was not granted")));
     };
     attempt!(ctx, settle(|| first.service.release(&granted)).await, "release");
+    Ok(ctx.report())
+}
+
+/// **A dropped client lets go** (catalogue C30, C39; bug class 14). A client takes a lock and is
+/// dropped without releasing it (a leaked handle, a stopped task: no release is ever sent).
+/// Nothing of it may keep the lock alive (a keep-alive or renewal task that outlives its
+/// client): another client gets the lock within TTL + margin (`LockService::try_acquire`: "a
+/// holder that neither extends nor releases loses the lock after `ttl`").
+pub async fn dropped_client_lets_go<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let k = key(ctx, &ns, "dropped")?;
+    let timing = factory.timing();
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
+    let other = client(ctx, factory).await?;
+    let holder = client(ctx, factory).await?;
+    let grant = attempt!(ctx, holder.try_acquire(&k, ttl).await, "try_acquire");
+    ensure!(ctx, grant.is_some(), "a fresh key was reported busy");
+    drop(grant);
+    drop(holder);
+    let dropped = Instant::now();
+    let bound = timing.expiry_bound() + Duration::from_millis(250);
+    let next = attempt!(ctx, free_within(&*other, &k, ttl, bound).await, "try_acquire after the drop");
+    let Some(next) = next else {
+        return Err(ctx.fail(format!(
+            "a client dropped while holding the lock (TTL {:?}) left it held {bound:?} later: the lock outlives its \
+             holder (a keep-alive that outlives its client, bug class 14, or no expiry at all)",
+            timing.ttl
+        )));
+    };
+    ctx.note(format!("free {:.0} ms after the holder was dropped", dropped.elapsed().as_secs_f64() * 1e3));
+    attempt!(ctx, other.release(&next).await, "release");
+    Ok(ctx.report())
+}
+
+/// **A fast client clock takes nothing early** (catalogue C41; bug class 9). A client whose
+/// clock runs ten TTLs ahead ([`LockServiceFactory::skewed_client`]) tries for half a TTL to
+/// take a lock another client just took: expiry is judged by the server's clock (or a
+/// monotonic one), never by a client's wall clock, so it never gets it. A factory whose clients
+/// read no clock that could matter passes with a note.
+pub async fn fast_client_clock_takes_nothing_early<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let timing = factory.timing();
+    let ahead = timing.ttl * 10;
+    let skewed = match factory.skewed_client(ahead).await {
+        Ok(c) => c,
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            ctx.note("the factory has no client with a skewed clock (expiry judged by the server): not checked");
+            return Ok(ctx.report());
+        }
+        Err(e) => return Err(ctx.fail(format!("factory could not make a skewed client: {e}"))),
+    };
+    let ns = Namespace::new();
+    let k = key(ctx, &ns, "skew")?;
+    let long = timing.ttl * 2;
+    let ttl = attempt!(ctx, Ttl::new(long), "ttl");
+    let holder = client(ctx, factory).await?;
+    let grant = attempt!(ctx, holder.try_acquire(&k, ttl).await, "try_acquire");
+    let Some(grant) = grant else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let granted = Instant::now();
+    let other = client(ctx, factory).await?;
+    let probe = attempt!(ctx, other.try_acquire(&k, ttl).await, "probe");
+    ensure!(ctx, probe.is_none(), "another client (clock in step) took the held lock: no exclusion to begin with");
+    let stolen = attempt!(ctx, free_within(&*skewed, &k, ttl, timing.ttl).await, "the skewed client's try_acquire");
+    if let Some(stolen) = stolen {
+        let _ = skewed.release(&stolen).await;
+        return Err(ctx.fail(format!(
+            "a client whose clock runs {ahead:?} ahead took the lock {:?} after it was granted for {long:?}: expiry \
+             judged by a client's clock (bug class 9)",
+            granted.elapsed()
+        )));
+    }
+    attempt!(ctx, holder.release(&grant).await, "release");
+    Ok(ctx.report())
+}
+
+/// **A cut-off waiter is never a second holder** (catalogue C27 with C31; bug class 12). A
+/// client behind a [fault proxy](crate::proxy) waits in `acquire` for a held lock and is
+/// partitioned away past TTL + margin, long enough for a session of its to expire on the
+/// server. Then the holder releases and a third client tries to take the lock:
+/// - if it gets it, the cut-off waiter must not come back holding the same lock when the
+///   partition heals (its `acquire` fails, or goes on waiting): a waiter whose session died
+///   is never granted;
+/// - if it does not, the lock went to the waiter while it was cut off (a service whose
+///   waiters have no session), and the waiter's `acquire` must return that grant once the
+///   partition heals: a lock held by nobody would be a dead waiter blocking the queue.
+pub async fn dead_waiter_is_never_granted<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let Some(waiter) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
+    let ns = Namespace::new();
+    let k = key(ctx, &ns, "dead-waiter")?;
+    let timing = factory.timing();
+    let long = (timing.ttl * 20).max(timing.expiry_bound() * 3);
+    let ttl = attempt!(ctx, Ttl::new(long), "ttl");
+    let (holder, third) = (client(ctx, factory).await?, client(ctx, factory).await?);
+    // The holder renews while the waiter is cut off (a session-capped grant would run out).
+    let held = attempt!(ctx, holder.lock(&k, long, patience(timing.ttl)).await, "lock");
+    let progress = Progress::new();
+    let renewal = held.renew_on_progress(&progress);
+    let ticking = Ticking::start(&progress);
+    let waiting = {
+        let (svc, k) = (Arc::clone(&waiter.service), k.clone());
+        let wait = timing.expiry_bound() * 4 + Duration::from_secs(2);
+        tokio::spawn(async move { svc.acquire(&k, ttl, wait).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    waiter.partition();
+    tokio::time::sleep(timing.expiry_bound() + Duration::from_millis(250)).await;
+    drop(ticking);
+    drop(renewal);
+    attempt!(ctx, held.release().await, "the holder's release");
+    let next = free_within(&*third, &k, ttl, timing.expiry_bound() + Duration::from_millis(250)).await;
+    waiter.heal();
+    let next = attempt!(ctx, next, "try_acquire after the release");
+    let outcome = tokio::time::timeout(Duration::from_secs(2), waiting).await;
+    let outcome = match outcome {
+        Ok(joined) => Some(attempt!(ctx, joined, "the waiter's task")),
+        Err(_) => None,
+    };
+    match (next, outcome) {
+        (Some(next), Some(Ok(grant))) => {
+            let _ = waiter.service.release(&grant).await;
+            let _ = third.release(&next).await;
+            Err(ctx.fail(
+                "a waiter cut off past its session came back holding the lock that another client had taken: two                  holders (bug class 12)",
+            ))
+        }
+        (Some(next), outcome) => {
+            let stolen = attempt!(ctx, holder.try_acquire(&k, ttl).await, "probe");
+            attempt!(ctx, third.release(&next).await, "the new holder's release");
+            ensure!(ctx, stolen.is_none(), "the new holder's lock was free before it released it");
+            match outcome {
+                Some(Err(e)) => ctx.note(format!("the cut-off waiter's acquire ended with {}", e.kind().as_str())),
+                _ => ctx.note("the cut-off waiter was still waiting after the partition healed"),
+            }
+            Ok(ctx.report())
+        }
+        (None, Some(Ok(grant))) => {
+            attempt!(ctx, settle(|| waiter.service.release(&grant)).await, "the waiter's release");
+            ctx.note("the lock went to the waiter while it was cut off (no session to lose)");
+            Ok(ctx.report())
+        }
+        (None, outcome) => Err(ctx.fail(format!(
+            "after the holder released, nobody could take the lock: not a third client, and not the cut-off waiter              ({}): a dead waiter blocks the queue",
+            match outcome {
+                Some(Err(e)) => format!("its acquire failed: {e}"),
+                _ => "still waiting".to_string(),
+            }
+        ))),
+    }
+}
+
+/// A watermark source that has seen one fence: what a store holds after a write.
+struct SeenFence(palisade_core::Fence);
+
+#[async_trait::async_trait]
+impl palisade_core::WatermarkSource for SeenFence {
+    fn source_name(&self) -> &'static str {
+        "conformance"
+    }
+
+    async fn highest_fence(&self, _: &ResourceKey) -> palisade_core::Result<Option<palisade_core::Fence>> {
+        Ok(Some(self.0))
+    }
+}
+
+/// **Fences survive a restart when declared, and are repaired when not** (catalogue C20; bug
+/// class 4), for a fenced service over a server of the test's own ([`RestartableFactory`]).
+/// After the server restarts with its data, a service declaring `fences_survive_restart`
+/// issues a fence above every earlier one. After it restarts without its data its counter is
+/// gone, and `lock_checked` against a store that saw the last fence must give a lease whose
+/// fence is above it (the service moved its counter on, `LockService::advance_fence`) or
+/// refuse with `FenceRegression` (a service that cannot move it): a regression is never
+/// silent.
+///
+/// [`RestartableFactory`]: crate::RestartableFactory
+pub async fn fences_survive_restart_or_are_repaired<F>(ctx: &Ctx, factory: &F) -> Outcome
+where
+    F: crate::RestartableFactory,
+    F::Service: LockService<Fencing = palisade_core::Fenced>,
+{
+    let ns = Namespace::new();
+    let k = key(ctx, &ns, "restart")?;
+    let timing = factory.timing();
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
+    let first = client(ctx, factory).await?;
+    let caps = first.capabilities();
+    let grant = attempt!(ctx, first.try_acquire(&k, ttl).await, "try_acquire");
+    let Some(grant) = grant else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let before = grant.fence();
+    attempt!(ctx, first.release(&grant).await, "release");
+    attempt!(ctx, factory.restart_server(true).await, "restart with data");
+    let second = client(ctx, factory).await?;
+    let grant = attempt!(ctx, settle(|| second.try_acquire(&k, ttl)).await, "try_acquire after the restart");
+    let Some(grant) = grant else { return Err(ctx.fail("after a restart a released key was reported busy")) };
+    let after = grant.fence();
+    attempt!(ctx, second.release(&grant).await, "release");
+    if caps.fences_survive_restart {
+        ensure!(
+            ctx,
+            after > before,
+            "declares fences_survive_restart, but after a restart with its data the fence went from {before} to {after} (bug class 4)"
+        );
+    } else {
+        ctx.note(format!("fence {before} → {after} across a restart (survival not declared)"));
+    }
+
+    attempt!(ctx, factory.restart_server(false).await, "restart without data");
+    let third = client(ctx, factory).await?;
+    let seen = SeenFence(before.max(after));
+    let checked = settle(|| third.lock_checked(&seen, &k, timing.ttl, patience(timing.ttl))).await;
+    match checked {
+        Ok(lease) => {
+            let fence = lease.fence();
+            attempt!(ctx, lease.release().await, "release");
+            ensure!(
+                ctx,
+                fence > seen.0,
+                "after a restart without data lock_checked gave fence {fence}, not above the {} a store had seen",
+                seen.0
+            );
+            ctx.note(format!("after the data loss lock_checked moved the counter on to {fence}"));
+        }
+        Err(e) if e.kind() == ErrorKind::FenceRegression => {
+            let moved = third.advance_fence(&k, seen.0).await.err().map(|e| e.kind());
+            ensure!(
+                ctx,
+                moved == Some(ErrorKind::Unsupported),
+                "lock_checked refused with FenceRegression although the service can move its counter ({moved:?})"
+            );
+            ctx.note("the counter cannot be moved after a data loss: lock_checked refuses (FenceRegression)");
+        }
+        Err(e) => return Err(ctx.fail(format!("lock_checked after a restart without data: {e}"))),
+    }
+    Ok(ctx.report())
+}
+
+/// **Keys are independent, and a lock is not re-entrant** (catalogue C5, C18, C22). While one
+/// client holds a key, its own second `try_acquire` of it is refused (one unexpired grant per
+/// key, whoever asks), and another client takes keys that differ only in case, by a prefix or
+/// suffix, by where the domain ends, or that are as long as a key may be. On a gap-free
+/// service each key's fences go up by one however many grants other keys had meanwhile
+/// (a counter per key, not one shared).
+pub async fn keys_are_independent<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let timing = factory.timing();
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl * 4), "ttl");
+    let (a, b) = (client(ctx, factory).await?, client(ctx, factory).await?);
+    let base = key(ctx, &ns, "k")?;
+    let mut others = Vec::new();
+    for id in ["K", "kk", "k.k", "x.k", "k-", &"k".repeat(palisade_core::MAX_ID_LEN)] {
+        others.push(key(ctx, &ns, id)?);
+    }
+    others.push(attempt!(ctx, ResourceKey::new(format!("{}.k", ns.name()), "k"), "key in a longer domain"));
+    let held = attempt!(ctx, a.try_acquire(&base, ttl).await, "try_acquire");
+    let Some(held) = held else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let again = attempt!(ctx, a.try_acquire(&base, ttl).await, "the holder's second try_acquire");
+    if let Some(again) = again {
+        let _ = a.release(&again).await;
+        return Err(
+            ctx.fail("the holder's own second try_acquire of its held key was granted: a lock is not re-entrant")
+        );
+    }
+    let mut grants = Vec::new();
+    for other in &others {
+        let got = attempt!(ctx, b.try_acquire(other, ttl).await, "try_acquire of another key");
+        let Some(got) = got else {
+            return Err(ctx.fail(format!("holding {base} kept another client from {other}: the keys collide")));
+        };
+        grants.push(got);
+    }
+    for g in &grants {
+        attempt!(ctx, b.release(g).await, "release");
+    }
+    attempt!(ctx, a.release(&held).await, "release");
+    let next = attempt!(ctx, a.try_acquire(&base, ttl).await, "try_acquire again");
+    let Some(next) = next else { return Err(ctx.fail("a released key was reported busy")) };
+    attempt!(ctx, a.release(&next).await, "release");
+    if let (Some(before), Some(after)) = (held.fence_if_any(), next.fence_if_any()) {
+        ensure!(ctx, after > before, "fence {after} after {before} on one key: not increasing");
+        ensure!(
+            ctx,
+            !a.capabilities().gap_free || after.get() == before.get() + 1,
+            "fences {before} then {after} on one key with {} grants of other keys between, though declared gap-free: \
+             the counter is shared across keys",
+            grants.len()
+        );
+    }
     Ok(ctx.report())
 }

@@ -43,7 +43,8 @@ struct Gate {
 struct Shared {
     upstream: SocketAddr,
     gate: watch::Sender<Gate>,
-    lose_next_reply: AtomicBool,
+    /// Armed: how many requests to let through before the one whose reply is lost.
+    lose_reply: std::sync::Mutex<Option<usize>>,
     lost_replies: AtomicUsize,
     delay_us: AtomicU64,
     connections: AtomicUsize,
@@ -66,7 +67,7 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             upstream,
             gate: watch::Sender::new(Gate::default()),
-            lose_next_reply: AtomicBool::new(false),
+            lose_reply: std::sync::Mutex::new(None),
             lost_replies: AtomicUsize::new(0),
             delay_us: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
@@ -96,12 +97,19 @@ impl FaultProxy {
     /// Arms a one-shot fault: the next request (on any connection) reaches the server, and
     /// the server's reply to it is dropped and its connection closed.
     pub fn lose_next_reply(&self) {
-        self.shared.lose_next_reply.store(true, Ordering::SeqCst);
+        self.lose_reply_to(0);
     }
 
-    /// Disarms [`lose_next_reply`](Self::lose_next_reply) if no request came.
+    /// Arms a one-shot fault like [`lose_next_reply`](Self::lose_next_reply), for the request
+    /// after the next `skip` ones (an operation that takes several round trips loses the reply
+    /// of a later one). A "request" is what the client sends before it waits: a chunk of bytes.
+    pub fn lose_reply_to(&self, skip: usize) {
+        *self.shared.lose_reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(skip);
+    }
+
+    /// Disarms a pending lost reply if its request did not come.
     pub fn disarm(&self) {
-        self.shared.lose_next_reply.store(false, Ordering::SeqCst);
+        *self.shared.lose_reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     /// How many replies the proxy has dropped so far.
@@ -260,8 +268,14 @@ async fn pump(
         }
         match direction {
             Direction::Up => {
-                if shared.lose_next_reply.swap(false, Ordering::SeqCst) {
-                    doomed.store(true, Ordering::SeqCst);
+                let mut armed = shared.lose_reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                match *armed {
+                    Some(0) => {
+                        *armed = None;
+                        doomed.store(true, Ordering::SeqCst);
+                    }
+                    Some(n) => *armed = Some(n - 1),
+                    None => {}
                 }
             }
             Direction::Down => {
@@ -330,6 +344,18 @@ mod tests {
         assert_eq!(proxy.lost_replies(), 1);
         let mut b = TcpStream::connect(proxy.addr()).await.unwrap();
         assert_eq!(roundtrip(&mut b, b"again").await.unwrap(), b"again", "one-shot fault stayed armed");
+    }
+
+    #[tokio::test]
+    async fn a_later_request_can_lose_its_reply() {
+        let (server, seen) = echo().await;
+        let proxy = FaultProxy::start(server).await.unwrap();
+        let mut a = TcpStream::connect(proxy.addr()).await.unwrap();
+        proxy.lose_reply_to(1);
+        assert_eq!(roundtrip(&mut a, b"first").await.unwrap(), b"first");
+        assert!(roundtrip(&mut a, b"second").await.is_err(), "the second reply was delivered");
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+        assert_eq!(proxy.lost_replies(), 1);
     }
 
     #[tokio::test]

@@ -57,6 +57,14 @@ enum LockFlaw {
     /// Grants report twice the TTL the service enforces (a unit or rounding bug on the way
     /// back, bug class 8): the holder's deadline outlives the server's.
     OverstatesTtl,
+    /// The fence counter lives in the lock record, so a release deletes it (bug classes 2, 3).
+    CounterDeletedWithLock,
+    /// Every grant gets a keep-alive task that nothing stops (bug class 14).
+    RenewsForever,
+    /// Expiry is judged by the asking client's clock (bug class 9).
+    ClientClockExpiry,
+    /// Declares fences that survive a restart, but keeps its counters in memory (bug class 4).
+    CounterNotDurable,
 }
 
 #[derive(Default)]
@@ -68,9 +76,14 @@ struct Slot {
     next_ticket: u64,
 }
 
+type Slots = Arc<Mutex<HashMap<ResourceKey, Slot>>>;
+
 struct BrokenLock {
     flaw: LockFlaw,
-    slots: Mutex<HashMap<ResourceKey, Slot>>,
+    /// The "server's" state, shared by every client of one factory.
+    slots: Slots,
+    /// How far this client's clock runs ahead (what a flawed service reads).
+    clock_ahead: Duration,
 }
 
 #[async_trait]
@@ -85,6 +98,7 @@ impl LockService for BrokenLock {
         Capabilities {
             fence_source: FenceSource::Counter,
             fences_survive_release: true,
+            fences_survive_restart: true,
             gap_free: true,
             waiting: if self.flaw == LockFlaw::NewestWaiterFirstDeclaredFifo {
                 palisade_core::Waiting::NativeFifo
@@ -158,6 +172,13 @@ impl LockService for BrokenLock {
         }
     }
 
+    async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(key.clone()).or_default();
+        slot.last_fence = slot.last_fence.max(floor.get());
+        Ok(())
+    }
+
     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
         let now = Instant::now();
         let mut slots = self.slots.lock().unwrap();
@@ -167,6 +188,9 @@ impl LockService for BrokenLock {
         let ours = slot.holder.is_some_and(|(t, e)| t == grant.token() && e > now);
         if ours || (self.flaw == LockFlaw::ReleaseIgnoresToken && slot.holder.is_some()) {
             slot.holder = None;
+            if self.flaw == LockFlaw::CounterDeletedWithLock {
+                slots.remove(grant.key());
+            }
             Ok(())
         } else {
             Err(Error::new(ErrorKind::NotHolder, "broken", "not held"))
@@ -207,9 +231,10 @@ impl BrokenLock {
     /// (or newest first, for that flaw), and a plain `try_acquire` defers to waiters.
     fn attempt(&self, key: &ResourceKey, ttl: Ttl, ticket: Option<u64>) -> Result<Option<Grant<Fenced>>> {
         let now = Instant::now();
+        let judged = if self.flaw == LockFlaw::ClientClockExpiry { now + self.clock_ahead } else { now };
         let mut slots = self.slots.lock().unwrap();
         let slot = slots.entry(key.clone()).or_default();
-        let held = slot.holder.is_some_and(|(_, expires)| expires > now);
+        let held = slot.holder.is_some_and(|(_, expires)| expires > judged);
         if held && self.flaw != LockFlaw::NoExclusion {
             return Ok(None);
         }
@@ -231,6 +256,19 @@ impl BrokenLock {
         let expires =
             if self.flaw == LockFlaw::NeverExpires { now + Duration::from_secs(3600) } else { now + ttl.get() };
         slot.holder = Some((token, expires));
+        if self.flaw == LockFlaw::RenewsForever {
+            let (slots, key) = (Arc::clone(&self.slots), key.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(ttl.get() / 3).await;
+                    let mut slots = slots.lock().unwrap();
+                    match slots.get_mut(&key).and_then(|s| s.holder.as_mut()) {
+                        Some((t, expires)) if *t == token => *expires = Instant::now() + ttl.get(),
+                        _ => return,
+                    }
+                }
+            });
+        }
         let told = if self.flaw == LockFlaw::OverstatesTtl { Ttl::new(ttl.get() * 2)? } else { ttl };
         Ok(Some(Grant::new(key.clone(), token, Fence::new(slot.last_fence), told, now)))
     }
@@ -243,7 +281,10 @@ struct BrokenLockFactory(Arc<BrokenLock>, RelayRetry);
 
 impl BrokenLockFactory {
     fn new(flaw: LockFlaw) -> Self {
-        BrokenLockFactory(Arc::new(BrokenLock { flaw, slots: Mutex::default() }), RelayRetry::SameRequest)
+        BrokenLockFactory(
+            Arc::new(BrokenLock { flaw, slots: Slots::default(), clock_ahead: Duration::ZERO }),
+            RelayRetry::SameRequest,
+        )
     }
 
     /// A correct service whose faulty client resends lost requests as `retry` says.
@@ -271,11 +312,32 @@ impl LockServiceFactory for BrokenLockFactory {
         }
         Ok(())
     }
+    async fn skewed_client(&self, ahead: Duration) -> Result<Arc<BrokenLock>> {
+        let lock = &self.0;
+        Ok(Arc::new(BrokenLock { flaw: lock.flaw, slots: Arc::clone(&lock.slots), clock_ahead: ahead }))
+    }
     async fn faulty_client(&self) -> Result<FaultyClient<Fenced>> {
         let relay = Relay::serve(Arc::clone(&self.0)).await?;
         let proxy = FaultProxy::start(relay.addr()).await?;
         let client = RelayLockService::<Fenced>::connect_with(proxy.addr(), self.0.capabilities(), self.1).await?;
         Ok(FaultyClient::new(Arc::new(client), vec![proxy]).keeping(relay))
+    }
+}
+
+/// A restart keeps the state (the counters are durable) unless data is lost, or the flaw keeps
+/// them in memory.
+#[async_trait]
+impl palisade_conformance::RestartableFactory for BrokenLockFactory {
+    async fn restart_server(&self, keep_data: bool) -> Result<()> {
+        let mut slots = self.0.slots.lock().unwrap();
+        if keep_data && self.0.flaw != LockFlaw::CounterNotDurable {
+            for slot in slots.values_mut() {
+                slot.holder = None;
+            }
+        } else {
+            slots.clear();
+        }
+        Ok(())
     }
 }
 
@@ -497,8 +559,16 @@ async fn no_exclusion_fails_mutual_exclusion() {
             ("lost_replies_leave_one_live_grant", "a double grant"),
             ("cut_connections_keep_the_grant_or_report_it", "another client got its lock"),
             ("partitioned_holder_loses_before_anyone_gains", "two holders"),
+            ("keys_are_independent", "not re-entrant"),
         ],
-        &["expiry_and_takeover", "wait_and_handoff", "cancelled_acquires_leave_no_residue", "fifo_when_declared"],
+        &[
+            "expiry_and_takeover",
+            "wait_and_handoff",
+            "cancelled_acquires_leave_no_residue",
+            "fifo_when_declared",
+            "fast_client_clock_takes_nothing_early",
+            "dead_waiter_is_never_granted",
+        ],
     )
     .await;
 }
@@ -525,6 +595,7 @@ async fn a_ttl_that_never_expires_fails_expiry() {
         &[
             ("expiry_and_takeover", "nobody could take the lock"),
             ("stale_release_and_extend_after_takeover", "never free"),
+            ("dropped_client_lets_go", "no expiry at all"),
         ],
         &["fence_monotonicity"],
     )
@@ -577,7 +648,11 @@ async fn an_acquire_that_never_waits_fails_handoff_and_bad_input() {
 async fn gaps_in_declared_gap_free_fences_fail_monotonicity_and_load() {
     lock_flaw_fails(
         LockFlaw::GapsDeclaredGapFree,
-        &[("fence_monotonicity", "declared gap-free"), ("lost_replies_leave_one_live_grant", "declared gap-free")],
+        &[
+            ("fence_monotonicity", "declared gap-free"),
+            ("lost_replies_leave_one_live_grant", "declared gap-free"),
+            ("keys_are_independent", "declared gap-free"),
+        ],
         &[],
     )
     .await;
@@ -870,6 +945,57 @@ async fn a_grant_overstating_its_ttl_fails_the_partition_scenario() {
 }
 
 #[tokio::test]
+async fn a_counter_deleted_with_the_lock_fails_fence_monotonicity() {
+    lock_flaw_fails(
+        LockFlaw::CounterDeletedWithLock,
+        &[
+            ("fence_monotonicity", "not strictly increasing"),
+            ("keys_are_independent", "not increasing"),
+            ("lost_replies_leave_one_live_grant", "not increasing"),
+        ],
+        &[],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_keep_alive_nothing_stops_fails_the_dropped_client_scenario() {
+    lock_flaw_fails(
+        LockFlaw::RenewsForever,
+        &[("dropped_client_lets_go", "bug class 14"), ("progress_gated_renewal", "stalled holder still had the lock")],
+        &[
+            "expiry_and_takeover",
+            "stale_release_and_extend_after_takeover",
+            "fence_monotonicity",
+            "partitioned_holder_loses_before_anyone_gains",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn expiry_by_the_client_clock_fails_the_clock_scenario() {
+    lock_flaw_fails(LockFlaw::ClientClockExpiry, &[("fast_client_clock_takes_nothing_early", "bug class 9")], &[])
+        .await;
+}
+
+/// The restart scenario (stamped by `restart_suite!`, not in `lock_outcomes`) on a broken lock.
+async fn restart_outcome(flaw: LockFlaw) -> Outcome {
+    let name = "fences_survive_restart_or_are_repaired";
+    palisade_conformance::lock::fences_survive_restart_or_are_repaired(&ctx(name), &BrokenLockFactory::new(flaw)).await
+}
+
+#[tokio::test]
+async fn the_broken_lock_without_a_flaw_keeps_and_repairs_fences_across_restarts() {
+    restart_outcome(LockFlaw::None).await.unwrap();
+}
+
+#[tokio::test]
+async fn counters_in_memory_declared_durable_fail_the_restart_scenario() {
+    assert_fails_because(restart_outcome(LockFlaw::CounterNotDurable).await, "CounterNotDurable", "bug class 4");
+}
+
+#[tokio::test]
 async fn an_extend_that_recreates_a_deleted_lock_fails_the_lost_signal_scenario() {
     lock_flaw_fails(
         LockFlaw::ExtendRecreates,
@@ -919,12 +1045,17 @@ impl Quorum {
         out
     }
 
-    async fn release_all(&self, grants: &[Option<Grant<Fenced>>]) {
+    /// Releases the grants on their servers; how many servers still held them.
+    async fn release_all(&self, grants: &[Option<Grant<Fenced>>]) -> usize {
+        let mut released = 0;
         for (node, grant) in self.nodes.iter().zip(grants) {
-            if let Some(g) = grant {
-                let _ = tokio::time::timeout(NODE_TIMEOUT, node.release(g)).await;
+            if let Some(g) = grant
+                && let Ok(Ok(())) = tokio::time::timeout(NODE_TIMEOUT, node.release(g)).await
+            {
+                released += 1;
             }
         }
+        released
     }
 }
 
@@ -970,7 +1101,7 @@ impl LockService for Quorum {
             return Ok(Some(Grant::new(key.clone(), token, (), ttl, requested_at)));
         }
         if self.flaw != QuorumFlaw::NoRollback {
-            self.release_all(&grants).await;
+            let _ = self.release_all(&grants).await;
         }
         Ok(None)
     }
@@ -999,8 +1130,11 @@ impl LockService for Quorum {
     async fn release(&self, grant: &Grant<palisade_core::Unfenced>) -> Result<()> {
         let grants = self.held.lock().unwrap().remove(&grant.token());
         let Some(grants) = grants else { return Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "not held")) };
-        self.release_all(&grants).await;
-        Ok(())
+        if self.release_all(&grants).await > 0 {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "no server held it any more"))
+        }
     }
 }
 
@@ -1048,32 +1182,27 @@ impl LockServiceFactory for QuorumFactory {
     }
 }
 
+/// Runs every lock scenario against the quorum with `flaw`, and [`judge`]s them.
+async fn quorum_flaw_fails(flaw: QuorumFlaw, must_fail: &[(&str, &str)]) {
+    let outcomes = palisade_conformance::lock_outcomes(&QuorumFactory::new(flaw)).await;
+    judge(&format!("{flaw:?}"), outcomes, must_fail, &[]);
+}
+
 #[tokio::test]
-async fn the_quorum_without_a_flaw_passes_the_quorum_scenario() {
-    let outcome = palisade_conformance::lock::quorum_faults_never_grant_a_minority(
-        &ctx("quorum_faults_never_grant_a_minority"),
-        &QuorumFactory::new(QuorumFlaw::None),
-    )
-    .await;
-    outcome.unwrap();
+async fn the_quorum_without_a_flaw_passes_every_lock_scenario() {
+    quorum_flaw_fails(QuorumFlaw::None, &[]).await;
 }
 
 #[tokio::test]
 async fn a_quorum_counting_a_minority_fails_the_quorum_scenario() {
-    let outcome = palisade_conformance::lock::quorum_faults_never_grant_a_minority(
-        &ctx("quorum_faults_never_grant_a_minority"),
-        &QuorumFactory::new(QuorumFlaw::MinorityCounts),
+    quorum_flaw_fails(
+        QuorumFlaw::MinorityCounts,
+        &[("quorum_faults_never_grant_a_minority", "a minority counted as a quorum")],
     )
     .await;
-    assert_fails_because(outcome, "MinorityCounts", "a minority counted as a quorum");
 }
 
 #[tokio::test]
 async fn a_quorum_without_rollback_fails_the_quorum_scenario() {
-    let outcome = palisade_conformance::lock::quorum_faults_never_grant_a_minority(
-        &ctx("quorum_faults_never_grant_a_minority"),
-        &QuorumFactory::new(QuorumFlaw::NoRollback),
-    )
-    .await;
-    assert_fails_because(outcome, "NoRollback", "not rolled back");
+    quorum_flaw_fails(QuorumFlaw::NoRollback, &[("quorum_faults_never_grant_a_minority", "not rolled back")]).await;
 }

@@ -58,3 +58,43 @@ fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
 
 palisade_conformance::lock_service_suite!(etcd());
 palisade_conformance::end_to_end_suite!(etcd(), sqlite());
+
+/// An etcd of this test's own, which the restart scenario restarts with its data (revisions go
+/// on) and without (revisions start over, which etcd cannot move past: `lock_checked` must
+/// refuse).
+struct OwnEtcd {
+    server: std::sync::Mutex<palisade_conformance::servers::LoopbackServer>,
+    url: String,
+}
+
+impl OwnEtcd {
+    fn start() -> Self {
+        let server = palisade_conformance::servers::LoopbackServer::etcd(&require_env("PALISADE_ETCD_SERVER")).unwrap();
+        let url = format!("{}?session_ttl_s=3", server.etcd_url());
+        OwnEtcd { server: std::sync::Mutex::new(server), url }
+    }
+}
+
+#[palisade_core::async_trait]
+impl LockServiceFactory for OwnEtcd {
+    type Service = EtcdLockService;
+    async fn client(&self) -> palisade_core::Result<Arc<EtcdLockService>> {
+        Ok(Arc::new(EtcdLockService::connect_with(EtcdConfig::from_url(&self.url)?).await?))
+    }
+    fn timing(&self) -> Timing {
+        Timing::new(Duration::from_secs(1), Duration::from_millis(3500))
+    }
+}
+
+#[palisade_core::async_trait]
+impl palisade_conformance::RestartableFactory for OwnEtcd {
+    async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
+        let mut server = self.server.lock().unwrap();
+        let restarted = server.restart_keeping_data(keep_data);
+        restarted
+            .and_then(|()| server.wait_etcd_healthy())
+            .map_err(|e| Error::new(ErrorKind::Unavailable, "test", format!("restarting etcd: {e}")))
+    }
+}
+
+palisade_conformance::restart_suite!(OwnEtcd::start());

@@ -50,3 +50,45 @@ fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
 
 palisade_conformance::lock_service_suite!(redis());
 palisade_conformance::end_to_end_suite!(redis(), sqlite());
+
+/// A Redis of this test's own, which the restart scenario restarts: with `appendfsync always`
+/// a restart with data keeps the fence counter (the service still does not declare it: it
+/// cannot know the server's persistence), and a restart without data wipes it.
+struct OwnRedis {
+    server: std::sync::Mutex<palisade_conformance::servers::LoopbackServer>,
+    url: String,
+}
+
+impl OwnRedis {
+    fn start() -> Self {
+        let server = palisade_conformance::servers::LoopbackServer::redis(
+            &require_env("PALISADE_REDIS_SERVER"),
+            &["--appendonly", "yes", "--appendfsync", "always"],
+        )
+        .unwrap();
+        let url = server.redis_url();
+        OwnRedis { server: std::sync::Mutex::new(server), url }
+    }
+}
+
+#[palisade_core::async_trait]
+impl LockServiceFactory for OwnRedis {
+    type Service = RedisLockService;
+    async fn client(&self) -> palisade_core::Result<Arc<RedisLockService>> {
+        Ok(Arc::new(RedisLockService::connect(&self.url).await?))
+    }
+    fn timing(&self) -> Timing {
+        Timing::new(Duration::from_millis(200), Duration::from_millis(50))
+    }
+}
+
+#[palisade_core::async_trait]
+impl palisade_conformance::RestartableFactory for OwnRedis {
+    async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
+        let mut server = self.server.lock().unwrap();
+        let restarted = server.restart_keeping_data(keep_data);
+        restarted.map_err(|e| Error::new(ErrorKind::Unavailable, "test", format!("restarting redis: {e}")))
+    }
+}
+
+palisade_conformance::restart_suite!(OwnRedis::start());
