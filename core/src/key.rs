@@ -71,12 +71,25 @@ impl ResourceKey {
     /// The braces are a Redis Cluster hash tag: the lock key and the fence key hash to the same
     /// slot, so one script may touch both atomically (fencing rule 4).
     pub fn lock_key(&self) -> String {
-        format!("lock:{{{}:{}}}", self.domain, self.id)
+        self.tagged("lock:")
     }
 
     /// The fence counter key as it appears in a key-value server: `fence:{domain:id}`.
     pub fn fence_key(&self) -> String {
-        format!("fence:{{{}:{}}}", self.domain, self.id)
+        self.tagged("fence:")
+    }
+
+    /// `prefix{domain:id}`, built without the formatting machinery: it runs twice per Redis
+    /// acquire and release, where `format!` was a tenth of the client's work.
+    fn tagged(&self, prefix: &str) -> String {
+        let mut key = String::with_capacity(prefix.len() + self.domain.len() + self.id.len() + 3);
+        key.push_str(prefix);
+        key.push('{');
+        key.push_str(&self.domain);
+        key.push(':');
+        key.push_str(&self.id);
+        key.push('}');
+        key
     }
 }
 

@@ -284,7 +284,7 @@ async fn main() {
         r(&raw_scripts)
     );
     println!(
-        "| `try_acquire` + `release` (script: EXISTS, INCR, SET PX; compare-token DEL) | {} | {} | {:.2} |",
+        "| `try_acquire` + `release` (script: GET, INCR, SET PX; compare-token DEL) | {} | {} | {:.2} |",
         ms(service.p50),
         ms(service.p99),
         r(&service)

@@ -233,12 +233,18 @@ impl Inner {
         });
     }
 
-    /// Deletes a contender key if it is still the one created at `fence` (owner check).
-    async fn delete_own(&self, etcd_key: &[u8], fence: i64) -> Result<bool> {
-        let txn = Txn::new()
-            .when([Compare::create_revision(etcd_key.to_vec(), CompareOp::Equal, fence)])
-            .and_then([TxnOp::delete(etcd_key.to_vec(), None)]);
-        Ok(self.txn(txn, "release", true).await?.succeeded())
+    /// Deletes a contender key; true if it existed. A plain delete is the owner check: the
+    /// key's name carries the grant's owner token, fresh for every grant, so a key of that name
+    /// is this grant's or nobody's (a compare on its create revision, as a txn, cost the server
+    /// a tenth of a release's time and checked nothing more).
+    async fn delete_own(&self, etcd_key: &[u8]) -> Result<bool> {
+        let resp = with_failover(self.config.request_timeout, "release", true, || {
+            let mut kv = self.client.kv_client();
+            let key = etcd_key.to_vec();
+            async move { kv.delete(key, None).await }
+        })
+        .await?;
+        Ok(resp.deleted() > 0)
     }
 
     /// The TTL a grant requested at `sent_at` may claim: `ttl`, capped at what the session is
@@ -273,7 +279,7 @@ impl Inner {
             Box::new(move || {
                 Box::pin(async move {
                     let Some(inner) = inner.upgrade() else { return };
-                    if let Err(e) = inner.delete_own(&key, fence).await {
+                    if let Err(e) = inner.delete_own(&key).await {
                         warn!(error = %e, "could not delete an expired lock key; retrying in the background");
                         inner.abandon(key, session_lost);
                     }
@@ -507,8 +513,7 @@ impl LockService for EtcdLockService {
         let id = self.contender_key(grant.key(), grant.token());
         inner.held.forget(&id, grant.fence().get());
         let etcd_key = id.into_bytes();
-        let fence = i64::try_from(grant.fence().get()).unwrap_or(-1);
-        let deleted = match inner.delete_own(&etcd_key, fence).await {
+        let deleted = match inner.delete_own(&etcd_key).await {
             Ok(deleted) => deleted,
             Err(e) => {
                 // Not held by us any more either way; make sure the key goes.

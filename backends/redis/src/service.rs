@@ -99,7 +99,7 @@ impl RedisLockService {
 
     /// Runs a script, sending it again while its outcome is unknown (a reply lost with its
     /// connection, a connection cut before the request went out) for up to the response
-    /// timeout. Safe because every script is idempotent for its owner token: a resent acquire
+    /// timeout from the first failure. Safe because every script is idempotent for its owner token: a resent acquire
     /// gets its own grant back, a resent extend extends again, a resent release finds the
     /// lock gone. Returns the reply and whether an earlier send's outcome was unknown.
     async fn invoke<T: redis::FromRedisValue>(
@@ -107,7 +107,8 @@ impl RedisLockService {
         invocation: &redis::ScriptInvocation<'_>,
         what: &str,
     ) -> Result<(T, bool)> {
-        let give_up = Instant::now() + self.config.response_timeout;
+        // The clock is read only once something failed: the happy path stays one round trip.
+        let mut give_up = None;
         let mut pause = Duration::from_millis(5);
         let mut unknown = false;
         loop {
@@ -117,7 +118,9 @@ impl RedisLockService {
                 Err(e) => {
                     let e = map(e, what);
                     let resend = matches!(e.kind(), ErrorKind::OutcomeUnknown | ErrorKind::Unavailable);
-                    if !resend || Instant::now() + pause >= give_up {
+                    let now = Instant::now();
+                    let give_up = *give_up.get_or_insert(now + self.config.response_timeout);
+                    if !resend || now + pause >= give_up {
                         return Err(e);
                     }
                     unknown |= e.kind() == ErrorKind::OutcomeUnknown;

@@ -32,7 +32,11 @@ impl Waiters {
     }
 
     pub(crate) fn channel(lock_key: &str) -> String {
-        format!("palisade:released:{lock_key}")
+        const PREFIX: &str = "palisade:released:";
+        let mut channel = String::with_capacity(PREFIX.len() + lock_key.len());
+        channel.push_str(PREFIX);
+        channel.push_str(lock_key);
+        channel
     }
 
     /// Waits (up to `limit`) until the subscription is live, starting it if it is not running.
