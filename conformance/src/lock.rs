@@ -20,6 +20,15 @@ pub(crate) fn key(ctx: &Ctx, ns: &Namespace, id: &str) -> Result<ResourceKey, Fa
     ns.key(id).map_err(|e| ctx.fail(format!("namespace key: {e}")))
 }
 
+/// The grant of a `try_acquire` on a key nobody holds: an error, or "held", fails the scenario.
+fn fresh<G>(ctx: &Ctx, acquired: palisade_core::Result<Option<G>>) -> Result<G, Failure> {
+    match acquired {
+        Ok(Some(grant)) => Ok(grant),
+        Ok(None) => Err(ctx.fail("a fresh key was reported busy")),
+        Err(e) => Err(ctx.fail(format!("try_acquire of a fresh key: {e}"))),
+    }
+}
+
 /// Generous bound for waits that should succeed: never the thing under test.
 pub(crate) fn patience(factory_ttl: Duration) -> Duration {
     (factory_ttl * 20).max(Duration::from_secs(20))
@@ -92,8 +101,7 @@ pub async fn owner_only_release_and_extend<F: LockServiceFactory>(ctx: &Ctx, fac
     let ttl = attempt!(ctx, Ttl::new(factory.timing().ttl * 4), "ttl");
     let holder = client(ctx, factory).await?;
     let other = client(ctx, factory).await?;
-    let mine = attempt!(ctx, holder.try_acquire(&key, ttl).await, "try_acquire");
-    let Some(mine) = mine else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let mine = fresh(ctx, holder.try_acquire(&key, ttl).await)?;
     let token = attempt!(ctx, OwnerToken::generate(), "token");
     let mut forged: Grant<<Service<F> as LockService>::Fencing> =
         Grant::new(key.clone(), token, mine.fence_token(), ttl, Instant::now());
@@ -125,8 +133,7 @@ pub async fn expiry_and_takeover<F: LockServiceFactory>(ctx: &Ctx, factory: &F) 
     let a = client(ctx, factory).await?;
     let b = client(ctx, factory).await?;
     let started = Instant::now();
-    let first = attempt!(ctx, a.try_lock(&key, timing.ttl).await, "try_lock");
-    let Some(first) = first else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let first = fresh(ctx, a.try_lock(&key, timing.ttl).await)?;
     let acquired = Instant::now();
     let taken_over = loop {
         if let Some(lease) = attempt!(ctx, b.try_lock(&key, timing.ttl).await, "takeover try_lock") {
@@ -370,20 +377,10 @@ pub async fn stale_release_and_extend_after_takeover<F: LockServiceFactory>(ctx:
     let timing = factory.timing();
     let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
     let (a, b, c) = (client(ctx, factory).await?, client(ctx, factory).await?, client(ctx, factory).await?);
-    let old = attempt!(ctx, a.try_acquire(&key, ttl).await, "try_acquire");
-    let Some(old) = old else { return Err(ctx.fail("a fresh key was reported busy")) };
-    let started = Instant::now();
-    let new = loop {
-        if let Some(g) = attempt!(ctx, b.try_acquire(&key, ttl).await, "takeover try_acquire") {
-            break g;
-        }
-        ensure!(
-            ctx,
-            started.elapsed() <= timing.expiry_bound() + Duration::from_millis(250),
-            "the expired lock was never free"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let old = fresh(ctx, a.try_acquire(&key, ttl).await)?;
+    let bound = timing.expiry_bound() + Duration::from_millis(250);
+    let new = attempt!(ctx, free_within(&*b, &key, ttl, bound).await, "takeover try_acquire");
+    let Some(new) = new else { return Err(ctx.fail("the expired lock was never free")) };
     let kind = a.extend(&old, ttl).await.err().map(|e| e.kind());
     ensure!(
         ctx,
@@ -664,7 +661,9 @@ async fn free_within<S: LockService + ?Sized>(
 /// factory's [fault proxy](crate::proxy), the reply to a request is lost after the server
 /// applied it, once for each of `try_acquire`, `release` and `extend`. Whatever the client
 /// then answers, the lock must be in the state its answer implies (`LockService::try_acquire`:
-/// "there is never a grant without a fence, nor a fence spent without a grant"):
+/// "a reply lost after the server applied the request leaves no orphan"; `release`: "a caller
+/// repeating a release it could not confirm gets `NotHolder`, and the next holder keeps the
+/// lock"):
 /// - a grant returned after the lost reply is the only one (no other client gets the lock),
 ///   releasable, and on a gap-free service it spent one fence, not two;
 /// - an error leaves no orphan: the lock is free well before its TTL (a `None`, "held", on a
@@ -747,8 +746,7 @@ pub async fn lost_replies_leave_one_live_grant<F: LockServiceFactory>(ctx: &Ctx,
 
     // Release, then the caller's repeat of the release it could not confirm.
     let k = key(ctx, &ns, "lost-release")?;
-    let g = attempt!(ctx, settle(|| svc.try_acquire(&k, ttl)).await, "try_acquire after the fault");
-    let Some(g) = g else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let g = fresh(ctx, settle(|| svc.try_acquire(&k, ttl)).await)?;
     let before = faulty.lose_next_replies();
     let result = svc.release(&g).await;
     faulty.disarm();
@@ -776,8 +774,7 @@ pub async fn lost_replies_leave_one_live_grant<F: LockServiceFactory>(ctx: &Ctx,
 
     // Extend.
     let k = key(ctx, &ns, "lost-extend")?;
-    let g = attempt!(ctx, settle(|| svc.try_acquire(&k, ttl)).await, "try_acquire after the fault");
-    let Some(g) = g else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let g = fresh(ctx, settle(|| svc.try_acquire(&k, ttl)).await)?;
     let before = faulty.lose_next_replies();
     let extended = svc.extend(&g, ttl).await;
     faulty.disarm();
@@ -818,8 +815,7 @@ pub async fn cut_connections_keep_the_grant_or_report_it<F: LockServiceFactory>(
     let svc = &faulty.service;
     let other = client(ctx, factory).await?;
     let k = key(ctx, &ns, "cut")?;
-    let g = attempt!(ctx, svc.try_acquire(&k, ttl).await, "try_acquire");
-    let Some(g) = g else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let g = fresh(ctx, svc.try_acquire(&k, ttl).await)?;
     faulty.cut_connections();
     let probe = attempt!(ctx, other.try_acquire(&k, ttl).await, "probe right after the cut");
     ensure!(ctx, probe.is_none(), "right after the holder's connections were cut another client got its lock");
@@ -991,8 +987,7 @@ pub async fn dropped_client_lets_go<F: LockServiceFactory>(ctx: &Ctx, factory: &
     let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
     let other = client(ctx, factory).await?;
     let holder = client(ctx, factory).await?;
-    let grant = attempt!(ctx, holder.try_acquire(&k, ttl).await, "try_acquire");
-    ensure!(ctx, grant.is_some(), "a fresh key was reported busy");
+    let grant = fresh(ctx, holder.try_acquire(&k, ttl).await)?;
     drop(grant);
     drop(holder);
     let dropped = Instant::now();
@@ -1031,8 +1026,7 @@ pub async fn fast_client_clock_takes_nothing_early<F: LockServiceFactory>(ctx: &
     let long = timing.ttl * 2;
     let ttl = attempt!(ctx, Ttl::new(long), "ttl");
     let holder = client(ctx, factory).await?;
-    let grant = attempt!(ctx, holder.try_acquire(&k, ttl).await, "try_acquire");
-    let Some(grant) = grant else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let grant = fresh(ctx, holder.try_acquire(&k, ttl).await)?;
     let granted = Instant::now();
     let other = client(ctx, factory).await?;
     let probe = attempt!(ctx, other.try_acquire(&k, ttl).await, "probe");
@@ -1160,8 +1154,7 @@ where
     let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
     let first = client(ctx, factory).await?;
     let caps = first.capabilities();
-    let grant = attempt!(ctx, first.try_acquire(&k, ttl).await, "try_acquire");
-    let Some(grant) = grant else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let grant = fresh(ctx, first.try_acquire(&k, ttl).await)?;
     let before = grant.fence();
     attempt!(ctx, first.release(&grant).await, "release");
     attempt!(ctx, factory.restart_server(true).await, "restart with data");
@@ -1227,8 +1220,7 @@ pub async fn keys_are_independent<F: LockServiceFactory>(ctx: &Ctx, factory: &F)
         others.push(key(ctx, &ns, id)?);
     }
     others.push(attempt!(ctx, ResourceKey::new(format!("{}.k", ns.name()), "k"), "key in a longer domain"));
-    let held = attempt!(ctx, a.try_acquire(&base, ttl).await, "try_acquire");
-    let Some(held) = held else { return Err(ctx.fail("a fresh key was reported busy")) };
+    let held = fresh(ctx, a.try_acquire(&base, ttl).await)?;
     let again = attempt!(ctx, a.try_acquire(&base, ttl).await, "the holder's second try_acquire");
     if let Some(again) = again {
         let _ = a.release(&again).await;

@@ -68,6 +68,10 @@ pub trait LockService: Send + Sync + 'static {
     /// - The grant's `requested_at` was taken before the request was sent.
     /// - A holder that neither extends nor releases loses the lock after `ttl` (plus the
     ///   backend's documented expiry margin); then another caller can take it.
+    /// - A reply lost after the server applied the request (a dropped connection) leaves no
+    ///   orphan: the service resends the same request idempotently and returns the one grant,
+    ///   or returns an error and removes what it may have created, promptly (well before the
+    ///   TTL), whenever the server is reachable again.
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Self::Fencing>>>;
 
     /// Takes the lock on `key`, waiting up to `wait` for the holder to release it or to expire.
@@ -100,6 +104,9 @@ pub trait LockService: Send + Sync + 'static {
     ///   been taken over, or already been released gets [`ErrorKind::NotHolder`] and the
     ///   current holder (if any) keeps the lock.
     /// - A fenced service never reuses or lowers a fence because of a release.
+    /// - A release whose reply was lost may be resent; when the resend finds the lock no longer
+    ///   held by this grant (the first send deleted it), it reports success. A caller repeating
+    ///   a release it could not confirm gets `NotHolder`, and the next holder keeps the lock.
     async fn release(&self, grant: &Grant<Self::Fencing>) -> Result<()>;
 
     /// Moves `key`'s fence counter so that the next grant's fence is above `floor`; never lowers

@@ -235,8 +235,8 @@ impl Inner {
 
     /// Deletes a contender key; true if it existed. A plain delete is the owner check: the
     /// key's name carries the grant's owner token, fresh for every grant, so a key of that name
-    /// is this grant's or nobody's (a compare on its create revision, as a txn, cost the server
-    /// a tenth of a release's time and checked nothing more).
+    /// is this grant's or nobody's (the compare on its create revision this replaced, sent as
+    /// a txn, checked nothing more).
     async fn delete_own(&self, etcd_key: &[u8]) -> Result<bool> {
         let resp = with_failover(self.config.request_timeout, "release", true, || {
             let mut kv = self.client.kv_client();

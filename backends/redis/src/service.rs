@@ -99,9 +99,10 @@ impl RedisLockService {
 
     /// Runs a script, sending it again while its outcome is unknown (a reply lost with its
     /// connection, a connection cut before the request went out) for up to the response
-    /// timeout from the first failure. Safe because every script is idempotent for its owner token: a resent acquire
-    /// gets its own grant back, a resent extend extends again, a resent release finds the
-    /// lock gone. Returns the reply and whether an earlier send's outcome was unknown.
+    /// timeout from the first failure. Safe because every script is idempotent for its owner
+    /// token: a resent acquire gets its own grant back, a resent extend extends again, a
+    /// resent release finds the lock gone. Returns the reply and whether an earlier send's
+    /// outcome was unknown.
     async fn invoke<T: redis::FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
