@@ -28,6 +28,7 @@ mod inventory;
 #[path = "../../examples/warehouse/simulate.rs"]
 mod simulate;
 
+mod charts;
 mod faults;
 mod local;
 mod perf;
@@ -80,6 +81,18 @@ pub struct CompareArgs {
     /// full run is 1000000).
     #[arg(long)]
     pub seed_jobs: Option<u64>,
+    /// Run only these parts (repeatable): `perf`, `faults`, `seed`. Default: all three.
+    #[arg(long = "only", value_enum)]
+    pub only: Vec<Part>,
+    /// Workers of the seed's benchmark.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub seed_workers: u32,
+    /// SKUs (locks) of the seed's benchmark.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub seed_skus: u32,
+    /// Every K-th job of the seed's benchmark pauses past its TTL (0: never).
+    #[arg(long, default_value_t = 50)]
+    pub seed_pause_every: u64,
     /// The lease TTL of the fault scenarios, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(200..=60_000))]
     pub ttl_ms: u64,
@@ -91,7 +104,23 @@ pub struct CompareArgs {
     pub json: bool,
 }
 
+/// A part of the comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// Latency, throughput and handoff against the raw operations.
+    Perf,
+    /// The fault matrix.
+    Faults,
+    /// The seed's benchmark.
+    Seed,
+}
+
 impl CompareArgs {
+    /// Whether `part` runs.
+    pub fn runs(&self, part: Part) -> bool {
+        self.only.is_empty() || self.only.contains(&part)
+    }
+
     /// The fault scenarios' lease TTL.
     pub fn ttl(&self) -> Duration {
         Duration::from_millis(self.ttl_ms)

@@ -7,12 +7,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::CompareArgs;
+use crate::charts;
 use crate::faults::{self, Cell};
 use crate::local::Local;
-use crate::perf::{self, LockPerf, Sizes, StorePerf};
+use crate::perf::{self, LockPerf, OURS, RAW, SAME, StorePerf};
 use crate::seed::{self, SeedRun};
 use crate::target::{Backend, LockTarget, StoreTarget, shown};
+use crate::{CompareArgs, Part};
+use palisade_compare::measure::Plan;
 
 /// The session TTL / timeout (s) of the locally started etcd and ZooKeeper: how long a frozen or
 /// killed holder's session outlives it.
@@ -48,7 +50,9 @@ struct StoreRow {
 
 fn progress(total: u64) -> ProgressBar {
     let bar = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} steps, ETA {eta} {msg}")
+    {
         bar.set_style(style);
     }
     bar
@@ -56,8 +60,14 @@ fn progress(total: u64) -> ProgressBar {
 
 pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
     let started = std::time::Instant::now();
-    let sizes = Sizes::new(args.quick);
-    let seed_jobs = args.seed_jobs.unwrap_or(if args.quick { 200 } else { 2000 });
+    let plan = if args.quick { Plan::quick() } else { Plan::full() };
+    let seed_plan = seed::SeedPlan {
+        jobs: args.seed_jobs.unwrap_or(if args.quick { 200 } else { 2000 }),
+        workers: args.seed_workers,
+        skus: args.seed_skus,
+        pause_every: args.seed_pause_every,
+    };
+    let (run_perf, run_faults, run_seed) = (args.runs(Part::Perf), args.runs(Part::Faults), args.runs(Part::Seed));
     let mut local = if args.local {
         eprintln!("starting loopback servers (Redis, 3 Redlock masters, etcd, ZooKeeper, PostgreSQL)…");
         Some(Local::start(LOCAL_SESSION_S)?)
@@ -84,41 +94,24 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
     let bar = progress(locks.len() as u64 + stores.len() as u64 + pairs_n * 6);
 
     let mut lock_rows = Vec::new();
-    for (target, _) in &locks {
+    for (target, _) in locks.iter().filter(|_| run_perf) {
         bar.set_message(format!("performance: {}", target.label));
-        let row = match palisade::connect_any_lock(&target.url).await {
-            Ok(svc) => {
-                let fenced = svc.is_fenced();
-                match perf::lock_perf(&svc, target.backend, &target.url, sizes).await {
-                    Ok(p) => LockRow {
-                        label: target.label.clone(),
-                        backend: target.backend,
-                        url: shown(&target.url),
-                        fenced,
-                        raw_op: target.backend.raw_op(),
-                        perf: Some(p),
-                        error: None,
-                    },
-                    Err(e) => LockRow {
-                        label: target.label.clone(),
-                        backend: target.backend,
-                        url: shown(&target.url),
-                        fenced,
-                        raw_op: target.backend.raw_op(),
-                        perf: None,
-                        error: Some(e.to_string()),
-                    },
-                }
-            }
-            Err(e) => LockRow {
-                label: target.label.clone(),
-                backend: target.backend,
-                url: shown(&target.url),
-                fenced: false,
-                raw_op: target.backend.raw_op(),
-                perf: None,
-                error: Some(e.to_string()),
-            },
+        let fenced = match palisade::connect_any_lock(&target.url).await {
+            Ok(svc) => Ok(svc.is_fenced()),
+            Err(e) => Err(e.to_string()),
+        };
+        let measured = match &fenced {
+            Ok(_) => perf::lock_perf(target.backend, &target.url, &plan).await,
+            Err(e) => Err(e.clone()),
+        };
+        let row = LockRow {
+            label: target.label.clone(),
+            backend: target.backend,
+            url: shown(&target.url),
+            fenced: fenced.unwrap_or(false),
+            raw_op: target.backend.raw_op(),
+            perf: measured.as_ref().ok().cloned(),
+            error: measured.err(),
         };
         lock_rows.push(row);
         bar.inc(1);
@@ -129,12 +122,12 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
         bar.set_message(format!("performance: {}", target.label));
         match palisade::connect_store(&target.url).await {
             Ok(store) => {
-                let p = perf::store_perf(&store, sizes).await;
+                let p = if run_perf { perf::store_perf(&store, &plan).await } else { Err("not run".into()) };
                 store_rows.push(StoreRow {
                     label: target.label.clone(),
                     url: shown(&target.url),
                     perf: p.as_ref().ok().cloned(),
-                    error: p.err().map(|e| e.to_string()),
+                    error: p.err(),
                 });
                 store_clients.push(Some(store));
             }
@@ -165,47 +158,55 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
                 || target.url.starts_with("memory:")
                 || target.url.starts_with("sqlite::memory:");
             let not_shared = "not run: an in-process service or store cannot be shared with a worker process";
-            bar.set_message(format!("{name}: holder paused past its TTL"));
-            cells.push(if in_process {
-                Cell::skipped("paused", not_shared)
+            if run_faults {
+                bar.set_message(format!("{name}: holder paused past its TTL"));
+                cells.push(if in_process {
+                    Cell::skipped("paused", not_shared)
+                } else {
+                    faults::paused(&lock.url, &target.url, store, args.ttl()).await
+                });
+                bar.inc(1);
+                bar.set_message(format!("{name}: holder killed"));
+                cells.push(if in_process {
+                    Cell::skipped("killed", not_shared)
+                } else {
+                    faults::killed(&lock.url, &target.url, store, args.ttl()).await
+                });
+                bar.inc(1);
+                bar.set_message(format!("{name}: lock server restarted"));
+                let owned = if *is_local { local.as_mut() } else { None };
+                cells.push(faults::restart(owned, lock.backend, &lock.url, store, args.ttl()).await);
+                bar.inc(1);
+                bar.set_message(format!("{name}: cluster leader killed"));
+                cells.push(if *is_local {
+                    faults::leader_kill(lock.backend, store, LOCAL_SESSION_S, args.quick).await
+                } else {
+                    Cell {
+                        scenario: "leader_kill",
+                        ran: false,
+                        stale_accepted: None,
+                        duplicates: None,
+                        proceed_ms: None,
+                        lost_fired: None,
+                        safe: None,
+                        note: "not run: the cluster was not started by --local".into(),
+                    }
+                });
+                bar.inc(1);
             } else {
-                faults::paused(&lock.url, &target.url, store, args.ttl()).await
-            });
-            bar.inc(1);
-            bar.set_message(format!("{name}: holder killed"));
-            cells.push(if in_process {
-                Cell::skipped("killed", not_shared)
-            } else {
-                faults::killed(&lock.url, &target.url, store, args.ttl()).await
-            });
-            bar.inc(1);
-            bar.set_message(format!("{name}: lock server restarted"));
-            let owned = if *is_local { local.as_mut() } else { None };
-            cells.push(faults::restart(owned, lock.backend, &lock.url, store, args.ttl()).await);
-            bar.inc(1);
-            bar.set_message(format!("{name}: cluster leader killed"));
-            cells.push(if *is_local {
-                faults::leader_kill(lock.backend, store, LOCAL_SESSION_S, args.quick).await
-            } else {
-                Cell {
-                    scenario: "leader_kill",
-                    ran: false,
-                    stale_accepted: None,
-                    duplicates: None,
-                    proceed_ms: None,
-                    lost_fired: None,
-                    safe: None,
-                    note: "not run: the cluster was not started by --local".into(),
-                }
-            });
-            bar.inc(1);
+                bar.inc(4);
+            }
             let mut seed_runs = Vec::new();
             let mut seed_error = None;
             // An unfenced service has one mode only.
-            let modes: &[bool] = if lock.backend == Backend::Redlock { &[true] } else { &[false, true] };
+            let modes: &[bool] = match (run_seed, lock.backend) {
+                (false, _) => &[],
+                (true, Backend::Redlock) => &[true],
+                (true, _) => &[false, true],
+            };
             for &unfenced in modes {
                 bar.set_message(format!("{name}: seed benchmark ({})", if unfenced { "unfenced" } else { "fenced" }));
-                match seed::run(&lock.url, &target.url, seed_jobs, unfenced).await {
+                match seed::run(&lock.url, &target.url, seed_plan, unfenced).await {
                     Ok(r) => seed_runs.push(r),
                     Err(e) => seed_error = Some(e),
                 }
@@ -227,9 +228,9 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
         "quick": args.quick,
         "fault_ttl_ms": args.ttl_ms,
         "local_session_s": LOCAL_SESSION_S,
-        "sizes": sizes,
-        "concurrency": perf::CONCURRENCY,
-        "seed": { "jobs": seed_jobs, "workers": 8, "skus": 8, "ttl_ms": 200, "pause_every": 50, "pause_ms": 450 },
+        "plan": plan,
+        "parts": { "perf": run_perf, "faults": run_faults, "seed": run_seed },
+        "seed": { "jobs": seed_plan.jobs, "workers": seed_plan.workers, "skus": seed_plan.skus, "ttl_ms": 200, "pause_every": seed_plan.pause_every, "pause_ms": 450 },
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "server_data_dir": palisade_conformance::servers::server_root().display().to_string(),
         "sqlite_dir": std::env::temp_dir().display().to_string(),
@@ -250,11 +251,23 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
         std::fs::write(args.out.join(name), text).map_err(|e| format!("{}: {e}", args.out.join(name).display()))
     };
     write("report.json", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?)?;
-    write("latency.svg", latency_svg(&lock_rows))?;
-    write("throughput.svg", throughput_svg(&lock_rows))?;
+    let series: Vec<charts::Series<'_>> =
+        lock_rows.iter().filter_map(|l| Some(charts::Series { label: &l.label, perf: l.perf.as_ref()? })).collect();
+    write("latency.svg", charts::latency(&series)?)?;
+    write("throughput.svg", charts::throughput(&series, &plan.concurrency)?)?;
     write(
         "report.md",
-        markdown(&date, &machine, &parameters, started.elapsed().as_secs(), &lock_rows, &store_rows, &pairs),
+        markdown(
+            &date,
+            &machine,
+            &parameters,
+            started.elapsed().as_secs(),
+            &plan,
+            &lock_rows,
+            &store_rows,
+            &pairs,
+            &args,
+        ),
     )?;
     eprintln!("report: {}", args.out.join("report.md").display());
     if args.json {
@@ -293,22 +306,17 @@ fn mark(cell: &Cell) -> String {
     s
 }
 
-fn ratio(a: f64, b: Option<f64>) -> String {
-    match b {
-        Some(b) if b > 0.0 => format!("{:.2}×", a / b),
-        _ => "–".into(),
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn markdown(
     date: &str,
     machine: &serde_json::Value,
     parameters: &serde_json::Value,
     elapsed_s: u64,
+    plan: &Plan,
     locks: &[LockRow],
     stores: &[StoreRow],
     pairs: &[Pair],
+    args: &CompareArgs,
 ) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# Palisade architecture comparison\n");
@@ -318,237 +326,225 @@ fn markdown(
     );
     let _ = writeln!(md, "- Machine: {}", machine["description"].as_str().unwrap_or("?"));
     let _ = writeln!(md, "- Parameters (repeat the run with the same ones): `{parameters}`\n");
-    let _ = writeln!(md, "## Fault matrix\n");
-    let _ = writeln!(
-        md,
-        "Each cell: ✅ no stale write accepted, no duplicate, and another holder proceeded / 🟠 safe, but no other holder could proceed (a liveness failure) / ❌ a stale write or a duplicate; `stale` = writes the store accepted from a holder after a later holder's write; `dup` = effects applied twice (audit records; for a killed leader, holds of one lock that overlapped); `next in` = from the fault until another holder had the lock; `lost` = whether the frozen holder's lost signal had fired by the time it wrote.\n"
-    );
-    let _ = writeln!(
-        md,
-        "| lock service × store | holder paused past TTL (SIGSTOP) | holder killed (SIGKILL) | lock server restarted | cluster leader killed |"
-    );
-    let _ = writeln!(md, "|---|---|---|---|---|");
-    for p in pairs {
-        let cells: Vec<String> = p.faults.iter().map(mark).collect();
-        let _ = writeln!(md, "| {} × {} | {} |", p.lock, p.store, cells.join(" | "));
-    }
-    let _ = writeln!(md, "\nNotes per cell:\n");
-    for p in pairs {
-        for c in &p.faults {
-            if c.ran || !c.note.is_empty() {
-                let _ = writeln!(md, "- {} × {}, {}: {}", p.lock, p.store, c.scenario, c.note);
+    if args.runs(Part::Faults) {
+        let _ = writeln!(md, "## Fault matrix\n");
+        let _ = writeln!(
+            md,
+            "Each cell: ✅ no stale write accepted, no duplicate, and another holder proceeded / 🟠 safe, but no other holder could proceed (a liveness failure) / ❌ a stale write or a duplicate; `stale` = writes the store accepted from a holder after a later holder's write; `dup` = effects applied twice (audit records; for a killed leader, holds of one lock that overlapped); `next in` = from the fault until another holder had the lock; `lost` = whether the frozen holder's lost signal had fired by the time it wrote.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| lock service × store | holder paused past TTL (SIGSTOP) | holder killed (SIGKILL) | lock server restarted | cluster leader killed |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|");
+        for p in pairs {
+            let cells: Vec<String> = p.faults.iter().map(mark).collect();
+            let _ = writeln!(md, "| {} × {} | {} |", p.lock, p.store, cells.join(" | "));
+        }
+        let _ = writeln!(md, "\nNotes per cell:\n");
+        for p in pairs {
+            for c in &p.faults {
+                if c.ran || !c.note.is_empty() {
+                    let _ = writeln!(md, "- {} × {}, {}: {}", p.lock, p.store, c.scenario, c.note);
+                }
             }
         }
     }
-    let _ = writeln!(md, "\n## Lock services: latency and throughput\n");
-    let _ = writeln!(
-        md,
-        "Uncontended `try_acquire` + `release` on 16 recurring keys, one task; the raw operation is the backend's own, on the same server, in the same run. Throughput: acquire + release cycles per second with 1 / 16 / 64 concurrent tasks on keys of their own. Handoff: a waiter already waiting when the holder releases.\n"
-    );
-    let _ = writeln!(
-        md,
-        "| lock service | fence | p50 ms | p99 ms | raw op | raw p50 ms | p50 ratio | 1 task /s | 16 tasks /s | 64 tasks /s | 1 task vs raw | handoff p50 ms | handoff p99 ms |"
-    );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for l in locks {
-        match &l.perf {
-            Some(p) => {
-                let t = |n: u64| p.throughput.iter().find(|(c, _)| *c == n).map_or(0.0, |(_, v)| *v);
-                let _ = writeln!(
-                    md,
-                    "| {} | {} | {:.3} | {:.3} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.3} | {:.3} |",
-                    l.label,
-                    if l.fenced { "yes" } else { "**no**" },
-                    p.p50_ms,
-                    p.p99_ms,
-                    l.raw_op,
-                    p.raw_p50_ms.map_or("–".into(), |v| format!("{v:.3}")),
-                    ratio(p.p50_ms, p.raw_p50_ms),
-                    t(1),
-                    t(16),
-                    t(64),
-                    ratio(t(1), p.raw_throughput),
-                    p.handoff_p50_ms,
-                    p.handoff_p99_ms
-                );
-            }
-            None => {
-                let _ = writeln!(md, "| {} | | error: {} |||||||||||", l.label, l.error.as_deref().unwrap_or("?"));
-            }
+    if args.runs(Part::Perf) {
+        let _ = writeln!(md, "\n## Lock services: latency and throughput\n");
+        let _ = writeln!(
+            md,
+            "Every figure is Palisade's `try_acquire` + `release` beside the backend's raw operation sent through the same client crate to the same server in this run, on the same keys ({} per task) and concurrency; each variant first warms up, then the variants take turns for {} rounds. Latency: {} sequential cycles per round, p50/p99 of all rounds pooled, and the min–max of the rounds' p50s. Throughput: cycles per second of {} tasks at once in {:.1}-s windows, the median of the rounds (min–max). Handoff: release returned → the waiter already waiting holds, {} per round. Ratios are Palisade ÷ raw.\n",
+            plan.keys,
+            plan.rounds,
+            plan.cycles,
+            plan.concurrency.iter().map(ToString::to_string).collect::<Vec<_>>().join(" / "),
+            plan.window.as_secs_f64(),
+            plan.handoffs,
+        );
+        let mut header =
+            String::from("| lock service | fence | raw op | p50 ms (rounds) | p99 ms | raw p50 ms | p50 ratio |");
+        let mut rule = String::from("|---|---|---|---|---|---|---|");
+        for c in &plan.concurrency {
+            let _ = write!(header, " {c} task{} /s | ratio |", if *c == 1 { "" } else { "s" });
+            rule.push_str("---|---|");
         }
-    }
-    let _ = writeln!(md, "\n![latency](latency.svg) ![throughput](throughput.svg)\n");
-    let _ = writeln!(md, "## Stores: the cost of the fence\n");
-    let _ = writeln!(
-        md,
-        "One-record write with a fence (watermark check and write in one atomic step) against the store's plain write of the same record (no watermark), sequential.\n"
-    );
-    let _ = writeln!(md, "| store | fenced p50 ms | fenced p99 ms | plain p50 ms | plain p99 ms | p50 ratio |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|");
-    for s in stores {
-        match &s.perf {
-            Some(p) => {
-                let _ = writeln!(
-                    md,
-                    "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
-                    s.label,
-                    p.fenced_p50_ms,
-                    p.fenced_p99_ms,
-                    p.plain_p50_ms,
-                    p.plain_p99_ms,
-                    ratio(p.fenced_p50_ms, Some(p.plain_p50_ms))
-                );
+        header.push_str(" handoff p50 ms | p99 ms | raw handoff p50 ms |");
+        rule.push_str("---|---|---|");
+        let _ = writeln!(md, "{header}\n{rule}");
+        for l in locks {
+            let Some(p) = &l.perf else {
+                let _ = writeln!(md, "| {} | | error: {} |", l.label, l.error.as_deref().unwrap_or("?"));
+                continue;
+            };
+            let (ours, raw) = (p.latency(OURS), p.latency(RAW));
+            let mut row = format!("| {} | {} | {} |", l.label, if l.fenced { "yes" } else { "**no**" }, l.raw_op);
+            match ours {
+                Some(o) => {
+                    let _ = write!(
+                        row,
+                        " {:.3} ({:.3}–{:.3}) | {:.3} | {} | {} |",
+                        o.p50_ms,
+                        o.round_p50_ms.min,
+                        o.round_p50_ms.max,
+                        o.p99_ms,
+                        raw.map_or("–".into(), |r| format!("{:.3}", r.p50_ms)),
+                        raw.map_or("–".into(), |r| format!("{:.2}×", o.ratio_to(r)))
+                    );
+                }
+                None => row.push_str(" – | – | – | – |"),
             }
-            None => {
-                let _ = writeln!(md, "| {} | error: {} |||||", s.label, s.error.as_deref().unwrap_or("?"));
+            for &c in &plan.concurrency {
+                match p.rate(OURS, c) {
+                    Some(o) => {
+                        let _ = write!(
+                            row,
+                            " {:.0} ({:.0}–{:.0}) | {} |",
+                            o.per_sec.median,
+                            o.per_sec.min,
+                            o.per_sec.max,
+                            p.rate(RAW, c).map_or("–".into(), |r| format!("{:.2}×", o.ratio_to(r)))
+                        );
+                    }
+                    None => row.push_str(" – | – |"),
+                }
             }
+            match p.handoff(OURS) {
+                Some(h) => {
+                    let _ = write!(
+                        row,
+                        " {:.3} | {:.3} | {} |",
+                        h.p50_ms,
+                        h.p99_ms,
+                        p.handoff(RAW).map_or("–".into(), |r| format!("{:.3}", r.p50_ms))
+                    );
+                }
+                None => row.push_str(" – | – | – |"),
+            }
+            let _ = writeln!(md, "{row}");
         }
-    }
-    let _ = writeln!(md, "\n## The seed's benchmark\n");
-    let _ = writeln!(
-        md,
-        "The warehouse simulation: allocation jobs on 8 workers and 8 SKUs, a job redelivered when not acknowledged within the TTL (200 ms), every 50th holder paused for 450 ms after reading the stock. Fenced: the write carries the fence and checks its preconditions atomically; unfenced: the seed's naive lock.\n"
-    );
-    let _ = writeln!(
-        md,
-        "| lock service × store | mode | jobs | pauses | applied | stale writes refused | duplicates | lost stock updates | jobs/s |"
-    );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
-    for p in pairs {
-        for r in &p.seed {
+        let same: Vec<(&LockRow, &LockPerf)> = locks
+            .iter()
+            .filter_map(|l| Some((l, l.perf.as_ref()?)))
+            .filter(|(_, p)| p.latency(SAME).is_some())
+            .collect();
+        if !same.is_empty() {
             let _ = writeln!(
                 md,
-                "| {} × {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
-                p.lock,
-                p.store,
-                r.mode,
-                r.jobs,
-                r.pauses,
-                r.applied,
-                r.fence_rejected,
-                r.duplicates,
-                r.lost_updates,
-                r.jobs_per_sec
+                "\nPalisade ÷ the very server operations it sends, through the raw client (Redis: its two scripts; etcd: its two txns), in the same rounds: what Palisade's client code costs.\n"
             );
+            let mut header = String::from("| lock service | p50 ratio |");
+            let mut rule = String::from("|---|---|");
+            for c in &plan.concurrency {
+                let _ = write!(header, " {c} task{} |", if *c == 1 { "" } else { "s" });
+                rule.push_str("---|");
+            }
+            let _ = writeln!(md, "{header}\n{rule}");
+            for (l, p) in same {
+                let mut row = format!("| {} |", l.label);
+                match (p.latency(OURS), p.latency(SAME)) {
+                    (Some(o), Some(s)) => {
+                        let _ = write!(row, " {:.2}× |", o.ratio_to(s));
+                    }
+                    _ => row.push_str(" – |"),
+                }
+                for &c in &plan.concurrency {
+                    match (p.rate(OURS, c), p.rate(SAME, c)) {
+                        (Some(o), Some(s)) => {
+                            let _ = write!(row, " {:.2}× |", o.ratio_to(s));
+                        }
+                        _ => row.push_str(" – |"),
+                    }
+                }
+                let _ = writeln!(md, "{row}");
+            }
         }
-        if let Some(e) = &p.seed_error {
-            let _ = writeln!(md, "| {} × {} | error | {e} |||||||", p.lock, p.store);
+        let _ = writeln!(md, "\n![latency](latency.svg)\n\n![throughput](throughput.svg)\n");
+        let _ = writeln!(md, "## Stores: the cost of the fence\n");
+        let _ = writeln!(
+            md,
+            "One-record write with a fence (watermark check and write in one atomic step) against the store's plain write of a record of the same size (no watermark), one writer, {} writes per round, the variants taking turns for {} rounds.\n",
+            (plan.cycles / 4).max(20),
+            plan.rounds
+        );
+        let _ = writeln!(
+            md,
+            "| store | fenced p50 ms (rounds) | fenced p99 ms | plain p50 ms (rounds) | plain p99 ms | p50 ratio |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|");
+        for s in stores {
+            let found = s.perf.as_ref().and_then(|p| {
+                let find = |n: &str| p.latency.iter().find(|l| l.name == n);
+                Some((find("fenced")?, find("plain")?))
+            });
+            match found {
+                Some((f, u)) => {
+                    let _ = writeln!(
+                        md,
+                        "| {} | {:.3} ({:.3}–{:.3}) | {:.3} | {:.3} ({:.3}–{:.3}) | {:.3} | {:.2}× |",
+                        s.label,
+                        f.p50_ms,
+                        f.round_p50_ms.min,
+                        f.round_p50_ms.max,
+                        f.p99_ms,
+                        u.p50_ms,
+                        u.round_p50_ms.min,
+                        u.round_p50_ms.max,
+                        u.p99_ms,
+                        f.ratio_to(u)
+                    );
+                }
+                None => {
+                    let _ = writeln!(md, "| {} | error: {} |||||", s.label, s.error.as_deref().unwrap_or("?"));
+                }
+            }
         }
-        if p.seed.len() == 1 && p.seed[0].mode == "unfenced" {
-            let _ = writeln!(
-                md,
-                "| {} × {} | fenced | not possible: the service issues no fence ||||||| ",
-                p.lock, p.store
-            );
+    }
+    if args.runs(Part::Seed) {
+        let _ = writeln!(md, "\n## The seed's benchmark\n");
+        let _ = writeln!(
+            md,
+            "The warehouse simulation: {} allocation jobs on {} workers and {} SKUs, a job redelivered when not acknowledged within the TTL (200 ms), every {}th holder paused for 450 ms after reading the stock. Fenced: the write carries the fence and checks its preconditions atomically; unfenced: the seed's naive lock. Each job reads the stock and its done-marker in one request and writes in one (the stores' one-statement batch).\n",
+            parameters["seed"]["jobs"],
+            parameters["seed"]["workers"],
+            parameters["seed"]["skus"],
+            parameters["seed"]["pause_every"],
+        );
+        let _ = writeln!(
+            md,
+            "| lock service × store | mode | jobs | pauses | applied | stale writes refused | duplicates | lost stock updates | jobs/s |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+        for p in pairs {
+            for r in &p.seed {
+                let _ = writeln!(
+                    md,
+                    "| {} × {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
+                    p.lock,
+                    p.store,
+                    r.mode,
+                    r.jobs,
+                    r.pauses,
+                    r.applied,
+                    r.fence_rejected,
+                    r.duplicates,
+                    r.lost_updates,
+                    r.jobs_per_sec
+                );
+            }
+            if let Some(e) = &p.seed_error {
+                let _ = writeln!(md, "| {} × {} | error | {e} |||||||", p.lock, p.store);
+            }
+            if p.seed.len() == 1 && p.seed[0].mode == "unfenced" {
+                let _ = writeln!(
+                    md,
+                    "| {} × {} | fenced | not possible: the service issues no fence ||||||| ",
+                    p.lock, p.store
+                );
+            }
         }
     }
     md
-}
-
-const COLOURS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
-
-fn svg_frame(title: &str, x_label: &str, y_label: &str) -> String {
-    format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="640" height="400" font-family="sans-serif" font-size="12">
-<rect width="640" height="400" fill="white"/>
-<text x="320" y="20" text-anchor="middle" font-size="14">{title}</text>
-<line x1="60" y1="340" x2="600" y2="340" stroke="black"/><line x1="60" y1="40" x2="60" y2="340" stroke="black"/>
-<text x="330" y="380" text-anchor="middle">{x_label}</text>
-<text x="15" y="190" transform="rotate(-90 15 190)" text-anchor="middle">{y_label}</text>
-"##
-    )
-}
-
-fn legend(svg: &mut String, i: usize, label: &str) {
-    let y = 50 + 16 * i;
-    let _ = writeln!(
-        svg,
-        r#"<rect x="440" y="{}" width="10" height="10" fill="{}"/><text x="455" y="{}">{}</text>"#,
-        y,
-        COLOURS[i % COLOURS.len()],
-        y + 9,
-        escape(label)
-    );
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
-
-/// The latency distribution (CDF) of uncontended acquire + release per lock service.
-fn latency_svg(locks: &[LockRow]) -> String {
-    let mut svg = svg_frame("acquire + release latency, CDF", "milliseconds", "fraction of cycles");
-    let max = locks
-        .iter()
-        .filter_map(|l| l.perf.as_ref())
-        .filter_map(|p| p.latencies_ms.get(p.latencies_ms.len().saturating_sub(1) * 99 / 100).copied())
-        .fold(0.0f64, f64::max)
-        .max(0.001);
-    for tick in 0..=4 {
-        let v = max * f64::from(tick) / 4.0;
-        let x = 60.0 + 540.0 * f64::from(tick) / 4.0;
-        let _ = writeln!(svg, r#"<text x="{x:.0}" y="355" text-anchor="middle">{v:.2}</text>"#);
-    }
-    for (i, l) in locks.iter().enumerate() {
-        let Some(p) = &l.perf else { continue };
-        let n = p.latencies_ms.len().max(1) as f64;
-        let points: Vec<String> = p
-            .latencies_ms
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| **v <= max)
-            .map(|(k, v)| format!("{:.1},{:.1}", 60.0 + 540.0 * v / max, 340.0 - 300.0 * (k as f64 + 1.0) / n))
-            .collect();
-        let _ = writeln!(
-            svg,
-            r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>"#,
-            COLOURS[i % COLOURS.len()],
-            points.join(" ")
-        );
-        legend(&mut svg, i, &l.label);
-    }
-    svg.push_str("</svg>\n");
-    svg
-}
-
-/// Throughput against concurrency per lock service.
-fn throughput_svg(locks: &[LockRow]) -> String {
-    let mut svg = svg_frame("acquire + release throughput", "concurrent tasks", "cycles per second");
-    let max = locks
-        .iter()
-        .filter_map(|l| l.perf.as_ref())
-        .flat_map(|p| p.throughput.iter().map(|(_, v)| *v))
-        .fold(1.0f64, f64::max);
-    let xs = perf::CONCURRENCY;
-    for (k, c) in xs.iter().enumerate() {
-        let x = 60.0 + 540.0 * k as f64 / (xs.len() - 1) as f64;
-        let _ = writeln!(svg, r#"<text x="{x:.0}" y="355" text-anchor="middle">{c}</text>"#);
-    }
-    for tick in 0..=4 {
-        let v = max * f64::from(tick) / 4.0;
-        let y = 340.0 - 300.0 * f64::from(tick) / 4.0;
-        let _ = writeln!(svg, r#"<text x="56" y="{y:.0}" text-anchor="end">{v:.0}</text>"#);
-    }
-    for (i, l) in locks.iter().enumerate() {
-        let Some(p) = &l.perf else { continue };
-        let points: Vec<String> = p
-            .throughput
-            .iter()
-            .enumerate()
-            .map(|(k, (_, v))| {
-                format!("{:.1},{:.1}", 60.0 + 540.0 * k as f64 / (xs.len() - 1) as f64, 340.0 - 300.0 * v / max)
-            })
-            .collect();
-        let _ = writeln!(
-            svg,
-            r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>"#,
-            COLOURS[i % COLOURS.len()],
-            points.join(" ")
-        );
-        legend(&mut svg, i, &l.label);
-    }
-    svg.push_str("</svg>\n");
-    svg
 }
 
 fn machine() -> serde_json::Value {
@@ -607,7 +603,5 @@ mod tests {
         // Safe, but the next holder was blocked: a liveness failure, not a pass.
         let blocked = Cell { safe: Some(true), stale_accepted: Some(0), duplicates: Some(0), proceed_ms: None, ..cell };
         assert_eq!(mark(&blocked), "🟠 stale 0, dup 0, next: blocked, lost not fired");
-        assert_eq!(ratio(2.0, Some(1.0)), "2.00×");
-        assert_eq!(ratio(2.0, None), "–");
     }
 }

@@ -20,9 +20,35 @@ pub struct SeedRun {
     pub elapsed_ms: u64,
 }
 
-pub async fn run(lock: &str, store: &str, jobs: u64, unfenced: bool) -> Result<SeedRun, String> {
-    let jobs_text = jobs.to_string();
-    let mut argv = vec!["warehouse", "--lock", lock, "--store", store, "simulate", "--jobs", &jobs_text, "--json"];
+/// The benchmark's size: jobs, workers, SKUs, and how often a holder pauses past its TTL.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SeedPlan {
+    pub jobs: u64,
+    pub workers: u32,
+    pub skus: u32,
+    pub pause_every: u64,
+}
+
+pub async fn run(lock: &str, store: &str, plan: SeedPlan, unfenced: bool) -> Result<SeedRun, String> {
+    let (jobs, workers, skus, every) =
+        (plan.jobs.to_string(), plan.workers.to_string(), plan.skus.to_string(), plan.pause_every.to_string());
+    let mut argv = vec![
+        "warehouse",
+        "--lock",
+        lock,
+        "--store",
+        store,
+        "simulate",
+        "--jobs",
+        &jobs,
+        "--workers",
+        &workers,
+        "--skus",
+        &skus,
+        "--pause-every",
+        &every,
+        "--json",
+    ];
     if unfenced {
         argv.push("--unfenced");
     }

@@ -69,11 +69,35 @@ fn quick_local_comparison() {
             None => assert!(redlock, "{name}: no fenced seed run"),
         }
     }
+    let named = |list: &Value, name: &str| list.as_array().unwrap().iter().filter(|v| v["name"] == name).count();
     for lock in report["locks"].as_array().unwrap() {
-        assert!(lock["perf"]["p50_ms"].as_f64().unwrap() > 0.0, "{lock}");
-        assert_eq!(lock["perf"]["throughput"].as_array().unwrap().len(), 3, "{lock}");
+        let perf = &lock["perf"];
+        // Every local service is measured beside its raw operation, with the same plan.
+        for name in ["palisade", "raw"] {
+            assert_eq!(named(&perf["latency"], name), 1, "{name}: {lock}");
+            assert_eq!(named(&perf["throughput"], name), 3, "{name} at 1, 16 and 64 tasks: {lock}");
+        }
+        for l in perf["latency"].as_array().unwrap() {
+            assert!(l["p50_ms"].as_f64().unwrap() > 0.0, "{lock}");
+            let spread = &l["round_p50_ms"];
+            assert!(spread["min"].as_f64().unwrap() <= spread["median"].as_f64().unwrap(), "{lock}");
+            assert!(spread["median"].as_f64().unwrap() <= spread["max"].as_f64().unwrap(), "{lock}");
+        }
+        for r in perf["throughput"].as_array().unwrap() {
+            assert!(r["per_sec"]["median"].as_f64().unwrap() > 0.0, "{lock}");
+        }
+        assert_eq!(named(&perf["handoff"], "palisade"), 1, "{lock}");
     }
     for store in report["stores"].as_array().unwrap() {
-        assert!(store["perf"]["fenced_p50_ms"].as_f64().unwrap() > 0.0, "{store}");
+        for name in ["fenced", "plain"] {
+            let l = store["perf"]["latency"].as_array().unwrap().iter().find(|l| l["name"] == name).unwrap();
+            assert!(l["p50_ms"].as_f64().unwrap() > 0.0, "{store}");
+        }
+    }
+    for chart in ["latency.svg", "throughput.svg"] {
+        let svg = std::fs::read_to_string(out_dir.path().join(chart)).unwrap();
+        for label in ["Redis", "etcd", "ZooKeeper", "raw operation"] {
+            assert!(svg.contains(label), "{chart} has no {label:?}");
+        }
     }
 }

@@ -214,6 +214,7 @@ macro_rules! __store_scenarios {
             stale_batches_of_every_shape,
             fence_comparison_matrix,
             watermark_scope,
+            read_many_answers_like_read,
             store_race
         );
     };

@@ -457,6 +457,34 @@ pub async fn watermark_scope<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> O
     Ok(ctx.report())
 }
 
+/// **Reading many records.** `read_many` answers each key as `read` does, in the order asked:
+/// a fenced record, an unfenced one, a missing one and a key asked twice; an invalid key
+/// among them is `InvalidKey`. (`FencedStore::read_many`: "one answer per key, in the
+/// order of `keys`".)
+pub async fn read_many_answers_like_read<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let store = store_client(ctx, factory).await?;
+    let res = attempt!(ctx, ns.key("rm"), "key");
+    let (a, b, missing) = (ns.record("z-last"), ns.record("a-first"), ns.record("missing"));
+    attempt!(
+        ctx,
+        store.write_fenced(&res, gf(4), &WriteBatch::new().put(a.clone(), b"A".to_vec())).await,
+        "fenced write"
+    );
+    attempt!(ctx, store.apply_unfenced(&WriteBatch::new().put(b.clone(), b"B".to_vec())).await, "unfenced write");
+    let keys = [a.as_str(), missing.as_str(), b.as_str(), a.as_str()];
+    let many = attempt!(ctx, store.read_many(&keys).await, "read_many");
+    ensure!(ctx, many.len() == keys.len(), "read_many gave {} answers for {} keys", many.len(), keys.len());
+    for (key, got) in keys.iter().zip(&many) {
+        let one = attempt!(ctx, store.read(key).await, "read");
+        ensure!(ctx, *got == one, "read_many answered {key} with {got:?}, read with {one:?}: not in the order asked");
+    }
+    ensure!(ctx, many[0].as_ref().and_then(|r| r.fence) == Some(Fence::new(4)), "the fenced record lost its fence");
+    let bad = store.read_many(&[a.as_str(), "bad key\u{0}"]).await.err().map(|e| e.kind());
+    ensure!(ctx, bad == Some(ErrorKind::InvalidKey), "an invalid key among many: {bad:?}, expected InvalidKey");
+    Ok(ctx.report())
+}
+
 /// **The store race.** Two writers, each with its own client, present fences `t1 < t2` for one
 /// resource at the same moment, round after round. Whatever the interleaving, the check and
 /// the write are one atomic step: after each round the record holds `t2`'s value and the

@@ -370,6 +370,9 @@ enum StoreFlaw {
     WatermarkInClient,
     /// Accepts fence 0 (an uninitialised fence).
     AcceptsZero,
+    /// Answers `read_many` in key order, as a naive `WHERE key = ANY(…)` returns rows, instead
+    /// of the order asked.
+    ReadManyInKeyOrder,
 }
 
 type Watermarks = Arc<Mutex<HashMap<ResourceKey, GrantFence>>>;
@@ -494,6 +497,17 @@ impl FencedStore for BrokenStore {
             palisade_core::validate_record_key(key)?;
         }
         Ok(self.records.lock().unwrap().get(key).cloned())
+    }
+    async fn read_many(&self, keys: &[&str]) -> Result<Vec<Option<Record>>> {
+        let mut keys = keys.to_vec();
+        if self.flaw == StoreFlaw::ReadManyInKeyOrder {
+            keys.sort_unstable();
+        }
+        let mut out = Vec::new();
+        for key in keys {
+            out.push(self.read(key).await?);
+        }
+        Ok(out)
     }
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
         let records = self.records.lock().unwrap();
@@ -817,6 +831,12 @@ async fn a_store_accepting_fence_zero_fails_the_comparison_matrix() {
 }
 
 #[tokio::test]
+async fn a_store_answering_read_many_in_key_order_fails_read_many() {
+    store_flaw_fails(StoreFlaw::ReadManyInKeyOrder, &[("read_many_answers_like_read", "not in the order asked")], &[])
+        .await;
+}
+
+#[tokio::test]
 async fn the_broken_store_without_a_flaw_passes_every_store_scenario() {
     // The control: each flaw test fails for its flaw, not for the harness.
     store_flaw_fails(StoreFlaw::None, &[], &[]).await;
@@ -846,7 +866,12 @@ async fn a_store_reporting_rejections_as_success_fails() {
 
 #[tokio::test]
 async fn a_store_without_validation_fails_bad_input() {
-    store_flaw_fails(StoreFlaw::NoValidation, &[("store_bad_input", "expected InvalidKey")], &[]).await;
+    store_flaw_fails(
+        StoreFlaw::NoValidation,
+        &[("store_bad_input", "expected InvalidKey"), ("read_many_answers_like_read", "expected InvalidKey")],
+        &[],
+    )
+    .await;
 }
 
 #[tokio::test]

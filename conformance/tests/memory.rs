@@ -11,7 +11,7 @@ palisade_conformance::fenced_store_suite!(MemoryStoreFactory::new());
 #[tokio::test]
 async fn run_all_entry_points_pass_on_memory() {
     let reports = palisade_conformance::run_store_scenarios(&MemoryStoreFactory::new()).await.unwrap();
-    assert_eq!(reports.len(), 8);
+    assert_eq!(reports.len(), 9);
     let reports = palisade_conformance::run_end_to_end_scenarios(&MemoryLockFactory::new(), &MemoryStoreFactory::new())
         .await
         .unwrap();

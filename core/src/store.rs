@@ -62,6 +62,24 @@ pub trait FencedStore: Send + Sync + 'static {
     /// Reads one record.
     async fn read(&self, key: &str) -> Result<Option<Record>>;
 
+    /// Reads several records: one answer per key, in the order of `keys` (`None` for a missing
+    /// record; a key given twice is answered twice).
+    ///
+    /// Behavior: the same answers as [`read`](FencedStore::read) of each key. An invalid key is
+    /// [`ErrorKind::InvalidKey`] and nothing is read. Stores that can send the reads as
+    /// one request do (PostgreSQL: one statement); the provided method reads one key after
+    /// another.
+    async fn read_many(&self, keys: &[&str]) -> Result<Vec<Option<Record>>> {
+        for key in keys {
+            crate::validate_record_key(key)?;
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            out.push(self.read(key).await?);
+        }
+        Ok(out)
+    }
+
     /// Reads every record whose key starts with `prefix`, in key order.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>>;
 }
@@ -111,6 +129,9 @@ impl<T: FencedStore + ?Sized> FencedStore for Arc<T> {
     }
     async fn read(&self, key: &str) -> Result<Option<Record>> {
         (**self).read(key).await
+    }
+    async fn read_many(&self, keys: &[&str]) -> Result<Vec<Option<Record>>> {
+        (**self).read_many(keys).await
     }
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
         (**self).list(prefix).await

@@ -155,10 +155,13 @@ impl Warehouse {
         let fence_text = fence.map_or_else(|| "none".to_string(), |f| f.to_string());
         let mut paused = false;
         for _ in 0..=MAX_CONFLICT_RETRIES {
-            if self.store.read(&done_key).await?.is_some() {
+            // Both reads in one request (one statement on PostgreSQL).
+            let mut read = self.store.read_many(&[&done_key, &inventory_key]).await?.into_iter();
+            let (done, stock) = (read.next().flatten(), read.next().flatten());
+            if done.is_some() {
                 return Ok(Outcome::AlreadyDone);
             }
-            let Some(record) = self.store.read(&inventory_key).await? else {
+            let Some(record) = stock else {
                 return Ok(Outcome::UnknownSku);
             };
             let available = parse_qty(&record);

@@ -360,9 +360,9 @@ impl Progress {
     fn start(total: u64, quiet: bool) -> Self {
         let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::new(total);
-            if let Ok(style) =
-                ProgressStyle::with_template("{spinner} {pos}/{len} jobs [{elapsed_precise}] {wide_bar} {per_sec}")
-            {
+            if let Ok(style) = ProgressStyle::with_template(
+                "{spinner} {pos}/{len} jobs [{elapsed_precise}] {wide_bar} {per_sec}, ETA {eta}",
+            ) {
                 bar.set_style(style);
             }
             bar
@@ -382,7 +382,14 @@ impl Progress {
             && last.elapsed() >= Duration::from_secs(2)
         {
             *last = Instant::now();
-            eprintln!("progress: {done}/{} jobs after {:.1} s", self.total, elapsed.as_secs_f64());
+            let rate = done as f64 / elapsed.as_secs_f64().max(1e-3);
+            let eta =
+                if rate > 0.0 { format!("{:.0} s", self.total.saturating_sub(done) as f64 / rate) } else { "?".into() };
+            eprintln!(
+                "progress: {done}/{} jobs after {:.1} s ({rate:.0} jobs/s, ETA {eta})",
+                self.total,
+                elapsed.as_secs_f64()
+            );
         }
     }
 

@@ -12,7 +12,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use palisade::dynamodb::aws_sdk_dynamodb::Client;
 use palisade::dynamodb::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
@@ -20,9 +19,7 @@ use palisade::dynamodb::aws_sdk_dynamodb::config::{ConfigBag, Intercept, Runtime
 use palisade::dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use palisade::dynamodb::{DynamoConfig, DynamoStore};
 use palisade::{Fence, FencedStore, ResourceKey, WriteBatch};
-
-const ROUNDS: usize = 5;
-const PER_ROUND: usize = 60;
+use palisade_compare::measure::{self, Plan, Variant};
 
 /// Counts requests as they are put on the wire (retries included).
 #[derive(Debug, Clone, Default)]
@@ -43,34 +40,32 @@ impl Intercept for Requests {
     }
 }
 
-struct Path {
-    name: &'static str,
-    samples: Vec<Duration>,
-    requests: u64,
-    calls: u64,
+/// Counts the requests one variant sends (the latency measurement runs one cycle at a time).
+#[derive(Clone, Default)]
+struct Tally {
+    requests: Arc<AtomicU64>,
+    calls: Arc<AtomicU64>,
 }
 
-impl Path {
-    fn new(name: &'static str) -> Self {
-        Path { name, samples: Vec::new(), requests: 0, calls: 0 }
+impl Tally {
+    async fn count<F: std::future::Future<Output = Result<(), String>>>(
+        &self,
+        counter: &Requests,
+        f: F,
+    ) -> Result<(), String> {
+        let before = counter.0.load(Ordering::SeqCst);
+        let out = f.await;
+        self.requests.fetch_add(counter.0.load(Ordering::SeqCst) - before, Ordering::SeqCst);
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        out
     }
-    fn p(&self, pct: usize) -> Duration {
-        let mut v = self.samples.clone();
-        v.sort_unstable();
-        v[(v.len() - 1) * pct / 100]
+
+    fn per_call(&self) -> f64 {
+        self.requests.load(Ordering::SeqCst) as f64 / self.calls.load(Ordering::SeqCst).max(1) as f64
     }
 }
 
-async fn timed<F: std::future::Future<Output = ()>>(path: &mut Path, counter: &Requests, f: F) {
-    let before = counter.0.load(Ordering::SeqCst);
-    let t = Instant::now();
-    f.await;
-    path.samples.push(t.elapsed());
-    path.requests += counter.0.load(Ordering::SeqCst) - before;
-    path.calls += 1;
-}
-
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let endpoint =
         std::env::var("PALISADE_DYNAMODB_ENDPOINT").expect("PALISADE_DYNAMODB_ENDPOINT: scripts/services up");
@@ -94,75 +89,85 @@ async fn main() {
             .unwrap();
     }
     let resource = ResourceKey::new("bench", "wh").unwrap();
-    let mut fence = 0u64;
-    let (mut plain, mut fenced, mut unfenced_batch, mut fenced_batch) = (
-        Path::new("`UpdateItem` `SET qty = qty - :one` (unconditional)"),
-        Path::new("the same through `update_item_fenced` (+ fence condition, + `fence = :f`)"),
-        Path::new("record `apply_unfenced` (`TransactWriteItems`, 1 item)"),
-        Path::new("record `apply` (`TransactWriteItems`: watermark item + 1 item)"),
-    );
-    for _ in 0..ROUNDS {
-        for _ in 0..PER_ROUND {
-            timed(&mut plain, &counter, async {
-                client
-                    .update_item()
-                    .table_name(&table)
-                    .key("pk", key("plain"))
-                    .update_expression("SET qty = qty - :one")
-                    .expression_attribute_values(":one", AttributeValue::N("1".into()))
-                    .send()
-                    .await
-                    .unwrap();
-            })
-            .await;
-        }
-        for _ in 0..PER_ROUND {
-            fence += 1;
+    let fences = Arc::new(AtomicU64::new(0));
+    let tallies: [Tally; 4] = Default::default();
+    let plain = {
+        let (client, table, counter, tally) = (client.clone(), table.clone(), counter.clone(), tallies[0].clone());
+        Variant::new("`UpdateItem` `SET qty = qty - :one` (unconditional)", move |_| {
+            let update = client
+                .update_item()
+                .table_name(&table)
+                .key("pk", key("plain"))
+                .update_expression("SET qty = qty - :one")
+                .expression_attribute_values(":one", AttributeValue::N("1".into()));
+            let (counter, tally) = (counter.clone(), tally.clone());
+            async move { tally.count(&counter, async { update.send().await.map(drop).map_err(|e| e.to_string()) }).await }
+        })
+    };
+    let fenced = {
+        let (client, table, counter, tally) = (client.clone(), table.clone(), counter.clone(), tallies[1].clone());
+        let (store, fences) = (store.clone(), Arc::clone(&fences));
+        Variant::new("the same through `update_item_fenced` (+ fence condition, + `fence = :f`)", move |_| {
             let update = client
                 .update_item()
                 .table_name(&table)
                 .key("pk", key("fenced"))
                 .update_expression("SET qty = qty - :one")
                 .expression_attribute_values(":one", AttributeValue::N("1".into()));
-            timed(&mut fenced, &counter, async {
-                store
-                    .update_item_fenced(update, palisade::GrantFence::new(Fence::new(fence), BENCH_GRANT))
+            let fence = Fence::new(fences.fetch_add(1, Ordering::SeqCst) + 1);
+            let (store, counter, tally) = (store.clone(), counter.clone(), tally.clone());
+            async move {
+                let write = store.update_item_fenced(update, palisade::GrantFence::new(fence, BENCH_GRANT));
+                tally.count(&counter, async { write.await.map(drop).map_err(|e| e.to_string()) }).await
+            }
+        })
+    };
+    let unfenced_batch = {
+        let (store, counter, tally) = (store.clone(), counter.clone(), tallies[2].clone());
+        Variant::new("record `apply_unfenced` (`TransactWriteItems`, 1 item)", move |slot| {
+            let batch = WriteBatch::new().put(format!("bench/u{}", slot.key), b"v".to_vec());
+            let (store, counter, tally) = (store.clone(), counter.clone(), tally.clone());
+            async move {
+                tally.count(&counter, async { store.apply_unfenced(&batch).await.map_err(|e| e.to_string()) }).await
+            }
+        })
+    };
+    let fenced_batch = {
+        let (store, counter, tally, fences) = (store.clone(), counter.clone(), tallies[3].clone(), Arc::clone(&fences));
+        Variant::new("record `apply` (`TransactWriteItems`: watermark item + 1 item)", move |slot| {
+            let batch = WriteBatch::new().put(format!("bench/f{}", slot.key), b"v".to_vec());
+            let fence = palisade::GrantFence::new(Fence::new(fences.fetch_add(1, Ordering::SeqCst) + 1), BENCH_GRANT);
+            let (store, counter, tally, resource) = (store.clone(), counter.clone(), tally.clone(), resource.clone());
+            async move {
+                tally
+                    .count(&counter, async { store.apply(&resource, fence, &batch).await.map_err(|e| e.to_string()) })
                     .await
-                    .map(drop)
-                    .unwrap()
-            })
-            .await;
-        }
-        for i in 0..PER_ROUND {
-            let batch = WriteBatch::new().put(format!("bench/u{i}"), b"v".to_vec());
-            timed(&mut unfenced_batch, &counter, async { store.apply_unfenced(&batch).await.unwrap() }).await;
-        }
-        for i in 0..PER_ROUND {
-            fence += 1;
-            let batch = WriteBatch::new().put(format!("bench/f{i}"), b"v".to_vec());
-            timed(&mut fenced_batch, &counter, async {
-                store.apply(&resource, palisade::GrantFence::new(Fence::new(fence), BENCH_GRANT), &batch).await.unwrap()
-            })
-            .await;
-        }
-    }
+            }
+        })
+    };
+    let plan = Plan { cycles: 60, ..Plan::full() };
+    let l = measure::latency(&[plain, fenced, unfenced_batch, fenced_batch], &plan, None).await.unwrap();
     println!("# DynamoDB store: fenced vs unconditioned writes\n");
-    println!("moto on loopback (one request at a time), {ROUNDS} interleaved rounds of {PER_ROUND} writes per path.\n");
-    println!("| path | requests per write | p50 ms | p99 ms | p50 ratio |");
+    println!(
+        "moto on loopback (one request at a time), measured by `palisade_compare::measure`: each path warmed up, then \
+         the paths take turns for {} rounds of {} writes.\n",
+        plan.rounds, plan.cycles
+    );
+    println!("| path | requests per write | p50 ms (rounds) | p99 ms | p50 ratio |");
     println!("|---|---|---|---|---|");
-    for (path, base) in
-        [(&plain, &plain), (&fenced, &plain), (&unfenced_batch, &unfenced_batch), (&fenced_batch, &unfenced_batch)]
-    {
+    for (i, path) in l.iter().enumerate() {
+        let base = &l[i - i % 2];
         println!(
-            "| {} | {:.2} | {:.3} | {:.3} | {:.2} |",
+            "| {} | {:.2} | {:.3} ({:.3}–{:.3}) | {:.3} | {:.2} |",
             path.name,
-            path.requests as f64 / path.calls as f64,
-            path.p(50).as_secs_f64() * 1e3,
-            path.p(99).as_secs_f64() * 1e3,
-            path.p(50).as_secs_f64() / base.p(50).as_secs_f64()
+            tallies[i].per_call(),
+            path.p50_ms,
+            path.round_p50_ms.min,
+            path.round_p50_ms.max,
+            path.p99_ms,
+            path.ratio_to(base)
         );
     }
 }
 
-/// The grant every fenced write of the benchmark presents.
 const BENCH_GRANT: palisade::GrantId = palisade::GrantId::from_bytes([7; 16]);

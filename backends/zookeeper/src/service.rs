@@ -98,6 +98,14 @@ fn queue_order(contenders: &mut [(i32, String)]) {
     contenders.sort_by_key(|(s, _)| s.wrapping_sub(anchor));
 }
 
+/// A parent's children that are contender nodes, with their full paths, in queue order.
+fn sorted_contenders(parent: &str, children: Vec<String>) -> Vec<(i32, String)> {
+    let mut sorted: Vec<(i32, String)> =
+        children.into_iter().filter_map(|c| sequence_of(&c).map(|s| (s, format!("{parent}/{c}")))).collect();
+    queue_order(&mut sorted);
+    sorted
+}
+
 /// Whether sequence `a` was issued before `b`, across the wrap.
 fn precedes(a: i32, b: i32) -> bool {
     b.wrapping_sub(a) > 0
@@ -154,6 +162,9 @@ impl Drop for ZkLockService {
         }
     }
 }
+
+/// A session, our contender node's path and stat, and the contenders if they were listed.
+type Joined = (Arc<Session>, String, zk::Stat, Option<Vec<(i32, String)>>);
 
 impl Inner {
     fn parent(&self, key: &ResourceKey) -> String {
@@ -225,8 +236,9 @@ impl Inner {
         session: &Arc<Session>,
         parent: &str,
         token: OwnerToken,
-    ) -> Result<(String, zk::Stat)> {
-        let created = self.try_create_node(session, parent, token).await;
+        list: bool,
+    ) -> Result<(String, zk::Stat, Option<Vec<(i32, String)>>)> {
+        let created = self.try_create_node(session, parent, token, list).await;
         if created.as_ref().is_err_and(|e| e.kind() == ErrorKind::OutcomeUnknown) {
             // The node may exist with a sequence we never learned: find it by our token (it is
             // in the name) and delete it, or it would block the queue while we live.
@@ -237,12 +249,13 @@ impl Inner {
 
     /// A live session and our new contender node on it. A session the server already expired
     /// (we may hear of it here first) is marked lost and replaced, once.
-    async fn join_queue(self: &Arc<Self>, parent: &str, token: OwnerToken) -> Result<(Arc<Session>, String, zk::Stat)> {
+    /// With `list`, also the contenders as of our node's creation (see `try_create_node`).
+    async fn join_queue(self: &Arc<Self>, parent: &str, token: OwnerToken, list: bool) -> Result<Joined> {
         let mut attempt = 0;
         loop {
             let session = self.session().await?;
-            match self.create_node(&session, parent, token).await {
-                Ok((path, stat)) => return Ok((session, path, stat)),
+            match self.create_node(&session, parent, token, list).await {
+                Ok((path, stat, contenders)) => return Ok((session, path, stat, contenders)),
                 Err(e) if e.kind() == ErrorKind::LeaseLost && attempt == 0 => {
                     session.lost.cancel();
                     attempt += 1;
@@ -276,16 +289,37 @@ impl Inner {
         });
     }
 
-    async fn try_create_node(&self, session: &Session, parent: &str, token: OwnerToken) -> Result<(String, zk::Stat)> {
+    /// Creates our node; with `list`, also lists the resource's contenders in the same flight.
+    /// The client sends requests in the order of the calls and the server answers a session's
+    /// requests in order, so a listing sent right after the create sees our node and every
+    /// contender created before it, as a listing sent after the create's reply would, one
+    /// round trip sooner. `None` when not asked for or when the listing failed (the caller
+    /// lists again).
+    async fn try_create_node(
+        &self,
+        session: &Session,
+        parent: &str,
+        token: OwnerToken,
+        list: bool,
+    ) -> Result<(String, zk::Stat, Option<Vec<(i32, String)>>)> {
         let acls = if self.config.digest.is_some() { zk::Acls::creator_all() } else { zk::Acls::anyone_all() };
         let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
         let prefix = format!("{parent}/{}", node_prefix(token));
         for _ in 0..3 {
-            let created = timeout(self.config.request_timeout, session.client.create(&prefix, &[], &options))
-                .await
-                .map_err(|_| timed_out("acquire", true))?;
+            let create = session.client.create(&prefix, &[], &options);
+            let listing = list.then(|| session.client.list_children(parent));
+            let created = timeout(self.config.request_timeout, create).await.map_err(|_| timed_out("acquire", true))?;
             match created {
-                Ok((stat, sequence)) => return Ok((format!("{prefix}{sequence}"), stat)),
+                Ok((stat, sequence)) => {
+                    let contenders = match listing {
+                        Some(listing) => match timeout(self.config.request_timeout, listing).await {
+                            Ok(Ok(children)) => Some(sorted_contenders(parent, children)),
+                            _ => None,
+                        },
+                        None => None,
+                    };
+                    return Ok((format!("{prefix}{sequence}"), stat, contenders));
+                }
                 Err(zk::Error::NoNode) => {
                     let parents = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
                     match timeout(self.config.request_timeout, session.client.mkdir(parent, &parents)).await {
@@ -310,10 +344,7 @@ impl Inner {
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(map(e, "listing contenders", false)),
         };
-        let mut sorted: Vec<(i32, String)> =
-            children.into_iter().filter_map(|c| sequence_of(&c).map(|s| (s, format!("{parent}/{c}")))).collect();
-        queue_order(&mut sorted);
-        Ok(sorted)
+        Ok(sorted_contenders(parent, children))
     }
 
     /// Our node's stat (`None` if it is gone) and the resource's contenders, lowest first, in
@@ -503,10 +534,13 @@ impl LockService for ZkLockService {
         let token = OwnerToken::generate()?;
         let parent = inner.parent(key);
         let sent_at = Instant::now();
-        let (session, path, stat) = inner.join_queue(&parent, token).await?;
+        let (session, path, stat, listed) = inner.join_queue(&parent, token, true).await?;
         let mut place =
             QueuePlace { inner: Arc::clone(inner), session: Arc::clone(&session), path: path.clone(), armed: true };
-        let contenders = inner.contenders(&session, &parent).await?;
+        let contenders = match listed {
+            Some(contenders) => contenders,
+            None => inner.contenders(&session, &parent).await?,
+        };
         if contenders.first().map(|(_, p)| p) != Some(&path) {
             // Busy: leave at once (in the background if the delete fails).
             if let Ok(Ok(())) = timeout(inner.config.request_timeout, session.client.delete(&path, None)).await {
@@ -528,7 +562,7 @@ impl LockService for ZkLockService {
         let inner = &self.inner;
         let token = OwnerToken::generate()?;
         let parent = inner.parent(key);
-        let (session, path, stat) = inner.join_queue(&parent, token).await?;
+        let (session, path, stat, _) = inner.join_queue(&parent, token, false).await?;
         let mut place =
             QueuePlace { inner: Arc::clone(inner), session: Arc::clone(&session), path: path.clone(), armed: true };
         let my_sequence = sequence_of(&path).ok_or_else(|| {

@@ -41,17 +41,110 @@ impl PostgresConfig {
     pub fn schema_sql(&self) -> Result<String> {
         let f = quote_ident(&self.fences_table)?;
         let r = quote_ident(&self.records_table)?;
+        let apply = self.apply_function()?;
         Ok(format!(
             "CREATE TABLE IF NOT EXISTS {f} (resource TEXT PRIMARY KEY, fence BIGINT NOT NULL, grant_id BYTEA);\n\
              ALTER TABLE {f} ADD COLUMN IF NOT EXISTS grant_id BYTEA;\n\
-             CREATE TABLE IF NOT EXISTS {r} (key TEXT PRIMARY KEY, value BYTEA NOT NULL, fence BIGINT);"
+             CREATE TABLE IF NOT EXISTS {r} (key TEXT PRIMARY KEY, value BYTEA NOT NULL, fence BIGINT);\n{}",
+            apply_function_sql(&apply, &f, &r)
         ))
+    }
+
+    /// The quoted name of the function that applies a record batch in one statement,
+    /// `{fences_table}__{records_table}_apply`: both tables are in its body, so each pair has
+    /// its own. Past PostgreSQL's 63-character limit it is `palisade_apply_` and a 64-bit
+    /// FNV-1a hash of the pair (stable across versions and processes).
+    pub(crate) fn apply_function(&self) -> Result<String> {
+        let (f, r) = (quote_ident(&self.fences_table)?, quote_ident(&self.records_table)?);
+        let name = format!("{}__{}_apply", self.fences_table, self.records_table);
+        if name.len() <= 63 {
+            return quote_ident(&name);
+        }
+        let hash = format!("{f}.{r}")
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+        quote_ident(&format!("palisade_apply_{hash:016x}"))
     }
 
     /// The URL without its password, for logs and errors.
     pub fn redacted_url(&self) -> String {
         palisade_core::redact_url(&self.url)
     }
+}
+
+/// The batch function: the watermark rule (fencing rule 2), every check, then every write, in
+/// the one statement that calls it, so a fenced write is one round trip. Each statement inside
+/// takes a fresh snapshot (PL/pgSQL, read committed), exactly as the same statements sent one
+/// by one in a transaction would: the watermark row is locked first, so writers of one
+/// resource run one after the other. A refusal raises `PF001` (message: `current-fence
+/// grant-hex|-`), a failed condition `PF002` (message: the op's 1-based index); raising undoes
+/// everything the call did.
+///
+/// Op kinds: 1 put, 2 create, 3 delete, 4 check that the key holds the value, 5 check that
+/// the key is absent (claimed with a placeholder row until a write of the batch replaces it,
+/// deleted at the end otherwise).
+fn apply_function_sql(name: &str, f: &str, r: &str) -> String {
+    format!(
+        r#"CREATE OR REPLACE FUNCTION {name}(p_resource TEXT, p_fence BIGINT, p_grant BYTEA, p_kinds SMALLINT[], p_keys TEXT[], p_values BYTEA[])
+RETURNS VOID LANGUAGE plpgsql AS $palisade$
+DECLARE
+  n INT := coalesce(array_length(p_keys, 1), 0);
+  changed BIGINT;
+  cur_fence BIGINT;
+  cur_grant BYTEA;
+  actual BYTEA;
+  claimed TEXT[] := '{{}}';
+BEGIN
+  IF p_resource IS NOT NULL THEN
+    INSERT INTO {f} (resource, fence, grant_id) VALUES (p_resource, p_fence, p_grant)
+      ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, grant_id = EXCLUDED.grant_id
+      WHERE {f}.fence < EXCLUDED.fence OR ({f}.fence = EXCLUDED.fence
+        AND ({f}.grant_id IS NULL OR {f}.grant_id = EXCLUDED.grant_id));
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    IF changed = 0 THEN
+      SELECT fence, grant_id INTO cur_fence, cur_grant FROM {f} WHERE resource = p_resource;
+      RAISE EXCEPTION USING ERRCODE = 'PF001',
+        MESSAGE = cur_fence::TEXT || ' ' || coalesce(encode(cur_grant, 'hex'), '-');
+    END IF;
+  END IF;
+  FOR i IN 1..n LOOP
+    IF p_kinds[i] = 4 THEN
+      claimed := array_remove(claimed, p_keys[i]);
+      SELECT value INTO actual FROM {r} WHERE key = p_keys[i] FOR UPDATE;
+      IF NOT FOUND OR actual IS DISTINCT FROM p_values[i] THEN
+        RAISE EXCEPTION USING ERRCODE = 'PF002', MESSAGE = i::TEXT;
+      END IF;
+    ELSIF p_kinds[i] = 5 THEN
+      INSERT INTO {r} (key, value, fence) VALUES (p_keys[i], ''::BYTEA, NULL) ON CONFLICT (key) DO NOTHING;
+      GET DIAGNOSTICS changed = ROW_COUNT;
+      IF changed = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PF002', MESSAGE = i::TEXT;
+      END IF;
+      claimed := claimed || p_keys[i];
+    END IF;
+  END LOOP;
+  FOR i IN 1..n LOOP
+    IF p_kinds[i] = 1 OR (p_kinds[i] = 2 AND p_keys[i] = ANY(claimed)) THEN
+      claimed := array_remove(claimed, p_keys[i]);
+      INSERT INTO {r} (key, value, fence) VALUES (p_keys[i], p_values[i], p_fence)
+        ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence;
+    ELSIF p_kinds[i] = 2 THEN
+      INSERT INTO {r} (key, value, fence) VALUES (p_keys[i], p_values[i], p_fence) ON CONFLICT (key) DO NOTHING;
+      GET DIAGNOSTICS changed = ROW_COUNT;
+      IF changed = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PF002', MESSAGE = i::TEXT;
+      END IF;
+    ELSIF p_kinds[i] = 3 THEN
+      claimed := array_remove(claimed, p_keys[i]);
+      DELETE FROM {r} WHERE key = p_keys[i];
+    END IF;
+  END LOOP;
+  IF array_length(claimed, 1) > 0 THEN
+    DELETE FROM {r} WHERE key = ANY(claimed);
+  END IF;
+END
+$palisade$;"#
+    )
 }
 
 impl fmt::Debug for PostgresConfig {
@@ -82,6 +175,11 @@ mod tests {
         assert_eq!(c.redacted_url(), "postgres://db:5432/app");
         assert!(!format!("{c:?}").contains("s3cret"));
         assert!(c.schema_sql().unwrap().contains("\"palisade_fences\""));
+        assert!(c.schema_sql().unwrap().contains("FUNCTION \"palisade_fences__palisade_records_apply\"("));
+        let long = PostgresConfig { fences_table: "f".repeat(40), records_table: "r".repeat(40), ..c.clone() };
+        let other = PostgresConfig { fences_table: "g".repeat(40), ..long.clone() };
+        let (a, b) = (long.apply_function().unwrap(), other.apply_function().unwrap());
+        assert!(a.starts_with("\"palisade_apply_") && a.len() == 15 + 16 + 2 && a != b, "{a} {b}");
         assert!(quote_ident("x\"; DROP TABLE y; --").is_err());
         assert!(quote_ident("9x").is_err());
     }

@@ -50,15 +50,11 @@ pub(crate) fn map_commit_err(e: sqlx::Error) -> Error {
 #[derive(Debug)]
 struct Statements {
     schema: String,
-    raise_watermark: String,
+    apply: String,
     read_watermark: String,
-    put: String,
-    create: String,
-    delete: String,
-    read_for_update: String,
     read: String,
+    read_many: String,
     list: String,
-    claim_absent: String,
 }
 
 impl Statements {
@@ -67,29 +63,10 @@ impl Statements {
         let r = quote_ident(&config.records_table)?;
         Ok(Statements {
             schema: config.schema_sql()?,
-            // Rule 2: higher, or equal from the grant that set it (or from any grant when the
-            // row predates recorded grants); zero rows is a rejection.
-            raise_watermark: format!(
-                "INSERT INTO {f} (resource, fence, grant_id) VALUES ($1, $2, $3) \
-                 ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, grant_id = EXCLUDED.grant_id \
-                 WHERE {f}.fence < EXCLUDED.fence OR ({f}.fence = EXCLUDED.fence \
-                   AND ({f}.grant_id IS NULL OR {f}.grant_id = EXCLUDED.grant_id))"
-            ),
+            apply: format!("SELECT {}($1, $2, $3, $4, $5, $6)", config.apply_function()?),
             read_watermark: format!("SELECT fence, grant_id FROM {f} WHERE resource = $1"),
-            put: format!(
-                "INSERT INTO {r} (key, value, fence) VALUES ($1, $2, $3) \
-                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence"
-            ),
-            create: format!("INSERT INTO {r} (key, value, fence) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING"),
-            delete: format!("DELETE FROM {r} WHERE key = $1"),
-            read_for_update: format!("SELECT value FROM {r} WHERE key = $1 FOR UPDATE"),
-            // A placeholder row for a "must be absent" check: the insert waits for any other
-            // transaction's uncommitted row with this key and then conflicts with it, and once
-            // in, blocks every other writer of the key until this transaction ends.
-            claim_absent: format!(
-                "INSERT INTO {r} (key, value, fence) VALUES ($1, ''::bytea, NULL) ON CONFLICT (key) DO NOTHING"
-            ),
             read: format!("SELECT value, fence FROM {r} WHERE key = $1"),
+            read_many: format!("SELECT key, value, fence FROM {r} WHERE key = ANY($1)"),
             // `starts_with` keeps LIKE wildcards in the prefix literal.
             list: format!("SELECT key, value, fence FROM {r} WHERE starts_with(key, $1) ORDER BY key COLLATE \"C\""),
         })
@@ -199,9 +176,8 @@ impl PostgresStore {
     ///   [`ErrorKind::DuplicateFence`] (fencing rule 2). None of your statements run.
     /// - Nothing is written unless you call [`PgFencedTransaction::commit`].
     pub async fn begin_fenced(&self, resource: &ResourceKey, fence: GrantFence) -> Result<PgFencedTransaction> {
-        let fence_i64 = storable_fence(BACKEND, fence.fence())?;
         let mut tx = self.pool.begin().await.map_err(map_err)?;
-        if let Err(e) = raise_watermark(&mut tx, &self.statements, resource, fence, fence_i64).await {
+        if let Err(e) = raise_watermark(&mut tx, &self.statements, resource, fence).await {
             // This native path bypasses `FencedStoreExt`, so it counts its own rejections.
             if matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. }) {
                 palisade_core::metrics::record_fence_rejected(BACKEND);
@@ -289,116 +265,97 @@ impl PostgresStore {
         RowWatermark { store: self, row: *row, key }
     }
 
+    /// One statement, one round trip: the batch function (see `schema_sql`) raises the
+    /// watermark, checks, writes, or raises and undoes it all.
     async fn apply_batch(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
         batch.validate()?;
-        let fence_i64 = match fence {
-            Some((_, f)) => Some(storable_fence(BACKEND, f.fence())?),
-            None => None,
-        };
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        if let (Some((resource, f)), Some(fi)) = (fence, fence_i64) {
-            raise_watermark(&mut tx, &self.statements, resource, f, fi).await?;
-        }
-        // Conditions see the state before the batch, so all checks run before any write.
-        // On error `tx` is dropped, which rolls everything back: all or nothing.
-        let is_check = |op: &&WriteOp| matches!(op, WriteOp::Check { .. });
-        // Keys held by a "must be absent" placeholder row until a write of the batch replaces it.
-        let mut claimed: Vec<&str> = Vec::new();
-        for op in batch.ops().iter().filter(is_check).chain(batch.ops().iter().filter(|op| !is_check(op))) {
-            match op {
-                WriteOp::Check { key, expected: None } => {
-                    let inserted = sqlx::query(sql(&self.statements.claim_absent))
-                        .bind(key)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(map_err)?
-                        .rows_affected();
-                    if inserted == 0 {
-                        return Err(conflict_error(BACKEND, op));
-                    }
-                    claimed.push(key);
-                }
-                // Our own placeholder is not a conflict: the create takes its place.
-                WriteOp::Create { key, value } if claimed.contains(&key.as_str()) => {
-                    claimed.retain(|k| k != key);
-                    let put = WriteOp::Put { key: key.clone(), value: value.clone() };
-                    apply_op(&mut tx, &self.statements, &put, fence_i64).await?;
-                }
-                _ => {
-                    claimed.retain(|k| *k != op.key());
-                    apply_op(&mut tx, &self.statements, op, fence_i64).await?;
-                }
-            }
-        }
-        for key in claimed {
-            sqlx::query(sql(&self.statements.delete)).bind(key).execute(&mut *tx).await.map_err(map_err)?;
-        }
-        tx.commit().await.map_err(map_commit_err)
+        call_apply(&self.pool, &self.statements, fence, batch.ops(), true).await
     }
 }
 
+/// Calls the batch function with `ops` (none: only the watermark rule) on `exec`: on the pool
+/// (`own_transaction`) the call is a transaction of its own, in a transaction one statement of it.
+async fn call_apply<'c, E>(
+    exec: E,
+    s: &Statements,
+    fence: Option<(&ResourceKey, GrantFence)>,
+    ops: &[WriteOp],
+    own_transaction: bool,
+) -> Result<()>
+where
+    E: sqlx::Executor<'c, Database = Postgres>,
+{
+    let fence_i64 = match fence {
+        Some((_, f)) => Some(storable_fence(BACKEND, f.fence())?),
+        None => None,
+    };
+    let (mut kinds, mut keys, mut values) =
+        (Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()));
+    for op in ops {
+        let (kind, value): (i16, &[u8]) = match op {
+            WriteOp::Put { value, .. } => (1, value),
+            WriteOp::Create { value, .. } => (2, value),
+            WriteOp::Delete { .. } => (3, &[]),
+            WriteOp::Check { expected: Some(value), .. } => (4, value),
+            WriteOp::Check { expected: None, .. } => (5, &[]),
+        };
+        kinds.push(kind);
+        keys.push(op.key());
+        values.push(value);
+    }
+    let called = sqlx::query(sql(&s.apply))
+        .bind(fence.map(|(resource, _)| resource.to_string()))
+        .bind(fence_i64)
+        .bind(fence.map(|(_, f)| f.grant().as_bytes().to_vec()))
+        .bind(&kinds)
+        .bind(&keys)
+        .bind(&values)
+        .execute(exec)
+        .await;
+    let Err(e) = called else { return Ok(()) };
+    let raised = match &e {
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("PF001") => Some(Ok(db.message().to_string())),
+            Some("PF002") => Some(Err(db.message().to_string())),
+            _ => None,
+        },
+        _ => None,
+    };
+    match (raised, fence) {
+        (Some(Ok(current)), Some((resource, f))) => {
+            let (fence_text, grant_text) = current.split_once(' ').unwrap_or((current.as_str(), "-"));
+            let current = fence_text.parse::<i64>().ok().and_then(|v| fence_from(Some(v))).unwrap_or_default();
+            let grant = decode_hex(grant_text).as_deref().and_then(GrantId::from_slice);
+            Err(explain_refusal(BACKEND, resource, f, current, grant))
+        }
+        (Some(Err(index)), _) => match index.parse::<usize>().ok().and_then(|i| ops.get(i.checked_sub(1)?)) {
+            Some(op) => Err(conflict_error(BACKEND, op)),
+            None => Err(map_err(e)),
+        },
+        // Its own transaction: a reply lost on the way may have committed.
+        _ if own_transaction => Err(map_commit_err(e)),
+        _ => Err(map_err(e)),
+    }
+}
+
+/// Lower-case hex (as PostgreSQL's `encode(…, 'hex')` writes it) to bytes; `None` for `-` or
+/// anything malformed.
+fn decode_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || text == "-" {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Checks and raises the watermark as the first statement of `conn`'s transaction (the
+/// watermark row stays locked until it ends).
 async fn raise_watermark(
     conn: &mut PgConnection,
     s: &Statements,
     resource: &ResourceKey,
     fence: GrantFence,
-    fence_i64: i64,
 ) -> Result<()> {
-    let changed = sqlx::query(sql(&s.raise_watermark))
-        .bind(resource.to_string())
-        .bind(fence_i64)
-        .bind(fence.grant().as_bytes().as_slice())
-        .execute(&mut *conn)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-    if changed == 1 {
-        return Ok(());
-    }
-    let (current, grant): (i64, Option<Vec<u8>>) = sqlx::query_as(sql(&s.read_watermark))
-        .bind(resource.to_string())
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(map_err)?;
-    let current = fence_from(Some(current)).unwrap_or_default();
-    Err(explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice)))
-}
-
-async fn apply_op(conn: &mut PgConnection, s: &Statements, op: &WriteOp, fence: Option<i64>) -> Result<()> {
-    match op {
-        WriteOp::Put { key, value } => {
-            sqlx::query(sql(&s.put)).bind(key).bind(value).bind(fence).execute(&mut *conn).await.map_err(map_err)?;
-        }
-        WriteOp::Create { key, value } => {
-            let created = sqlx::query(sql(&s.create))
-                .bind(key)
-                .bind(value)
-                .bind(fence)
-                .execute(&mut *conn)
-                .await
-                .map_err(map_err)?
-                .rows_affected();
-            if created == 0 {
-                return Err(conflict_error(BACKEND, op));
-            }
-        }
-        WriteOp::Delete { key } => {
-            sqlx::query(sql(&s.delete)).bind(key).execute(&mut *conn).await.map_err(map_err)?;
-        }
-        // `expected: None` is claimed by `apply_batch` with a placeholder row (a `SELECT … FOR
-        // UPDATE` locks nothing when the row is missing); this path checks a present value.
-        WriteOp::Check { key, expected } => {
-            let actual: Option<Vec<u8>> = sqlx::query_scalar(sql(&s.read_for_update))
-                .bind(key)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(map_err)?;
-            if actual.as_ref() != expected.as_ref() {
-                return Err(conflict_error(BACKEND, op));
-            }
-        }
-    }
-    Ok(())
+    call_apply(conn, s, Some((resource, fence)), &[], false).await
 }
 
 fn fence_from(v: Option<i64>) -> Option<Fence> {
@@ -436,6 +393,23 @@ impl FencedStore for PostgresStore {
             Ok(Record { value: row.try_get(0).map_err(map_err)?, fence: fence_from(row.try_get(1).map_err(map_err)?) })
         })
         .transpose()
+    }
+
+    /// One statement for every key.
+    async fn read_many(&self, keys: &[&str]) -> Result<Vec<Option<Record>>> {
+        for key in keys {
+            validate_record_key(key)?;
+        }
+        let rows =
+            sqlx::query(sql(&self.statements.read_many)).bind(keys).fetch_all(&self.pool).await.map_err(map_err)?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for row in rows {
+            let key: String = row.try_get(0).map_err(map_err)?;
+            let record =
+                Record { value: row.try_get(1).map_err(map_err)?, fence: fence_from(row.try_get(2).map_err(map_err)?) };
+            found.insert(key, record);
+        }
+        Ok(keys.iter().map(|k| found.get(*k).cloned()).collect())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {

@@ -277,9 +277,10 @@ async fn lock_checked_against_a_row_sees_a_regression_the_store_watermark_cannot
     assert_eq!(missing, None, "a missing row was never written under a fence");
 }
 
-/// A TCP relay to PostgreSQL that forwards a `COMMIT` to the server and then cuts the client
-/// off, so the commit happens and its reply is lost. Returns the URL to connect through it.
-async fn commit_reply_cutter(url: &str) -> String {
+/// A TCP relay to PostgreSQL that forwards the first message containing `marker` (`COMMIT`, or
+/// a value bound to an already prepared statement) to the server and then cuts the client
+/// off, so the statement runs and its reply is lost. Returns the URL to connect through it.
+async fn reply_cutter(url: &str, marker: &'static [u8]) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let upstream = url.split('@').nth(1).and_then(|rest| rest.split('/').next()).unwrap().to_string();
@@ -300,7 +301,7 @@ async fn commit_reply_cutter(url: &str) -> String {
                     if n == 0 || server_wr.write_all(&buf[..n]).await.is_err() {
                         return;
                     }
-                    if buf[..n].windows(6).any(|w| w == b"COMMIT") {
+                    if buf[..n].windows(marker.len()).any(|w| w == marker) {
                         cut_up.notify_one();
                         // Keep the server side open until the COMMIT has been processed.
                         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
@@ -337,8 +338,11 @@ async fn a_commit_whose_reply_is_lost_is_outcome_unknown() {
     let url = require_env("PALISADE_POSTGRES_URL");
     let direct = store().await;
     // No migration through the relay: its COMMIT would be cut too (the direct store ran it).
-    let config =
-        PostgresConfig { max_connections: 1, migrate: false, ..PostgresConfig::new(commit_reply_cutter(&url).await) };
+    let config = PostgresConfig {
+        max_connections: 1,
+        migrate: false,
+        ..PostgresConfig::new(reply_cutter(&url, b"COMMIT").await)
+    };
     let s = PostgresStore::open(config).await.unwrap();
     let res = ResourceKey::new("lostreply", unique("tx")).unwrap();
     let tx = s.begin_fenced(&res, gf(9)).await.unwrap();
@@ -347,4 +351,31 @@ async fn a_commit_whose_reply_is_lost_is_outcome_unknown() {
     assert!(!err.is_retryable(), "{err:?}");
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(direct.watermark(&res).await.unwrap(), Some(Fence::new(9)), "the COMMIT did happen");
+}
+
+/// A record batch is one statement, its own transaction: a lost reply may have committed, so
+/// it is `OutcomeUnknown` as a lost COMMIT reply is. Here it did: the record is there.
+#[tokio::test]
+async fn a_batch_whose_reply_is_lost_is_outcome_unknown() {
+    let url = require_env("PALISADE_POSTGRES_URL");
+    let direct = store().await;
+    let config = PostgresConfig {
+        max_connections: 1,
+        migrate: false,
+        ..PostgresConfig::new(reply_cutter(&url, b"cut-after-this").await)
+    };
+    let s = PostgresStore::open(config).await.unwrap();
+    let res = ResourceKey::new("lostreply", unique("batch")).unwrap();
+    // The first call prepares the statement; the second sends only its values, the marker
+    // among them, in one flight.
+    let first = palisade_core::WriteBatch::new().put(format!("lostreply/{}", unique("p")), b"p".to_vec());
+    s.apply(&res, gf(2), &first).await.unwrap();
+    let record = format!("lostreply/cut-after-this-{}", unique("r"));
+    let batch = palisade_core::WriteBatch::new().put(record.clone(), b"v".to_vec());
+    let err = s.apply(&res, gf(3), &batch).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err:?}");
+    assert!(!err.is_retryable(), "{err:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(direct.read(&record).await.unwrap().map(|r| r.value), Some(b"v".to_vec()), "it did commit");
+    assert_eq!(direct.watermark(&res).await.unwrap(), Some(Fence::new(3)));
 }

@@ -1,0 +1,278 @@
+//! The variants every comparison is made of: Palisade's paths, and each backend's raw
+//! operation sent through the same client crate Palisade uses (`redis`, `etcd-client`,
+//! `zookeeper-client`), on the same server, with the same keys per slot.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use palisade::zookeeper::zookeeper_client as zk;
+use palisade::{LockService, LockServiceExt, ResourceKey, Ttl};
+
+use crate::measure::{Handoff, Hook, Plan, Slot, Variant};
+
+fn key(prefix: &str, slot: Slot) -> Result<ResourceKey, String> {
+    ResourceKey::new(prefix, format!("t{}k{}", slot.task, slot.key)).map_err(|e| e.to_string())
+}
+
+/// Palisade's `try_acquire` + `release` (trait level) on the slot's key under `prefix`.
+pub fn service<S>(name: impl Into<String>, svc: Arc<S>, prefix: &str, ttl: Ttl) -> Variant
+where
+    S: LockService + ?Sized + 'static,
+{
+    let prefix = format!("{prefix}.svc");
+    Variant::new(name, move |slot| {
+        let (svc, key) = (Arc::clone(&svc), key(&prefix, slot));
+        async move {
+            let key = key?;
+            let grant = svc.try_acquire(&key, ttl).await.map_err(|e| e.to_string())?;
+            let grant = grant.ok_or_else(|| format!("{key} was held"))?;
+            svc.release(&grant).await.map_err(|e| e.to_string())
+        }
+    })
+}
+
+/// Palisade's `try_lock` + `Lease::release` (the application path: lease, watchdog, metrics).
+pub fn lease<S>(name: impl Into<String>, svc: Arc<S>, prefix: &str, ttl: Ttl) -> Variant
+where
+    S: LockService + ?Sized + 'static,
+{
+    let prefix = format!("{prefix}.lease");
+    Variant::new(name, move |slot| {
+        let (svc, key) = (Arc::clone(&svc), key(&prefix, slot));
+        async move {
+            let key = key?;
+            let lease = svc.try_lock(&key, ttl.get()).await.map_err(|e| e.to_string())?;
+            lease.ok_or_else(|| format!("{key} was held"))?.release().await.map_err(|e| e.to_string())
+        }
+    })
+}
+
+fn redis_err(e: redis::RedisError) -> String {
+    format!("raw redis: {e}")
+}
+
+async fn redis_conn(url: &str) -> Result<redis::aio::ConnectionManager, String> {
+    let client = redis::Client::open(url).map_err(redis_err)?;
+    client.get_connection_manager().await.map_err(redis_err)
+}
+
+/// The plain Redis lock: `SET key token NX PX ttl` + `DEL key`, one connection manager (as
+/// Palisade's Redis service has).
+pub async fn redis_set_nx(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+    let conn = redis_conn(url).await?;
+    let prefix = format!("{prefix}:raw");
+    Ok(Variant::new(name, move |slot| {
+        let mut conn = conn.clone();
+        let key = format!("{prefix}:t{}k{}", slot.task, slot.key);
+        async move {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg("token")
+                .arg("NX")
+                .arg("PX")
+                .arg(30_000)
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_err)?;
+            set.ok_or_else(|| format!("{key} was held"))?;
+            let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.map_err(redis_err)?;
+            Ok(())
+        }
+    }))
+}
+
+/// Palisade-redis's own acquire and release scripts, sent through the redis crate directly:
+/// what the server's script execution costs without any of Palisade's client code.
+pub async fn redis_scripts(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+    let conn = redis_conn(url).await?;
+    let (acquire, release) = (palisade::redis::scripts::ACQUIRE.clone(), palisade::redis::scripts::RELEASE.clone());
+    let prefix = format!("{prefix}.scripts");
+    Ok(Variant::new(name, move |slot| {
+        let mut conn = conn.clone();
+        let (acquire, release) = (acquire.clone(), release.clone());
+        let resource = format!("{prefix}:t{}k{}", slot.task, slot.key);
+        async move {
+            let (lock, fence) = (format!("lock:{{{resource}}}"), format!("fence:{{{resource}}}"));
+            let channel = format!("palisade:released:{lock}");
+            let (granted, _): (i64, String) = acquire
+                .key(&lock)
+                .key(&fence)
+                .arg("token")
+                .arg(30_000)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(redis_err)?;
+            if granted != 1 {
+                return Err(format!("{lock} was held"));
+            }
+            let _: i64 =
+                release.key(&lock).arg("token").arg(&channel).invoke_async(&mut conn).await.map_err(redis_err)?;
+            Ok(())
+        }
+    }))
+}
+
+/// The handoff through the raw client: a waiter subscribed to the release channel runs the
+/// acquire script when the holder's release script publishes.
+pub async fn redis_handoff(name: impl Into<String>, url: &str, prefix: &str) -> Result<Handoff, String> {
+    let client = redis::Client::open(url).map_err(redis_err)?;
+    let prefix = format!("{prefix}.rawhand");
+    Ok(Handoff::new(name, move |n| {
+        let (client, prefix) = (client.clone(), prefix.clone());
+        async move { raw_handoffs(client, &prefix, n).await }
+    }))
+}
+
+async fn raw_handoffs(client: redis::Client, prefix: &str, n: usize) -> Result<Vec<Duration>, String> {
+    use futures_util::StreamExt;
+    let (acquire, release) = (palisade::redis::scripts::ACQUIRE.clone(), palisade::redis::scripts::RELEASE.clone());
+    let mut holder = client.get_multiplexed_async_connection().await.map_err(redis_err)?;
+    let mut waiter_conn = client.get_multiplexed_async_connection().await.map_err(redis_err)?;
+    let (lock, fence) = (format!("lock:{{{prefix}}}"), format!("fence:{{{prefix}}}"));
+    let (watched, unwatched) = (format!("palisade:released:{lock}"), format!("palisade:released:{lock}:quiet"));
+    let mut pubsub = client.get_async_pubsub().await.map_err(redis_err)?;
+    pubsub.subscribe(&watched).await.map_err(redis_err)?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let waiter = {
+        let (acquire, lock, fence) = (acquire.clone(), lock.clone(), fence.clone());
+        tokio::spawn(async move {
+            let mut messages = pubsub.into_on_message();
+            for _ in 0..n {
+                if messages.next().await.is_none() {
+                    return Err("the subscription ended".to_string());
+                }
+                let (granted, _): (i64, String) = acquire
+                    .key(&lock)
+                    .key(&fence)
+                    .arg("b")
+                    .arg(30_000)
+                    .invoke_async(&mut waiter_conn)
+                    .await
+                    .map_err(redis_err)?;
+                if granted != 1 {
+                    return Err("the raw waiter was not granted".into());
+                }
+                let _ = tx.send(Instant::now());
+            }
+            Ok(())
+        })
+    };
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (granted, _): (i64, String) =
+            acquire.key(&lock).key(&fence).arg("a").arg(30_000).invoke_async(&mut holder).await.map_err(redis_err)?;
+        if granted != 1 {
+            return Err("the raw holder was not granted".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let _: i64 = release.key(&lock).arg("a").arg(&watched).invoke_async(&mut holder).await.map_err(redis_err)?;
+        let released = Instant::now();
+        let got = rx.recv().await.ok_or("the raw waiter stopped")?;
+        out.push(got.saturating_duration_since(released));
+        let _: i64 = release.key(&lock).arg("b").arg(&unwatched).invoke_async(&mut holder).await.map_err(redis_err)?;
+    }
+    waiter.await.map_err(|e| e.to_string())??;
+    Ok(out)
+}
+
+fn etcd_err(e: etcd_client::Error) -> String {
+    format!("raw etcd: {e}")
+}
+
+/// The plain etcd lock: a txn that puts the key on `lease` if it does not exist, then a delete.
+pub fn etcd_txn(name: impl Into<String>, client: &etcd_client::Client, lease: i64, prefix: &str) -> Variant {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    let kv = client.kv_client();
+    let prefix = format!("{prefix}/raw");
+    Variant::new(name, move |slot| {
+        let mut kv = kv.clone();
+        let key = format!("{prefix}/t{}k{}", slot.task, slot.key);
+        async move {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key.clone(), "token", Some(PutOptions::new().with_lease(lease)))]);
+            if !kv.txn(txn).await.map_err(etcd_err)?.succeeded() {
+                return Err(format!("{key} was held"));
+            }
+            kv.delete(key, None).await.map_err(etcd_err)?;
+            Ok(())
+        }
+    })
+}
+
+/// The very txns Palisade's etcd service sends, through the raw client: put a contender key
+/// on `lease` if no key exists under the resource's prefix, then delete that key.
+pub fn etcd_same_txns(name: impl Into<String>, client: &etcd_client::Client, lease: i64, prefix: &str) -> Variant {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    let kv = client.kv_client();
+    let prefix = format!("{prefix}/same");
+    Variant::new(name, move |slot| {
+        let mut kv = kv.clone();
+        let resource = format!("{prefix}/t{}k{}/", slot.task, slot.key);
+        let key = format!("{resource}{}", slot.n);
+        async move {
+            let txn = Txn::new()
+                .when([Compare::create_revision(resource, CompareOp::Equal, 0).with_prefix()])
+                .and_then([TxnOp::put(key.clone(), "token", Some(PutOptions::new().with_lease(lease)))]);
+            if !kv.txn(txn).await.map_err(etcd_err)?.succeeded() {
+                return Err(format!("{key} was held"));
+            }
+            kv.delete(key, None).await.map_err(etcd_err)?;
+            Ok(())
+        }
+    })
+}
+
+/// Compacts etcd's history up to now before each turn. Palisade's acquire ranges over the
+/// resource's key prefix, where etcd keeps every deleted contender key until a compaction:
+/// each variant starts from the same compacted history, as under a server with
+/// auto-compaction.
+pub fn etcd_compaction(client: &etcd_client::Client) -> Hook {
+    let kv = client.kv_client();
+    Hook::new(move || {
+        let mut kv = kv.clone();
+        async move {
+            let got = kv.get("compact-probe", None).await.map_err(etcd_err)?;
+            let now = got.header().map(|h| h.revision()).ok_or("raw etcd: a reply without a header")?;
+            match kv.compact(now, None).await {
+                Ok(_) => Ok(()),
+                // Already compacted to `now` (nothing written since) is fine.
+                Err(e) if e.to_string().contains("compacted") => Ok(()),
+                Err(e) => Err(etcd_err(e)),
+            }
+        }
+    })
+}
+
+/// A lease of `ttl_s` seconds for the raw etcd variants, granted on `client`.
+pub async fn etcd_lease(client: &etcd_client::Client, ttl_s: i64) -> Result<i64, String> {
+    Ok(client.lease_client().grant(ttl_s, None).await.map_err(etcd_err)?.id())
+}
+
+/// The plain ZooKeeper lock: create an ephemeral sequential node under the slot's parent, then
+/// delete it. The parents are created before the first turn.
+pub async fn zk_create(
+    name: impl Into<String>,
+    client: &zk::Client,
+    prefix: &str,
+    plan: &Plan,
+) -> Result<Variant, String> {
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let base = format!("/palisade-raw/{prefix}");
+    let tasks = plan.concurrency.iter().copied().max().unwrap_or(1);
+    for t in 0..tasks {
+        for k in 0..plan.keys.max(1) {
+            client.mkdir(&format!("{base}/t{t}k{k}"), &persistent).await.map_err(|e| format!("raw zookeeper: {e}"))?;
+        }
+    }
+    let client = client.clone();
+    Ok(Variant::new(name, move |slot| {
+        let client = client.clone();
+        let node = format!("{base}/t{}k{}/c-", slot.task, slot.key);
+        async move {
+            let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            let (_, seq) = client.create(&node, &[], &options).await.map_err(|e| format!("raw zookeeper: {e}"))?;
+            client.delete(&format!("{node}{seq}"), None).await.map_err(|e| format!("raw zookeeper: {e}"))
+        }
+    }))
+}
