@@ -156,6 +156,11 @@ impl Spread {
         Spread { median: values[values.len() / 2], min: values[0], max: values[values.len() - 1] }
     }
 
+    /// The spread as a Markdown cell of whole numbers (rates): `median (min–max)`.
+    pub fn rate_cell(&self) -> String {
+        format!("{:.0} ({:.0}–{:.0})", self.median, self.min, self.max)
+    }
+
     /// `self ÷ base` on medians (0 when the base is 0).
     pub fn ratio_to(&self, base: &Spread) -> f64 {
         if base.median > 0.0 { self.median / base.median } else { 0.0 }
@@ -190,6 +195,11 @@ impl Latency {
             round_p50_ms: Spread::of(round_p50),
             samples_ms: samples,
         }
+    }
+
+    /// Two Markdown cells: `p50 (lowest–highest round p50) | p99`, in milliseconds.
+    pub fn cells(&self) -> String {
+        format!("{:.3} ({:.3}–{:.3}) | {:.3}", self.p50_ms, self.round_p50_ms.min, self.round_p50_ms.max, self.p99_ms)
     }
 
     /// `self ÷ base` on p50.

@@ -181,16 +181,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
                 cells.push(if *is_local {
                     faults::leader_kill(lock.backend, store, LOCAL_SESSION_S, args.quick).await
                 } else {
-                    Cell {
-                        scenario: "leader_kill",
-                        ran: false,
-                        stale_accepted: None,
-                        duplicates: None,
-                        proceed_ms: None,
-                        lost_fired: None,
-                        safe: None,
-                        note: "not run: the cluster was not started by --local".into(),
-                    }
+                    Cell::skipped("leader_kill", "not run: the cluster was not started by --local")
                 });
                 bar.inc(1);
             } else {
@@ -231,7 +222,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
         "plan": plan,
         "parts": { "perf": run_perf, "faults": run_faults, "seed": run_seed },
         "seed": { "jobs": seed_plan.jobs, "workers": seed_plan.workers, "skus": seed_plan.skus, "ttl_ms": 200, "pause_every": seed_plan.pause_every, "pause_ms": 450 },
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "command": command_line(std::env::args()),
         "server_data_dir": palisade_conformance::servers::server_root().display().to_string(),
         "sqlite_dir": std::env::temp_dir().display().to_string(),
     });
@@ -383,11 +374,8 @@ fn markdown(
                 Some(o) => {
                     let _ = write!(
                         row,
-                        " {:.3} ({:.3}–{:.3}) | {:.3} | {} | {} |",
-                        o.p50_ms,
-                        o.round_p50_ms.min,
-                        o.round_p50_ms.max,
-                        o.p99_ms,
+                        " {} | {} | {} |",
+                        o.cells(),
                         raw.map_or("–".into(), |r| format!("{:.3}", r.p50_ms)),
                         raw.map_or("–".into(), |r| format!("{:.2}×", o.ratio_to(r)))
                     );
@@ -399,10 +387,8 @@ fn markdown(
                     Some(o) => {
                         let _ = write!(
                             row,
-                            " {:.0} ({:.0}–{:.0}) | {} |",
-                            o.per_sec.median,
-                            o.per_sec.min,
-                            o.per_sec.max,
+                            " {} | {} |",
+                            o.per_sec.rate_cell(),
                             p.rate(RAW, c).map_or("–".into(), |r| format!("{:.2}×", o.ratio_to(r)))
                         );
                     }
@@ -479,20 +465,7 @@ fn markdown(
             });
             match found {
                 Some((f, u)) => {
-                    let _ = writeln!(
-                        md,
-                        "| {} | {:.3} ({:.3}–{:.3}) | {:.3} | {:.3} ({:.3}–{:.3}) | {:.3} | {:.2}× |",
-                        s.label,
-                        f.p50_ms,
-                        f.round_p50_ms.min,
-                        f.round_p50_ms.max,
-                        f.p99_ms,
-                        u.p50_ms,
-                        u.round_p50_ms.min,
-                        u.round_p50_ms.max,
-                        u.p99_ms,
-                        f.ratio_to(u)
-                    );
+                    let _ = writeln!(md, "| {} | {} | {} | {:.2}× |", s.label, f.cells(), u.cells(), f.ratio_to(u));
                 }
                 None => {
                     let _ = writeln!(md, "| {} | error: {} |||||", s.label, s.error.as_deref().unwrap_or("?"));
@@ -543,8 +516,24 @@ fn markdown(
                 );
             }
         }
+        let ratios: Vec<String> = pairs
+            .iter()
+            .filter_map(|p| {
+                let rate = |mode: &str| p.seed.iter().find(|r| r.mode == mode).map(|r| r.jobs_per_sec);
+                let (f, u) = (rate("fenced")?, rate("unfenced")?);
+                (u > 0.0).then(|| format!("{} × {}: {:.2}×", p.lock, p.store, f / u))
+            })
+            .collect();
+        if !ratios.is_empty() {
+            let _ = writeln!(md, "\nFenced ÷ unfenced throughput in the same setup: {}.", ratios.join("; "));
+        }
     }
     md
+}
+
+/// The command line for the report, every URL without its password (reports get committed).
+fn command_line(args: impl Iterator<Item = String>) -> String {
+    args.map(|a| if a.contains("://") { shown(&a) } else { a }).collect::<Vec<_>>().join(" ")
 }
 
 fn machine() -> serde_json::Value {
@@ -585,6 +574,15 @@ fn today() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_recorded_command_has_no_passwords() {
+        let args =
+            ["palisade", "compare", "--store", "postgres://app:s3cret@db:5432/app", "--lock", "redis://:pw@r:6379"];
+        let line = command_line(args.into_iter().map(String::from));
+        assert!(!line.contains("s3cret") && !line.contains("pw@"), "{line}");
+        assert!(line.contains("--store postgres://db:5432/app"), "{line}");
+    }
 
     #[test]
     fn dates_and_marks() {

@@ -80,31 +80,21 @@ async fn main() {
     println!("| path | p50 ms (rounds) | p99 ms | p50 ÷ raw | p50 ÷ the same txns raw |");
     println!("|---|---|---|---|---|");
     for l in [raw, same, ours, lease] {
-        println!(
-            "| {} | {} ({}–{}) | {} | {:.2} | {:.2} |",
-            l.name,
-            ms(l.p50_ms),
-            ms(l.round_p50_ms.min),
-            ms(l.round_p50_ms.max),
-            ms(l.p99_ms),
-            l.ratio_to(raw),
-            l.ratio_to(same)
-        );
+        println!("| {} | {} | {:.2} | {:.2} |", l.name, l.cells(), l.ratio_to(raw), l.ratio_to(same));
     }
     println!();
 
     println!("## Throughput, a task's own keys, one client ({:.0}-s windows)\n", plan.window.as_secs_f64());
     println!("| tasks | raw /s | the same txns, raw /s | palisade /s | palisade ÷ raw | palisade ÷ same txns |");
     println!("|---|---|---|---|---|---|");
-    let spread = |s: &measure::Spread| format!("{:.0} ({:.0}–{:.0})", s.median, s.min, s.max);
     for &tasks in &plan.concurrency {
         let rates = measure::throughput(&variants[..3], tasks, &plan, Some(&compaction)).await.unwrap();
         let [r, s, o] = &rates[..] else { unreachable!() };
         println!(
             "| {tasks} | {} | {} | {} | {:.2} | {:.2} |",
-            spread(&r.per_sec),
-            spread(&s.per_sec),
-            spread(&o.per_sec),
+            r.per_sec.rate_cell(),
+            s.per_sec.rate_cell(),
+            o.per_sec.rate_cell(),
             o.ratio_to(r),
             o.ratio_to(s)
         );

@@ -81,16 +81,7 @@ async fn main() {
     println!("| path | p50 ms (rounds) | p99 ms | p50 ÷ raw | p50 ÷ same scripts |");
     println!("|---|---|---|---|---|");
     for l in [raw_l, scripts_l, theirs_l, ours_l, lease_l] {
-        println!(
-            "| {} | {} ({}–{}) | {} | {:.2} | {:.2} |",
-            l.name,
-            ms(l.p50_ms),
-            ms(l.round_p50_ms.min),
-            ms(l.round_p50_ms.max),
-            ms(l.p99_ms),
-            l.ratio_to(raw_l),
-            l.ratio_to(scripts_l)
-        );
+        println!("| {} | {} | {:.2} | {:.2} |", l.name, l.cells(), l.ratio_to(raw_l), l.ratio_to(scripts_l));
     }
     println!(
         "\n`Lease` ÷ trait level: {:.2}; rslock ÷ `try_acquire` + `release`: {:.2} (rslock sends `SET NX PX` and a compare-delete script: no fence).\n",
@@ -107,17 +98,16 @@ async fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let tp = [raw.clone(), scripts.clone(), theirs.clone(), ours.clone(), lease.clone()];
-    let spread = |s: &measure::Spread| format!("{:.0} ({:.0}–{:.0})", s.median, s.min, s.max);
     for &tasks in &plan.concurrency {
         let rates = measure::throughput(&tp, tasks, &plan, None).await.unwrap();
         let [r, sc, th, o, le] = &rates[..] else { unreachable!() };
         println!(
             "| {tasks} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            spread(&r.per_sec),
-            spread(&sc.per_sec),
-            spread(&th.per_sec),
-            spread(&o.per_sec),
-            spread(&le.per_sec),
+            r.per_sec.rate_cell(),
+            sc.per_sec.rate_cell(),
+            th.per_sec.rate_cell(),
+            o.per_sec.rate_cell(),
+            le.per_sec.rate_cell(),
             o.ratio_to(r),
             o.ratio_to(sc),
             o.ratio_to(th),
@@ -150,15 +140,7 @@ async fn main() {
     println!("| path | p50 ms (rounds) | p99 ms | p50 ÷ the raw handoff |");
     println!("|---|---|---|---|");
     for l in &h {
-        println!(
-            "| {} | {} ({}–{}) | {} | {:.2} |",
-            l.name,
-            ms(l.p50_ms),
-            ms(l.round_p50_ms.min),
-            ms(l.round_p50_ms.max),
-            ms(l.p99_ms),
-            l.ratio_to(&h[0])
-        );
+        println!("| {} | {} | {:.2} |", l.name, l.cells(), l.ratio_to(&h[0]));
     }
     println!();
 

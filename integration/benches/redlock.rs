@@ -55,7 +55,6 @@ async fn main() {
         Err(_) => vec![1, 3, 5],
     };
     let (mut latency_rows, mut throughput_rows) = (Vec::new(), Vec::new());
-    let spread = |s: &measure::Spread| format!("{:.0} ({:.0}–{:.0})", s.median, s.min, s.max);
     for n in sizes {
         let nodes: Vec<String> = hosts[..n].iter().map(|h| format!("redis://{h}")).collect();
         let ours = Arc::new(RedlockService::connect(&format!("redlock://{}", hosts[..n].join(","))).await.unwrap());
@@ -74,8 +73,8 @@ async fn main() {
             let r = measure::throughput(&variants, tasks, &plan, None).await.unwrap();
             throughput_rows.push(format!(
                 "| {n} | {tasks} | {} | {} | **{:.2}×** |",
-                spread(&r[0].per_sec),
-                spread(&r[1].per_sec),
+                r[0].per_sec.rate_cell(),
+                r[1].per_sec.rate_cell(),
                 r[0].ratio_to(&r[1])
             ));
         }

@@ -56,28 +56,19 @@ async fn main() {
     println!("| path | p50 ms (rounds) | p99 ms | p50 ÷ raw |");
     println!("|---|---|---|---|");
     for l in &latency {
-        println!(
-            "| {} | {} ({}–{}) | {} | {:.2} |",
-            l.name,
-            ms(l.p50_ms),
-            ms(l.round_p50_ms.min),
-            ms(l.round_p50_ms.max),
-            ms(l.p99_ms),
-            l.ratio_to(&latency[0])
-        );
+        println!("| {} | {} | {:.2} |", l.name, l.cells(), l.ratio_to(&latency[0]));
     }
     println!("\n## Throughput, a task's own keys, one session ({:.0}-s windows)\n", plan.window.as_secs_f64());
     println!("| tasks | raw /s | palisade /s | `Lease` /s | palisade ÷ raw | `Lease` ÷ palisade |");
     println!("|---|---|---|---|---|---|");
-    let spread = |s: &measure::Spread| format!("{:.0} ({:.0}–{:.0})", s.median, s.min, s.max);
     for &tasks in &plan.concurrency {
         let rates = measure::throughput(&variants, tasks, &plan, None).await.unwrap();
         let [r, o, l] = &rates[..] else { unreachable!() };
         println!(
             "| {tasks} | {} | {} | {} | {:.2} | {:.2} |",
-            spread(&r.per_sec),
-            spread(&o.per_sec),
-            spread(&l.per_sec),
+            r.per_sec.rate_cell(),
+            o.per_sec.rate_cell(),
+            l.per_sec.rate_cell(),
             o.ratio_to(r),
             l.ratio_to(o)
         );

@@ -39,9 +39,12 @@
 //!
 //! ## Schema
 //!
-//! [`PostgresStore::connect`] creates the two tables if missing ([`PostgresStore::migrate`]).
-//! To run the DDL with your own migration tool instead, take it from
-//! [`PostgresConfig::schema_sql`] and open the store with `migrate: false`.
+//! [`PostgresStore::connect`] creates the two tables if missing, and (re)creates the function
+//! `{fences_table}__{records_table}_apply` ([`PostgresStore::migrate`]): a record batch is one
+//! call of it, one statement and one round trip (the watermark rule, every check, every write,
+//! or nothing). To run the DDL with your own migration tool instead, take it from
+//! [`PostgresConfig::schema_sql`] (run it again after upgrading Palisade) and open the store
+//! with `migrate: false`.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]

@@ -150,7 +150,8 @@ impl PostgresStore {
         Ok(store)
     }
 
-    /// Creates the watermark and record tables if they do not exist.
+    /// Creates the watermark and record tables if they do not exist, and (re)creates the batch
+    /// function that applies a record batch in one statement.
     ///
     /// Runs under a transaction-scoped advisory lock: `CREATE TABLE IF NOT EXISTS` is not safe
     /// against itself in concurrent sessions (two clients starting at once collide on the
