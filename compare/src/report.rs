@@ -244,8 +244,12 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
     write("report.json", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?)?;
     let series: Vec<charts::Series<'_>> =
         lock_rows.iter().filter_map(|l| Some(charts::Series { label: &l.label, perf: l.perf.as_ref()? })).collect();
-    write("latency.svg", charts::latency(&series)?)?;
-    write("throughput.svg", charts::throughput(&series, &plan.concurrency)?)?;
+    // Charts only for a run that measured performance: an earlier run's charts in the same
+    // directory are not overwritten with empty ones, and no chart appears without its figures.
+    if !series.is_empty() {
+        write("latency.svg", charts::latency(&series)?)?;
+        write("throughput.svg", charts::throughput(&series, &plan.concurrency)?)?;
+    }
     write(
         "report.md",
         markdown(
@@ -445,7 +449,9 @@ fn markdown(
                 let _ = writeln!(md, "{row}");
             }
         }
-        let _ = writeln!(md, "\n![latency](latency.svg)\n\n![throughput](throughput.svg)\n");
+        if locks.iter().any(|l| l.perf.is_some()) {
+            let _ = writeln!(md, "\n![latency](latency.svg)\n\n![throughput](throughput.svg)\n");
+        }
         let _ = writeln!(md, "## Stores: the cost of the fence\n");
         let _ = writeln!(
             md,

@@ -101,3 +101,27 @@ fn quick_local_comparison() {
         }
     }
 }
+
+/// A run of the seed's benchmark alone (no servers needed: the in-memory lock service and a
+/// SQLite file) writes its report and no charts: charts without figures would be empty, and
+/// in a directory of an earlier full run they would overwrite its charts.
+#[test]
+fn a_seed_only_run_draws_no_charts() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let db = out_dir.path().join("seed.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["compare", "--quick", "--only", "seed", "--seed-jobs", "100", "--lock", "memory://"])
+        .arg("--store")
+        .arg(format!("sqlite://{}", db.display()))
+        .arg("--out")
+        .arg(out_dir.path())
+        .output()
+        .expect("run palisade compare");
+    assert!(out.status.success(), "compare failed: {}", String::from_utf8_lossy(&out.stderr));
+    let md = std::fs::read_to_string(out_dir.path().join("report.md")).unwrap();
+    assert!(md.contains("## The seed's benchmark"), "{md}");
+    assert!(!md.contains(".svg"), "a seed-only report links charts: {md}");
+    for chart in ["latency.svg", "throughput.svg"] {
+        assert!(!out_dir.path().join(chart).exists(), "{chart} written by a seed-only run");
+    }
+}

@@ -426,10 +426,16 @@ pub async fn cancelled_acquires_leave_no_residue<F: LockServiceFactory>(ctx: &Ct
     let key = key(ctx, &ns, "cancel")?;
     let timing = factory.timing();
     let long = timing.ttl * 4;
+    // Every client is made before the holder locks: making one may take a while (a connect
+    // that queues for a database file), and that is not time the holder's TTL covers.
     let holder = client(ctx, factory).await?;
+    let mut waiters = Vec::with_capacity(6);
+    for _ in 0..6 {
+        waiters.push(client(ctx, factory).await?);
+    }
+    let next = client(ctx, factory).await?;
     let held = attempt!(ctx, holder.lock(&key, long, patience(timing.ttl)).await, "holder lock");
-    for i in 0..6u64 {
-        let svc = client(ctx, factory).await?;
+    for (i, svc) in (0..6u64).zip(waiters) {
         let key = key.clone();
         let waiter = tokio::spawn(async move { svc.lock(&key, long, patience(long)).await.map(drop) });
         tokio::time::sleep(Duration::from_millis((i * 7) % 25)).await;
@@ -438,7 +444,6 @@ pub async fn cancelled_acquires_leave_no_residue<F: LockServiceFactory>(ctx: &Ct
     }
     attempt!(ctx, held.release().await, "holder release");
     let released = Instant::now();
-    let next = client(ctx, factory).await?;
     let bound = timing.expiry_bound() + Duration::from_millis(500);
     let lease = next.lock(&key, timing.ttl, bound).await;
     let lease = attempt!(
@@ -474,11 +479,15 @@ pub async fn fifo_when_declared<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -
         return Ok(ctx.report());
     }
     let long = timing.ttl * 4;
+    // Clients first: making one is not time the holder's TTL covers.
+    let mut clients = Vec::with_capacity(4);
+    for _ in 0..4 {
+        clients.push(client(ctx, factory).await?);
+    }
     let held = attempt!(ctx, holder.lock(&key, long, patience(timing.ttl)).await, "holder lock");
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
-    for i in 0..4usize {
-        let svc = client(ctx, factory).await?;
+    for (i, svc) in clients.into_iter().enumerate() {
         let (key, order) = (key.clone(), Arc::clone(&order));
         waiters.push(tokio::spawn(async move {
             let lease = svc.lock(&key, long, patience(long)).await?;
@@ -1025,10 +1034,9 @@ pub async fn fast_client_clock_takes_nothing_early<F: LockServiceFactory>(ctx: &
     let k = key(ctx, &ns, "skew")?;
     let long = timing.ttl * 2;
     let ttl = attempt!(ctx, Ttl::new(long), "ttl");
-    let holder = client(ctx, factory).await?;
+    let (holder, other) = (client(ctx, factory).await?, client(ctx, factory).await?);
     let grant = fresh(ctx, holder.try_acquire(&k, ttl).await)?;
     let granted = Instant::now();
-    let other = client(ctx, factory).await?;
     let probe = attempt!(ctx, other.try_acquire(&k, ttl).await, "probe");
     ensure!(ctx, probe.is_none(), "another client (clock in step) took the held lock: no exclusion to begin with");
     let stolen = attempt!(ctx, free_within(&*skewed, &k, ttl, timing.ttl).await, "the skewed client's try_acquire");

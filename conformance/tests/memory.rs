@@ -17,3 +17,30 @@ async fn run_all_entry_points_pass_on_memory() {
         .unwrap();
     assert_eq!(reports.len(), 3);
 }
+
+/// A correct service whose clients are slow to make (a connect that waits for a database
+/// file's write lock on a loaded CI machine) passes the scenarios that make clients while a
+/// lock is held: setting up clients is not time the holder's TTL has to cover.
+#[test]
+fn slow_client_set_up_is_not_charged_to_the_holder() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use palisade_conformance::{Timing, lock_factory};
+    use palisade_core::MemoryLockService;
+
+    let service = Arc::new(MemoryLockService::default());
+    let slow = lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
+        let service = Arc::clone(&service);
+        async move {
+            // Six of these outlast four TTLs (the holder's lease in the scenario).
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            Ok(service)
+        }
+    });
+    palisade_conformance::harness::run(
+        "cancelled_acquires_leave_no_residue",
+        "slow_client_set_up_is_not_charged_to_the_holder",
+        |ctx| async move { palisade_conformance::lock::cancelled_acquires_leave_no_residue(&ctx, &slow).await },
+    );
+}
