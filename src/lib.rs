@@ -31,7 +31,7 @@
 //! let store = palisade::connect_store("sqlite::memory:").await?;
 //! let key = ResourceKey::new("alloc", "WH-01")?;
 //!
-//! let lease = locks.lock(&key, Duration::from_secs(30), Duration::from_secs(5)).await?;
+//! let lease = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(5))).await?;
 //! store.write(&lease, &WriteBatch::new().put("stock/WH-01/SKU-1", b"99".to_vec())).await?;
 //! lease.release().await?;
 //! # Ok(()) }
@@ -43,7 +43,17 @@
 mod connect;
 
 pub use connect::{AnyLockService, connect_any_lock, connect_lock, connect_store};
-pub use palisade_core::*;
+pub use palisade_core::{
+    BoxError, BoxFuture, CancellationToken, Capabilities, DynFencedStore, DynLockService, DynUnfencedLockService,
+    Error, ErrorKind, Fence, FenceSource, Fenced, FencedRow, FencedStore, FencedStoreExt, Fencing, Grant, GrantFence,
+    GrantId, Lease, LockOptions, LockService, LockServiceExt, MAX_DOMAIN_LEN, MAX_ID_LEN, MAX_RECORD_KEY_LEN,
+    MAX_RECORD_VALUE_LEN, MemoryFencedStore, MemoryLockService, OwnerToken, Progress, REGRESSION_GAP, Record, Renewal,
+    ResourceKey, Result, Ttl, Unfenced, Waiting, WatermarkSource, WriteBatch, WriteOp, metrics, redact_url,
+};
+
+/// For backend and store authors (waiting loops, SQL quoting, refusal errors, session
+/// deadlines): see [`palisade_core::spi`]. Application code does not need it.
+pub use palisade_core::spi;
 
 /// The embedded SQLite fenced store.
 #[cfg(feature = "sqlite")]
@@ -77,6 +87,6 @@ pub use palisade_dynamodb as dynamodb;
 pub mod prelude {
     pub use palisade_core::{
         DynFencedStore, DynLockService, DynUnfencedLockService, Error, ErrorKind, Fence, FencedStore, FencedStoreExt,
-        Lease, LockService, LockServiceExt, Progress, ResourceKey, WriteBatch,
+        Lease, LockOptions, LockService, LockServiceExt, Progress, ResourceKey, WriteBatch,
     };
 }

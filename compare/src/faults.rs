@@ -1,5 +1,6 @@
 //! The fault matrix: one cell per scenario for a lock service × store pair.
 
+use palisade::LockOptions;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,8 +68,8 @@ impl Holder {
     async fn take(locks: &AnyLockService, key: &ResourceKey, ttl: Duration) -> palisade::Result<Holder> {
         let wait = Duration::from_secs(120);
         Ok(match locks {
-            AnyLockService::Fenced(l) => Holder::Fenced(l.lock(key, ttl, wait).await?),
-            AnyLockService::Unfenced(l) => Holder::Unfenced(l.lock(key, ttl, wait).await?),
+            AnyLockService::Fenced(l) => Holder::Fenced(l.lock(key, LockOptions::ttl(ttl).wait(wait)).await?),
+            AnyLockService::Unfenced(l) => Holder::Unfenced(l.lock(key, LockOptions::ttl(ttl).wait(wait)).await?),
         })
     }
 
@@ -267,7 +268,7 @@ pub async fn restart(
         let mut note = what;
         let (b_wrote, proceed) = match &b_locks {
             AnyLockService::Fenced(locks) => {
-                match locks.lock_checked(&**store, &key, ttl, Duration::from_secs(60)).await {
+                match locks.lock_checked(&**store, &key, LockOptions::ttl(ttl).wait(Duration::from_secs(60))).await {
                     Ok(lease) => {
                         let proceed = restarted.elapsed();
                         let ok = store.write(&lease, &who(&ns, "B")).await.is_ok();

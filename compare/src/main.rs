@@ -14,20 +14,7 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool
 
-// The seed's benchmark is the warehouse simulation itself, not a copy of it.
-#[allow(dead_code)]
-#[path = "../../examples/warehouse/cli.rs"]
-mod cli;
-#[allow(dead_code)]
-#[path = "../../examples/warehouse/commands.rs"]
-mod commands;
-#[allow(dead_code)]
-#[path = "../../examples/warehouse/inventory.rs"]
-mod inventory;
-#[allow(dead_code)]
-#[path = "../../examples/warehouse/simulate.rs"]
-mod simulate;
-
+// The seed's benchmark is the warehouse simulation itself (palisade-examples), not a copy.
 mod charts;
 mod faults;
 mod local;

@@ -367,16 +367,19 @@ impl Handoff {
     where
         S: palisade::LockService + ?Sized + 'static,
     {
-        use palisade::LockServiceExt;
+        use palisade::{LockOptions, LockServiceExt};
         Handoff::new(name, move |n| {
             let (holder, waiter, key) = (Arc::clone(&holder), Arc::clone(&waiter), key.clone());
             async move {
                 let mut out = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let held = holder.lock(&key, ttl, Duration::from_secs(10)).await.map_err(|e| e.to_string())?;
+                    let held = holder
+                        .lock(&key, LockOptions::ttl(ttl).wait(Duration::from_secs(10)))
+                        .await
+                        .map_err(|e| e.to_string())?;
                     let (w, k) = (Arc::clone(&waiter), key.clone());
                     let waiting = tokio::spawn(async move {
-                        let lease = w.lock(&k, ttl, Duration::from_secs(10)).await;
+                        let lease = w.lock(&k, LockOptions::ttl(ttl).wait(Duration::from_secs(10))).await;
                         (Instant::now(), lease)
                     });
                     tokio::time::sleep(settle).await;

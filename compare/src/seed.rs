@@ -4,7 +4,7 @@
 use clap::Parser;
 use serde::Serialize;
 
-use crate::cli::{Cli, Command};
+use palisade_examples::warehouse::cli::{Cli, Command};
 
 /// One simulation's figures (from the warehouse's own report).
 #[derive(Debug, Clone, Serialize)]
@@ -54,7 +54,7 @@ pub async fn run(lock: &str, store: &str, plan: SeedPlan, unfenced: bool) -> Res
     }
     let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
     let Command::Simulate(args) = &cli.command else { return Err("not a simulation".into()) };
-    let r = crate::simulate::simulate(&cli, args, true).await.map_err(|e| e.to_string())?;
+    let r = palisade_examples::warehouse::simulate::simulate(&cli, args, true).await.map_err(|e| e.to_string())?;
     Ok(SeedRun {
         mode: r["mode"].as_str().unwrap_or("?").to_string(),
         jobs: r["jobs"].as_u64().unwrap_or(0),

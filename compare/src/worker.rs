@@ -1,6 +1,7 @@
 //! The worker process the fault scenarios freeze (`SIGSTOP`) and kill (`SIGKILL`): it takes the
 //! lock, says so, waits for "go" on stdin, then writes under its lease and reports the outcome.
 
+use palisade::LockOptions;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -37,7 +38,7 @@ async fn work(args: &WorkerArgs) -> palisade::Result<()> {
     let ttl = Duration::from_millis(args.ttl_ms);
     match palisade::connect_any_lock(&args.lock).await? {
         AnyLockService::Fenced(locks) => {
-            let lease = locks.lock(&key, ttl, Duration::from_secs(60)).await?;
+            let lease = locks.lock(&key, LockOptions::ttl(ttl).wait(Duration::from_secs(60))).await?;
             println!("acquired {}", lease.fence());
             wait_for_go().await;
             let lost = tokio::time::timeout(Duration::from_millis(200), lease.lost()).await.is_ok();
@@ -45,7 +46,7 @@ async fn work(args: &WorkerArgs) -> palisade::Result<()> {
             report(result, lost);
         }
         AnyLockService::Unfenced(locks) => {
-            let lease = locks.lock(&key, ttl, Duration::from_secs(60)).await?;
+            let lease = locks.lock(&key, LockOptions::ttl(ttl).wait(Duration::from_secs(60))).await?;
             println!("acquired -");
             wait_for_go().await;
             let lost = tokio::time::timeout(Duration::from_millis(200), lease.lost()).await.is_ok();

@@ -6,6 +6,7 @@
 //! it with `SIGCONT`, or kills it with `SIGKILL`: a real process, its timers and connections
 //! included, as in the seed's chaos tests.
 
+use palisade_core::LockOptions;
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -56,7 +57,7 @@ where
     S: FencedStore,
 {
     let Ok(key) = ns.key("paused") else { return say("error key") };
-    let lease = match lock.lock(&key, timing.ttl, Duration::from_secs(30)).await {
+    let lease = match lock.lock(&key, LockOptions::ttl(timing.ttl).wait(Duration::from_secs(30))).await {
         Ok(lease) => lease,
         Err(e) => return say(&format!("error acquire {e}")),
     };

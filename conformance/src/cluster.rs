@@ -9,6 +9,7 @@
 //! fence that did not increase, whether each record ends with the last accepted write, and how
 //! soon and how often locks were usable again after the election.
 
+use palisade_core::LockOptions;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -144,7 +145,7 @@ where
         let ttl = settings.ttl;
         workers.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                let lease = match locks.lock(&key, ttl, Duration::from_secs(3)).await {
+                let lease = match locks.lock(&key, LockOptions::ttl(ttl).wait(Duration::from_secs(3))).await {
                     Ok(l) => l,
                     Err(e) => {
                         errors.lock().unwrap_or_else(PoisonError::into_inner).push(e.to_string());

@@ -1,5 +1,6 @@
 //! End-to-end scenarios: a lock service and a fenced store together (11–13, and rule 3).
 
+use palisade_core::LockOptions;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -48,7 +49,7 @@ async fn read_data<S: FencedStore + ?Sized>(
 /// **11a. Paused holder past TTL, in process.** A acquires (fence fa) and its task stops
 /// (no progress, so its progress-gated renewal stops too) for TTL + margin; B acquires with
 /// fb > fa and writes; A resumes and writes with fa: `StaleFence { fa, fb }`, the data shows
-/// only B's write, `lock_fence_rejected_total` went up by exactly one, and A's lost signal
+/// only B's write, `palisade_lock_fence_rejected_total` went up by exactly one, and A's lost signal
 /// had fired. For a service without fences the documented outcome is asserted instead: A's
 /// stale write goes through.
 pub async fn paused_holder_in_process<L: LockServiceFactory, S: FencedStoreFactory>(
@@ -61,11 +62,15 @@ pub async fn paused_holder_in_process<L: LockServiceFactory, S: FencedStoreFacto
     let timing = lf.timing();
     let (a, b) = (client(ctx, lf).await?, client(ctx, lf).await?);
     let (store_a, store_b) = (store_client(ctx, sf).await?, store_client(ctx, sf).await?);
-    let lease_a = attempt!(ctx, a.lock(&key, timing.ttl, patience(timing.ttl)).await, "A lock");
+    let lease_a = attempt!(ctx, a.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "A lock");
     let progress = Progress::new();
     let renewal = lease_a.renew_on_progress(&progress);
     tokio::time::sleep(timing.expiry_bound()).await; // the pause: no progress, no writes
-    let lease_b = attempt!(ctx, b.lock(&key, timing.ttl, patience(timing.ttl)).await, "B lock after A's TTL");
+    let lease_b = attempt!(
+        ctx,
+        b.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await,
+        "B lock after A's TTL"
+    );
     attempt!(ctx, write(&*store_b, &lease_b, &data_batch(&ns, "B")).await, "B's write");
     let _ = ctx.take_counter(palisade_core::metrics::LOCK_FENCE_REJECTED_TOTAL);
     let result = write(&*store_a, &lease_a, &data_batch(&ns, "A")).await;
@@ -86,9 +91,9 @@ pub async fn paused_holder_in_process<L: LockServiceFactory, S: FencedStoreFacto
             let audit_a = attempt!(ctx, store_b.read(&ns.record("audit/A")).await, "read");
             ensure!(ctx, audit_a.is_none(), "the stale holder's audit record landed");
             if let Some(rejected) = rejected {
-                ensure!(ctx, rejected == 1, "lock_fence_rejected_total went up by {rejected}, expected 1");
+                ensure!(ctx, rejected == 1, "palisade_lock_fence_rejected_total went up by {rejected}, expected 1");
             } else {
-                ctx.note("lock_fence_rejected_total not checked: no recorder (run through the suite macro)");
+                ctx.note("palisade_lock_fence_rejected_total not checked: no recorder (run through the suite macro)");
             }
             ensure!(ctx, lease_a.is_lost(), "A's lost signal had not fired by the time it wrote");
         }
@@ -180,7 +185,7 @@ fn parse_fence(s: &str) -> Option<Fence> {
 /// role), acquires (fa), and is frozen with `SIGSTOP` for TTL + margin: its timers and
 /// renewals freeze with it. B acquires (fb > fa) and writes; the holder is thawed with
 /// `SIGCONT` and writes with fa: `StaleFence { fa, fb }`, its lost signal had fired, its
-/// `lock_fence_rejected_total` went up by one, and the data shows only B's write. Without
+/// `palisade_lock_fence_rejected_total` went up by one, and the data shows only B's write. Without
 /// fences the documented outcome is asserted: the stale write goes through.
 pub async fn paused_holder_process<L: LockServiceFactory, S: FencedStoreFactory>(ctx: &Ctx, lf: &L, sf: &S) -> Outcome {
     if let Some(role) = child::role() {
@@ -191,8 +196,11 @@ pub async fn paused_holder_process<L: LockServiceFactory, S: FencedStoreFactory>
     holder.signal(ctx, Signal::SIGSTOP)?;
     let frozen = Instant::now();
     tokio::time::sleep(timing.expiry_bound()).await;
-    let lease_b =
-        attempt!(ctx, b.lock(&key, timing.ttl, patience(timing.ttl)).await, "B lock while the holder is frozen");
+    let lease_b = attempt!(
+        ctx,
+        b.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await,
+        "B lock while the holder is frozen"
+    );
     attempt!(ctx, write(&*store_b, &lease_b, &data_batch(&ns, "B")).await, "B's write");
     holder.signal(ctx, Signal::SIGCONT)?;
     ctx.note(format!("holder frozen {:.0} ms", frozen.elapsed().as_secs_f64() * 1e3));
@@ -238,7 +246,8 @@ pub async fn killed_holder<L: LockServiceFactory, S: FencedStoreFactory>(ctx: &C
     let status = holder.wait(ctx).await?;
     ensure!(ctx, !status.success(), "the killed holder exited successfully");
     let bound = timing.expiry_bound() + Duration::from_millis(300);
-    let lease_b = attempt!(ctx, b.lock(&key, timing.ttl, bound).await, "B's single waiting acquisition");
+    let lease_b =
+        attempt!(ctx, b.lock(&key, LockOptions::ttl(timing.ttl).wait(bound)).await, "B's single waiting acquisition");
     let took = granted.elapsed();
     attempt!(ctx, write(&*store_b, &lease_b, &data_batch(&ns, "B")).await, "B's write");
     ensure!(ctx, took <= bound, "B waited {took:?}, more than TTL + margin ({bound:?})");
@@ -268,9 +277,9 @@ pub async fn stale_write_before_new_holder_writes<L: LockServiceFactory, S: Fenc
     let timing = lf.timing();
     let (a, b) = (client(ctx, lf).await?, client(ctx, lf).await?);
     let store = store_client(ctx, sf).await?;
-    let lease_a = attempt!(ctx, a.lock(&key, timing.ttl, patience(timing.ttl)).await, "A lock");
+    let lease_a = attempt!(ctx, a.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "A lock");
     tokio::time::sleep(timing.expiry_bound()).await;
-    let lease_b = attempt!(ctx, b.lock(&key, timing.ttl, patience(timing.ttl)).await, "B lock");
+    let lease_b = attempt!(ctx, b.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "B lock");
     let job = |who: &str| {
         WriteBatch::new()
             .create(ns.record("done/J"), who.as_bytes().to_vec())
@@ -400,7 +409,7 @@ pub async fn load_with<L: LockServiceFactory, S: FencedStoreFactory>(
             // fence and redone under a new grant, as a queue would redeliver it.
             for _ in 0..5 {
                 let asked = Instant::now();
-                let lease = svc.lock(&key, lease_ttl, patience(timing.ttl)).await?;
+                let lease = svc.lock(&key, LockOptions::ttl(lease_ttl).wait(patience(timing.ttl))).await?;
                 let granted = Instant::now();
                 latencies.lock().unwrap_or_else(PoisonError::into_inner).push(asked.elapsed());
                 if let Some(f) = lease.fence_if_any() {

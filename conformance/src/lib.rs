@@ -37,6 +37,8 @@
 //! | 5 | [`progress_gated_renewal`](lock::progress_gated_renewal) | lock | progress keeps the lease past 3 TTLs; a stall loses it within TTL + margin |
 //! | 6 | [`wait_and_handoff`](lock::wait_and_handoff) | lock | a waiter gets a released lock within one TTL; `Timeout` otherwise; handoff latency reported |
 //! | 7 | [`bad_input`](lock::bad_input) | lock | bad keys, TTLs and waits are typed errors |
+//! | – | [`zero_wait_is_one_attempt`](lock::zero_wait_is_one_attempt) | lock | a zero wait takes a free lock, answers `Timeout` at once on a held one, and leaves nothing queued |
+//! | – | [`with_lock_releases_on_every_path`](lock::with_lock_releases_on_every_path) | lock | `with_lock` releases after success and error, refuses re-entry at once, cancels its work when the lease is lost |
 //! | – | [`keys_are_independent`](lock::keys_are_independent) | lock | keys differing in case, prefix, domain or at the maximum length do not collide; no re-entrant grant; per-key counters |
 //! | – | [`stale_release_and_extend_after_takeover`](lock::stale_release_and_extend_after_takeover) | lock | the service refuses release/extend of an expired grant; no resurrection |
 //! | – | [`cancelled_acquires_leave_no_residue`](lock::cancelled_acquires_leave_no_residue) | lock | cancelled waiters block nobody |
@@ -182,6 +184,8 @@ macro_rules! __lock_scenarios {
             progress_gated_renewal,
             wait_and_handoff,
             bad_input,
+            zero_wait_is_one_attempt,
+            with_lock_releases_on_every_path,
             keys_are_independent,
             stale_release_and_extend_after_takeover,
             cancelled_acquires_leave_no_residue,

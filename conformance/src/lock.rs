@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use palisade_core::{ErrorKind, Fencing, Grant, LockService, LockServiceExt, OwnerToken, Progress, ResourceKey, Ttl};
+use palisade_core::{
+    Error, ErrorKind, Fencing, Grant, LockOptions, LockService, LockServiceExt, OwnerToken, Progress, ResourceKey, Ttl,
+};
 use tokio::time::Instant;
 
 use crate::harness::{Ctx, Failure, Outcome};
@@ -53,7 +55,7 @@ pub async fn mutual_exclusion<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> 
         let (key, holders, overlaps, value) = (key.clone(), holders.clone(), overlaps.clone(), value.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
-                let lease = svc.lock(&key, ttl, patience(ttl)).await?;
+                let lease = svc.lock(&key, LockOptions::ttl(ttl).wait(patience(ttl))).await?;
                 if holders.fetch_add(1, Ordering::SeqCst) != 0 {
                     overlaps.fetch_add(1, Ordering::SeqCst);
                 }
@@ -191,13 +193,18 @@ pub async fn fence_monotonicity<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -
     let mut fences = Vec::new();
     for round in 0..9 {
         let (holder, next) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
-        let lease = attempt!(ctx, holder.lock(&key, timing.ttl, patience(timing.ttl)).await, "lock");
+        let lease =
+            attempt!(ctx, holder.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "lock");
         fences.push(lease.fence_if_any());
         match round % 3 {
             0 => attempt!(ctx, lease.release().await, "release"),
             1 => {
                 // Let it expire; the other client takes over.
-                let taken = attempt!(ctx, next.lock(&key, timing.ttl, patience(timing.ttl)).await, "takeover");
+                let taken = attempt!(
+                    ctx,
+                    next.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await,
+                    "takeover"
+                );
                 fences.push(taken.fence_if_any());
                 attempt!(ctx, taken.release().await, "release after takeover");
                 drop(lease);
@@ -246,7 +253,7 @@ pub async fn progress_gated_renewal<F: LockServiceFactory>(ctx: &Ctx, factory: &
     let timing = factory.timing();
     let a = client(ctx, factory).await?;
     let b = client(ctx, factory).await?;
-    let lease = attempt!(ctx, a.lock(&key, timing.ttl, patience(timing.ttl)).await, "lock");
+    let lease = attempt!(ctx, a.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "lock");
     let progress = Progress::new();
     let _renewal = lease.renew_on_progress(&progress);
     let until = Instant::now() + timing.ttl * 3;
@@ -291,11 +298,11 @@ pub async fn wait_and_handoff<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> 
     let b = client(ctx, factory).await?;
     let mut handoffs = Vec::new();
     for _ in 0..8 {
-        let held = attempt!(ctx, a.lock(&key, long, patience(timing.ttl)).await, "holder lock");
+        let held = attempt!(ctx, a.lock(&key, LockOptions::ttl(long).wait(patience(timing.ttl))).await, "holder lock");
         let waiter = {
             let (b, key) = (Arc::clone(&b), key.clone());
             tokio::spawn(async move {
-                let lease = b.lock(&key, long, patience(long)).await;
+                let lease = b.lock(&key, LockOptions::ttl(long).wait(patience(long))).await;
                 (lease, Instant::now())
             })
         };
@@ -322,10 +329,10 @@ pub async fn wait_and_handoff<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> 
         handoffs[handoffs.len() / 2].as_secs_f64() * 1e3,
         handoffs[handoffs.len() - 1].as_secs_f64() * 1e3
     ));
-    let held = attempt!(ctx, a.lock(&key, long, patience(timing.ttl)).await, "holder lock");
+    let held = attempt!(ctx, a.lock(&key, LockOptions::ttl(long).wait(patience(timing.ttl))).await, "holder lock");
     let wait = timing.ttl / 2;
     let started = Instant::now();
-    let err = b.lock(&key, long, wait).await.err();
+    let err = b.lock(&key, LockOptions::ttl(long).wait(wait)).await.err();
     let kind = err.as_ref().map(|e| e.kind());
     ensure!(ctx, kind == Some(ErrorKind::Timeout), "waiting on a held lock gave {kind:?}, expected Timeout");
     ensure!(ctx, err.is_some_and(|e| e.is_retryable()), "Timeout must be retryable");
@@ -334,9 +341,9 @@ pub async fn wait_and_handoff<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> 
     Ok(ctx.report())
 }
 
-/// **7. Bad input.** Invalid keys, a zero TTL, a TTL above the maximum and a wait of zero are
+/// **7. Bad input.** Invalid keys, a zero TTL, a TTL above the maximum and a wait above 24 h are
 /// typed errors (`InvalidKey`, `InvalidArgument`), never a panic or a grant. The service's own
-/// `acquire` refuses a zero wait too (backends that override it must validate).
+/// `acquire` refuses a too long wait too (backends that override it must validate).
 pub async fn bad_input<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
     let ns = Namespace::new();
     let svc = client(ctx, factory).await?;
@@ -351,17 +358,142 @@ pub async fn bad_input<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome
         let kind = svc.try_lock(&key, ttl).await.err().map(|e| e.kind());
         ensure!(ctx, kind == Some(ErrorKind::InvalidArgument), "TTL {ttl:?} gave {kind:?}, expected InvalidArgument");
     }
-    let kind = svc.lock(&key, factory.timing().ttl, Duration::ZERO).await.err().map(|e| e.kind());
-    ensure!(ctx, kind == Some(ErrorKind::InvalidArgument), "a zero wait gave {kind:?}, expected InvalidArgument");
+    let too_long = Ttl::MAX + Duration::from_secs(1);
+    let kind = svc.lock(&key, LockOptions::ttl(factory.timing().ttl).wait(too_long)).await.err().map(|e| e.kind());
+    ensure!(ctx, kind == Some(ErrorKind::InvalidArgument), "a wait above 24 h gave {kind:?}, expected InvalidArgument");
     let ttl = attempt!(ctx, Ttl::new(factory.timing().ttl), "ttl");
-    let kind = svc.acquire(&key, ttl, Duration::ZERO).await.err().map(|e| e.kind());
+    let kind = svc.acquire(&key, ttl, too_long).await.err().map(|e| e.kind());
     ensure!(
         ctx,
         kind == Some(ErrorKind::InvalidArgument),
-        "the service's acquire with a zero wait gave {kind:?}, expected InvalidArgument"
+        "the service's acquire with a wait above 24 h gave {kind:?}, expected InvalidArgument"
     );
     let free = attempt!(ctx, svc.try_lock(&key, factory.timing().ttl).await, "try_lock after bad input");
     ensure!(ctx, free.is_some(), "bad input left the key locked");
+    Ok(ctx.report())
+}
+
+/// **A zero wait is one attempt** (`LockService::acquire`, `LockOptions::wait`). With a wait of
+/// zero, `acquire` takes a free lock, and on a held one answers `Timeout` at once (well within
+/// the TTL) without leaving anything behind: after the holder releases, a plain `try_acquire`
+/// from another client gets the lock (a queue node or reservation of the zero-wait attempt
+/// would block it).
+pub async fn zero_wait_is_one_attempt<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "zero-wait")?;
+    let timing = factory.timing();
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl * 4), "ttl");
+    let (holder, prober, next) =
+        (client(ctx, factory).await?, client(ctx, factory).await?, client(ctx, factory).await?);
+    let free =
+        attempt!(ctx, prober.acquire(&key, ttl, Duration::ZERO).await, "acquire of a free lock with a zero wait");
+    attempt!(ctx, prober.release(&free).await, "release");
+    let held = fresh(ctx, holder.try_acquire(&key, ttl).await)?;
+    let asked = Instant::now();
+    let kind = prober.acquire(&key, ttl, Duration::ZERO).await.err().map(|e| e.kind());
+    let took = asked.elapsed();
+    ensure!(ctx, kind == Some(ErrorKind::Timeout), "a zero wait on a held lock gave {kind:?}, expected Timeout");
+    ensure!(
+        ctx,
+        took < timing.ttl,
+        "a zero wait on a held lock took {took:?}: it waited instead of making one attempt"
+    );
+    attempt!(ctx, holder.release(&held).await, "holder release");
+    // A bounded wait, not one try: a backend may clean up after the attempt asynchronously.
+    let after = next.acquire(&key, ttl, timing.ttl).await;
+    let after = attempt!(
+        ctx,
+        after,
+        format!(
+            "the lock after its holder released it (waited up to {:?}): the zero-wait attempt left a queue entry",
+            timing.ttl
+        )
+    );
+    attempt!(ctx, next.release(&after).await, "release");
+    ctx.note(format!("zero wait on a held lock answered in {:.1} ms", took.as_secs_f64() * 1e3));
+    Ok(ctx.report())
+}
+
+/// **`with_lock` releases on every path** (`LockServiceExt::with_lock`). The scoped form
+/// releases after its work succeeds and after it fails (another client then takes the lock at
+/// once); inside the work, taking the same key from the same service is `Reentrant` at once,
+/// not a wait on ourselves; and when the lease is lost under the work (a TTL with no
+/// extension), the work is cancelled at its next await and the result is `LeaseLost`.
+pub async fn with_lock_releases_on_every_path<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "scoped")?;
+    let timing = factory.timing();
+    let (svc, other) = (client(ctx, factory).await?, client(ctx, factory).await?);
+    let options = LockOptions::ttl(timing.ttl * 4).wait(patience(timing.ttl));
+    let probe = |what: &'static str| {
+        let (other, key) = (Arc::clone(&other), key.clone());
+        async move {
+            match other.try_lock(&key, timing.ttl).await {
+                Ok(Some(lease)) => lease.release().await.map_err(|e| format!("{what}: release: {e}")),
+                Ok(None) => Err(format!("the lock is still held {what}: with_lock did not release it")),
+                Err(e) => Err(format!("{what}: try_lock: {e}")),
+            }
+        }
+    };
+
+    let fence =
+        svc.with_lock(&key, options, |lease| Box::pin(async move { Ok::<_, Error>(lease.fence_if_any()) })).await;
+    attempt!(ctx, fence, "with_lock whose work succeeds");
+    probe("after a successful with_lock").await.map_err(|e| ctx.fail(e))?;
+
+    let failed: Result<(), Error> = svc
+        .with_lock(&key, options, |_| {
+            Box::pin(async move { Err(Error::new(ErrorKind::Conflict, "work", "the work failed")) })
+        })
+        .await;
+    let kind = failed.err().map(|e| e.kind());
+    ensure!(
+        ctx,
+        kind == Some(ErrorKind::Conflict),
+        "with_lock whose work fails gave {kind:?}, expected the work's Conflict"
+    );
+    probe("after a with_lock whose work failed").await.map_err(|e| ctx.fail(e))?;
+
+    let inner = Arc::clone(&svc);
+    let inner_key = key.clone();
+    let nested = svc
+        .with_lock(&key, options, |_| {
+            Box::pin(async move {
+                let asked = Instant::now();
+                let kind = inner.lock(&inner_key, options).await.err().map(|e| e.kind());
+                Ok::<_, Error>((kind, asked.elapsed()))
+            })
+        })
+        .await;
+    let (kind, took) = attempt!(ctx, nested, "with_lock around a nested lock");
+    ensure!(ctx, kind == Some(ErrorKind::Reentrant), "a nested lock of the same key gave {kind:?}, expected Reentrant");
+    ensure!(ctx, took < timing.ttl, "the re-entrant lock was refused only after {took:?}: it waited on itself");
+
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&finished);
+    let short = LockOptions::ttl(timing.ttl).wait(patience(timing.ttl));
+    let lost = svc
+        .with_lock(&key, short, |_| {
+            Box::pin(async move {
+                tokio::time::sleep(timing.ttl * 3).await;
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, Error>(())
+            })
+        })
+        .await;
+    let kind = lost.err().map(|e| e.kind());
+    ensure!(ctx, kind == Some(ErrorKind::LeaseLost), "work outliving its lease gave {kind:?}, expected LeaseLost");
+    ensure!(
+        ctx,
+        !finished.load(std::sync::atomic::Ordering::SeqCst),
+        "the work ran to its end after the lease was lost: it was not cancelled"
+    );
+    let after = attempt!(
+        ctx,
+        other.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await,
+        "lock after the lost lease"
+    );
+    attempt!(ctx, after.release().await, "release");
     Ok(ctx.report())
 }
 
@@ -434,10 +566,11 @@ pub async fn cancelled_acquires_leave_no_residue<F: LockServiceFactory>(ctx: &Ct
         waiters.push(client(ctx, factory).await?);
     }
     let next = client(ctx, factory).await?;
-    let held = attempt!(ctx, holder.lock(&key, long, patience(timing.ttl)).await, "holder lock");
+    let held = attempt!(ctx, holder.lock(&key, LockOptions::ttl(long).wait(patience(timing.ttl))).await, "holder lock");
     for (i, svc) in (0..6u64).zip(waiters) {
         let key = key.clone();
-        let waiter = tokio::spawn(async move { svc.lock(&key, long, patience(long)).await.map(drop) });
+        let waiter =
+            tokio::spawn(async move { svc.lock(&key, LockOptions::ttl(long).wait(patience(long))).await.map(drop) });
         tokio::time::sleep(Duration::from_millis((i * 7) % 25)).await;
         waiter.abort();
         let _ = waiter.await;
@@ -445,7 +578,7 @@ pub async fn cancelled_acquires_leave_no_residue<F: LockServiceFactory>(ctx: &Ct
     attempt!(ctx, held.release().await, "holder release");
     let released = Instant::now();
     let bound = timing.expiry_bound() + Duration::from_millis(500);
-    let lease = next.lock(&key, timing.ttl, bound).await;
+    let lease = next.lock(&key, LockOptions::ttl(timing.ttl).wait(bound)).await;
     let lease = attempt!(
         ctx,
         lease,
@@ -484,13 +617,13 @@ pub async fn fifo_when_declared<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -
     for _ in 0..4 {
         clients.push(client(ctx, factory).await?);
     }
-    let held = attempt!(ctx, holder.lock(&key, long, patience(timing.ttl)).await, "holder lock");
+    let held = attempt!(ctx, holder.lock(&key, LockOptions::ttl(long).wait(patience(timing.ttl))).await, "holder lock");
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for (i, svc) in clients.into_iter().enumerate() {
         let (key, order) = (key.clone(), Arc::clone(&order));
         waiters.push(tokio::spawn(async move {
-            let lease = svc.lock(&key, long, patience(long)).await?;
+            let lease = svc.lock(&key, LockOptions::ttl(long).wait(patience(long))).await?;
             order.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(i);
             tokio::time::sleep(Duration::from_millis(5)).await;
             lease.release().await
@@ -548,13 +681,13 @@ pub async fn lost_signal_from_the_backend<F: LockServiceFactory>(ctx: &Ctx, fact
     let svc = client(ctx, factory).await?;
     let long = timing.ttl * 6;
 
-    let clean = attempt!(ctx, svc.lock(&key, long, patience(timing.ttl)).await, "lock");
+    let clean = attempt!(ctx, svc.lock(&key, LockOptions::ttl(long).wait(patience(timing.ttl))).await, "lock");
     let clean_lost = clean.lost();
     attempt!(ctx, clean.release().await, "release");
     let fired = tokio::time::timeout(timing.ttl, clean_lost).await.is_ok();
     ensure!(ctx, !fired, "the lost signal fired after a clean release");
 
-    let lease = attempt!(ctx, svc.lock(&key, long, patience(timing.ttl)).await, "lock");
+    let lease = attempt!(ctx, svc.lock(&key, LockOptions::ttl(long).wait(patience(timing.ttl))).await, "lock");
     let progress = palisade_core::Progress::new();
     let _renewal = lease.renew_on_progress(&progress);
     match factory.break_lock(&key).await {
@@ -880,7 +1013,8 @@ pub async fn partitioned_holder_loses_before_anyone_gains<F: LockServiceFactory>
     let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
     let (other, third) = (client(ctx, factory).await?, client(ctx, factory).await?);
     let k = key(ctx, &ns, "partition")?;
-    let lease = attempt!(ctx, faulty.service.lock(&k, timing.ttl, patience(timing.ttl)).await, "lock");
+    let lease =
+        attempt!(ctx, faulty.service.lock(&k, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "lock");
     let progress = Progress::new();
     let _renewal = lease.renew_on_progress(&progress);
     let ticking = Ticking::start(&progress);
@@ -1071,7 +1205,7 @@ pub async fn dead_waiter_is_never_granted<F: LockServiceFactory>(ctx: &Ctx, fact
     let ttl = attempt!(ctx, Ttl::new(long), "ttl");
     let (holder, third) = (client(ctx, factory).await?, client(ctx, factory).await?);
     // The holder renews while the waiter is cut off (a session-capped grant would run out).
-    let held = attempt!(ctx, holder.lock(&k, long, patience(timing.ttl)).await, "lock");
+    let held = attempt!(ctx, holder.lock(&k, LockOptions::ttl(long).wait(patience(timing.ttl))).await, "lock");
     let progress = Progress::new();
     let renewal = held.renew_on_progress(&progress);
     let ticking = Ticking::start(&progress);
@@ -1184,7 +1318,8 @@ where
     attempt!(ctx, factory.restart_server(false).await, "restart without data");
     let third = client(ctx, factory).await?;
     let seen = SeenFence(before.max(after));
-    let checked = settle(|| third.lock_checked(&seen, &k, timing.ttl, patience(timing.ttl))).await;
+    let checked =
+        settle(|| third.lock_checked(&seen, &k, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl)))).await;
     match checked {
         Ok(lease) => {
             let fence = lease.fence();

@@ -13,9 +13,10 @@ use palisade_conformance::memory::MemoryStoreFactory;
 use palisade_conformance::relay::{Relay, RelayLockService, RelayRetry};
 use palisade_conformance::{Ctx, FencedStoreFactory, LockServiceFactory, Outcome, ProcessAccess, Timing, e2e, harness};
 use palisade_conformance::{FaultProxy, FaultyClient};
+use palisade_core::spi::{async_trait, conflict_error};
 use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, FencedStore, Grant, GrantFence, LockService,
-    OwnerToken, Record, ResourceKey, Result, Ttl, WriteBatch, WriteOp, async_trait, conflict_error,
+    OwnerToken, Record, ResourceKey, Result, Ttl, WriteBatch, WriteOp,
 };
 use tokio::time::Instant;
 
@@ -65,6 +66,9 @@ enum LockFlaw {
     ClientClockExpiry,
     /// Declares fences that survive a restart, but keeps its counters in memory (bug class 4).
     CounterNotDurable,
+    /// A zero-wait `acquire` that finds the lock held answers `Timeout` but leaves its ticket in
+    /// the queue (a queue node created and not deleted when giving up at once).
+    ZeroWaitStaysQueued,
 }
 
 #[derive(Default)]
@@ -115,9 +119,12 @@ impl LockService for BrokenLock {
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
         if self.flaw == LockFlaw::AcquireNeverWaits {
-            return self.try_acquire(key, ttl).await?.ok_or_else(|| palisade_core::timeout_error("broken", key, wait));
+            return self
+                .try_acquire(key, ttl)
+                .await?
+                .ok_or_else(|| palisade_core::spi::timeout_error("broken", key, wait));
         }
-        palisade_core::validate_wait(wait)?;
+        palisade_core::spi::validate_wait(wait)?;
         let give_up = Instant::now() + wait;
         let ticket = {
             let mut slots = self.slots.lock().unwrap();
@@ -135,7 +142,12 @@ impl LockService for BrokenLock {
             }
             let now = Instant::now();
             if now >= give_up {
-                break Err(palisade_core::timeout_error("broken", key, wait));
+                if self.flaw == LockFlaw::ZeroWaitStaysQueued && wait.is_zero() {
+                    let mut leave = leave;
+                    leave.armed = false;
+                    return Err(palisade_core::spi::timeout_error("broken", key, wait));
+                }
+                break Err(palisade_core::spi::timeout_error("broken", key, wait));
             }
             let mut nap = Duration::from_millis(2);
             if self.flaw == LockFlaw::WakesOnlyAtExpiry
@@ -494,7 +506,7 @@ impl FencedStore for BrokenStore {
     }
     async fn read(&self, key: &str) -> Result<Option<Record>> {
         if self.flaw != StoreFlaw::NoValidation {
-            palisade_core::validate_record_key(key)?;
+            palisade_core::spi::validate_record_key(key)?;
         }
         Ok(self.records.lock().unwrap().get(key).cloned())
     }
@@ -582,6 +594,8 @@ async fn no_exclusion_fails_mutual_exclusion() {
             "fifo_when_declared",
             "fast_client_clock_takes_nothing_early",
             "dead_waiter_is_never_granted",
+            // A held lock granted again to a zero-wait attempt: the same missing exclusion.
+            "zero_wait_is_one_attempt",
         ],
     )
     .await;
@@ -646,7 +660,7 @@ async fn an_extend_that_does_nothing_fails_renewal() {
 async fn an_acquire_that_never_waits_fails_handoff_and_bad_input() {
     lock_flaw_fails(
         LockFlaw::AcquireNeverWaits,
-        &[("wait_and_handoff", "did not get the released lock"), ("bad_input", "zero wait")],
+        &[("wait_and_handoff", "did not get the released lock"), ("bad_input", "above 24 h")],
         &[
             "mutual_exclusion",
             "fence_monotonicity",
@@ -1230,4 +1244,9 @@ async fn a_quorum_counting_a_minority_fails_the_quorum_scenario() {
 #[tokio::test]
 async fn a_quorum_without_rollback_fails_the_quorum_scenario() {
     quorum_flaw_fails(QuorumFlaw::NoRollback, &[("quorum_faults_never_grant_a_minority", "not rolled back")]).await;
+}
+
+#[tokio::test]
+async fn a_zero_wait_that_stays_queued_fails_the_zero_wait_scenario() {
+    lock_flaw_fails(LockFlaw::ZeroWaitStaysQueued, &[("zero_wait_is_one_attempt", "left a queue entry")], &[]).await;
 }

@@ -77,7 +77,7 @@ fn scheme_of(url: &str) -> Option<&str> {
 /// every backend.
 ///
 /// ```
-/// use palisade_core::ConnectionUrl;
+/// use palisade_core::spi::ConnectionUrl;
 /// let u = ConnectionUrl::parse("zk://app:p%40ss@a:2181,[::1]:2182/chroot?session_timeout_ms=500")?;
 /// assert_eq!(u.scheme, "zk");
 /// assert_eq!((u.user.as_deref(), u.password.as_deref()), (Some("app"), Some("p@ss")));

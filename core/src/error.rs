@@ -40,7 +40,7 @@ pub enum ErrorKind {
     /// different grant than the one that set it: the lock service issued one fence twice, so
     /// it lost part of its counter (Redis `appendfsync everysec`, a failover to a lagging
     /// replica). Nothing was written. This is a fence regression (fencing rules 2 and 5): it is
-    /// counted in `lock_fence_regression_total`, and the lease that hit it is useless; release it
+    /// counted in `palisade_lock_fence_regression_total`, and the lease that hit it is useless; release it
     /// and lock again (after [`FencedStoreExt::write`](crate::FencedStoreExt::write) has moved
     /// the counter, the next grant outranks every fence issued before the loss).
     DuplicateFence {
@@ -54,7 +54,7 @@ pub enum ErrorKind {
     Unavailable,
     /// A [`ResourceKey`](crate::ResourceKey) or record key is malformed.
     InvalidKey,
-    /// An argument is out of range (a TTL of zero, a wait of zero, a fence a store cannot hold).
+    /// An argument is out of range (a TTL of zero, a wait above 24 h, a fence a store cannot hold).
     InvalidArgument,
     /// A configuration or connection URL is malformed or inconsistent.
     InvalidConfig,
@@ -67,6 +67,11 @@ pub enum ErrorKind {
     /// A request was sent but its outcome is unknown (the connection dropped before the
     /// reply). Reconcile before retrying: a blind retry can double-apply or double-grant.
     OutcomeUnknown,
+    /// The calling task already holds this lock from this service (inside
+    /// [`with_lock`](crate::LockServiceExt::with_lock) on the same key): locks are not
+    /// re-entrant, and waiting for ourselves would only end when the wait ran out. Nothing was
+    /// sent to the backend.
+    Reentrant,
     /// Any other failure reported by the backend.
     Backend,
 }
@@ -95,6 +100,7 @@ impl ErrorKind {
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::FenceRegression => "fence_regression",
             ErrorKind::OutcomeUnknown => "outcome_unknown",
+            ErrorKind::Reentrant => "reentrant",
             ErrorKind::Backend => "backend",
         }
     }

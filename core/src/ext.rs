@@ -10,7 +10,8 @@ use tracing::{Instrument, error, warn};
 
 use crate::error::{ErrorKind, Result};
 use crate::{
-    Fence, Fenced, FencedStore, GrantFence, Lease, LockService, ResourceKey, Ttl, WatermarkSource, WriteBatch, metrics,
+    Error, Fence, Fenced, FencedStore, GrantFence, Lease, LockOptions, LockService, ResourceKey, Ttl, WatermarkSource,
+    WriteBatch, metrics,
 };
 
 /// What users call on a lock service: leases with a lifecycle, plus metrics and tracing.
@@ -21,13 +22,13 @@ use crate::{
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use palisade_core::{LockServiceExt, MemoryLockService, ResourceKey};
+/// use palisade_core::{LockOptions, LockServiceExt, MemoryLockService, ResourceKey};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> palisade_core::Result<()> {
 /// let locks = Arc::new(MemoryLockService::new());
 /// let key = ResourceKey::new("alloc", "WH-01")?;
-/// let lease = locks.lock(&key, Duration::from_secs(30), Duration::from_secs(5)).await?;
+/// let lease = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(5))).await?;
 /// assert!(locks.try_lock(&key, Duration::from_secs(30)).await?.is_none()); // held
 /// let fence = lease.fence();
 /// lease.release().await?;
@@ -41,12 +42,75 @@ pub trait LockServiceExt {
     type Service: LockService + ?Sized;
 
     /// Takes the lock if it is free, without waiting; `Ok(None)` if it is held.
-    /// `ttl` is validated ([`Ttl::new`]).
+    /// `ttl` is validated ([`Ttl::new`]). Inside [`with_lock`](LockServiceExt::with_lock) on
+    /// the same key and service: [`ErrorKind::Reentrant`].
     async fn try_lock(&self, key: &ResourceKey, ttl: Duration) -> Result<Option<Lease<Self::Service>>>;
 
-    /// Takes the lock, waiting up to `wait`; [`ErrorKind::Timeout`] if it does not come free.
-    /// `ttl` and `wait` are validated.
-    async fn lock(&self, key: &ResourceKey, ttl: Duration, wait: Duration) -> Result<Lease<Self::Service>>;
+    /// Takes the lock for `options.ttl`, waiting up to `options.wait` for it to come free;
+    /// [`ErrorKind::Timeout`] if it does not. A zero wait makes one attempt. Both durations
+    /// are validated ([`LockOptions`]).
+    ///
+    /// Locks are not re-entrant. Inside [`with_lock`](LockServiceExt::with_lock) on the same
+    /// key and service (`Arc`), it is refused at once with [`ErrorKind::Reentrant`] instead
+    /// of waiting for ourselves until the wait runs out. A task holding an explicit [`Lease`]
+    /// is not tracked (the lease may have been handed to another task): a second `lock` there
+    /// waits like any other caller.
+    async fn lock(&self, key: &ResourceKey, options: LockOptions) -> Result<Lease<Self::Service>>;
+
+    /// Runs `work` while holding the lock on `key`, and releases it on every path.
+    ///
+    /// Takes the lock as [`lock`](LockServiceExt::lock) does, hands `work` the lease (carry
+    /// it into fenced writes: [`FencedStoreExt::write`], a store's `begin_fenced`), then
+    /// releases it and returns what `work` returned. The closure returns a boxed future, as
+    /// sqlx's `Connection::transaction` does, so it can borrow the lease:
+    /// `|lease| Box::pin(async move { … })`. As there, the future may borrow only the lease:
+    /// move in what else it uses (an `Arc` of the store, owned values).
+    ///
+    /// Behavior:
+    /// - `work`'s error is returned after the release; a release that fails after `work`
+    ///   succeeded is returned as the error (with [`ErrorKind::NotHolder`] the lock expired
+    ///   under `work`: its fenced writes were judged by the store, anything else it did may
+    ///   have overlapped another holder).
+    /// - When the lease is lost while `work` runs (its TTL passed without an extension, the
+    ///   backend reported the loss), `work` is cancelled (its future dropped at its next
+    ///   await) and the result is [`ErrorKind::LeaseLost`]. Extend from inside `work`
+    ///   ([`Lease::extend`], [`Lease::renew_on_progress`]) to run longer than the TTL.
+    /// - Inside `work`, taking the same key from the same service again is
+    ///   [`ErrorKind::Reentrant`], not a wait on ourselves. Tasks `work` spawns are other
+    ///   holders: they wait.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use palisade_core::{FencedStore, FencedStoreExt, LockOptions, LockServiceExt, MemoryFencedStore,
+    ///                     MemoryLockService, ResourceKey, WriteBatch};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> palisade_core::Result<()> {
+    /// let locks = Arc::new(MemoryLockService::new());
+    /// let store = Arc::new(MemoryFencedStore::new());
+    /// let key = ResourceKey::new("invoice", "2026")?;
+    /// let options = LockOptions::ttl(Duration::from_secs(10)).wait(Duration::from_secs(2));
+    ///
+    /// let number = locks
+    ///     .with_lock(&key, options, |lease| {
+    ///         let store = Arc::clone(&store);
+    ///         Box::pin(async move {
+    ///             let last = store.read("invoice/2026/last").await?.map_or(0, |r| r.value[0]);
+    ///             store.write(lease, &WriteBatch::new().put("invoice/2026/last", vec![last + 1])).await?;
+    ///             Ok::<_, palisade_core::Error>(last + 1)
+    ///         })
+    ///     })
+    ///     .await?;
+    /// assert_eq!(number, 1);
+    /// assert!(locks.try_lock(&key, Duration::from_secs(1)).await?.is_some(), "released");
+    /// # Ok(()) }
+    /// ```
+    async fn with_lock<F, T, E>(&self, key: &ResourceKey, options: LockOptions, work: F) -> Result<T, E>
+    where
+        F: for<'l> FnOnce(&'l Lease<Self::Service>) -> crate::BoxFuture<'l, Result<T, E>> + Send,
+        T: Send,
+        E: From<Error> + Send;
 
     /// [`lock`](LockServiceExt::lock), then checks the grant against `store`'s watermark for
     /// the resource (fencing rule 5), at the cost of one watermark read.
@@ -60,7 +124,7 @@ pub trait LockServiceExt {
     /// a restore). Below, every write under it would be refused; **equal** is worse, because
     /// it is the very fence an earlier holder may still write with, and equal fences are
     /// accepted only from the grant that set the watermark. The regression is logged at error level and counted in
-    /// `lock_fence_regression_total`; the grant is released; the service's counter is moved to
+    /// `palisade_lock_fence_regression_total`; the grant is released; the service's counter is moved to
     /// the watermark plus [`REGRESSION_GAP`] ([`LockService::advance_fence`]), far enough to
     /// outrank grants issued before the loss that have not written yet; and the lock is taken
     /// again. No stale write is ever accepted on the way. A service that cannot move its
@@ -71,13 +135,7 @@ pub trait LockServiceExt {
     /// can see that. The store does, at the second write with such a fence
     /// ([`ErrorKind::DuplicateFence`]), and [`FencedStoreExt::write`] repairs the counter then,
     /// the same way.
-    async fn lock_checked<T>(
-        &self,
-        store: &T,
-        key: &ResourceKey,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Lease<Self::Service>>
+    async fn lock_checked<T>(&self, store: &T, key: &ResourceKey, options: LockOptions) -> Result<Lease<Self::Service>>
     where
         T: WatermarkSource + ?Sized,
         Self::Service: LockService<Fencing = Fenced>;
@@ -107,6 +165,7 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
 
     async fn try_lock(&self, key: &ResourceKey, ttl: Duration) -> Result<Option<Lease<S>>> {
         let ttl = Ttl::new(ttl)?;
+        refuse_reentry(self, key)?;
         let backend = self.backend();
         let started = Instant::now();
         let span = tracing::debug_span!("lock.try_acquire", backend, key = %key);
@@ -126,9 +185,11 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
         }
     }
 
-    async fn lock(&self, key: &ResourceKey, ttl: Duration, wait: Duration) -> Result<Lease<S>> {
+    async fn lock(&self, key: &ResourceKey, options: LockOptions) -> Result<Lease<S>> {
+        let LockOptions { ttl, wait } = options;
         let ttl = Ttl::new(ttl)?;
-        crate::validate_wait(wait)?;
+        crate::spi::validate_wait(wait)?;
+        refuse_reentry(self, key)?;
         let backend = self.backend();
         let started = Instant::now();
         let span = tracing::debug_span!("lock.acquire", backend, key = %key);
@@ -145,12 +206,51 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
         }
     }
 
-    async fn lock_checked<T>(&self, store: &T, key: &ResourceKey, ttl: Duration, wait: Duration) -> Result<Lease<S>>
+    async fn with_lock<F, T, E>(&self, key: &ResourceKey, options: LockOptions, work: F) -> Result<T, E>
+    where
+        F: for<'l> FnOnce(&'l Lease<S>) -> crate::BoxFuture<'l, Result<T, E>> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        let lease = self.lock(key, options).await?;
+        let held = held_with(self, key);
+        let outcome = {
+            let lost = lease.lost();
+            tokio::select! {
+                biased;
+                () = lost => None,
+                result = SCOPED.scope(held, work(&lease)) => Some(result),
+            }
+        };
+        match outcome {
+            Some(Ok(value)) => {
+                lease.release().await?;
+                Ok(value)
+            }
+            Some(Err(e)) => {
+                // The work's error is the one to report; a failed release only delays the
+                // next holder until the TTL.
+                let _ = lease.release().await;
+                Err(e)
+            }
+            None => {
+                let _ = lease.release().await;
+                Err(Error::new(
+                    ErrorKind::LeaseLost,
+                    self.backend(),
+                    format!("the lease on {key} was lost while the work ran; the work was cancelled"),
+                )
+                .into())
+            }
+        }
+    }
+
+    async fn lock_checked<T>(&self, store: &T, key: &ResourceKey, options: LockOptions) -> Result<Lease<S>>
     where
         T: WatermarkSource + ?Sized,
         S: LockService<Fencing = Fenced>,
     {
-        let lease = checked(self, store, key, || async { self.lock(key, ttl, wait).await.map(Some) }).await?;
+        let lease = checked(self, store, key, || async { self.lock(key, options).await.map(Some) }).await?;
         lease.ok_or_else(|| {
             crate::Error::new(ErrorKind::Backend, self.backend(), "an acquire that waits returned no lease")
         })
@@ -163,6 +263,39 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
     {
         checked(self, store, key, || self.try_lock(key, ttl)).await
     }
+}
+
+tokio::task_local! {
+    /// The locks the current task holds in `with_lock` scopes: (service `Arc`'s address, key).
+    /// A task-local, not a lease registry: only inside a scope do we know that the lease stays
+    /// with this task, so that a second acquire here would wait for ourselves.
+    static SCOPED: Arc<Vec<(usize, ResourceKey)>>;
+}
+
+/// The identity of a service handle: clones of one `Arc` share it.
+fn service_id<S: ?Sized>(service: &Arc<S>) -> usize {
+    Arc::as_ptr(service).cast::<()>().addr()
+}
+
+/// [`ErrorKind::Reentrant`] if an enclosing `with_lock` of this task holds `key` from `service`.
+fn refuse_reentry<S: LockService + ?Sized>(service: &Arc<S>, key: &ResourceKey) -> Result<()> {
+    let id = service_id(service);
+    let held = SCOPED.try_with(|held| held.iter().any(|(s, k)| *s == id && k == key)).unwrap_or(false);
+    if held {
+        return Err(Error::new(
+            ErrorKind::Reentrant,
+            service.backend(),
+            format!("this task already holds {key} (in with_lock): locks are not re-entrant"),
+        ));
+    }
+    Ok(())
+}
+
+/// The scope list for a `with_lock` body: the enclosing scopes' locks plus `key`.
+fn held_with<S: ?Sized>(service: &Arc<S>, key: &ResourceKey) -> Arc<Vec<(usize, ResourceKey)>> {
+    let mut held = SCOPED.try_with(|held| held.as_ref().clone()).unwrap_or_default();
+    held.push((service_id(service), key.clone()));
+    Arc::new(held)
 }
 
 /// The check behind `lock_checked` and `try_lock_checked`: acquires with `acquire`, compares the
@@ -208,7 +341,7 @@ where
     ))
 }
 
-/// Logs a fence regression at error level and counts it in `lock_fence_regression_total`.
+/// Logs a fence regression at error level and counts it in `palisade_lock_fence_regression_total`.
 fn report_regression(
     backend: &'static str,
     store: &'static str,
@@ -255,7 +388,7 @@ where
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use palisade_core::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, MemoryFencedStore,
+/// use palisade_core::{ErrorKind, FencedStore, FencedStoreExt, LockOptions, LockServiceExt, MemoryFencedStore,
 ///                     MemoryLockService, ResourceKey, WriteBatch};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -264,9 +397,9 @@ where
 /// let store = MemoryFencedStore::new();
 /// let key = ResourceKey::new("alloc", "WH-01")?;
 ///
-/// let old = locks.lock(&key, Duration::from_millis(20), Duration::from_secs(1)).await?;
+/// let old = locks.lock(&key, LockOptions::ttl(Duration::from_millis(20)).wait(Duration::from_secs(1))).await?;
 /// tokio::time::sleep(Duration::from_millis(40)).await;             // a "GC pause" past the TTL
-/// let new = locks.lock(&key, Duration::from_secs(30), Duration::from_secs(1)).await?;
+/// let new = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(1))).await?;
 /// store.write(&new, &WriteBatch::new().put("stock/WH-01", b"9".to_vec())).await?;
 ///
 /// let err = store.write(&old, &WriteBatch::new().put("stock/WH-01", b"8".to_vec())).await.unwrap_err();
@@ -289,11 +422,11 @@ pub trait FencedStoreExt: FencedStore {
     ///
     /// The write goes to the store even if the lease is known to be lost: the store, not
     /// the local clock, is the judge (fencing rule 6). A stale fence is counted in
-    /// `lock_fence_rejected_total` and logged.
+    /// `palisade_lock_fence_rejected_total` and logged.
     ///
     /// An [`ErrorKind::DuplicateFence`] (another grant already wrote with this very fence: the
     /// lock service lost part of its counter) is a fence regression: it is logged at error
-    /// level, counted in `lock_fence_regression_total`, and repaired the way
+    /// level, counted in `palisade_lock_fence_regression_total`, and repaired the way
     /// [`LockServiceExt::lock_checked`] repairs one: the service's counter is moved to the fence
     /// plus [`REGRESSION_GAP`]. The error is still returned, since this lease can never write;
     /// release it and lock again, and the new grant outranks every fence issued before the loss.
@@ -355,16 +488,16 @@ mod tests {
         let key = ResourceKey::new("regress", "equal").unwrap();
         let ttl = Duration::from_secs(30);
         let before = Arc::new(MemoryLockService::new());
-        let a = before.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        let a = before.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
         store.write(&a, &WriteBatch::new().put("rec", b"A".to_vec())).await.unwrap();
 
         // "Restarted": a fresh service's counter starts again at the fence A holds.
-        let naive = Arc::new(MemoryLockService::new()).lock(&key, ttl, ttl).await.unwrap();
+        let naive = Arc::new(MemoryLockService::new()).lock(&key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
         assert_eq!(naive.fence(), a.fence(), "the counter restarts at A's fence");
         naive.release().await.unwrap();
 
         let after = Arc::new(MemoryLockService::new());
-        let b = after.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        let b = after.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
         assert!(b.fence().get() > a.fence().get() + REGRESSION_GAP, "fence {} after repair", b.fence());
         store.write(&b, &WriteBatch::new().put("rec", b"B".to_vec())).await.unwrap();
         let err = store.write(&a, &WriteBatch::new().put("rec", b"A again".to_vec())).await.unwrap_err();
@@ -385,12 +518,12 @@ mod tests {
         let ttl = Duration::from_secs(30);
         let locks = Arc::new(MemoryLockService::new());
         locks.rewind_fence(&key, Fence::new(989));
-        let w = locks.lock_checked(&store, &key, short, ttl).await.unwrap();
+        let w = locks.lock_checked(&store, &key, LockOptions::ttl(short).wait(ttl)).await.unwrap();
         store.write(&w, &WriteBatch::new().put("rec", b"990".to_vec())).await.unwrap();
         w.release().await.unwrap();
         let mut in_flight = Vec::new();
         for _ in 991..=1000 {
-            let lease = locks.lock(&key, short, ttl).await.unwrap();
+            let lease = locks.lock(&key, LockOptions::ttl(short).wait(ttl)).await.unwrap();
             tokio::time::sleep(short * 2).await; // its holder pauses past the TTL
             in_flight.push(lease);
         }
@@ -398,7 +531,7 @@ mod tests {
         let old_995 = in_flight.iter().find(|l| l.fence() == Fence::new(995)).unwrap();
 
         locks.rewind_fence(&key, Fence::new(992));
-        let new_993 = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        let new_993 = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
         assert_eq!(new_993.fence(), Fence::new(993), "above the watermark: the check at acquire passes");
         store.write(old_993, &WriteBatch::new().put("rec", b"old 993".to_vec())).await.unwrap();
         let err = store.write(&new_993, &WriteBatch::new().put("rec", b"new 993".to_vec())).await.unwrap_err();
@@ -406,7 +539,7 @@ mod tests {
         assert_eq!(store.read("rec").await.unwrap().unwrap().value, b"old 993");
         new_993.release().await.unwrap();
 
-        let fresh = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        let fresh = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
         assert!(fresh.fence().get() > 993 + REGRESSION_GAP, "fence {} after the repair", fresh.fence());
         store.write(&fresh, &WriteBatch::new().put("rec", b"fresh".to_vec())).await.unwrap();
         let err = store.write(old_995, &WriteBatch::new().put("rec", b"old 995".to_vec())).await.unwrap_err();
@@ -429,5 +562,104 @@ mod tests {
         let after = Arc::new(MemoryLockService::new());
         let b = after.try_lock_checked(&store, &key, ttl).await.unwrap().expect("free");
         assert!(b.fence().get() > a_fence.get() + REGRESSION_GAP, "fence {} after repair", b.fence());
+    }
+
+    fn opts(ttl: Duration, wait: Duration) -> LockOptions {
+        LockOptions::ttl(ttl).wait(wait)
+    }
+
+    #[tokio::test]
+    async fn with_lock_releases_after_success_and_after_error() {
+        let locks = Arc::new(MemoryLockService::new());
+        let key = ResourceKey::new("scoped", "paths").unwrap();
+        let ttl = Duration::from_secs(30);
+        let fence = locks
+            .with_lock(&key, opts(ttl, ttl), |lease| Box::pin(async move { Ok::<_, Error>(lease.fence()) }))
+            .await
+            .unwrap();
+        let next = locks.try_lock(&key, ttl).await.unwrap().expect("released after success");
+        assert!(next.fence() > fence);
+        next.release().await.unwrap();
+
+        #[derive(Debug)]
+        enum AppError {
+            #[allow(dead_code)] // carried for the caller's report
+            Lock(Error),
+            Rejected,
+        }
+        impl From<Error> for AppError {
+            fn from(e: Error) -> Self {
+                AppError::Lock(e)
+            }
+        }
+        let failed: std::result::Result<(), AppError> =
+            locks.with_lock(&key, opts(ttl, ttl), |_| Box::pin(async { Err(AppError::Rejected) })).await;
+        assert!(matches!(failed, Err(AppError::Rejected)), "{failed:?}");
+        assert!(locks.try_lock(&key, ttl).await.unwrap().is_some(), "released after the work's error");
+    }
+
+    #[tokio::test]
+    async fn a_reentrant_acquire_inside_with_lock_is_refused_at_once() {
+        let locks = Arc::new(MemoryLockService::new());
+        let key = ResourceKey::new("scoped", "reentry").unwrap();
+        let other_key = ResourceKey::new("scoped", "other").unwrap();
+        let ttl = Duration::from_secs(30);
+        let (inner, k, ok) = (Arc::clone(&locks), key.clone(), other_key.clone());
+        let (lock, try_lock, other) = locks
+            .with_lock(&key, opts(ttl, ttl), |_| {
+                Box::pin(async move {
+                    let lock = inner.lock(&k, opts(ttl, ttl)).await.err().map(|e| e.kind());
+                    let try_lock = inner.try_lock(&k, ttl).await.err().map(|e| e.kind());
+                    // Another key, and the same key from a spawned task, are ordinary acquires.
+                    let other = inner.lock(&ok, opts(ttl, Duration::ZERO)).await?;
+                    other.release().await?;
+                    let spawned = tokio::spawn({
+                        let (inner, k) = (Arc::clone(&inner), k.clone());
+                        async move { inner.try_lock(&k, ttl).await.map(|l| l.is_none()) }
+                    });
+                    let busy = spawned.await.map_err(|e| Error::new(ErrorKind::Backend, "test", e.to_string()))??;
+                    Ok::<_, Error>((lock, try_lock, busy))
+                })
+            })
+            .await
+            .unwrap();
+        assert_eq!(lock, Some(ErrorKind::Reentrant));
+        assert_eq!(try_lock, Some(ErrorKind::Reentrant));
+        assert!(other, "a spawned task sees the lock held (busy), not a re-entry");
+    }
+
+    #[tokio::test]
+    async fn with_lock_cancels_its_work_when_the_lease_is_lost() {
+        let locks = Arc::new(MemoryLockService::new());
+        let key = ResourceKey::new("scoped", "lost").unwrap();
+        let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&finished);
+        let result = locks
+            .with_lock(&key, opts(Duration::from_millis(50), Duration::ZERO), |_| {
+                Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<_, Error>(())
+                })
+            })
+            .await;
+        assert_eq!(result.unwrap_err().kind(), ErrorKind::LeaseLost);
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert!(!finished.load(std::sync::atomic::Ordering::SeqCst), "the work went on after the loss");
+    }
+
+    #[tokio::test]
+    async fn a_zero_wait_is_one_attempt() {
+        let locks = Arc::new(MemoryLockService::new());
+        let key = ResourceKey::new("zero", "wait").unwrap();
+        let ttl = Duration::from_secs(30);
+        let held = locks.lock(&key, LockOptions::ttl(ttl)).await.unwrap();
+        let started = Instant::now();
+        let err = locks.lock(&key, LockOptions::ttl(ttl)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout);
+        assert!(started.elapsed() < Duration::from_secs(1));
+        held.release().await.unwrap();
+        let too_long = LockOptions::ttl(ttl).wait(Ttl::MAX + Duration::from_secs(1));
+        assert_eq!(locks.lock(&key, too_long).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
     }
 }

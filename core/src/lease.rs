@@ -268,7 +268,7 @@ impl<S: LockService + ?Sized> Lease<S> {
     /// If it moved, it extends the lease by the TTL last asked for (not a TTL the backend
     /// capped once), and the next check comes within a third of what was granted. If it
     /// stalled, it does not extend, so a hung handler loses the lease within one TTL. A failed extension is logged at error
-    /// level, counted in `lock_renew_failed_total`, and fires the lost signal.
+    /// level, counted in `palisade_lock_renew_failed_total`, and fires the lost signal.
     ///
     /// The task stops when the returned [`Renewal`] is stopped or dropped, the lease is
     /// released, or the lease is lost.
@@ -344,5 +344,21 @@ impl<S: LockService + ?Sized> fmt::Debug for Lease<S> {
             .field("grant", &self.shared.grant)
             .field("lost", &self.is_lost())
             .finish_non_exhaustive()
+    }
+}
+
+/// A fenced lease gives its fence wherever a [`Fence`] is asked for (`store.update_row_fenced(…,
+/// &lease, …)`); a lease of an efficiency lock has none, so it cannot be passed.
+impl<S: LockService<Fencing = Fenced> + ?Sized> From<&Lease<S>> for Fence {
+    fn from(lease: &Lease<S>) -> Fence {
+        lease.fence()
+    }
+}
+
+/// A fenced lease gives its fence and grant wherever a [`GrantFence`](crate::GrantFence) is
+/// asked for (`store.update_item_fenced(update, &lease)`).
+impl<S: LockService<Fencing = Fenced> + ?Sized> From<&Lease<S>> for crate::GrantFence {
+    fn from(lease: &Lease<S>) -> crate::GrantFence {
+        lease.grant_fence()
     }
 }

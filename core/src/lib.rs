@@ -1,4 +1,5 @@
-//! # palisade-core
+//! | [`MemoryLockService`] / [`MemoryFencedStore`] | the in-process reference semantics |
+//! | [`spi`] | helpers for backend and store authors (waiting loops, SQL quoting, refusal errors) || [`LockServiceExt`] | what users call: `try_lock` / `lock` ([`LockOptions`]) return a [`Lease`]; `with_lock` runs a future under one |# palisade-core
 //!
 //! The contracts of [Palisade](https://example.invalid/palisade): distributed locks whose
 //! every grant carries a **fencing token**, and stores that refuse writes carrying a token
@@ -25,7 +26,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use palisade_core::{FencedStore, FencedStoreExt, LockServiceExt, MemoryFencedStore,
+//! use palisade_core::{FencedStore, FencedStoreExt, LockOptions, LockServiceExt, MemoryFencedStore,
 //!                     MemoryLockService, ResourceKey, WriteBatch};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -34,7 +35,7 @@
 //! let store = MemoryFencedStore::new();
 //! let key = ResourceKey::new("alloc", "WH-01")?;
 //!
-//! let lease = locks.lock(&key, Duration::from_secs(30), Duration::from_secs(5)).await?;
+//! let lease = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(5))).await?;
 //! store.write(&lease, &WriteBatch::new().put("stock/WH-01/SKU-1", b"99".to_vec())).await?;
 //! lease.release().await?;
 //! # Ok(()) }
@@ -64,19 +65,21 @@ mod error;
 mod ext;
 mod fence;
 mod grant;
-pub mod held;
+mod held;
 mod key;
 mod lease;
 pub mod memory;
 pub mod metrics;
+mod options;
 mod renewal;
+mod row;
 mod service;
 mod store;
 mod token;
 mod ttl;
 
 pub use capabilities::{Capabilities, FenceSource, Waiting};
-pub use connection_url::{ConnectionUrl, redact_url};
+pub use connection_url::redact_url;
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use ext::{FencedStoreExt, LockServiceExt, REGRESSION_GAP};
 pub use fence::{Fence, GrantFence, GrantId};
@@ -84,18 +87,41 @@ pub use grant::{Fenced, Fencing, Grant, Unfenced};
 pub use key::{MAX_DOMAIN_LEN, MAX_ID_LEN, ResourceKey};
 pub use lease::Lease;
 pub use memory::{MemoryFencedStore, MemoryLockService};
+pub use options::LockOptions;
 pub use renewal::{Progress, Renewal};
-pub use service::{
-    AttemptOutcome, Backoff, DynLockService, DynUnfencedLockService, LockService, poll_acquire, timeout_error,
-    wait_for_release,
-};
+pub use row::FencedRow;
+pub use service::{DynLockService, DynUnfencedLockService, LockService};
 pub use store::{
-    DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WatermarkSource, WriteBatch,
-    WriteOp, conflict_error, explain_refusal, fence_refusal, quote_sql_identifier, storable_fence, validate_record_key,
+    DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WatermarkSource, WriteBatch, WriteOp,
 };
 pub use token::OwnerToken;
-pub use ttl::{Ttl, validate_wait};
-
-// Re-exported so backend authors name the same versions as core.
-pub use async_trait::async_trait;
 pub use tokio_util::sync::CancellationToken;
+pub use ttl::Ttl;
+
+/// A boxed, `Send` future borrowing for `'a`: what a
+/// [`with_lock`](LockServiceExt::with_lock) body returns (`Box::pin(async move { … })`).
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// For backend and store authors: the pieces a [`LockService`] or [`FencedStore`]
+/// implementation is built from. Application code does not need them.
+///
+/// - waiting loops: [`poll_acquire`](spi::poll_acquire) (polling with [`Backoff`](spi::Backoff)),
+///   [`wait_for_release`](spi::wait_for_release) (woken by release notifications),
+///   [`timeout_error`](spi::timeout_error), [`validate_wait`](spi::validate_wait);
+/// - local deadlines for session-based locks: [`HeldGrants`](spi::HeldGrants);
+/// - stores: [`storable_fence`](spi::storable_fence), [`fence_refusal`](spi::fence_refusal),
+///   [`explain_refusal`](spi::explain_refusal), [`conflict_error`](spi::conflict_error),
+///   [`validate_record_key`](spi::validate_record_key),
+///   [`quote_sql_identifier`](spi::quote_sql_identifier);
+/// - URLs: [`ConnectionUrl`](spi::ConnectionUrl);
+/// - [`async_trait`](spi::async_trait), re-exported so implementations name the version core uses.
+pub mod spi {
+    pub use crate::connection_url::ConnectionUrl;
+    pub use crate::held::{GiveUp, HeldGrants};
+    pub use crate::service::{AttemptOutcome, Backoff, poll_acquire, timeout_error, wait_for_release};
+    pub use crate::store::{
+        conflict_error, explain_refusal, fence_refusal, quote_sql_identifier, storable_fence, validate_record_key,
+    };
+    pub use crate::ttl::validate_wait;
+    pub use async_trait::async_trait;
+}

@@ -5,31 +5,31 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `lock_acquire_total` | counter | `backend`, `outcome` (`acquired`, `busy`, `timeout`, `error`) | acquisition attempts |
-//! | `lock_acquire_duration_seconds` | histogram | `backend` | time to a grant (successful acquisitions) |
-//! | `lock_fence_rejected_total` | counter | `store` | writes refused for a stale fence: a holder outlived its lease |
-//! | `lock_lost_total` | counter | `backend` | leases lost before release (deadline, backend report, failed renewal) |
-//! | `lock_renew_failed_total` | counter | `backend` | progress-gated renewals that failed |
-//! | `lock_fence_regression_total` | counter | `backend` | grants below a store's watermark: the service lost its counter |
+//! | `palisade_lock_acquire_total` | counter | `backend`, `outcome` (`acquired`, `busy`, `timeout`, `error`) | acquisition attempts |
+//! | `palisade_lock_acquire_duration_seconds` | histogram | `backend` | time to a grant (successful acquisitions) |
+//! | `palisade_lock_fence_rejected_total` | counter | `store` | writes refused for a stale fence: a holder outlived its lease |
+//! | `palisade_lock_lost_total` | counter | `backend` | leases lost before release (deadline, backend report, failed renewal) |
+//! | `palisade_lock_renew_failed_total` | counter | `backend` | progress-gated renewals that failed |
+//! | `palisade_lock_fence_regression_total` | counter | `backend` | grants below a store's watermark: the service lost its counter |
 //!
-//! A sustained non-zero rate of `lock_fence_rejected_total` in steady state means TTLs are too
+//! A sustained non-zero rate of `palisade_lock_fence_rejected_total` in steady state means TTLs are too
 //! tight or handlers got slower: alert on it, as the seed advises.
 
 use std::time::Duration;
 
 /// Counter of acquisition attempts, by `backend` and `outcome`.
-pub const LOCK_ACQUIRE_TOTAL: &str = "lock_acquire_total";
+pub const LOCK_ACQUIRE_TOTAL: &str = "palisade_lock_acquire_total";
 /// Histogram of the time to a grant, in seconds, by `backend`.
-pub const LOCK_ACQUIRE_DURATION_SECONDS: &str = "lock_acquire_duration_seconds";
+pub const LOCK_ACQUIRE_DURATION_SECONDS: &str = "palisade_lock_acquire_duration_seconds";
 /// Counter of writes a store refused for a stale fence, by `store`.
-pub const LOCK_FENCE_REJECTED_TOTAL: &str = "lock_fence_rejected_total";
+pub const LOCK_FENCE_REJECTED_TOTAL: &str = "palisade_lock_fence_rejected_total";
 /// Counter of leases lost before release, by `backend`.
-pub const LOCK_LOST_TOTAL: &str = "lock_lost_total";
+pub const LOCK_LOST_TOTAL: &str = "palisade_lock_lost_total";
 /// Counter of failed progress-gated renewals, by `backend`.
-pub const LOCK_RENEW_FAILED_TOTAL: &str = "lock_renew_failed_total";
+pub const LOCK_RENEW_FAILED_TOTAL: &str = "palisade_lock_renew_failed_total";
 
 /// Counter of grants found below a store's watermark, by `backend`.
-pub const LOCK_FENCE_REGRESSION_TOTAL: &str = "lock_fence_regression_total";
+pub const LOCK_FENCE_REGRESSION_TOTAL: &str = "palisade_lock_fence_regression_total";
 
 /// Records a fence regression.
 pub fn record_fence_regression(backend: &'static str) {

@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::{Capabilities, Fenced, Fencing, Grant, ResourceKey, Ttl, validate_wait};
+use crate::ttl::validate_wait;
+use crate::{Capabilities, Fenced, Fencing, Grant, ResourceKey, Ttl};
 
 /// A distributed lock service: grants exclusive, expiring leases on resources.
 ///
@@ -78,7 +79,9 @@ pub trait LockService: Send + Sync + 'static {
     ///
     /// Behavior:
     /// - Everything `try_acquire` guarantees.
-    /// - A `wait` of zero or above 24 h is [`ErrorKind::InvalidArgument`].
+    /// - A `wait` of zero makes exactly one attempt (the lock if free, else
+    ///   [`ErrorKind::Timeout`] at once, leaving no queue entry behind); above 24 h it is
+    ///   [`ErrorKind::InvalidArgument`].
     /// - When the lock does not come free within `wait`: [`ErrorKind::Timeout`] (retryable).
     /// - The default implementation retries `try_acquire` with exponential backoff and full
     ///   jitter (2 ms doubling up to 250 ms); backends with native queues override it.
@@ -199,6 +202,9 @@ where
     let give_up = Instant::now() + wait;
     if let AttemptOutcome::Granted(grant) = attempt().await? {
         return Ok(grant);
+    }
+    if wait.is_zero() {
+        return Err(timeout_error(backend, key, wait));
     }
     let released = released();
     loop {

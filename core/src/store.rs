@@ -71,7 +71,7 @@ pub trait FencedStore: Send + Sync + 'static {
     /// another.
     async fn read_many(&self, keys: &[&str]) -> Result<Vec<Option<Record>>> {
         for key in keys {
-            crate::validate_record_key(key)?;
+            crate::spi::validate_record_key(key)?;
         }
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {

@@ -76,16 +76,9 @@ impl TryFrom<Duration> for Ttl {
     }
 }
 
-/// Checks a wait timeout for [`LockService::acquire`](crate::LockService::acquire): it must be
-/// non-zero (use `try_acquire` for no wait) and at most [`Ttl::MAX`].
+/// Checks a wait timeout for [`LockService::acquire`](crate::LockService::acquire): at most
+/// [`Ttl::MAX`]. Zero is valid: one attempt, as everywhere else a zero wait means.
 pub fn validate_wait(wait: Duration) -> Result<()> {
-    if wait.is_zero() {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            "core",
-            "wait timeout is zero; use try_acquire to take the lock only if it is free",
-        ));
-    }
     if wait > Ttl::MAX {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
@@ -107,7 +100,8 @@ mod tests {
         assert_eq!(Ttl::new(Ttl::MAX + Duration::from_secs(1)).unwrap_err().kind(), ErrorKind::InvalidArgument);
         assert!(Ttl::new(Ttl::MIN).is_ok());
         assert!(Ttl::new(Ttl::MAX).is_ok());
-        assert_eq!(validate_wait(Duration::ZERO).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert!(validate_wait(Duration::ZERO).is_ok(), "zero: one attempt");
+        assert_eq!(validate_wait(Ttl::MAX + Duration::from_millis(1)).unwrap_err().kind(), ErrorKind::InvalidArgument);
         assert!(validate_wait(Duration::from_millis(1)).is_ok());
     }
 

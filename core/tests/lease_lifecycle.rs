@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
+use palisade_core::LockOptions;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -70,7 +71,7 @@ async fn release_after_takeover_says_not_holder() {
 async fn drop_releases_in_the_background() {
     let svc = Arc::new(MemoryLockService::new());
     drop(svc.try_lock(&key("d"), Duration::from_secs(30)).await.unwrap().unwrap());
-    let again = svc.lock(&key("d"), Duration::from_secs(30), Duration::from_secs(2)).await;
+    let again = svc.lock(&key("d"), LockOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(2))).await;
     assert!(again.is_ok(), "dropped lease should be released well before its 30 s TTL");
 }
 
@@ -81,7 +82,8 @@ async fn bad_ttl_and_wait_are_typed_errors() {
         let err = svc.try_lock(&key("e"), ttl).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     }
-    let err = svc.lock(&key("e"), Duration::from_secs(1), Duration::ZERO).await.unwrap_err();
+    let too_long = LockOptions::ttl(Duration::from_secs(1)).wait(Duration::from_secs(25 * 3600));
+    let err = svc.lock(&key("e"), too_long).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
 }
 
@@ -110,7 +112,7 @@ async fn progress_keeps_the_lease_past_several_ttls_and_a_stall_loses_it() {
             renewal.is_finished()
         }
     );
-    let next = svc.lock(&key("f"), ttl, Duration::from_secs(1)).await.unwrap();
+    let next = svc.lock(&key("f"), LockOptions::ttl(ttl).wait(Duration::from_secs(1))).await.unwrap();
     assert!(next.fence() > lease.fence());
 }
 

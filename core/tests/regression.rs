@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
+use palisade_core::LockOptions;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ async fn a_lost_counter_is_detected_and_moved_above_the_watermark() {
     let key = ResourceKey::new("alloc", "WH-09").unwrap();
     let ttl = Duration::from_secs(10);
     for _ in 0..5 {
-        let lease = locks.lock_checked(&store, &key, ttl, Duration::from_secs(1)).await.unwrap();
+        let lease = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(Duration::from_secs(1))).await.unwrap();
         store.write(&lease, &WriteBatch::new().put("k", lease.fence().to_string())).await.unwrap();
         lease.release().await.unwrap();
     }
@@ -26,13 +27,13 @@ async fn a_lost_counter_is_detected_and_moved_above_the_watermark() {
 
     // The service forgets its counters (a Redis restart without persistence).
     locks.forget_fences();
-    let naive = locks.lock(&key, ttl, Duration::from_secs(1)).await.unwrap();
+    let naive = locks.lock(&key, LockOptions::ttl(ttl).wait(Duration::from_secs(1))).await.unwrap();
     assert_eq!(naive.fence(), Fence::new(1));
     let err = store.write(&naive, &WriteBatch::new().put("k", b"stale".to_vec())).await.unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "a regressed fence is refused, never accepted");
     naive.release().await.unwrap();
 
-    let lease = locks.lock_checked(&store, &key, ttl, Duration::from_secs(1)).await.unwrap();
+    let lease = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(Duration::from_secs(1))).await.unwrap();
     assert!(lease.fence().get() > 5 + REGRESSION_GAP, "fence {} is not past watermark + gap", lease.fence());
     store.write(&lease, &WriteBatch::new().put("k", b"recovered".to_vec())).await.unwrap();
     assert_eq!(store.read("k").await.unwrap().unwrap().value, b"recovered");

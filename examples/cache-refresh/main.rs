@@ -20,8 +20,7 @@
 //!   lower fence than the one that refreshed after it, so its late write is refused with
 //!   `StaleFence` and the newer value stays.
 
-#[path = "../common/mod.rs"]
-mod common;
+use palisade_examples::common;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -132,7 +131,7 @@ impl Cache {
         }
         // Nothing to serve: wait for the refresher to finish, then read what it wrote.
         loop {
-            let lease = locks.lock(&self.key, self.ttl, Duration::from_secs(60)).await?;
+            let lease = locks.lock(&self.key, LockOptions::ttl(self.ttl).wait(Duration::from_secs(60))).await?;
             let fresh = matches!(self.get().await?, Some((_, true)));
             lease.release().await?;
             if fresh {

@@ -19,8 +19,7 @@
 //!   the worker that issued the number after it, so it is refused with `StaleFence` as a whole:
 //!   no invoice, no counter change. Its order goes back to the queue and gets the next free number.
 
-#[path = "../common/mod.rs"]
-mod common;
+use palisade_examples::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
@@ -76,7 +75,10 @@ impl Books {
         freeze: bool,
     ) -> palisade::Result<Option<u64>> {
         let lease = locks
-            .lock(&ResourceKey::new("invoice", format!("{}-{tenant}", self.run))?, self.ttl, Duration::from_secs(60))
+            .lock(
+                &ResourceKey::new("invoice", format!("{}-{tenant}", self.run))?,
+                LockOptions::ttl(self.ttl).wait(Duration::from_secs(60)),
+            )
             .await?;
         let current = self.store.read(&self.counter(tenant)).await?.map(|r| r.value);
         let number = current.as_deref().and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(1u64);

@@ -11,25 +11,13 @@
 //! scraped from its own `/metrics`, and keeps serving for `--serve-secs`.
 //!
 //! **What goes wrong without a fence, and what to watch.** The paused holders' stale writes are
-//! refused by the store and counted in `lock_fence_rejected_total{store}`; their leases show up in
-//! `lock_lost_total{backend}`. A sustained non-zero rate of either means TTLs are too tight for the
+//! refused by the store and counted in `palisade_lock_fence_rejected_total{store}`; their leases show up in
+//! `palisade_lock_lost_total{backend}`. A sustained non-zero rate of either means TTLs are too tight for the
 //! work (or the work slowed down): alert on it. Acquisition latency and outcomes are in
-//! `lock_acquire_duration_seconds` and `lock_acquire_total{outcome}`.
+//! `palisade_lock_acquire_duration_seconds` and `palisade_lock_acquire_total{outcome}`.
 
-#[allow(dead_code)]
-#[path = "../warehouse/cli.rs"]
-mod cli;
-#[allow(dead_code)]
-#[path = "../warehouse/commands.rs"]
-mod commands;
-#[allow(dead_code)]
-#[path = "../warehouse/inventory.rs"]
-mod inventory;
-#[path = "../common/logging.rs"]
-mod logging;
-#[allow(dead_code)]
-#[path = "../warehouse/simulate.rs"]
-mod simulate;
+use palisade_examples::logging;
+use palisade_examples::warehouse::{cli, commands, simulate};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -174,9 +162,9 @@ async fn main() -> ExitCode {
         json!({
             "example": "metrics",
             "metrics_url": format!("http://{}/metrics", args.listen),
-            "lock_fence_rejected_total": total(&body, "lock_fence_rejected_total"),
-            "lock_lost_total": total(&body, "lock_lost_total"),
-            "lock_acquire_total": total(&body, "lock_acquire_total"),
+            "palisade_lock_fence_rejected_total": total(&body, "palisade_lock_fence_rejected_total"),
+            "palisade_lock_lost_total": total(&body, "palisade_lock_lost_total"),
+            "palisade_lock_acquire_total": total(&body, "palisade_lock_acquire_total"),
         })
     );
     ExitCode::SUCCESS

@@ -20,8 +20,7 @@
 //! - The result row is written with the fence too. When the frozen runner wakes, its next ack is
 //!   refused with `StaleFence` and it stops: tonight's result stays the one the live runner wrote.
 
-#[path = "../common/mod.rs"]
-mod common;
+use palisade_examples::common;
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -22,8 +22,7 @@
 //!   leader's, so its write is refused with `StaleFence`: no second copy, no mark. (With an
 //!   external broker, use its own fencing, such as Kafka's producer epochs, or an idempotency key.)
 
-#[path = "../common/mod.rs"]
-mod common;
+use palisade_examples::common;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -132,7 +131,7 @@ impl Outbox {
     /// One relay instance: campaign, lead until drained, deposed or lost, and campaign again.
     async fn relay(self: Arc<Self>, locks: Arc<DynLockService>, id: u64) -> palisade::Result<()> {
         loop {
-            let lease = match locks.lock(&self.key, self.ttl, self.ttl * 2).await {
+            let lease = match locks.lock(&self.key, LockOptions::ttl(self.ttl).wait(self.ttl * 2)).await {
                 Ok(lease) => lease,
                 Err(e) if e.kind() == ErrorKind::Timeout => {
                     if self.drained().await? {

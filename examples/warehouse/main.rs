@@ -23,16 +23,11 @@
 //! stale fence; 4 a fenced `simulate` found duplicates (a safety violation: report it); 5
 //! `allocate` found its `--job` already applied by another worker.
 
-mod cli;
-mod commands;
-mod inventory;
-#[path = "../common/logging.rs"]
-mod logging;
-mod simulate;
-
 use std::process::ExitCode;
 
 use clap::Parser;
+use palisade_examples::logging;
+use palisade_examples::warehouse::{cli, commands};
 
 #[tokio::main]
 async fn main() -> ExitCode {

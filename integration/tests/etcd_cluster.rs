@@ -28,7 +28,7 @@ fn etcd_cluster() -> EtcdClusterFactory {
     EtcdClusterFactory { cluster: tokio::sync::Mutex::new(cluster), url }
 }
 
-#[palisade::async_trait]
+#[palisade::spi::async_trait]
 impl LockServiceFactory for EtcdClusterFactory {
     type Service = EtcdLockService;
     async fn client(&self) -> palisade::Result<Arc<EtcdLockService>> {
@@ -39,7 +39,7 @@ impl LockServiceFactory for EtcdClusterFactory {
     }
 }
 
-#[palisade::async_trait]
+#[palisade::spi::async_trait]
 impl ClusterFactory for EtcdClusterFactory {
     async fn kill_leader(&self) -> palisade::Result<String> {
         let leader = self

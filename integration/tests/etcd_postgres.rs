@@ -6,6 +6,7 @@
 
 mod common;
 
+use palisade::LockOptions;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -121,7 +122,7 @@ async fn etcd_losing_its_data_is_detected_and_no_stale_write_is_accepted() {
         kv.put(format!("filler/{i}"), "x", None).await.unwrap();
     }
     for _ in 0..3 {
-        let lease = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        let lease = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
         store.write(&lease, &WriteBatch::new().put(record.clone(), lease.fence().to_string())).await.unwrap();
         lease.release().await.unwrap();
     }
@@ -133,13 +134,13 @@ async fn etcd_losing_its_data_is_detected_and_no_stale_write_is_accepted() {
     server.wait_etcd_healthy().unwrap();
     let locks = Arc::new(EtcdLockService::connect(&url).await.unwrap());
 
-    let naive = locks.lock(&key, ttl, ttl).await.unwrap();
+    let naive = locks.lock(&key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
     assert!(naive.fence() < watermark, "revisions restarted low: {} vs {watermark}", naive.fence());
     let err = store.write(&naive, &WriteBatch::new().put(record.clone(), b"stale".to_vec())).await.unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "no stale write is accepted: {err}");
     naive.release().await.unwrap();
 
-    let Err(err) = locks.lock_checked(&store, &key, ttl, ttl).await else {
+    let Err(err) = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await else {
         panic!("a regression must not pass silently")
     };
     assert_eq!(err.kind(), ErrorKind::FenceRegression, "{err}");
@@ -148,7 +149,7 @@ async fn etcd_losing_its_data_is_detected_and_no_stale_write_is_accepted() {
     // The operator's repair, in effect: the cluster's revision moves past the watermark.
     let mut kv = locks.client().kv_client();
     while kv.put("filler/bump", "x", None).await.unwrap().header().unwrap().revision() <= watermark.get() as i64 {}
-    let lease = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+    let lease = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
     store.write(&lease, &WriteBatch::new().put(record.clone(), b"after".to_vec())).await.unwrap();
     assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"after");
     lease.release().await.unwrap();

@@ -6,6 +6,7 @@
 
 mod common;
 
+use palisade::LockOptions;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -105,7 +106,7 @@ async fn redis_restart_without_persistence_is_detected_and_repaired() {
 
     let locks = Arc::new(RedisLockService::connect(&url).await.unwrap());
     for _ in 0..3 {
-        let lease = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+        let lease = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
         store.write(&lease, &WriteBatch::new().put(record.clone(), lease.fence().to_string())).await.unwrap();
         lease.release().await.unwrap();
     }
@@ -116,13 +117,13 @@ async fn redis_restart_without_persistence_is_detected_and_repaired() {
     redis_server.restart().unwrap();
     let locks = Arc::new(RedisLockService::connect(&url).await.unwrap());
 
-    let naive = locks.lock(&key, ttl, ttl).await.unwrap();
+    let naive = locks.lock(&key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
     assert_eq!(naive.fence().get(), 1, "the counter restarted");
     let err = store.write(&naive, &WriteBatch::new().put(record.clone(), b"stale".to_vec())).await.unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "no stale write is accepted: {err}");
     naive.release().await.unwrap();
 
-    let lease = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+    let lease = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
     assert!(lease.fence().get() > watermark.get() + REGRESSION_GAP, "fence {} after repair", lease.fence());
     store.write(&lease, &WriteBatch::new().put(record.clone(), b"after".to_vec())).await.unwrap();
     assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"after");
@@ -144,13 +145,13 @@ async fn redis_losing_the_tail_of_a_counter_is_refused_as_a_duplicate_and_repair
     let (short, ttl) = (Duration::from_millis(50), Duration::from_secs(5));
     let locks = Arc::new(RedisLockService::connect(&url).await.unwrap());
 
-    let first = locks.lock_checked(&store, &key, short, ttl).await.unwrap();
+    let first = locks.lock_checked(&store, &key, LockOptions::ttl(short).wait(ttl)).await.unwrap();
     assert_eq!(first.fence().get(), 1);
     store.write(&first, &WriteBatch::new().put(record.clone(), b"1".to_vec())).await.unwrap();
     let mut in_flight = Vec::new();
     for _ in 2..=5 {
         tokio::time::sleep(short * 2).await; // the previous holder paused past its TTL
-        in_flight.push(locks.lock(&key, short, ttl).await.unwrap());
+        in_flight.push(locks.lock(&key, LockOptions::ttl(short).wait(ttl)).await.unwrap());
     }
     assert_eq!(in_flight.iter().map(|l| l.fence().get()).collect::<Vec<_>>(), [2, 3, 4, 5]);
     tokio::time::sleep(short * 2).await;
@@ -160,7 +161,7 @@ async fn redis_losing_the_tail_of_a_counter_is_refused_as_a_duplicate_and_repair
     let mut raw = client.get_multiplexed_async_connection().await.unwrap();
     let () = redis::cmd("SET").arg(key.fence_key()).arg(2).query_async(&mut raw).await.unwrap();
 
-    let new_3 = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+    let new_3 = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
     assert_eq!(new_3.fence().get(), 3, "above the watermark 1: no check at acquire time can see it");
     store.write(&in_flight[1], &WriteBatch::new().put(record.clone(), b"old 3".to_vec())).await.unwrap();
     let err = store.write(&new_3, &WriteBatch::new().put(record.clone(), b"new 3".to_vec())).await.unwrap_err();
@@ -168,7 +169,7 @@ async fn redis_losing_the_tail_of_a_counter_is_refused_as_a_duplicate_and_repair
     assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"old 3");
     new_3.release().await.unwrap();
 
-    let fresh = locks.lock_checked(&store, &key, ttl, ttl).await.unwrap();
+    let fresh = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
     assert!(fresh.fence().get() > 3 + REGRESSION_GAP, "fence {} after the repair", fresh.fence());
     store.write(&fresh, &WriteBatch::new().put(record.clone(), b"fresh".to_vec())).await.unwrap();
     let err = store.write(&in_flight[3], &WriteBatch::new().put(record.clone(), b"old 5".to_vec())).await.unwrap_err();

@@ -104,7 +104,7 @@ fn zookeeper_ensemble() -> ZkEnsembleFactory {
     ZkEnsembleFactory { ensemble: tokio::sync::Mutex::new(ensemble), url }
 }
 
-#[palisade::async_trait]
+#[palisade::spi::async_trait]
 impl LockServiceFactory for ZkEnsembleFactory {
     type Service = ZkLockService;
     async fn client(&self) -> palisade::Result<Arc<ZkLockService>> {
@@ -115,7 +115,7 @@ impl LockServiceFactory for ZkEnsembleFactory {
     }
 }
 
-#[palisade::async_trait]
+#[palisade::spi::async_trait]
 impl ClusterFactory for ZkEnsembleFactory {
     async fn kill_leader(&self) -> palisade::Result<String> {
         let leader = self.ensemble.lock().await.kill_leader(Duration::from_secs(10)).await.map_err(|e| {

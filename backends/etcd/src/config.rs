@@ -58,7 +58,7 @@ impl EtcdConfig {
 
     /// Parses `etcd://[user:password@]host:port[,host:port…][?session_ttl_s=N&prefix=P]`
     /// (`etcds://` for TLS). User and password are percent-decoded
-    /// ([`ConnectionUrl`](palisade_core::ConnectionUrl)): a password with `/`, `?`, `#` or `%`
+    /// ([`ConnectionUrl`](palisade_core::spi::ConnectionUrl)): a password with `/`, `?`, `#` or `%`
     /// is written `%2F`, `%3F`, `%23`, `%25`.
     pub fn from_url(url: &str) -> Result<Self> {
         let bad = |why: &str| {
@@ -68,7 +68,7 @@ impl EtcdConfig {
                 format!("{why}: {} (expected etcd://host:port[,host:port…])", palisade_core::redact_url(url)),
             )
         };
-        let parsed = palisade_core::ConnectionUrl::parse(url).map_err(|why| bad(&why))?;
+        let parsed = palisade_core::spi::ConnectionUrl::parse(url).map_err(|why| bad(&why))?;
         let tls = match parsed.scheme.as_str() {
             "etcd" => false,
             "etcds" => true,

@@ -88,8 +88,10 @@ where
 {
     use tokio::time::Instant;
     let give_up = Instant::now() + request_timeout;
-    let mut backoff =
-        palisade_core::Backoff::with_bounds(std::time::Duration::from_millis(5), std::time::Duration::from_millis(100));
+    let mut backoff = palisade_core::spi::Backoff::with_bounds(
+        std::time::Duration::from_millis(5),
+        std::time::Duration::from_millis(100),
+    );
     loop {
         let result = tokio::time::timeout_at(give_up, send()).await.map_err(|_| timed_out(what, writes))?;
         match result {

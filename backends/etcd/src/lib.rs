@@ -43,7 +43,7 @@
 //! is restored from a snapshot without `etcdutl snapshot restore --bump-revision`, or replaced
 //! by a new cluster. Stores keep rejecting the low fences (safety holds), and
 //! [`LockServiceExt::lock_checked`](palisade_core::LockServiceExt::lock_checked) detects the
-//! regression (error log, `lock_fence_regression_total`) and fails with `FenceRegression`:
+//! regression (error log, `palisade_lock_fence_regression_total`) and fails with `FenceRegression`:
 //! a revision cannot be moved by a client, so recovery is the operator's
 //! (`--bump-revision` above the store's watermark).
 //!
@@ -57,12 +57,12 @@
 //! # async fn demo() -> palisade_core::Result<()> {
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use palisade_core::{LockServiceExt, ResourceKey};
+//! use palisade_core::{LockOptions, LockServiceExt, ResourceKey};
 //! use palisade_etcd::EtcdLockService;
 //!
 //! let locks = Arc::new(EtcdLockService::connect("etcd://127.0.0.1:2379?session_ttl_s=5").await?);
 //! let key = ResourceKey::new("alloc", "WH-01")?;
-//! let lease = locks.lock(&key, Duration::from_secs(5), Duration::from_secs(10)).await?;
+//! let lease = locks.lock(&key, LockOptions::ttl(Duration::from_secs(5)).wait(Duration::from_secs(10))).await?;
 //! println!("fence {}", lease.fence());
 //! lease.release().await?;
 //! # Ok(()) }

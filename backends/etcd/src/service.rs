@@ -9,10 +9,11 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse, TxnResponse, WatchOptions,
 };
-use palisade_core::held::{GiveUp, HeldGrants};
+use palisade_core::spi::{GiveUp, HeldGrants};
+use palisade_core::spi::{timeout_error, validate_wait};
 use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
-    Ttl, Waiting, timeout_error, validate_wait,
+    Ttl, Waiting,
 };
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
@@ -212,7 +213,7 @@ impl Inner {
         let inner = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut backoff =
-                palisade_core::Backoff::with_bounds(Duration::from_millis(20), Duration::from_millis(500));
+                palisade_core::spi::Backoff::with_bounds(Duration::from_millis(20), Duration::from_millis(500));
             loop {
                 let Some(strong) = inner.upgrade() else { return };
                 if session_lost.is_cancelled() || strong.stop.is_cancelled() {
@@ -405,6 +406,10 @@ impl LockService for EtcdLockService {
     /// session that expired while waiting is never mistaken for ownership.
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
         validate_wait(wait)?;
+        if wait.is_zero() {
+            // One attempt: no queue node to create and remove.
+            return self.try_acquire(key, ttl).await?.ok_or_else(|| timeout_error(BACKEND, key, wait));
+        }
         let give_up = Instant::now() + wait;
         let inner = &self.inner;
         let session = inner.session().await?;
@@ -541,7 +546,8 @@ impl EtcdLockService {
         give_up: Instant,
         session: &Arc<Session>,
     ) -> Result<bool> {
-        let mut backoff = palisade_core::Backoff::with_bounds(Duration::from_millis(5), Duration::from_millis(100));
+        let mut backoff =
+            palisade_core::spi::Backoff::with_bounds(Duration::from_millis(5), Duration::from_millis(100));
         let mut stream = loop {
             let mut watcher = self.inner.client.watch_client();
             let options = WatchOptions::new().with_start_revision(from_revision);

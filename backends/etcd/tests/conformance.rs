@@ -75,7 +75,7 @@ impl OwnEtcd {
     }
 }
 
-#[palisade_core::async_trait]
+#[palisade_core::spi::async_trait]
 impl LockServiceFactory for OwnEtcd {
     type Service = EtcdLockService;
     async fn client(&self) -> palisade_core::Result<Arc<EtcdLockService>> {
@@ -86,7 +86,7 @@ impl LockServiceFactory for OwnEtcd {
     }
 }
 
-#[palisade_core::async_trait]
+#[palisade_core::spi::async_trait]
 impl palisade_conformance::RestartableFactory for OwnEtcd {
     async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
         let mut server = self.server.lock().unwrap();

@@ -4,9 +4,10 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use palisade_core::spi::{AttemptOutcome, validate_wait, wait_for_release};
 use palisade_core::{
-    AttemptOutcome, Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken,
-    ResourceKey, Result, Ttl, Waiting, validate_wait, wait_for_release,
+    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
+    Ttl, Waiting,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
@@ -184,16 +185,19 @@ impl LockService for RedisLockService {
         if let AttemptOutcome::Granted(grant) = self.attempt(key, ttl).await? {
             return Ok(grant);
         }
+        if wait.is_zero() {
+            return Err(palisade_core::spi::timeout_error(BACKEND, key, wait));
+        }
         // Held: wait on the release notifications only once they are live, or a release in
         // the meantime goes unheard until the next poll (a conformance test caught 250 ms).
         self.waiters.ready(wait.min(SUBSCRIBE_WAIT)).await;
         let left = give_up.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(palisade_core::timeout_error(BACKEND, key, wait));
+            return Err(palisade_core::spi::timeout_error(BACKEND, key, wait));
         }
         let released = || self.waiters.watch(&Waiters::channel(&key.lock_key()));
         wait_for_release(BACKEND, key, left, released, Some(MAX_WAIT_STEP), || self.attempt(key, ttl)).await.map_err(
-            |e| if e.kind() == ErrorKind::Timeout { palisade_core::timeout_error(BACKEND, key, wait) } else { e },
+            |e| if e.kind() == ErrorKind::Timeout { palisade_core::spi::timeout_error(BACKEND, key, wait) } else { e },
         )
     }
 

@@ -71,7 +71,7 @@ impl OwnRedis {
     }
 }
 
-#[palisade_core::async_trait]
+#[palisade_core::spi::async_trait]
 impl LockServiceFactory for OwnRedis {
     type Service = RedisLockService;
     async fn client(&self) -> palisade_core::Result<Arc<RedisLockService>> {
@@ -82,7 +82,7 @@ impl LockServiceFactory for OwnRedis {
     }
 }
 
-#[palisade_core::async_trait]
+#[palisade_core::spi::async_trait]
 impl palisade_conformance::RestartableFactory for OwnRedis {
     async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
         let mut server = self.server.lock().unwrap();

@@ -73,7 +73,7 @@ impl RedlockConfig {
         let bad = |why: String| {
             Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redlock URL {}: {why}", redact_url(url)))
         };
-        let parsed = palisade_core::ConnectionUrl::parse(url).map_err(bad)?;
+        let parsed = palisade_core::spi::ConnectionUrl::parse(url).map_err(bad)?;
         if parsed.scheme != "redlock" {
             return Err(bad("expected redlock://host:port[,host:port…]".into()));
         }

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
+use palisade_core::spi::{Backoff, poll_acquire};
 use palisade_core::{
-    Backoff, Capabilities, Error, ErrorKind, FenceSource, Grant, LockService, OwnerToken, ResourceKey, Result, Ttl,
-    Unfenced, Waiting, poll_acquire,
+    Capabilities, Error, ErrorKind, FenceSource, Grant, LockService, OwnerToken, ResourceKey, Result, Ttl, Unfenced,
+    Waiting,
 };
 use redis::Script;
 use tokio::time::Instant;

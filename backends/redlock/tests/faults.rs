@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
+use palisade_core::LockOptions;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,11 +59,11 @@ async fn five_masters_grant_with_two_down_and_refuse_with_three_down() {
     assert!(err.is_retryable());
     assert!(err.to_string().contains("only 2 of 5 masters answered"), "{err}");
     // Waiting does not turn a missing majority into a Timeout: the last error is reported.
-    let err = locks.lock(&key("down-3"), TTL, Duration::from_millis(300)).await.unwrap_err();
+    let err = locks.lock(&key("down-3"), LockOptions::ttl(TTL).wait(Duration::from_millis(300))).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     // A master that comes back (empty) is used again without reconnecting by hand.
     nodes[2].restart().unwrap();
-    let lease = locks.lock(&key("back"), TTL, Duration::from_secs(5)).await.unwrap();
+    let lease = locks.lock(&key("back"), LockOptions::ttl(TTL).wait(Duration::from_secs(5))).await.unwrap();
     lease.release().await.unwrap();
 }
 

@@ -50,7 +50,7 @@ impl ZkConfig {
 
     /// Parses `zk://[user:password@]host:port[,host:port…][/chroot][?session_timeout_ms=N&root=/path]`
     /// (`user:password` is a digest identity, percent-decoded as every backend's is:
-    /// [`ConnectionUrl`](palisade_core::ConnectionUrl)).
+    /// [`ConnectionUrl`](palisade_core::spi::ConnectionUrl)).
     pub fn from_url(url: &str) -> Result<Self> {
         let bad = |why: &str| {
             Error::new(
@@ -59,7 +59,7 @@ impl ZkConfig {
                 format!("{why}: {} (expected zk://host:port[,host:port…][/chroot])", palisade_core::redact_url(url)),
             )
         };
-        let parsed = palisade_core::ConnectionUrl::parse(url).map_err(|why| bad(&why))?;
+        let parsed = palisade_core::spi::ConnectionUrl::parse(url).map_err(|why| bad(&why))?;
         if parsed.scheme != "zk" {
             return Err(bad("not a ZooKeeper URL"));
         }

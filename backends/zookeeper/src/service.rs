@@ -4,10 +4,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::held::HeldGrants;
+use palisade_core::spi::HeldGrants;
+use palisade_core::spi::{timeout_error, validate_wait};
 use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
-    Ttl, Waiting, timeout_error, validate_wait,
+    Ttl, Waiting,
 };
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
@@ -388,7 +389,7 @@ impl Inner {
         let (inner, session) = (Arc::downgrade(self), Arc::clone(session));
         tokio::spawn(async move {
             let mut backoff =
-                palisade_core::Backoff::with_bounds(Duration::from_millis(20), Duration::from_millis(500));
+                palisade_core::spi::Backoff::with_bounds(Duration::from_millis(20), Duration::from_millis(500));
             loop {
                 let Some(strong) = inner.upgrade() else { return };
                 if session.lost.is_cancelled() || strong.stop.is_cancelled() {
@@ -558,6 +559,10 @@ impl LockService for ZkLockService {
     /// session is never mistaken for ours: CURATOR-604).
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
         validate_wait(wait)?;
+        if wait.is_zero() {
+            // One attempt: no queue node to create and remove.
+            return self.try_acquire(key, ttl).await?.ok_or_else(|| timeout_error(BACKEND, key, wait));
+        }
         let give_up = Instant::now() + wait;
         let inner = &self.inner;
         let token = OwnerToken::generate()?;

@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
+use palisade_core::LockOptions;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,7 +109,7 @@ async fn an_expired_session_never_passes_its_node_off_as_a_new_sessions() {
     let waiter = {
         let (b, key, progress) = (Arc::clone(&b), key.clone(), progress.clone());
         tokio::spawn(async move {
-            let lease = b.lock(&key, Duration::from_secs(2), Duration::from_secs(20)).await?;
+            let lease = b.lock(&key, LockOptions::ttl(Duration::from_secs(2)).wait(Duration::from_secs(20))).await?;
             let renewal = lease.renew_on_progress(&progress);
             Ok::<_, palisade_core::Error>((lease, renewal))
         })

@@ -70,6 +70,6 @@ pub fn metrics(backend: Option<(&str, &str)>, extra: &[&str]) {
     let mut args = vec!["--listen", &listen, "--jobs", "200"];
     args.extend_from_slice(extra);
     let r = run_example("metrics", backend, &args);
-    assert!(r["lock_fence_rejected_total"].as_f64().unwrap() > 0.0, "paused holders were refused: {r}");
-    assert!(r["lock_acquire_total"].as_f64().unwrap() >= 200.0, "{r}");
+    assert!(r["palisade_lock_fence_rejected_total"].as_f64().unwrap() > 0.0, "paused holders were refused: {r}");
+    assert!(r["palisade_lock_acquire_total"].as_f64().unwrap() >= 200.0, "{r}");
 }

@@ -22,9 +22,10 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, Delete, KeySchemaElement, KeyType, Put,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TransactWriteItem, Update,
 };
+use palisade_core::spi::{Backoff, conflict_error, explain_refusal, fence_refusal, storable_fence};
 use palisade_core::{
-    Backoff, Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, OwnerToken, Record, ResourceKey, Result,
-    WatermarkSource, WriteBatch, WriteOp, conflict_error, explain_refusal, fence_refusal, storable_fence,
+    Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, OwnerToken, Record, ResourceKey, Result,
+    WatermarkSource, WriteBatch, WriteOp,
 };
 use tracing::{debug, warn};
 
@@ -205,7 +206,33 @@ impl DynamoStore {
     /// Your own `UpdateItem`, fenced: the fence condition (no fence on the item, a lower one,
     /// or the same fence from the same grant) is ANDed with your condition, if any, and
     /// `fence = :f, fence_grant = :g` join your `SET` clause, all in the **same request**. Build
-    /// the request with `store.client().update_item()…` but do not send it.
+    /// the request with `store.client().update_item()…` but do not send it; pass the lease
+    /// (`&lease`) or a [`GrantFence`] handed over from its holder.
+    ///
+    /// **Your table design.** Nothing of Palisade's needs to be in your table: keep your
+    /// partition (and sort) key and attributes, and each item you write this way gains two
+    /// attributes, `fence` (a number) and `fence_grant` (binary), which these helpers own. One
+    /// item is one fenced resource, so lock one key per item (`inventory`/`WH-01#SKU-7` for an
+    /// `inventory` item with key `sku = "WH-01#SKU-7"`), and keep items that must change
+    /// together under one lock in one `TransactWriteItems` through
+    /// [`FencedStore::apply`](palisade_core::FencedStore::apply) instead.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &palisade_dynamodb::DynamoStore,
+    /// #            lease: &palisade_core::Lease<palisade_core::DynLockService>) -> palisade_core::Result<()> {
+    /// use aws_sdk_dynamodb::types::AttributeValue;
+    ///
+    /// let update = store
+    ///     .client()
+    ///     .update_item()
+    ///     .table_name("inventory")
+    ///     .key("sku", AttributeValue::S("WH-01#SKU-7".into()))
+    ///     .update_expression("SET qty = qty - :one")
+    ///     .condition_expression("qty >= :one")
+    ///     .expression_attribute_values(":one", AttributeValue::N("1".into()));
+    /// store.update_item_fenced(update, lease).await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// Errors: a higher fence on the item → [`ErrorKind::StaleFence`] with the item's fence
     /// (read from the old item DynamoDB returns with the failure); the same fence from another
@@ -223,8 +250,9 @@ impl DynamoStore {
     pub async fn update_item_fenced(
         &self,
         update: UpdateItemFluentBuilder,
-        fence: GrantFence,
+        fence: impl Into<GrantFence> + Send,
     ) -> Result<UpdateItemOutput> {
+        let fence = fence.into();
         let f = storable_fence(BACKEND, fence.fence())?;
         let expression = add_set_clause(update.get_update_expression().as_deref().unwrap_or(""), FENCE_ASSIGNMENT);
         let condition = with_fence_condition(update.get_condition_expression().as_deref());
@@ -246,7 +274,12 @@ impl DynamoStore {
     /// Your own `PutItem`, fenced: the item gets `fence = :f` and `fence_grant = :g`, and the
     /// request the fence condition (ANDed with yours). Errors as for
     /// [`update_item_fenced`](Self::update_item_fenced).
-    pub async fn put_item_fenced(&self, put: PutItemFluentBuilder, fence: GrantFence) -> Result<PutItemOutput> {
+    pub async fn put_item_fenced(
+        &self,
+        put: PutItemFluentBuilder,
+        fence: impl Into<GrantFence> + Send,
+    ) -> Result<PutItemOutput> {
+        let fence = fence.into();
         let f = storable_fence(BACKEND, fence.fence())?;
         let condition = with_fence_condition(put.get_condition_expression().as_deref());
         let sent = put
@@ -270,8 +303,9 @@ impl DynamoStore {
     pub async fn delete_item_fenced(
         &self,
         delete: DeleteItemFluentBuilder,
-        fence: GrantFence,
+        fence: impl Into<GrantFence> + Send,
     ) -> Result<DeleteItemOutput> {
+        let fence = fence.into();
         let f = storable_fence(BACKEND, fence.fence())?;
         let condition = with_fence_condition(delete.get_condition_expression().as_deref());
         let sent = delete
@@ -688,7 +722,7 @@ impl FencedStore for DynamoStore {
     }
 
     async fn read(&self, key: &str) -> Result<Option<Record>> {
-        palisade_core::validate_record_key(key)?;
+        palisade_core::spi::validate_record_key(key)?;
         let item = self.get(DynamoStore::record_item_key(key), "reading a record").await?;
         item.map(|item| to_record(&item)).transpose()
     }

@@ -162,7 +162,7 @@ impl fmt::Debug for PostgresConfig {
 
 /// Checks an identifier and returns it double-quoted.
 pub(crate) fn quote_ident(name: &str) -> Result<String> {
-    palisade_core::quote_sql_identifier(BACKEND, name)
+    palisade_core::spi::quote_sql_identifier(BACKEND, name)
 }
 
 #[cfg(test)]

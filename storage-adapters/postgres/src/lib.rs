@@ -14,23 +14,27 @@
 //! commit, so concurrent fenced transactions on one resource are serialized, and a waiting one
 //! re-checks the committed watermark before it proceeds.
 //!
-//! Three ways to write:
+//! Ways to write, from the most portable to the closest to your own code:
 //!
 //! - the portable record API, [`FencedStore`](palisade_core::FencedStore);
-//! - your **own statements** in a [`PgFencedTransaction`] from [`PostgresStore::begin_fenced`];
+//! - your **own statements** in a [`PgFencedTransaction`] from [`PostgresStore::begin_fenced`]
+//!   (`&lease`), or the same check in **a transaction you already have**,
+//!   [`PostgresStore::check_fence_in`];
 //! - the seed's **single-statement** form on a row that carries its own fence column,
-//!   [`PostgresStore::update_row_fenced`]: `UPDATE t SET …, fence = $f WHERE key = $k AND
-//!   fence <= $f`, zero rows mapped to `StaleFence`.
+//!   [`PostgresStore::update_row_fenced`] (its own transaction) or
+//!   [`PostgresStore::update_row_fenced_in`] (yours): `UPDATE t SET …, fence = $f WHERE key = $k
+//!   AND fence <= $f`, zero rows mapped to `StaleFence`, the key of any type sqlx binds.
+//!
+//! Your application already has a pool: [`PostgresStore::from_pool`] uses it.
 //!
 //! ```no_run
-//! use palisade_core::{Lease, LockService, ResourceKey};
+//! use palisade_core::{Lease, LockService};
 //! use palisade_postgres::PostgresStore;
 //!
 //! # async fn demo<S: LockService<Fencing = palisade_core::Fenced>>(lease: Lease<S>) -> palisade_core::Result<()> {
 //! let store = PostgresStore::connect("postgres://app@127.0.0.1/app").await?;
-//! let wh = ResourceKey::new("alloc", "WH-01")?;
-//! // `lease`: the lock on `wh`, from any fenced lock service.
-//! let mut tx = store.begin_fenced(&wh, lease.grant_fence()).await?;
+//! // `lease`: the lock on `alloc:WH-01`, from any fenced lock service.
+//! let mut tx = store.begin_fenced(&lease).await?;
 //! sqlx::query("UPDATE inventory SET qty = qty - 1 WHERE sku = 'SKU-1'")
 //!     .execute(tx.conn()).await.map_err(palisade_postgres::map_err)?;
 //! tx.commit().await?;
@@ -54,5 +58,6 @@ mod store;
 mod transaction;
 
 pub use config::PostgresConfig;
-pub use store::{FencedRow, PostgresStore, RowWatermark, map_err};
+pub use palisade_core::FencedRow;
+pub use store::{PostgresStore, RowKey, RowWatermark, map_err};
 pub use transaction::PgFencedTransaction;

@@ -3,9 +3,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use std::fmt;
+
+use palisade_core::spi::{conflict_error, explain_refusal, storable_fence, validate_record_key};
 use palisade_core::{
-    Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, Record, ResourceKey, Result, WatermarkSource,
-    WriteBatch, WriteOp, conflict_error, explain_refusal, storable_fence, validate_record_key,
+    Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, Record,
+    ResourceKey, Result, WatermarkSource, WriteBatch, WriteOp,
 };
 use sqlx::postgres::{PgArguments, PgPoolOptions};
 use sqlx::query::Query;
@@ -78,34 +81,36 @@ fn sql(s: &str) -> AssertSqlSafe<String> {
     AssertSqlSafe(s.to_string())
 }
 
-/// Where [`PostgresStore::update_row_fenced`] finds a row and its fence.
-#[derive(Debug, Clone, Copy)]
-pub struct FencedRow<'a> {
-    /// Your table.
-    pub table: &'a str,
-    /// Its key column.
-    pub key_column: &'a str,
-    /// Its fence column (`BIGINT`).
-    pub fence_column: &'a str,
+/// A value sqlx binds for the key column of your table (`i64`, `uuid::Uuid`, `&str`,
+/// `String`, …): implemented for every such type.
+pub trait RowKey<'q>:
+    sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres> + Clone + Send + Sync + fmt::Debug + 'q
+{
+}
+
+impl<'q, T> RowKey<'q> for T where
+    T: sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres> + Clone + Send + Sync + fmt::Debug + 'q
+{
 }
 
 /// The fence column of one row, read as a watermark: see [`PostgresStore::row_watermark`].
-#[derive(Debug, Clone, Copy)]
-pub struct RowWatermark<'a> {
+#[derive(Debug, Clone)]
+pub struct RowWatermark<'a, K> {
     store: &'a PostgresStore,
     row: FencedRow<'a>,
-    key: &'a str,
+    key: K,
 }
 
 #[async_trait]
-impl WatermarkSource for RowWatermark<'_> {
+impl<'a, K: RowKey<'a>> WatermarkSource for RowWatermark<'a, K> {
     fn source_name(&self) -> &'static str {
         BACKEND
     }
 
     /// The row's fence; the resource is the row, whatever `resource` the lock is taken on.
     async fn highest_fence(&self, _resource: &ResourceKey) -> Result<Option<Fence>> {
-        Ok(self.store.row_fence(&self.row, self.key).await?.flatten())
+        let mut conn = self.store.pool.acquire().await.map_err(map_err)?;
+        Ok(row_fence(&mut conn, &self.row, self.key.clone()).await?.flatten())
     }
 }
 
@@ -150,6 +155,23 @@ impl PostgresStore {
         Ok(store)
     }
 
+    /// The store on a pool your application already has (default table names), creating its
+    /// tables and batch function if missing. Your pool's size, timeouts and connection
+    /// settings apply; the store's statements share its connections with yours.
+    pub async fn from_pool(pool: PgPool) -> Result<Self> {
+        PostgresStore::from_pool_with(pool, &PostgresConfig::new(String::new())).await
+    }
+
+    /// [`from_pool`](Self::from_pool) with the table names and `migrate` setting of `config`
+    /// (its URL and pool settings are not used: the pool is yours).
+    pub async fn from_pool_with(pool: PgPool, config: &PostgresConfig) -> Result<Self> {
+        let store = PostgresStore { pool, statements: Arc::new(Statements::new(config)?) };
+        if config.migrate {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
     /// Creates the watermark and record tables if they do not exist, and (re)creates the batch
     /// function that applies a record batch in one statement.
     ///
@@ -168,35 +190,80 @@ impl PostgresStore {
         &self.pool
     }
 
-    /// Starts a transaction for your own statements under `fence` for `resource`.
+    /// Starts a transaction for your own statements under `lease`'s fence.
     ///
     /// Behavior:
-    /// - Its first statement checks and raises the watermark (and keeps the watermark row locked
-    ///   until the transaction ends). If the fence is lower, the transaction is rolled back and
-    ///   the result is [`ErrorKind::StaleFence`]; if it equals a watermark another grant set,
-    ///   [`ErrorKind::DuplicateFence`] (fencing rule 2). None of your statements run.
+    /// - Its first statement checks and raises the watermark of the lease's resource (and keeps
+    ///   the watermark row locked until the transaction ends). If the fence is lower, the
+    ///   transaction is rolled back and the result is [`ErrorKind::StaleFence`]; if it equals a
+    ///   watermark another grant set, [`ErrorKind::DuplicateFence`] (fencing rule 2). None of
+    ///   your statements run.
     /// - Nothing is written unless you call [`PgFencedTransaction::commit`].
-    pub async fn begin_fenced(&self, resource: &ResourceKey, fence: GrantFence) -> Result<PgFencedTransaction> {
+    /// - Only a fenced lease can be passed: a lease of an efficiency lock (Redlock) has no fence.
+    ///
+    /// Already in a transaction of your own? Use [`check_fence_in`](Self::check_fence_in).
+    pub async fn begin_fenced<S>(&self, lease: &Lease<S>) -> Result<PgFencedTransaction>
+    where
+        S: LockService<Fencing = Fenced> + ?Sized,
+    {
+        self.begin_with_fence(lease.key(), lease.grant_fence()).await
+    }
+
+    /// [`begin_fenced`](Self::begin_fenced) for a fence without its lease (handed over from
+    /// another process, for example): the same checks, under `fence` for `resource`.
+    pub async fn begin_with_fence(&self, resource: &ResourceKey, fence: GrantFence) -> Result<PgFencedTransaction> {
         let mut tx = self.pool.begin().await.map_err(map_err)?;
-        if let Err(e) = raise_watermark(&mut tx, &self.statements, resource, fence).await {
-            // This native path bypasses `FencedStoreExt`, so it counts its own rejections.
-            if matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. }) {
-                palisade_core::metrics::record_fence_rejected(BACKEND);
-            }
-            return Err(e);
-        }
+        raise_watermark(&mut tx, &self.statements, resource, fence).await?;
         Ok(PgFencedTransaction::new(tx, resource.clone(), fence.fence()))
     }
 
+    /// Runs the fence check inside a transaction you already opened (a `sqlx::Transaction`
+    /// passed as `&mut *tx`, or a connection in a transaction block): the watermark rule of
+    /// [`begin_fenced`](Self::begin_fenced), as one statement on `conn`.
+    ///
+    /// Behavior:
+    /// - Accepted: the resource's watermark is raised to the lease's fence and its row stays
+    ///   locked until your transaction ends, so no other fence can be accepted for the resource
+    ///   before you commit or roll back. Your commit makes your writes and the raise durable
+    ///   together; your rollback undoes both.
+    /// - Refused: [`ErrorKind::StaleFence`] or [`ErrorKind::DuplicateFence`], and PostgreSQL has
+    ///   aborted your transaction (the check raises an error): roll it back. Nothing was written.
+    /// - Run it before your writes (the earlier the row is locked, the less work a stale holder
+    ///   wastes); it is correct anywhere before the commit.
+    /// - Outside a transaction block `conn` runs it as a transaction of its own: the watermark
+    ///   is raised and nothing protects your later statements. Open one first.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &palisade_postgres::PostgresStore,
+    /// #            lease: &palisade_core::Lease<palisade_core::DynLockService>) -> palisade_core::Result<()> {
+    /// use palisade_postgres::map_err;
+    ///
+    /// let mut tx = store.pool().begin().await.map_err(map_err)?;   // your transaction
+    /// store.check_fence_in(&mut tx, lease).await?;
+    /// sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 7")
+    ///     .execute(&mut *tx).await.map_err(map_err)?;
+    /// tx.commit().await.map_err(map_err)?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_fence_in<S>(&self, conn: &mut PgConnection, lease: &Lease<S>) -> Result<()>
+    where
+        S: LockService<Fencing = Fenced> + ?Sized,
+    {
+        raise_watermark(conn, &self.statements, lease.key(), lease.grant_fence()).await
+    }
+
     /// The seed's single-statement form, on a row of your own table that carries its own fence
-    /// column:
+    /// column, in a transaction of its own:
     ///
     /// ```sql
     /// UPDATE {table} SET {set}, {fence_column} = $1
     ///   WHERE {key_column} = $2 AND ({fence_column} IS NULL OR {fence_column} <= $1)
     /// ```
     ///
-    /// A row whose fence column is NULL has never been written under a fence: any fence may
+    /// `fence` is the lease (`&lease`; a lease of an efficiency lock has no fence and does not
+    /// compile) or a [`Fence`] handed over from its holder. `key` is any value sqlx binds for
+    /// your key column (`i64`, `uuid::Uuid`, `&str`, …). A
+    /// row whose fence column is NULL has never been written under a fence: any fence may
     /// write it. This form checks only the row's own fence: it does not raise the resource's
     /// watermark, so [`lock_checked`](palisade_core::LockServiceExt::lock_checked) against the
     /// store cannot see a regressed lock counter through it; check against the row instead,
@@ -207,53 +274,40 @@ impl PostgresStore {
     ///
     /// `set` is your SQL fragment (placeholders from `$3` on, bound by `bind`). Zero rows means
     /// the row's fence is higher ([`ErrorKind::StaleFence`], with the row's fence as `current`)
-    /// or the row does not exist ([`ErrorKind::InvalidArgument`]). Identifiers are validated and
-    /// quoted; `set` is yours, so never build it from user input.
-    pub async fn update_row_fenced<'q>(
+    /// or the row does not exist ([`ErrorKind::InvalidArgument`]); either way nothing changed.
+    /// Identifiers are validated and quoted; `set` is yours, so never build it from user input.
+    pub async fn update_row_fenced<'q, K>(
         &self,
         row: &FencedRow<'_>,
-        key: &'q str,
-        fence: Fence,
+        key: K,
+        fence: impl Into<Fence> + Send,
         set: &str,
-        bind: impl FnOnce(Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments>,
-    ) -> Result<()> {
-        let FencedRow { table, key_column, fence_column } = *row;
-        let (t, k, f) = (quote_ident(table)?, quote_ident(key_column)?, quote_ident(fence_column)?);
-        let fence_i64 = storable_fence(BACKEND, fence)?;
-        let update = format!("UPDATE {t} SET {set}, {f} = $1 WHERE {k} = $2 AND ({f} IS NULL OR {f} <= $1)");
-        let rows = bind(sqlx::query(AssertSqlSafe(update)).bind(fence_i64).bind(key))
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?
-            .rows_affected();
-        if rows > 0 {
-            return Ok(());
-        }
-        match self.row_fence(row, key).await? {
-            Some(current) => {
-                palisade_core::metrics::record_fence_rejected(BACKEND);
-                Err(Error::stale_fence(BACKEND, fence, current.unwrap_or_default()))
-            }
-            None => Err(Error::new(
-                ErrorKind::InvalidArgument,
-                BACKEND,
-                format!("no row with {key_column} = {key:?} in {table}"),
-            )),
-        }
+        bind: impl FnOnce(Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> + Send,
+    ) -> Result<()>
+    where
+        K: RowKey<'q>,
+    {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        update_row(&mut conn, row, key, fence.into(), set, bind).await
     }
 
-    /// The fence column of `key`'s row: `None` if there is no such row, `Some(None)` if its
-    /// fence is NULL.
-    async fn row_fence(&self, row: &FencedRow<'_>, key: &str) -> Result<Option<Option<Fence>>> {
-        let FencedRow { table, key_column, fence_column } = *row;
-        let (t, k, f) = (quote_ident(table)?, quote_ident(key_column)?, quote_ident(fence_column)?);
-        let current: Option<Option<i64>> =
-            sqlx::query_scalar(AssertSqlSafe(format!("SELECT {f} FROM {t} WHERE {k} = $1")))
-                .bind(key)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(map_err)?;
-        Ok(current.map(fence_from))
+    /// [`update_row_fenced`](Self::update_row_fenced) on `conn`, inside a transaction you
+    /// already opened (`&mut *tx`): the update and your other statements commit together. A
+    /// refusal leaves your transaction usable (the update changed no row); roll back or go
+    /// on as your logic needs.
+    pub async fn update_row_fenced_in<'q, K>(
+        &self,
+        conn: &mut PgConnection,
+        row: &FencedRow<'_>,
+        key: K,
+        fence: impl Into<Fence> + Send,
+        set: &str,
+        bind: impl FnOnce(Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> + Send,
+    ) -> Result<()>
+    where
+        K: RowKey<'q>,
+    {
+        update_row(conn, row, key, fence.into(), set, bind).await
     }
 
     /// The fence on one row of your own table, as a
@@ -262,7 +316,10 @@ impl PostgresStore {
     /// grant against when that row is written with [`update_row_fenced`](Self::update_row_fenced),
     /// which never raises the store's watermark. One `SELECT` of the fence column per check; a
     /// missing row or a NULL fence reads as "never written under a fence".
-    pub fn row_watermark<'a>(&'a self, row: &FencedRow<'a>, key: &'a str) -> RowWatermark<'a> {
+    pub fn row_watermark<'a, K>(&'a self, row: &FencedRow<'a>, key: K) -> RowWatermark<'a, K>
+    where
+        K: RowKey<'a>,
+    {
         RowWatermark { store: self, row: *row, key }
     }
 
@@ -339,6 +396,44 @@ where
     }
 }
 
+/// The single-row fenced update on `conn`, and on zero rows the reason (stale or missing).
+async fn update_row<'q, K: RowKey<'q>>(
+    conn: &mut PgConnection,
+    row: &FencedRow<'_>,
+    key: K,
+    fence: Fence,
+    set: &str,
+    bind: impl FnOnce(Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> + Send,
+) -> Result<()> {
+    let update = row.update_sql(BACKEND, set)?;
+    let fence_i64 = storable_fence(BACKEND, fence)?;
+    let rows = bind(sqlx::query(AssertSqlSafe(update)).bind(fence_i64).bind(key.clone()))
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+    if rows > 0 {
+        return Ok(());
+    }
+    let current = row_fence(conn, row, key.clone()).await?;
+    Err(row.refusal(BACKEND, &key, fence, current))
+}
+
+/// The fence column of `key`'s row: `None` if there is no such row, `Some(None)` if its fence
+/// is NULL.
+async fn row_fence<'q, K: RowKey<'q>>(
+    conn: &mut PgConnection,
+    row: &FencedRow<'_>,
+    key: K,
+) -> Result<Option<Option<Fence>>> {
+    let current: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(row.fence_sql(BACKEND)?))
+        .bind(key)
+        .fetch_optional(conn)
+        .await
+        .map_err(map_err)?;
+    Ok(current.map(fence_from))
+}
+
 /// Lower-case hex (as PostgreSQL's `encode(…, 'hex')` writes it) to bytes; `None` for `-` or
 /// anything malformed.
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
@@ -356,7 +451,14 @@ async fn raise_watermark(
     resource: &ResourceKey,
     fence: GrantFence,
 ) -> Result<()> {
-    call_apply(conn, s, Some((resource, fence)), &[], false).await
+    let checked = call_apply(conn, s, Some((resource, fence)), &[], false).await;
+    // These native paths bypass `FencedStoreExt`, so they count their own rejections.
+    if let Err(e) = &checked
+        && matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. })
+    {
+        palisade_core::metrics::record_fence_rejected(BACKEND);
+    }
+    checked
 }
 
 fn fence_from(v: Option<i64>) -> Option<Fence> {

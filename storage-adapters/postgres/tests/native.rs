@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use palisade_conformance::require_env;
-use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey, WatermarkSource};
+use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, LockOptions, ResourceKey, WatermarkSource};
 use palisade_postgres::{FencedRow, PostgresConfig, PostgresStore, map_err};
 
 async fn store() -> PostgresStore {
@@ -35,18 +35,18 @@ async fn own_statements_commit_with_the_watermark_or_not_at_all() {
     };
     let res = ResourceKey::new("native", table.clone()).unwrap();
     {
-        let mut tx = s.begin_fenced(&res, gf(5)).await.unwrap();
+        let mut tx = s.begin_with_fence(&res, gf(5)).await.unwrap();
         sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET qty = qty - 1"))).execute(tx.conn()).await.unwrap();
         // Dropped without commit.
     }
     assert_eq!(qty(s.clone(), table.clone()).await, 10);
     assert_eq!(s.watermark(&res).await.unwrap(), None);
 
-    let mut tx = s.begin_fenced(&res, gf(5)).await.unwrap();
+    let mut tx = s.begin_with_fence(&res, gf(5)).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET qty = qty - 1"))).execute(tx.conn()).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(qty(s.clone(), table.clone()).await, 9);
-    let err = s.begin_fenced(&res, gf(4)).await.unwrap_err();
+    let err = s.begin_with_fence(&res, gf(4)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(4), current: Fence::new(5) });
     assert_eq!(qty(s.clone(), table.clone()).await, 9);
 }
@@ -143,7 +143,7 @@ async fn configurable_tables_and_bad_urls() {
 async fn commit_after_an_ignored_failed_statement_is_an_error() {
     let s = store().await;
     let res = ResourceKey::new("aborted", unique("tx")).unwrap();
-    let mut tx = s.begin_fenced(&res, gf(5)).await.unwrap();
+    let mut tx = s.begin_with_fence(&res, gf(5)).await.unwrap();
     let failed = sqlx::query("SELECT 1 / 0").execute(tx.conn()).await;
     assert!(failed.is_err(), "division by zero must fail");
     let err = tx.commit().await.unwrap_err();
@@ -208,11 +208,11 @@ async fn an_equal_fence_from_another_grant_is_refused_as_a_duplicate() {
     let err = s.apply(&res, other, &batch("second")).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(5) }, "{err}");
     assert!(!err.is_retryable());
-    let err = s.begin_fenced(&res, other).await.unwrap_err();
+    let err = s.begin_with_fence(&res, other).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(5) }, "{err}");
     assert_eq!(s.read(&record).await.unwrap().unwrap().value, b"first");
     s.apply(&res, gf(5), &batch("again")).await.unwrap();
-    s.begin_fenced(&res, gf(5)).await.unwrap().commit().await.unwrap();
+    s.begin_with_fence(&res, gf(5)).await.unwrap().commit().await.unwrap();
 }
 
 /// A watermark table created before grant ids were recorded gets the column at connect; its
@@ -257,20 +257,22 @@ async fn lock_checked_against_a_row_sees_a_regression_the_store_watermark_cannot
     let ttl = Duration::from_secs(30);
     let locks = Arc::new(MemoryLockService::new());
     for _ in 0..3 {
-        let lease = locks.lock_checked(&s.row_watermark(&row, "S1"), &res, ttl, ttl).await.unwrap();
+        let lease =
+            locks.lock_checked(&s.row_watermark(&row, "S1"), &res, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
         s.update_row_fenced(&row, "S1", lease.fence(), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap();
         lease.release().await.unwrap();
     }
     assert_eq!(s.row_watermark(&row, "S1").highest_fence(&res).await.unwrap(), Some(Fence::new(3)));
 
     locks.forget_fences(); // the lock service lost its counter
-    let blind = locks.lock_checked(&s, &res, ttl, ttl).await.unwrap();
+    let blind = locks.lock_checked(&s, &res, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
     assert_eq!(blind.fence(), Fence::new(1), "the store's watermark knows nothing of the row's fence");
     let err = s.update_row_fenced(&row, "S1", blind.fence(), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap_err();
     assert!(err.stale_fence_details().is_some(), "{err}");
     blind.release().await.unwrap();
 
-    let checked = locks.lock_checked(&s.row_watermark(&row, "S1"), &res, ttl, ttl).await.unwrap();
+    let checked =
+        locks.lock_checked(&s.row_watermark(&row, "S1"), &res, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
     assert!(checked.fence().get() > 3 + REGRESSION_GAP, "fence {} after the repair", checked.fence());
     s.update_row_fenced(&row, "S1", checked.fence(), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap();
     let missing = s.row_watermark(&row, "NOPE").highest_fence(&res).await.unwrap();
@@ -345,7 +347,7 @@ async fn a_commit_whose_reply_is_lost_is_outcome_unknown() {
     };
     let s = PostgresStore::open(config).await.unwrap();
     let res = ResourceKey::new("lostreply", unique("tx")).unwrap();
-    let tx = s.begin_fenced(&res, gf(9)).await.unwrap();
+    let tx = s.begin_with_fence(&res, gf(9)).await.unwrap();
     let err = tx.commit().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err:?}");
     assert!(!err.is_retryable(), "{err:?}");
@@ -378,4 +380,84 @@ async fn a_batch_whose_reply_is_lost_is_outcome_unknown() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(direct.read(&record).await.unwrap().map(|r| r.value), Some(b"v".to_vec()), "it did commit");
     assert_eq!(direct.watermark(&res).await.unwrap(), Some(Fence::new(3)));
+}
+
+/// Issue 19: the store on the application's own pool, the fenced statement in the
+/// application's own transaction beside its own statements, a key column of another type
+/// than text, and the fence taken from the lease.
+#[tokio::test]
+async fn fenced_writes_join_the_callers_transaction_on_the_callers_pool() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use palisade_core::{LockServiceExt, MemoryLockService};
+
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&require_env("PALISADE_POSTGRES_URL"))
+        .await
+        .unwrap();
+    let s = PostgresStore::from_pool(pool.clone()).await.unwrap();
+    let (table, audit) = (unique("items"), unique("audit"));
+    for ddl in [
+        format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, qty BIGINT NOT NULL, fence BIGINT)"),
+        format!("CREATE TABLE {audit} (id BIGINT NOT NULL, note TEXT NOT NULL)"),
+        format!("INSERT INTO {table} VALUES (7, 10, NULL)"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(ddl)).execute(&pool).await.unwrap();
+    }
+    let row = FencedRow { table: &table, key_column: "id", fence_column: "fence" };
+    let locks = Arc::new(MemoryLockService::new());
+    let key = ResourceKey::new("items", "7").unwrap();
+    let old = locks.lock(&key, LockOptions::ttl(Duration::from_millis(20))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(40)).await; // paused past its TTL
+    let new = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30))).await.unwrap();
+
+    let state = || async {
+        let qty: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT qty FROM {table} WHERE id = 7")))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let notes: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {audit}")))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        (qty, notes)
+    };
+    let insert_note = format!("INSERT INTO {audit} VALUES (7, 'shipped')");
+
+    // The new holder: update and audit row commit together; an i64 key binds as BIGINT.
+    let mut tx = pool.begin().await.unwrap();
+    s.update_row_fenced_in(&mut tx, &row, 7_i64, &new, "qty = qty - $3", |q| q.bind(1_i64)).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(insert_note.clone())).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(state().await, (9, 1));
+
+    // The stale holder: refused, no row changed, its transaction still usable and rolled back.
+    let mut tx = pool.begin().await.unwrap();
+    let err =
+        s.update_row_fenced_in(&mut tx, &row, 7_i64, &old, "qty = qty - $3", |q| q.bind(1_i64)).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "{err}");
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(state().await, (9, 1));
+
+    // The watermark check in the caller's transaction: accepted for the new lease and
+    // committed with the caller's statement; refused for the old one, nothing written.
+    let mut tx = pool.begin().await.unwrap();
+    s.check_fence_in(&mut tx, &new).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(insert_note.clone())).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(s.watermark(&key).await.unwrap(), Some(new.fence()));
+    let mut tx = pool.begin().await.unwrap();
+    let err = s.check_fence_in(&mut tx, &old).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "{err}");
+    drop(tx);
+    assert_eq!(state().await, (9, 2));
+
+    // begin_fenced takes the lease: its resource and fence.
+    let tx = s.begin_fenced(&new).await.unwrap();
+    assert_eq!((tx.resource(), tx.fence()), (&key, new.fence()));
+    tx.rollback().await.unwrap();
+    assert!(s.begin_fenced(&old).await.is_err());
 }

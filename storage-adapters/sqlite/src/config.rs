@@ -102,7 +102,7 @@ impl SqliteConfig {
 
 /// Checks an identifier and returns it double-quoted.
 pub(crate) fn quote_ident(name: &str) -> Result<String> {
-    palisade_core::quote_sql_identifier(BACKEND, name)
+    palisade_core::spi::quote_sql_identifier(BACKEND, name)
 }
 
 #[cfg(test)]

@@ -13,12 +13,15 @@
 //! - the portable record API, [`FencedStore`](palisade_core::FencedStore) (what the conformance suite and the examples use);
 //! - your **own statements** on your own tables, in a [`FencedTransaction`] from
 //!   [`SqliteStore::begin_fenced`]: the transaction starts by checking and raising the
-//!   resource's watermark, then runs whatever you run, and commits only what you commit.
+//!   resource's watermark, then runs whatever you run, and commits only what you commit;
+//!   or in your own write transaction ([`SqliteStore::begin`], or a pool of yours through
+//!   [`SqliteStore::from_pool`]) with [`SqliteStore::check_fence_in`], or the seed's
+//!   single-row statement on a row with a fence column, [`SqliteStore::update_row_fenced_in`].
 //!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use palisade_core::{ErrorKind, LockServiceExt, ResourceKey};
+//! use palisade_core::{ErrorKind, LockOptions, LockServiceExt, ResourceKey};
 //! use palisade_sqlite::{SqliteLockService, SqliteStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -31,16 +34,16 @@
 //!     .execute(store.pool()).await.map_err(palisade_sqlite::map_err)?;
 //!
 //! let wh = ResourceKey::new("alloc", "WH-01")?;
-//! let old = locks.lock(&wh, Duration::from_millis(50), Duration::from_secs(1)).await?;
+//! let old = locks.lock(&wh, LockOptions::ttl(Duration::from_millis(50)).wait(Duration::from_secs(1))).await?;
 //! tokio::time::sleep(Duration::from_millis(100)).await;            // a pause past the TTL
-//! let new = locks.lock(&wh, Duration::from_secs(30), Duration::from_secs(1)).await?;
-//! let mut tx = store.begin_fenced(&wh, new.grant_fence()).await?; // checks and raises the watermark
+//! let new = locks.lock(&wh, LockOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(1))).await?;
+//! let mut tx = store.begin_fenced(&new).await?; // checks and raises the watermark
 //! sqlx::query("UPDATE inventory SET qty = qty - 1 WHERE sku = 'SKU-1'")
 //!     .execute(tx.conn()).await.map_err(palisade_sqlite::map_err)?;
 //! tx.commit().await?;
 //!
 //! // The holder that paused has an older fence: refused before it can run anything.
-//! let err = store.begin_fenced(&wh, old.grant_fence()).await.unwrap_err();
+//! let err = store.begin_fenced(&old).await.unwrap_err();
 //! assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }));
 //! # Ok(()) }
 //! ```
@@ -62,5 +65,6 @@ mod transaction;
 
 pub use config::{SqliteConfig, Synchronous};
 pub use lock::SqliteLockService;
-pub use store::{SqliteStore, map_err};
-pub use transaction::FencedTransaction;
+pub use palisade_core::FencedRow;
+pub use store::{RowKey, RowWatermark, SqliteStore, map_err};
+pub use transaction::{FencedTransaction, WriteTransaction};

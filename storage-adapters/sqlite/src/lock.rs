@@ -3,9 +3,10 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use palisade_core::spi::{Backoff, poll_acquire, storable_fence};
 use palisade_core::{
-    Backoff, Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey,
-    Result, Ttl, Waiting, poll_acquire, storable_fence,
+    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
+    Ttl, Waiting,
 };
 use sqlx::Row;
 use tokio::time::Instant;
@@ -55,7 +56,7 @@ const ADVANCE: &str = "INSERT INTO palisade_locks (resource, owner, expires_at_m
 /// ```
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use palisade_core::{FencedStoreExt, LockServiceExt, ResourceKey, WriteBatch};
+/// use palisade_core::{FencedStoreExt, LockOptions, LockServiceExt, ResourceKey, WriteBatch};
 /// use palisade_sqlite::{SqliteLockService, SqliteStore};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -67,7 +68,7 @@ const ADVANCE: &str = "INSERT INTO palisade_locks (resource, owner, expires_at_m
 /// let locks = Arc::new(SqliteLockService::new(&store).await?);   // the same file
 ///
 /// let key = ResourceKey::new("alloc", "WH-01")?;
-/// let lease = locks.lock(&key, Duration::from_secs(30), Duration::from_secs(5)).await?;
+/// let lease = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(5))).await?;
 /// store.write(&lease, &WriteBatch::new().put("stock/WH-01", b"9".to_vec())).await?;
 /// lease.release().await?;
 /// # std::fs::remove_dir_all(&dir).ok();

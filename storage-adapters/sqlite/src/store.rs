@@ -7,16 +7,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use palisade_core::spi::{conflict_error, explain_refusal, storable_fence, validate_record_key};
 use palisade_core::{
-    Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, Record, ResourceKey, Result, WriteBatch, WriteOp,
-    conflict_error, explain_refusal, storable_fence, validate_record_key,
+    Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, Record,
+    ResourceKey, Result, WriteBatch, WriteOp,
 };
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{AssertSqlSafe, Row, SqliteConnection, SqlitePool};
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteConnection, SqlitePool};
 use tracing::debug;
 
 use crate::config::{SqliteConfig, Synchronous, quote_ident};
-use crate::transaction::FencedTransaction;
+use crate::transaction::{FencedTransaction, WriteTransaction};
 
 pub(crate) const BACKEND: &str = "sqlite";
 
@@ -174,7 +176,8 @@ impl SqliteStore {
         // schema creation, and SQLite reports some of that contention as SQLITE_BUSY at once
         // instead of through the busy handler: retry it for as long as the busy timeout allows.
         let give_up = tokio::time::Instant::now() + config.busy_timeout;
-        let mut backoff = palisade_core::Backoff::with_bounds(Duration::from_millis(5), Duration::from_millis(200));
+        let mut backoff =
+            palisade_core::spi::Backoff::with_bounds(Duration::from_millis(5), Duration::from_millis(200));
         loop {
             let writers = write_gate(config.path.as_deref());
             match open_once(
@@ -201,7 +204,7 @@ impl SqliteStore {
     }
 
     /// Creates the watermark and record tables if they do not exist. [`open`](Self::open)
-    /// runs it; call it yourself after [`from_pool`](Self::from_pool).
+    /// and [`from_pool`](Self::from_pool) run it.
     pub async fn migrate(&self) -> Result<()> {
         // IMMEDIATE: take the write lock first (through the busy handler) rather than upgrade a
         // read of the schema, which SQLite refuses at once when another writer got there first.
@@ -220,16 +223,21 @@ impl SqliteStore {
         tx.commit().await.map_err(map_err)
     }
 
-    /// Wraps an existing pool (your own settings) with the default table names. Run
-    /// [`migrate`](Self::migrate) before use.
-    pub fn from_pool(pool: SqlitePool) -> Result<Self> {
+    /// The store on a pool your application already has (default table names), creating its
+    /// tables if missing. Your pool's settings apply; writes of this store queue behind the
+    /// other writers of this process on the same file, as with [`open`](Self::open).
+    pub async fn from_pool(pool: SqlitePool) -> Result<Self> {
         let c = SqliteConfig::default();
-        Ok(SqliteStore {
+        let path = pool.connect_options().get_filename().to_path_buf();
+        let in_memory = path.as_os_str().is_empty() || path.as_os_str() == ":memory:";
+        let store = SqliteStore {
+            writers: write_gate((!in_memory).then_some(path.as_path())),
             pool,
             statements: Arc::new(Statements::new(&c.fences_table, &c.records_table)?),
-            writers: WriteGate::default(),
-            busy_timeout: SqliteConfig::default().busy_timeout,
-        })
+            busy_timeout: c.busy_timeout,
+        };
+        store.migrate().await?;
+        Ok(store)
     }
 
     /// Waits for this process's turn to write, as long as the busy timeout allows (a
@@ -253,29 +261,121 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// Starts a transaction for your own statements under `fence` for `resource`.
+    /// Starts a transaction for your own statements under `lease`'s fence.
     ///
     /// Behavior:
     /// - The transaction is `BEGIN IMMEDIATE` (it holds SQLite's write lock from the start, so
     ///   no other writer can slip in between the fence check and your statements).
-    /// - Its first statement checks and raises the watermark. If the fence is lower than the
-    ///   watermark the transaction is rolled back and the result is
+    /// - Its first statement checks and raises the watermark of the lease's resource. If the
+    ///   fence is lower than the watermark the transaction is rolled back and the result is
     ///   [`ErrorKind::StaleFence`]; if it equals a watermark another grant set,
     ///   [`ErrorKind::DuplicateFence`] (fencing rule 2). None of your statements run.
     /// - Nothing is written unless you call [`FencedTransaction::commit`]; dropping the
     ///   transaction rolls it back, watermark raise included.
-    pub async fn begin_fenced(&self, resource: &ResourceKey, fence: GrantFence) -> Result<FencedTransaction> {
-        let fence_i64 = storable_fence(BACKEND, fence.fence())?;
+    /// - Only a fenced lease can be passed: a lease of an efficiency lock has no fence.
+    ///
+    /// Already in a transaction of your own? Use [`check_fence_in`](Self::check_fence_in).
+    pub async fn begin_fenced<S>(&self, lease: &Lease<S>) -> Result<FencedTransaction>
+    where
+        S: LockService<Fencing = Fenced> + ?Sized,
+    {
+        self.begin_with_fence(lease.key(), lease.grant_fence()).await
+    }
+
+    /// [`begin_fenced`](Self::begin_fenced) for a fence without its lease (handed over from
+    /// another process, for example): the same checks, under `fence` for `resource`.
+    pub async fn begin_with_fence(&self, resource: &ResourceKey, fence: GrantFence) -> Result<FencedTransaction> {
         let writer = self.writer().await?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
-        if let Err(e) = raise_watermark(&mut tx, &self.statements, resource, fence, fence_i64).await {
-            // This native path bypasses `FencedStoreExt`, so it counts its own rejections.
-            if matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. }) {
-                palisade_core::metrics::record_fence_rejected(BACKEND);
-            }
-            return Err(e);
-        }
+        counted(raise_watermark(&mut tx, &self.statements, resource, fence).await)?;
         Ok(FencedTransaction::new(tx, resource.clone(), fence.fence(), writer))
+    }
+
+    /// A write transaction for your own statements (`BEGIN IMMEDIATE`, holding SQLite's write
+    /// lock from the start), queued behind this process's other writers of the file as the
+    /// store's own writes are. Run [`check_fence_in`](Self::check_fence_in) or
+    /// [`update_row_fenced_in`](Self::update_row_fenced_in) on its [`conn`](WriteTransaction::conn)
+    /// beside your statements.
+    pub async fn begin(&self) -> Result<WriteTransaction> {
+        let writer = self.writer().await?;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
+        Ok(WriteTransaction::new(tx, writer))
+    }
+
+    /// The fence on one row of your own table, as a
+    /// [`WatermarkSource`](palisade_core::WatermarkSource) for
+    /// [`lock_checked`](palisade_core::LockServiceExt::lock_checked): what to check a fresh grant
+    /// against when the row is written with [`update_row_fenced`](Self::update_row_fenced), which
+    /// never raises the store's watermark. A missing row or a NULL fence reads as "never
+    /// written under a fence".
+    pub fn row_watermark<'a, K>(&'a self, row: &FencedRow<'a>, key: K) -> RowWatermark<'a, K>
+    where
+        K: RowKey<'a>,
+    {
+        RowWatermark { store: self, row: *row, key }
+    }
+
+    /// Runs the fence check inside a transaction you already opened (`&mut *tx`): the
+    /// watermark rule of [`begin_fenced`](Self::begin_fenced), on `conn`.
+    ///
+    /// Behavior:
+    /// - Accepted: the resource's watermark is raised in your transaction; your commit makes it
+    ///   and your writes durable together, your rollback undoes both.
+    /// - Refused: [`ErrorKind::StaleFence`] or [`ErrorKind::DuplicateFence`], nothing written
+    ///   by the check: roll your transaction back.
+    /// - Open your transaction with [`begin`](Self::begin) (or `pool.begin_with("BEGIN
+    ///   IMMEDIATE")`): a deferred `BEGIN` that has read first cannot always upgrade to a write
+    ///   (SQLite answers `SQLITE_BUSY` at once when another connection wrote in between).
+    pub async fn check_fence_in<S>(&self, conn: &mut SqliteConnection, lease: &Lease<S>) -> Result<()>
+    where
+        S: LockService<Fencing = Fenced> + ?Sized,
+    {
+        counted(raise_watermark(conn, &self.statements, lease.key(), lease.grant_fence()).await)
+    }
+
+    /// The seed's single-statement form on a row of your own table with a fence column, in a
+    /// transaction of its own (see [`FencedRow`] for the statement):
+    /// `UPDATE {table} SET {set}, {fence} = $1 WHERE {key} = $2 AND ({fence} IS NULL OR {fence} <= $1)`.
+    ///
+    /// `fence` is the lease (`&lease`) or a [`Fence`] handed over from its holder; `key` is any
+    /// value sqlx binds for your key column (`i64`, `&str`, …); `set` is your SQL fragment with
+    /// placeholders from `$3` on, bound by `bind` (never build it from user input). Zero rows
+    /// means the row's fence is higher ([`ErrorKind::StaleFence`]) or there is no such row
+    /// ([`ErrorKind::InvalidArgument`]); either way nothing changed. Like PostgreSQL's, this
+    /// form checks only the row's own fence: no watermark, no grant id (see
+    /// `palisade_postgres::PostgresStore::update_row_fenced` for what that means).
+    pub async fn update_row_fenced<'q, K>(
+        &self,
+        row: &FencedRow<'_>,
+        key: K,
+        fence: impl Into<Fence> + Send,
+        set: &str,
+        bind: impl FnOnce(Query<'q, Sqlite, SqliteArguments>) -> Query<'q, Sqlite, SqliteArguments> + Send,
+    ) -> Result<()>
+    where
+        K: RowKey<'q>,
+    {
+        let _writer = self.writer().await?;
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        update_row(&mut conn, row, key, fence.into(), set, bind).await
+    }
+
+    /// [`update_row_fenced`](Self::update_row_fenced) on `conn`, inside a transaction you
+    /// already opened: the update and your other statements commit together. A refusal
+    /// changes no row and leaves your transaction usable.
+    pub async fn update_row_fenced_in<'q, K>(
+        &self,
+        conn: &mut SqliteConnection,
+        row: &FencedRow<'_>,
+        key: K,
+        fence: impl Into<Fence> + Send,
+        set: &str,
+        bind: impl FnOnce(Query<'q, Sqlite, SqliteArguments>) -> Query<'q, Sqlite, SqliteArguments> + Send,
+    ) -> Result<()>
+    where
+        K: RowKey<'q>,
+    {
+        update_row(conn, row, key, fence.into(), set, bind).await
     }
 
     async fn apply_batch(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
@@ -286,8 +386,8 @@ impl SqliteStore {
         };
         let _writer = self.writer().await?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
-        if let (Some((resource, f)), Some(fi)) = (fence, fence_i64) {
-            raise_watermark(&mut tx, &self.statements, resource, f, fi).await?;
+        if let Some((resource, f)) = fence {
+            raise_watermark(&mut tx, &self.statements, resource, f).await?;
         }
         // Conditions see the state before the batch, so all checks run before any write.
         // On error `tx` is dropped, which rolls everything back: all or nothing.
@@ -343,14 +443,25 @@ fn is_busy(e: &Error) -> bool {
     false
 }
 
+/// The native paths (`begin_fenced`, `check_fence_in`) bypass `FencedStoreExt`, so they count
+/// their own rejections.
+fn counted(checked: Result<()>) -> Result<()> {
+    if let Err(e) = &checked
+        && matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. })
+    {
+        palisade_core::metrics::record_fence_rejected(BACKEND);
+    }
+    checked
+}
+
 /// Raises the watermark inside `conn`'s transaction, or reports why not (stale or duplicate).
 pub(crate) async fn raise_watermark(
     conn: &mut SqliteConnection,
     statements: &Statements,
     resource: &ResourceKey,
     fence: GrantFence,
-    fence_i64: i64,
 ) -> Result<()> {
+    let fence_i64 = storable_fence(BACKEND, fence.fence())?;
     let changed = sqlx::query(sql(&statements.raise_watermark))
         .bind(resource.to_string())
         .bind(fence_i64)
@@ -369,6 +480,77 @@ pub(crate) async fn raise_watermark(
         .map_err(map_err)?;
     let current = fence_from_column(Some(current)).unwrap_or_default();
     Err(explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice)))
+}
+
+/// A value sqlx binds for the key column of your table (`i64`, `&str`, `String`, …):
+/// implemented for every such type.
+pub trait RowKey<'q>:
+    sqlx::Encode<'q, Sqlite> + sqlx::Type<Sqlite> + Clone + Send + Sync + std::fmt::Debug + 'q
+{
+}
+
+impl<'q, T> RowKey<'q> for T where
+    T: sqlx::Encode<'q, Sqlite> + sqlx::Type<Sqlite> + Clone + Send + Sync + std::fmt::Debug + 'q
+{
+}
+
+/// The fence column of one row, read as a watermark: see [`SqliteStore::row_watermark`].
+#[derive(Debug, Clone)]
+pub struct RowWatermark<'a, K> {
+    store: &'a SqliteStore,
+    row: FencedRow<'a>,
+    key: K,
+}
+
+#[async_trait]
+impl<'a, K: RowKey<'a>> palisade_core::WatermarkSource for RowWatermark<'a, K> {
+    fn source_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// The row's fence; the resource is the row, whatever `resource` the lock is taken on.
+    async fn highest_fence(&self, _resource: &ResourceKey) -> Result<Option<Fence>> {
+        let mut conn = self.store.pool.acquire().await.map_err(map_err)?;
+        Ok(row_fence(&mut conn, &self.row, self.key.clone()).await?.flatten())
+    }
+}
+
+/// The fence column of `key`'s row: `None` if there is no such row, `Some(None)` if its fence
+/// is NULL.
+async fn row_fence<'q, K: RowKey<'q>>(
+    conn: &mut SqliteConnection,
+    row: &FencedRow<'_>,
+    key: K,
+) -> Result<Option<Option<Fence>>> {
+    let current: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(row.fence_sql(BACKEND)?))
+        .bind(key)
+        .fetch_optional(conn)
+        .await
+        .map_err(map_err)?;
+    Ok(current.map(fence_from_column))
+}
+
+/// The single-row fenced update on `conn`, and on zero rows the reason (stale or missing).
+async fn update_row<'q, K: RowKey<'q>>(
+    conn: &mut SqliteConnection,
+    row: &FencedRow<'_>,
+    key: K,
+    fence: Fence,
+    set: &str,
+    bind: impl FnOnce(Query<'q, Sqlite, SqliteArguments>) -> Query<'q, Sqlite, SqliteArguments> + Send,
+) -> Result<()> {
+    let update = row.update_sql(BACKEND, set)?;
+    let fence_i64 = storable_fence(BACKEND, fence)?;
+    let rows = bind(sqlx::query(AssertSqlSafe(update)).bind(fence_i64).bind(key.clone()))
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+    if rows > 0 {
+        return Ok(());
+    }
+    let current = row_fence(conn, row, key.clone()).await?;
+    Err(row.refusal(BACKEND, &key, fence, current))
 }
 
 async fn apply_op(conn: &mut SqliteConnection, s: &Statements, op: &WriteOp, fence: Option<i64>) -> Result<()> {

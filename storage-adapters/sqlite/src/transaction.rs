@@ -54,3 +54,37 @@ impl FencedTransaction {
         self.tx.rollback().await.map_err(map_err)
     }
 }
+
+/// A write transaction for your own statements (`BEGIN IMMEDIATE`), queued behind this
+/// process's other writers of the file: from [`SqliteStore::begin`](crate::SqliteStore::begin).
+///
+/// Run fenced statements on [`conn`](Self::conn) with
+/// [`check_fence_in`](crate::SqliteStore::check_fence_in) or
+/// [`update_row_fenced_in`](crate::SqliteStore::update_row_fenced_in), and your own beside
+/// them; then [`commit`](Self::commit). Dropping it rolls everything back.
+#[derive(Debug)]
+pub struct WriteTransaction {
+    tx: Transaction<'static, Sqlite>,
+    _writer: OwnedMutexGuard<()>,
+}
+
+impl WriteTransaction {
+    pub(crate) fn new(tx: Transaction<'static, Sqlite>, writer: OwnedMutexGuard<()>) -> Self {
+        WriteTransaction { tx, _writer: writer }
+    }
+
+    /// The connection to run your statements on.
+    pub fn conn(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+
+    /// Commits everything the transaction did.
+    pub async fn commit(self) -> Result<()> {
+        self.tx.commit().await.map_err(map_err)
+    }
+
+    /// Rolls everything back.
+    pub async fn rollback(self) -> Result<()> {
+        self.tx.rollback().await.map_err(map_err)
+    }
+}

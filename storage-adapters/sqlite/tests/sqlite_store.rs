@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey, WriteBatch};
+use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, LockOptions, ResourceKey, WriteBatch};
 use palisade_sqlite::{SqliteConfig, SqliteStore, Synchronous, map_err};
 
 fn res() -> ResourceKey {
@@ -110,19 +110,19 @@ async fn own_statements_commit_with_the_watermark_or_not_at_all() {
 
     // Dropped without commit: nothing happened, watermark included.
     {
-        let mut tx = s.begin_fenced(&res(), gf(5)).await.unwrap();
+        let mut tx = s.begin_with_fence(&res(), gf(5)).await.unwrap();
         sqlx::query("UPDATE inventory SET qty = qty - 1").execute(tx.conn()).await.unwrap();
     }
     assert_eq!(qty(s.clone()).await, 10);
     assert_eq!(s.watermark(&res()).await.unwrap(), None);
 
-    let mut tx = s.begin_fenced(&res(), gf(5)).await.unwrap();
+    let mut tx = s.begin_with_fence(&res(), gf(5)).await.unwrap();
     assert_eq!(tx.fence(), Fence::new(5));
     sqlx::query("UPDATE inventory SET qty = qty - 1").execute(tx.conn()).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(qty(s.clone()).await, 9);
 
-    let err = s.begin_fenced(&res(), gf(4)).await.unwrap_err();
+    let err = s.begin_with_fence(&res(), gf(4)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::StaleFence { presented: Fence::new(4), current: Fence::new(5) });
     assert_eq!(qty(s.clone()).await, 9);
 }
@@ -212,7 +212,7 @@ async fn lock_fences_continue_across_reopening_the_file() {
     for run in 1..=3u64 {
         let store = SqliteStore::connect(&url).await.unwrap();
         let locks = Arc::new(SqliteLockService::new(&store).await.unwrap());
-        let lease = locks.lock_checked(&store, &res(), ttl, ttl).await.unwrap();
+        let lease = locks.lock_checked(&store, &res(), LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
         assert_eq!(lease.fence().get(), run, "consecutive fences across runs, no repair");
         assert!(lease.fence().get() < REGRESSION_GAP);
         store.write(&lease, &WriteBatch::new().put("rec", run.to_string().into_bytes())).await.unwrap();
@@ -234,16 +234,16 @@ async fn store_watermark(url: &str) -> u64 {
 #[tokio::test]
 async fn begin_fenced_refuses_an_equal_fence_from_another_grant() {
     let s = SqliteStore::connect("sqlite::memory:").await.unwrap();
-    let mut tx = s.begin_fenced(&res(), gf(5)).await.unwrap();
+    let mut tx = s.begin_with_fence(&res(), gf(5)).await.unwrap();
     sqlx::query("CREATE TABLE t (v INTEGER)").execute(tx.conn()).await.unwrap();
     tx.commit().await.unwrap();
     let other = GrantFence::new(Fence::new(5), GrantId::from_bytes([0xb2; 16]));
-    let err = s.begin_fenced(&res(), other).await.unwrap_err();
+    let err = s.begin_with_fence(&res(), other).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(5) });
     let err = s.apply(&res(), other, &WriteBatch::new().put("k", b"v".to_vec())).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::DuplicateFence { fence: Fence::new(5) });
     assert!(s.read("k").await.unwrap().is_none());
-    s.begin_fenced(&res(), gf(5)).await.unwrap().commit().await.unwrap();
+    s.begin_with_fence(&res(), gf(5)).await.unwrap().commit().await.unwrap();
 }
 
 /// A database whose watermark table predates grant ids gets the column at open, and its old
@@ -281,4 +281,77 @@ async fn a_watermark_table_without_grant_ids_is_migrated() {
 /// `fence` as the test's one grant presents it.
 fn gf(fence: u64) -> GrantFence {
     GrantFence::new(Fence::new(fence), GrantId::from_bytes([0xa1; 16]))
+}
+
+/// Issue 19: the store on the application's own pool, the fenced statement in a write
+/// transaction beside the application's own statements, an integer key column, and the fence
+/// taken from the lease.
+#[tokio::test]
+async fn fenced_writes_join_the_callers_transaction_on_the_callers_pool() {
+    use std::time::Duration;
+
+    use palisade_core::{FencedRow, LockServiceExt, MemoryLockService};
+
+    let dir = tempfile::tempdir().unwrap();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(dir.path().join("app.db"))
+                .create_if_missing(true)
+                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal),
+        )
+        .await
+        .unwrap();
+    let s = SqliteStore::from_pool(pool.clone()).await.unwrap();
+    for ddl in [
+        "CREATE TABLE items (id INTEGER PRIMARY KEY, qty INTEGER NOT NULL, fence INTEGER)",
+        "CREATE TABLE audit (id INTEGER NOT NULL, note TEXT NOT NULL)",
+        "INSERT INTO items VALUES (7, 10, NULL)",
+    ] {
+        sqlx::query(ddl).execute(&pool).await.unwrap();
+    }
+    let row = FencedRow { table: "items", key_column: "id", fence_column: "fence" };
+    let locks = Arc::new(MemoryLockService::new());
+    let key = ResourceKey::new("items", "7").unwrap();
+    let old = locks.lock(&key, LockOptions::ttl(Duration::from_millis(20))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(40)).await; // paused past its TTL
+    let new = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30))).await.unwrap();
+    let state = || async {
+        let qty: i64 = sqlx::query_scalar("SELECT qty FROM items WHERE id = 7").fetch_one(&pool).await.unwrap();
+        let notes: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM audit").fetch_one(&pool).await.unwrap();
+        (qty, notes)
+    };
+
+    let mut tx = s.begin().await.unwrap();
+    s.update_row_fenced_in(tx.conn(), &row, 7_i64, &new, "qty = qty - $3", |q| q.bind(1_i64)).await.unwrap();
+    sqlx::query("INSERT INTO audit VALUES (7, 'shipped')").execute(tx.conn()).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(state().await, (9, 1));
+
+    let mut tx = s.begin().await.unwrap();
+    let err =
+        s.update_row_fenced_in(tx.conn(), &row, 7_i64, &old, "qty = qty - $3", |q| q.bind(1_i64)).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "{err}");
+    tx.rollback().await.unwrap();
+    assert_eq!(state().await, (9, 1));
+    // The row's own fence, as a watermark for `lock_checked`.
+    let watermark = palisade_core::WatermarkSource::highest_fence(&s.row_watermark(&row, 7_i64), &key).await.unwrap();
+    assert_eq!(watermark, Some(new.fence()));
+
+    let mut tx = s.begin().await.unwrap();
+    s.check_fence_in(tx.conn(), &new).await.unwrap();
+    sqlx::query("INSERT INTO audit VALUES (7, 'checked')").execute(tx.conn()).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(s.watermark(&key).await.unwrap(), Some(new.fence()));
+    let mut tx = s.begin().await.unwrap();
+    let err = s.check_fence_in(tx.conn(), &old).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "{err}");
+    tx.rollback().await.unwrap();
+    assert_eq!(state().await, (9, 2));
+
+    let tx = s.begin_fenced(&new).await.unwrap();
+    assert_eq!((tx.resource(), tx.fence()), (&key, new.fence()));
+    tx.rollback().await.unwrap();
+    assert!(s.begin_fenced(&old).await.is_err());
 }

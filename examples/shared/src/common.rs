@@ -1,13 +1,9 @@
 //! What the use-case examples share: their flags, connecting, a per-run namespace, and the
 //! one JSON line they end with (tests read it).
 
-#![allow(dead_code)] // each example uses a part
-
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
-
-pub mod logging;
 
 use palisade::{DynFencedStore, DynLockService, OwnerToken, Result};
 
@@ -27,6 +23,7 @@ pub struct Common {
 }
 
 impl Common {
+    /// The lease TTL.
     pub fn ttl(&self) -> Duration {
         Duration::from_millis(self.ttl_ms)
     }
@@ -69,7 +66,7 @@ pub fn main_with<F>(run: impl FnOnce() -> F) -> ExitCode
 where
     F: Future<Output = Result<ExitCode>>,
 {
-    logging::init();
+    crate::logging::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

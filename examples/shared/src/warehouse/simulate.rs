@@ -20,9 +20,9 @@ use serde_json::json;
 use tokio::sync::{Mutex, mpsc};
 use tokio::time::Instant;
 
-use crate::cli::{Cli, SimulateArgs, millis};
-use crate::commands::{AppError, connect_any};
-use crate::inventory::{Mode, Order, Outcome, Warehouse};
+use super::cli::{Cli, SimulateArgs, millis};
+use super::commands::{AppError, connect_any};
+use super::inventory::{Mode, Order, Outcome, Warehouse};
 
 #[derive(Debug, Clone, Copy)]
 struct Delivery {
@@ -65,6 +65,7 @@ struct Settings {
     mode: Mode,
 }
 
+/// `simulate`: runs the simulation, prints its report, and exits 4 if a fenced run found duplicates.
 pub async fn run(cli: &Cli, args: &SimulateArgs) -> Result<ExitCode, AppError> {
     let report = simulate(cli, args, false).await?;
     let duplicates = report["duplicates"].as_u64().unwrap_or(0);
@@ -96,7 +97,8 @@ pub async fn simulate(cli: &Cli, args: &SimulateArgs, quiet: bool) -> Result<ser
     if settings.pause_every > 0 && settings.pause <= settings.ttl {
         eprintln!("warehouse: note: --pause-ms is not longer than --ttl-ms, so pauses will not outlive leases");
     }
-    let (locks, store) = connect_any(cli).await?;
+    let locks = connect_any(cli).await?;
+    let store = cli.store.as_str();
     match locks {
         AnyLockService::Fenced(locks) => run_with(settings, locks, store, quiet).await,
         AnyLockService::Unfenced(locks) => {
@@ -114,11 +116,11 @@ pub async fn simulate(cli: &Cli, args: &SimulateArgs, quiet: bool) -> Result<ser
 async fn run_with<L: LockService + ?Sized>(
     settings: Settings,
     locks: Arc<L>,
-    store: Arc<DynFencedStore>,
+    store: &str,
     quiet: bool,
 ) -> Result<serde_json::Value, AppError> {
     let run_id = palisade::OwnerToken::generate()?.to_string()[..8].to_string();
-    let warehouse = Warehouse::new(store, format!("sim/{run_id}"));
+    let warehouse = Warehouse::connect(store, &run_id).await?;
     let initial = i64::try_from(settings.jobs).unwrap_or(i64::MAX);
     for s in 0..settings.skus {
         warehouse.seed_stock(&sku_name(s), initial).await?;
@@ -226,7 +228,7 @@ async fn process<L: LockService + ?Sized>(sim: &Sim<L>, delivery: Delivery, work
     };
     let started = Instant::now();
     let wait = (sim.args.ttl * 50).max(Duration::from_secs(10));
-    let lease = match sim.locks.lock(&key, sim.args.ttl, wait).await {
+    let lease = match sim.locks.lock(&key, LockOptions::ttl(sim.args.ttl).wait(wait)).await {
         Ok(lease) => lease,
         Err(_) => {
             // Not acknowledged: the queue redelivers it.
@@ -319,7 +321,7 @@ async fn report<L: LockService + ?Sized>(sim: &Sim<L>, elapsed: Duration) -> Res
         "acquire_p50_ms": (pct(50.0) * 1000.0).round() / 1000.0,
         "acquire_p99_ms": (pct(99.0) * 1000.0).round() / 1000.0,
         "lock": sim.locks.backend(),
-        "store": sim.warehouse.store().backend(),
+        "store": sim.warehouse.backend(),
     }))
 }
 

@@ -5,13 +5,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use palisade::DynLockService;
 use palisade::prelude::*;
-use palisade::{DynFencedStore, DynLockService};
 use serde_json::json;
 
-use crate::cli::{Cli, Command, millis};
-use crate::inventory::{Mode, Order, Outcome, Warehouse};
-use crate::simulate;
+use super::cli::{Cli, Command, millis};
+use super::inventory::{Mode, Order, Outcome, Warehouse};
+use super::simulate;
 
 /// The exit code for an error: 2 for bad input, 1 for everything else.
 pub fn exit_code_for(e: &AppError) -> u8 {
@@ -24,7 +24,9 @@ pub fn exit_code_for(e: &AppError) -> u8 {
 /// A failure, already sorted into bad input and runtime trouble.
 #[derive(Debug)]
 pub enum AppError {
+    /// Bad input (exit 2).
     Usage(String),
+    /// Anything else (exit 1).
     Runtime(String),
 }
 
@@ -47,19 +49,19 @@ impl From<Error> for AppError {
     }
 }
 
-pub async fn connect(cli: &Cli) -> Result<(Arc<DynLockService>, Arc<DynFencedStore>), AppError> {
+/// The lock service and the warehouse's data (its tables on PostgreSQL and SQLite).
+pub async fn connect(cli: &Cli) -> Result<(Arc<DynLockService>, Warehouse), AppError> {
     let locks = palisade::connect_lock(&cli.lock_url()).await?;
-    let store = palisade::connect_store(&cli.store).await?;
-    Ok((locks, store))
+    let warehouse = Warehouse::connect(&cli.store, "").await?;
+    Ok((locks, warehouse))
 }
 
 /// For `simulate`, which also runs on an unfenced lock (Redlock) to show what it lets through.
-pub async fn connect_any(cli: &Cli) -> Result<(palisade::AnyLockService, Arc<DynFencedStore>), AppError> {
-    let locks = palisade::connect_any_lock(&cli.lock_url()).await?;
-    let store = palisade::connect_store(&cli.store).await?;
-    Ok((locks, store))
+pub async fn connect_any(cli: &Cli) -> Result<palisade::AnyLockService, AppError> {
+    Ok(palisade::connect_any_lock(&cli.lock_url()).await?)
 }
 
+/// Runs the parsed command line; the exit code on success, or the error to report.
 pub async fn run(cli: Cli) -> Result<ExitCode, AppError> {
     match &cli.command {
         Command::Simulate(args) => simulate::run(&cli, args).await,
@@ -82,10 +84,13 @@ fn warn_if_single_process(cli: &Cli) {
 }
 
 async fn setup(cli: &Cli, sku: &str, qty: i64) -> Result<ExitCode, AppError> {
-    let key = Warehouse::resource(sku)?;
-    let (locks, store) = connect(cli).await?;
-    let warehouse = Warehouse::new(Arc::clone(&store), "wh");
-    let lease = locks.lock_checked(&*store, &key, Duration::from_secs(30), Duration::from_secs(60)).await?;
+    Warehouse::resource(sku)?;
+    let (locks, warehouse) = connect(cli).await?;
+    let options = LockOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(60));
+    let lease = warehouse
+        .lock_checked(&locks, sku, options)
+        .await?
+        .ok_or_else(|| AppError::Runtime(format!("the lock on {sku} did not come free")))?;
     warehouse.set_stock(&lease, sku, qty).await?;
     println!("{}", json!({"event": "setup", "sku": sku, "qty": qty, "fence": lease.fence().get()}));
     lease.release().await?;
@@ -94,8 +99,7 @@ async fn setup(cli: &Cli, sku: &str, qty: i64) -> Result<ExitCode, AppError> {
 
 async fn show(cli: &Cli, sku: &str) -> Result<ExitCode, AppError> {
     Warehouse::resource(sku)?;
-    let store = palisade::connect_store(&existing_only(&cli.store)).await?;
-    let warehouse = Warehouse::new(store, "wh");
+    let warehouse = Warehouse::connect(&existing_only(&cli.store), "").await?;
     let stock = warehouse.stock(sku).await?.ok_or_else(|| {
         AppError::Runtime(format!("unknown SKU {sku:?}: run `warehouse setup --sku {sku} --qty N` first"))
     })?;
@@ -145,7 +149,7 @@ async fn allocate(
     let wait = millis(wait_ms);
     let job = match job {
         Some(job) => {
-            palisade::validate_record_key(job)?;
+            palisade::spi::validate_record_key(job)?;
             if job.contains('/') {
                 return Err(AppError::Usage("job id must not contain '/'".into()));
             }
@@ -154,19 +158,14 @@ async fn allocate(
         None => format!("job-{}", palisade::OwnerToken::generate()?),
     };
     warn_if_single_process(cli);
-    let (locks, store) = connect(cli).await?;
-    let warehouse = Warehouse::new(Arc::clone(&store), "wh");
-    // Checked against the store's watermark: a lock service that lost its fence counter is
-    // noticed and repaired here instead of having every write refused (fencing rule 5).
-    let lease = if wait.is_zero() {
-        // `--wait-ms 0`: one attempt. A held lock is a runtime outcome (exit 1), like a wait
-        // that ran out.
-        locks.try_lock_checked(&*store, &key, ttl).await?.ok_or_else(|| {
-            AppError::Runtime(format!("the lock on {key} is held by another worker (--wait-ms 0 tries once)"))
-        })?
-    } else {
-        locks.lock_checked(&*store, &key, ttl, wait).await?
-    };
+    let (locks, warehouse) = connect(cli).await?;
+    // Checked against where the stock keeps its fence: a lock service that lost its fence
+    // counter is noticed and repaired here instead of having every write refused (fencing
+    // rule 5). `--wait-ms 0` tries once: a held lock is a runtime outcome (exit 1), like a
+    // wait that ran out.
+    let lease = warehouse.lock_checked(&locks, sku, LockOptions::ttl(ttl).wait(wait)).await?.ok_or_else(|| {
+        AppError::Runtime(format!("the lock on {key} is held by another worker (--wait-ms 0 tries once)"))
+    })?;
     let fence = lease.fence().get();
     emit(json!({"event": "acquired", "fence": fence, "job": job}))?;
     let attempt = lease.token().to_string();

@@ -1,0 +1,584 @@
+//! The warehouse's data, and one allocation done right (or, with [`Mode::Unfenced`], done the
+//! seed's naive way).
+//!
+//! **On PostgreSQL and SQLite** the data is in tables of its own, as an application's is:
+//!
+//! ```sql
+//! CREATE TABLE inventory   (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL CHECK (qty >= 0), fence BIGINT);
+//! CREATE TABLE allocations (job TEXT NOT NULL, attempt TEXT NOT NULL, sku TEXT NOT NULL,
+//!                           qty BIGINT NOT NULL, fence BIGINT, PRIMARY KEY (job, attempt));
+//! ```
+//!
+//! A fenced allocation is one transaction of two statements: the seed's single-row statement
+//! on the stock (the store's `update_row_fenced_in`: `UPDATE inventory SET qty = qty - n,
+//! fence = f WHERE sku = s AND (fence IS NULL OR fence <= f)`), then the audit row, inserted
+//! only if the job has none yet (fencing rule 3: the "already done?" check is in the write).
+//! The update locks the stock row first, so a stale holder whose fence still passes (it woke
+//! before the new holder wrote) and the new holder take turns, and the second finds the job
+//! done. Unfenced, the same transaction decrements and audits blindly. Runs keep apart by a
+//! scope in the key values (`RUN.SKU-0001`, `RUN.job-000000001`).
+//!
+//! **On other stores** (DynamoDB, memory) it keeps records in the store's key-value table, under
+//! a prefix (`wh` for the commands, `sim/RUN` for a simulation): `PREFIX/inventory/SKU` (the
+//! stock, decimal text), `PREFIX/done/JOB`, `PREFIX/audit/JOB/ATTEMPT`, one batch per allocation.
+//!
+//! Either way two audit rows for one job are a duplicate shipment.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade::prelude::*;
+use palisade::{DynFencedStore, Fence, FencedRow, GrantFence, Record};
+
+/// Whether writes go through the fence check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Check the fence and the "already done?" condition in the store, atomically (rules 1–3).
+    Fenced,
+    /// The seed's naive lock: check "done" before the pause, write blindly after it.
+    Unfenced,
+}
+
+/// What one allocation attempt came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The stock was decremented and the job recorded.
+    Applied,
+    /// The store refused the write: a newer holder had already written.
+    StaleFence {
+        /// The fence the write carried.
+        presented: Fence,
+        /// The fence the store had accepted.
+        current: Fence,
+    },
+    /// Somebody else had already applied this job.
+    AlreadyDone,
+    /// Not enough stock.
+    InsufficientStock {
+        /// What there is.
+        available: i64,
+    },
+    /// The SKU has no stock record (run `setup` first).
+    UnknownSku,
+}
+
+/// How many times a record-store allocation re-reads after a condition failed before giving
+/// up. Each conflict means another writer landed in between; under a valid lock only a stale
+/// holder can, so a handful is plenty.
+const MAX_CONFLICT_RETRIES: u32 = 16;
+
+/// The stock row as the stores' single-row helpers see it.
+pub const INVENTORY: FencedRow<'static> = FencedRow { table: "inventory", key_column: "sku", fence_column: "fence" };
+
+/// One allocation request: which SKU, how many, for which job, and a unique attempt id (the
+/// audit row's key with the job, so a job applied twice shows up as two rows).
+#[derive(Debug, Clone, Copy)]
+pub struct Order<'a> {
+    /// The SKU.
+    pub sku: &'a str,
+    /// The job id.
+    pub job: &'a str,
+    /// This attempt's id.
+    pub attempt: &'a str,
+    /// Units to allocate.
+    pub qty: i64,
+}
+
+/// A stock level and the fence that last wrote it.
+#[derive(Debug, Clone, Copy)]
+pub struct Stock {
+    /// Units in stock.
+    pub qty: i64,
+    /// The fence of the last fenced write (`None`: never written under a fence).
+    pub fence: Option<Fence>,
+}
+
+/// Where the warehouse keeps its data.
+#[derive(Clone)]
+enum Data {
+    #[cfg(feature = "postgres")]
+    Postgres(palisade::postgres::PostgresStore),
+    Sqlite(palisade::sqlite::SqliteStore),
+    Records {
+        store: Arc<DynFencedStore>,
+        prefix: String,
+    },
+}
+
+/// A warehouse: its tables on PostgreSQL or SQLite, records in any other fenced store.
+#[derive(Clone)]
+pub struct Warehouse {
+    data: Data,
+    /// Separates runs in shared tables: `SCOPE.SKU`, `SCOPE.JOB` (empty: the names as given).
+    scope: String,
+}
+
+impl Warehouse {
+    /// Connects to the store at `url`, creating the warehouse's tables if missing. `scope`
+    /// separates runs sharing a database (`""` for the commands, the run id for a simulation).
+    pub async fn connect(url: &str, scope: &str) -> palisade::Result<Self> {
+        let data = if url.starts_with("sqlite:") {
+            let store = palisade::sqlite::SqliteStore::connect(url).await?;
+            sqlite::migrate(&store).await?;
+            Data::Sqlite(store)
+        } else if cfg!(feature = "postgres") && (url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            Self::postgres(url).await?
+        } else {
+            let prefix = if scope.is_empty() { "wh".to_string() } else { format!("sim/{scope}") };
+            Data::Records { store: palisade::connect_store(url).await?, prefix }
+        };
+        Ok(Warehouse { data, scope: scope.to_string() })
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn postgres(url: &str) -> palisade::Result<Data> {
+        let store = palisade::postgres::PostgresStore::connect(url).await?;
+        postgres::migrate(&store).await?;
+        Ok(Data::Postgres(store))
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    async fn postgres(url: &str) -> palisade::Result<Data> {
+        // Unreachable (the caller checks the feature); kept so both builds have one shape.
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "warehouse",
+            format!("{}: the postgres feature is off", palisade::redact_url(url)),
+        ))
+    }
+
+    /// The store's name, for reports (`postgres`, `sqlite`, `dynamodb`, `memory`).
+    pub fn backend(&self) -> &'static str {
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(_) => "postgres",
+            Data::Sqlite(_) => "sqlite",
+            Data::Records { store, .. } => store.backend(),
+        }
+    }
+
+    /// The lock resource for a SKU: `alloc:SKU` (validated, so a bad SKU is a typed error).
+    pub fn resource(sku: &str) -> palisade::Result<ResourceKey> {
+        ResourceKey::new("alloc", sku)
+    }
+
+    fn scoped(&self, name: &str) -> String {
+        if self.scope.is_empty() { name.to_string() } else { format!("{}.{name}", self.scope) }
+    }
+
+    /// Takes the SKU's lock and checks the grant against where its writes keep their fence
+    /// (fencing rule 5): the stock row on the tables, the store's watermark for records. A
+    /// zero wait tries once (`Ok(None)` when held).
+    pub async fn lock_checked(
+        &self,
+        locks: &Arc<DynLockService>,
+        sku: &str,
+        options: LockOptions,
+    ) -> palisade::Result<Option<Lease<DynLockService>>> {
+        let key = Self::resource(sku)?;
+        let row = self.scoped(sku);
+        macro_rules! checked {
+            ($source:expr) => {
+                if options.wait.is_zero() {
+                    locks.try_lock_checked($source, &key, options.ttl).await
+                } else {
+                    locks.lock_checked($source, &key, options).await.map(Some)
+                }
+            };
+        }
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(store) => checked!(&store.row_watermark(&INVENTORY, row)),
+            Data::Sqlite(store) => checked!(&store.row_watermark(&INVENTORY, row)),
+            Data::Records { store, .. } => checked!(&**store),
+        }
+    }
+
+    /// The SKU's stock, if it has a row.
+    pub async fn stock(&self, sku: &str) -> palisade::Result<Option<Stock>> {
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(store) => postgres::stock(store, &self.scoped(sku)).await,
+            Data::Sqlite(store) => sqlite::stock(store, &self.scoped(sku)).await,
+            Data::Records { store, prefix } => Ok(store
+                .read(&format!("{prefix}/inventory/{sku}"))
+                .await?
+                .map(|r| Stock { qty: parse_qty(&r), fence: r.fence })),
+        }
+    }
+
+    /// Sets the stock level under a lease (fenced: a stale admin cannot overwrite newer stock).
+    pub async fn set_stock(&self, lease: &Lease<DynLockService>, sku: &str, qty: i64) -> palisade::Result<()> {
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(store) => postgres::set_stock(store, lease, &self.scoped(sku), qty).await,
+            Data::Sqlite(store) => sqlite::set_stock(store, lease, &self.scoped(sku), qty).await,
+            Data::Records { store, prefix } => {
+                store.write(lease, &WriteBatch::new().put(format!("{prefix}/inventory/{sku}"), qty.to_string())).await
+            }
+        }
+    }
+
+    /// Seeds stock with no lock, before any worker runs (simulation set-up only).
+    pub async fn seed_stock(&self, sku: &str, qty: i64) -> palisade::Result<()> {
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(store) => postgres::seed(store, &self.scoped(sku), qty).await,
+            Data::Sqlite(store) => sqlite::seed(store, &self.scoped(sku), qty).await,
+            Data::Records { store, prefix } => {
+                store.apply_unfenced(&WriteBatch::new().put(format!("{prefix}/inventory/{sku}"), qty.to_string())).await
+            }
+        }
+    }
+
+    /// Audit rows per job, of one SKU or of all (of this warehouse's scope).
+    pub async fn audit(&self, sku: Option<&str>) -> palisade::Result<BTreeMap<String, usize>> {
+        let job_prefix = self.scoped("");
+        let sku = sku.map(|s| self.scoped(s));
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(store) => postgres::audit(store, &job_prefix, sku.as_deref()).await,
+            Data::Sqlite(store) => sqlite::audit(store, &job_prefix, sku.as_deref()).await,
+            Data::Records { store, prefix } => {
+                let audit_prefix = format!("{prefix}/audit/");
+                let wanted = sku.map(|s| format!("sku={s} "));
+                let mut per_job = BTreeMap::new();
+                for (key, record) in store.list(&audit_prefix).await? {
+                    if let Some(wanted) = &wanted
+                        && !record.value.starts_with(wanted.as_bytes())
+                    {
+                        continue;
+                    }
+                    let rest = &key[audit_prefix.len()..];
+                    let job = rest.split_once('/').map_or(rest, |(job, _)| job);
+                    *per_job.entry(job.to_string()).or_insert(0) += 1;
+                }
+                Ok(per_job)
+            }
+        }
+    }
+
+    /// Allocates `n` units of `sku` for `job` while holding `lease`, pausing `pause` between the
+    /// read and the write (the window in which a GC pause or SIGSTOP hits).
+    ///
+    /// Fenced: the write carries the lease's fence and, atomically with it, the "job not yet
+    /// done" condition (fencing rule 3). An unfenced lease (Redlock) can only run
+    /// `Mode::Unfenced`; `Mode::Fenced` refuses it.
+    pub async fn allocate<S: LockService + ?Sized>(
+        &self,
+        lease: &Lease<S>,
+        mode: Mode,
+        order: &Order<'_>,
+        pause: Duration,
+    ) -> palisade::Result<Outcome> {
+        let fence = lease.fence_if_any();
+        if mode == Mode::Fenced && fence.is_none() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "warehouse",
+                format!("the {} lock issues no fence: a fenced allocation needs one", lease.service().backend()),
+            ));
+        }
+        let fence = if mode == Mode::Fenced { fence } else { None };
+        let (sku, job) = (self.scoped(order.sku), self.scoped(order.job));
+        let scoped = Order { sku: &sku, job: &job, ..*order };
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(store) => postgres::allocate(store, fence, &scoped, pause).await,
+            Data::Sqlite(store) => sqlite::allocate(store, fence, &scoped, pause).await,
+            Data::Records { store, prefix } => {
+                let fence = fence.map(|f| GrantFence::new(f, lease.grant().grant_id()));
+                allocate_records(store, prefix, lease.key(), fence, order, pause).await
+            }
+        }
+    }
+}
+
+/// The tables' statements: PostgreSQL and SQLite read the same text (`$N` placeholders).
+mod sql {
+    pub const CREATE_INVENTORY: &str = "CREATE TABLE IF NOT EXISTS inventory (\
+         sku TEXT PRIMARY KEY, qty BIGINT NOT NULL CHECK (qty >= 0), fence BIGINT)";
+    pub const CREATE_ALLOCATIONS: &str = "CREATE TABLE IF NOT EXISTS allocations (\
+         job TEXT NOT NULL, attempt TEXT NOT NULL, sku TEXT NOT NULL, qty BIGINT NOT NULL, fence BIGINT, \
+         PRIMARY KEY (job, attempt))";
+    /// The stock and whether the job has an audit row, in one statement.
+    pub const READ: &str =
+        "SELECT qty, (SELECT COUNT(*) FROM allocations WHERE job = $2) FROM inventory WHERE sku = $1";
+    pub const STOCK: &str = "SELECT qty, fence FROM inventory WHERE sku = $1";
+    /// The audit row, only if the job has none: the "already done?" check inside the write.
+    pub const AUDIT_ONCE: &str = "INSERT INTO allocations (job, attempt, sku, qty, fence) \
+         SELECT $1, $2, $3, $4, $5 WHERE NOT EXISTS (SELECT 1 FROM allocations WHERE job = $1)";
+    pub const AUDIT: &str = "INSERT INTO allocations (job, attempt, sku, qty, fence) VALUES ($1, $2, $3, $4, $5)";
+    pub const DECREMENT_BLIND: &str = "UPDATE inventory SET qty = qty - $2 WHERE sku = $1";
+    pub const SEED: &str = "INSERT INTO inventory (sku, qty, fence) VALUES ($1, $2, NULL) \
+         ON CONFLICT (sku) DO UPDATE SET qty = excluded.qty, fence = NULL";
+    pub const ENSURE_ROW: &str =
+        "INSERT INTO inventory (sku, qty, fence) VALUES ($1, 0, NULL) ON CONFLICT (sku) DO NOTHING";
+    pub const AUDIT_COUNTS: &str = "SELECT job, COUNT(*) FROM allocations \
+         WHERE substr(job, 1, length($1)) = $1 AND ($2 IS NULL OR sku = $2) GROUP BY job";
+}
+
+/// One module per SQL store, from the same text: the stores' transaction types differ, the
+/// statements and the logic do not.
+macro_rules! sql_tables {
+    ($module:ident, $store:ty, $map_err:path, $migrate_lock:expr, begin: |$s:ident| $begin:expr, conn: |$t:ident| $conn:expr) => {
+        mod $module {
+            use std::collections::BTreeMap;
+            use std::time::Duration;
+
+            use palisade::prelude::*;
+            use palisade::{DynLockService, Fence};
+
+            use super::{INVENTORY, Order, Outcome, Stock, sql};
+
+            pub(super) async fn migrate($s: &$store) -> palisade::Result<()> {
+                let mut $t = $begin;
+                if let Some(lock) = $migrate_lock {
+                    sqlx::query(lock).execute($conn).await.map_err($map_err)?;
+                }
+                sqlx::query(sql::CREATE_INVENTORY).execute($conn).await.map_err($map_err)?;
+                sqlx::query(sql::CREATE_ALLOCATIONS).execute($conn).await.map_err($map_err)?;
+                $t.commit().await
+            }
+
+            pub(super) async fn seed($s: &$store, sku: &str, qty: i64) -> palisade::Result<()> {
+                sqlx::query(sql::SEED).bind(sku).bind(qty).execute($s.pool()).await.map_err($map_err)?;
+                Ok(())
+            }
+
+            pub(super) async fn stock($s: &$store, sku: &str) -> palisade::Result<Option<Stock>> {
+                let row: Option<(i64, Option<i64>)> =
+                    sqlx::query_as(sql::STOCK).bind(sku).fetch_optional($s.pool()).await.map_err($map_err)?;
+                Ok(row.map(|(qty, fence)| Stock {
+                    qty,
+                    fence: fence.and_then(|f| u64::try_from(f).ok()).map(Fence::new),
+                }))
+            }
+
+            pub(super) async fn set_stock(
+                $s: &$store,
+                lease: &Lease<DynLockService>,
+                sku: &str,
+                qty: i64,
+            ) -> palisade::Result<()> {
+                let mut $t = $begin;
+                sqlx::query(sql::ENSURE_ROW).bind(sku).execute($conn).await.map_err($map_err)?;
+                $s.update_row_fenced_in($conn, &INVENTORY, sku, lease, "qty = $3", |q| q.bind(qty)).await?;
+                $t.commit().await
+            }
+
+            pub(super) async fn audit(
+                $s: &$store,
+                job_prefix: &str,
+                sku: Option<&str>,
+            ) -> palisade::Result<BTreeMap<String, usize>> {
+                let rows: Vec<(String, i64)> = sqlx::query_as(sql::AUDIT_COUNTS)
+                    .bind(job_prefix)
+                    .bind(sku)
+                    .fetch_all($s.pool())
+                    .await
+                    .map_err($map_err)?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(job, n)| (job[job_prefix.len()..].to_string(), usize::try_from(n).unwrap_or(0)))
+                    .collect())
+            }
+
+            /// One allocation: the read, the pause, then one transaction (fenced: the
+            /// single-row statement and the audit row if the job has none).
+            pub(super) async fn allocate(
+                $s: &$store,
+                fence: Option<Fence>,
+                order: &Order<'_>,
+                pause: Duration,
+            ) -> palisade::Result<Outcome> {
+                let Order { sku, job, attempt, qty } = *order;
+                let read: Option<(i64, i64)> =
+                    sqlx::query_as(sql::READ).bind(sku).bind(job).fetch_optional($s.pool()).await.map_err($map_err)?;
+                let Some((available, audits)) = read else { return Ok(Outcome::UnknownSku) };
+                if audits > 0 {
+                    return Ok(Outcome::AlreadyDone);
+                }
+                if available < qty {
+                    return Ok(Outcome::InsufficientStock { available });
+                }
+                tokio::time::sleep(pause).await;
+                let fence_column = fence.and_then(|f| i64::try_from(f.get()).ok());
+                let mut $t = $begin;
+                match fence {
+                    Some(fence) => {
+                        let decremented = $s
+                            .update_row_fenced_in($conn, &INVENTORY, sku, fence, "qty = qty - $3", |q| q.bind(qty))
+                            .await;
+                        if let Err(e) = decremented {
+                            drop($t);
+                            if let Some((presented, current)) = e.stale_fence_details() {
+                                return Ok(Outcome::StaleFence { presented, current });
+                            }
+                            return short_or(stock($s, sku).await?, qty, e);
+                        }
+                        let audited = sqlx::query(sql::AUDIT_ONCE)
+                            .bind(job)
+                            .bind(attempt)
+                            .bind(sku)
+                            .bind(qty)
+                            .bind(fence_column)
+                            .execute($conn)
+                            .await
+                            .map_err($map_err)?
+                            .rows_affected();
+                        if audited == 0 {
+                            // Another holder applied the job first: undo our decrement.
+                            drop($t);
+                            return Ok(Outcome::AlreadyDone);
+                        }
+                    }
+                    None => {
+                        let decremented = sqlx::query(sql::DECREMENT_BLIND)
+                            .bind(sku)
+                            .bind(qty)
+                            .execute($conn)
+                            .await
+                            .map_err($map_err);
+                        if let Err(e) = decremented {
+                            drop($t);
+                            return short_or(stock($s, sku).await?, qty, e);
+                        }
+                        sqlx::query(sql::AUDIT)
+                            .bind(job)
+                            .bind(attempt)
+                            .bind(sku)
+                            .bind(qty)
+                            .bind(fence_column)
+                            .execute($conn)
+                            .await
+                            .map_err($map_err)?;
+                    }
+                }
+                $t.commit().await?;
+                Ok(Outcome::Applied)
+            }
+
+            /// A decrement that failed for want of stock (the `qty >= 0` check) is an outcome,
+            /// anything else the error it was.
+            fn short_or(stock: Option<Stock>, qty: i64, e: palisade::Error) -> palisade::Result<Outcome> {
+                match stock {
+                    Some(Stock { qty: available, .. }) if available < qty => {
+                        Ok(Outcome::InsufficientStock { available })
+                    }
+                    _ => Err(e),
+                }
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+sql_tables!(
+    postgres,
+    palisade::postgres::PostgresStore,
+    palisade::postgres::map_err,
+    // Concurrent `CREATE TABLE IF NOT EXISTS` collide on PostgreSQL's catalog: take turns.
+    Some("SELECT pg_advisory_xact_lock(7243010046)"),
+    begin: |store| super::PgTx(store.pool().begin().await.map_err(palisade::postgres::map_err)?),
+    conn: |tx| &mut *tx.0
+);
+
+sql_tables!(
+    sqlite,
+    palisade::sqlite::SqliteStore,
+    palisade::sqlite::map_err,
+    None::<&'static str>,
+    begin: |store| store.begin().await?,
+    conn: |tx| tx.conn()
+);
+
+/// A PostgreSQL transaction whose commit answers with a Palisade error, like SQLite's
+/// `WriteTransaction` does.
+#[cfg(feature = "postgres")]
+struct PgTx(sqlx::Transaction<'static, sqlx::Postgres>);
+
+#[cfg(feature = "postgres")]
+impl PgTx {
+    async fn commit(self) -> palisade::Result<()> {
+        self.0.commit().await.map_err(palisade::postgres::map_err)
+    }
+}
+
+/// The record-store allocation: read the stock and the done marker in one request, pause,
+/// then one batch (fenced: with the stock's value and the job's absence as conditions).
+async fn allocate_records(
+    store: &Arc<DynFencedStore>,
+    prefix: &str,
+    resource: &ResourceKey,
+    fence: Option<GrantFence>,
+    order: &Order<'_>,
+    pause: Duration,
+) -> palisade::Result<Outcome> {
+    let Order { sku, job, attempt, qty: n } = *order;
+    let inventory_key = format!("{prefix}/inventory/{sku}");
+    let done_key = format!("{prefix}/done/{job}");
+    let audit_key = format!("{prefix}/audit/{job}/{attempt}");
+    let fence_text = fence.map_or_else(|| "none".to_string(), |f| f.fence().to_string());
+    let mut paused = false;
+    for _ in 0..=MAX_CONFLICT_RETRIES {
+        let mut read = store.read_many(&[&done_key, &inventory_key]).await?.into_iter();
+        let (done, stock) = (read.next().flatten(), read.next().flatten());
+        if done.is_some() {
+            return Ok(Outcome::AlreadyDone);
+        }
+        let Some(record) = stock else {
+            return Ok(Outcome::UnknownSku);
+        };
+        let available = parse_qty(&record);
+        if available < n {
+            return Ok(Outcome::InsufficientStock { available });
+        }
+        if !paused {
+            paused = true;
+            tokio::time::sleep(pause).await;
+        }
+        let audit_value = format!("sku={sku} qty={n} fence={fence_text}");
+        let result = match fence {
+            Some(fence) => {
+                let batch = WriteBatch::new()
+                    .check(inventory_key.clone(), Some(record.value.clone()))
+                    .put(inventory_key.clone(), (available - n).to_string())
+                    .create(done_key.clone(), attempt.as_bytes().to_vec())
+                    .put(audit_key.clone(), audit_value.into_bytes());
+                store.write_fenced(resource, fence, &batch).await
+            }
+            None => {
+                let batch = WriteBatch::new()
+                    .put(inventory_key.clone(), (available - n).to_string())
+                    .put(done_key.clone(), attempt.as_bytes().to_vec())
+                    .put(audit_key.clone(), audit_value.into_bytes());
+                store.apply_unfenced(&batch).await
+            }
+        };
+        match result {
+            Ok(()) => return Ok(Outcome::Applied),
+            Err(e) => {
+                if let Some((presented, current)) = e.stale_fence_details() {
+                    return Ok(Outcome::StaleFence { presented, current });
+                }
+                if e.kind() != ErrorKind::Conflict {
+                    return Err(e);
+                }
+                // A stale holder's write landed between our read and our write (it woke up
+                // before we wrote, so its fence still passed). Re-read: we will see its work,
+                // or the stock it left.
+            }
+        }
+    }
+    Err(Error::new(
+        ErrorKind::Conflict,
+        "warehouse",
+        format!("job {job}: stock of {sku} kept changing under the lock ({MAX_CONFLICT_RETRIES} retries)"),
+    ))
+}
+
+fn parse_qty(record: &Record) -> i64 {
+    std::str::from_utf8(&record.value).ok().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
