@@ -1,4 +1,4 @@
-//! Flags (a stable contract: see README.md beside this file).
+//! Flags (a stable contract: see examples/warehouse/README.md).
 
 use std::process::ExitCode;
 
@@ -19,7 +19,7 @@ pub fn millis(ms: i64) -> std::time::Duration {
 }
 
 // Numbers are parsed as signed so that `--qty -5` is "out of range" for `--qty`, not an
-// unknown flag `-5`; the ranges are the contract (README.md beside this file).
+// unknown flag `-5`; the ranges are the contract (examples/warehouse/README.md).
 
 /// Warehouse allocation under a fenced lock: the seed's incident and its fix.
 #[derive(Debug, Parser)]
