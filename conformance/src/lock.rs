@@ -836,7 +836,17 @@ pub async fn lost_replies_leave_one_live_grant<F: LockServiceFactory>(ctx: &Ctx,
         if faulty.lost_since(before) == 0 {
             ensure!(ctx, skip > 0, "the fault proxy lost no reply: does the faulty client dial it?");
             if let Ok(Some(g)) = result {
-                attempt!(ctx, svc.release(&g).await, "release");
+                // The previous round cut the faulty client's connection; a release on it may
+                // be the request that finds the connection gone (`OutcomeUnknown`), and a
+                // release may be resent (`LockService::release`).
+                let mut released = svc.release(&g).await;
+                for _ in 0..3 {
+                    match &released {
+                        Err(e) if e.kind() == ErrorKind::OutcomeUnknown => released = svc.release(&g).await,
+                        _ => break,
+                    }
+                }
+                attempt!(ctx, released, "release");
             }
             break;
         }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -48,6 +49,10 @@ pub(crate) struct LeaseShared<S: LockService + ?Sized> {
     lost: CancellationToken,
     /// Fires when the lease is released (or dropped): stops the watchdog and renewals.
     done: CancellationToken,
+    /// Whether the deadline watchdog runs. It starts when somebody can observe the lost signal
+    /// (`lost`, `lost_token`, a renewal): a lease nobody watches costs no task, and its loss is
+    /// found when it is looked at (`is_lost`, `extend`, `release`, drop).
+    watching: AtomicBool,
 }
 
 #[derive(Clone, Copy)]
@@ -81,6 +86,27 @@ impl<S: LockService + ?Sized> LeaseShared<S> {
         &self.lost
     }
 
+    /// Marks the lease lost if the backend reported the loss or the deadline passed: the
+    /// watchdog's check, for a lease without one (and before a release, so that a lease that
+    /// ran out unobserved is still counted and logged as lost).
+    pub(crate) fn check_lost(&self) {
+        if self.done.is_cancelled() || self.lost.is_cancelled() {
+            return;
+        }
+        if self.grant.lost_token().is_cancelled() {
+            self.mark_lost("backend reported the lease lost");
+        } else if Instant::now() >= self.timing().deadline {
+            self.mark_lost("TTL elapsed without a successful extension");
+        }
+    }
+
+    /// Starts the deadline watchdog once (see `watching`).
+    pub(crate) fn watch(self: &Arc<Self>) {
+        if !self.watching.swap(true, Ordering::AcqRel) {
+            tokio::spawn(watchdog(Arc::clone(self)));
+        }
+    }
+
     /// Fires the lost signal once, with a reason for the log.
     pub(crate) fn mark_lost(&self, why: &str) {
         if self.done.is_cancelled() || self.lost.is_cancelled() {
@@ -99,6 +125,7 @@ impl<S: LockService + ?Sized> LeaseShared<S> {
     /// Extends on the backend and moves the local deadline. Refuses locally once lost.
     pub(crate) async fn extend(&self, ttl: Ttl) -> Result<()> {
         let backend = self.service.backend();
+        self.check_lost();
         if self.lost.is_cancelled() {
             return Err(Error::new(ErrorKind::LeaseLost, backend, "lease already lost; not extending"));
         }
@@ -158,7 +185,8 @@ async fn watchdog<S: LockService + ?Sized>(shared: Arc<LeaseShared<S>>) {
 }
 
 impl<S: LockService + ?Sized> Lease<S> {
-    /// Wraps a fresh grant in a lease and starts its deadline watchdog.
+    /// Wraps a fresh grant in a lease. Its deadline watchdog starts when the lost signal is
+    /// first asked for ([`lost`](Lease::lost), [`lost_token`](Lease::lost_token), a renewal).
     ///
     /// Must be called inside a Tokio runtime. Users get leases from
     /// [`LockServiceExt`](crate::LockServiceExt); backend authors rarely call this directly.
@@ -172,8 +200,8 @@ impl<S: LockService + ?Sized> Lease<S> {
             changed: Notify::new(),
             lost: CancellationToken::new(),
             done: CancellationToken::new(),
+            watching: AtomicBool::new(false),
         });
-        tokio::spawn(watchdog(Arc::clone(&shared)));
         Lease { shared, released: false }
     }
 
@@ -227,17 +255,20 @@ impl<S: LockService + ?Sized> Lease<S> {
     /// Whether the lease is known to be lost (deadline passed, backend reported loss, or a
     /// renewal failed).
     pub fn is_lost(&self) -> bool {
+        self.shared.check_lost();
         self.shared.lost.is_cancelled()
     }
 
     /// A future that completes when the lease is lost. It never completes after a release.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.shared.watch();
         self.shared.lost.clone().cancelled_owned()
     }
 
     /// A token cancelled when the lease is lost (a child token: cancelling it does not mark
     /// the lease lost).
     pub fn lost_token(&self) -> CancellationToken {
+        self.shared.watch();
         self.shared.lost.child_token()
     }
 
@@ -255,6 +286,7 @@ impl<S: LockService + ?Sized> Lease<S> {
     /// was taken over): whatever the lease protected may have been done by someone else.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
+        self.shared.check_lost();
         self.shared.done.cancel();
         let backend = self.shared.service.backend();
         let span = tracing::debug_span!("lock.release", backend, key = %self.key());
@@ -281,6 +313,8 @@ impl<S: LockService + ?Sized> Lease<S> {
     /// (it should be well under the TTL); a check still comes within a third of the TTL last
     /// granted when that is shorter.
     pub fn renew_on_progress_every(&self, progress: &Progress, every: Duration) -> Renewal {
+        // A stalled renewal loses the lease at its deadline: that needs the watchdog.
+        self.shared.watch();
         Renewal::start(Arc::clone(&self.shared), progress.clone(), every)
     }
 }
@@ -322,6 +356,7 @@ impl<S: LockService + ?Sized> Drop for Lease<S> {
         if self.released {
             return;
         }
+        self.shared.check_lost();
         self.shared.done.cancel();
         let shared = Arc::clone(&self.shared);
         match tokio::runtime::Handle::try_current() {
@@ -342,7 +377,7 @@ impl<S: LockService + ?Sized> fmt::Debug for Lease<S> {
         f.debug_struct("Lease")
             .field("backend", &self.shared.service.backend())
             .field("grant", &self.shared.grant)
-            .field("lost", &self.is_lost())
+            .field("lost", &self.shared.lost.is_cancelled())
             .finish_non_exhaustive()
     }
 }
@@ -360,5 +395,38 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> From<&Lease<S>> for Fence {
 impl<S: LockService<Fencing = Fenced> + ?Sized> From<&Lease<S>> for crate::GrantFence {
     fn from(lease: &Lease<S>) -> crate::GrantFence {
         lease.grant_fence()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::{LockServiceExt, MemoryLockService};
+
+    /// Issue 18: a lease nobody watches costs no task (the `Lease` path ran at 0.77× the
+    /// trait level with a watchdog spawned per lease); asking for the lost signal starts one,
+    /// and a loss nobody watched is still found when the lease is looked at.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_watchdog_starts_only_when_the_lost_signal_is_watched() {
+        let locks = Arc::new(MemoryLockService::new());
+        let key = ResourceKey::new("lazy", "watchdog").unwrap();
+        let tasks = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+        let before = tasks();
+        let lease = locks.try_lock(&key, Duration::from_millis(30)).await.unwrap().unwrap();
+        assert_eq!(tasks(), before, "a lease nobody watches spawned a task");
+        assert!(!lease.is_lost());
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(lease.is_lost(), "the deadline passed unwatched, and looking at the lease did not see it");
+        assert_eq!(lease.extend(Duration::from_secs(1)).await.unwrap_err().kind(), ErrorKind::LeaseLost);
+        drop(lease);
+        tokio::time::sleep(Duration::from_millis(10)).await; // the release the drop spawned
+        let before = tasks();
+        let watched = locks.try_lock(&key, Duration::from_millis(30)).await.unwrap().unwrap();
+        let lost = watched.lost();
+        assert_eq!(tasks(), before + 1, "asking for the lost signal starts the watchdog");
+        tokio::time::timeout(Duration::from_millis(500), lost).await.unwrap();
+        watched.release().await.unwrap_err(); // expired: NotHolder
     }
 }

@@ -65,7 +65,7 @@ async fn main() {
         rslock(&redis_url, &prefix),
         baseline::service("`try_acquire` + `release`", Arc::clone(&svc), &prefix, ttl),
         baseline::lease(
-            "`try_lock` + `Lease::release` (plus lease watchdog, metrics, spans)",
+            "`try_lock` + `Lease::release` (plus metrics and spans; no watchdog until the lost signal is watched)",
             Arc::clone(&svc),
             &prefix,
             ttl,

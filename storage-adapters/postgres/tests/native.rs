@@ -408,7 +408,7 @@ async fn fenced_writes_join_the_callers_transaction_on_the_callers_pool() {
     }
     let row = FencedRow { table: &table, key_column: "id", fence_column: "fence" };
     let locks = Arc::new(MemoryLockService::new());
-    let key = ResourceKey::new("items", "7").unwrap();
+    let key = ResourceKey::new("items", table.as_str()).unwrap(); // watermarks outlive a run: a key of its own
     let old = locks.lock(&key, LockOptions::ttl(Duration::from_millis(20))).await.unwrap();
     tokio::time::sleep(Duration::from_millis(40)).await; // paused past its TTL
     let new = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30))).await.unwrap();

@@ -406,55 +406,42 @@ macro_rules! sql_tables {
                 tokio::time::sleep(pause).await;
                 let fence_column = fence.and_then(|f| i64::try_from(f.get()).ok());
                 let mut $t = $begin;
-                match fence {
+                // Fenced: the seed's single-row statement (a stale fence changes no row), then
+                // the audit row only if the job has none. Unfenced: the same, blind.
+                let decremented = match fence {
                     Some(fence) => {
-                        let decremented = $s
-                            .update_row_fenced_in($conn, &INVENTORY, sku, fence, "qty = qty - $3", |q| q.bind(qty))
-                            .await;
-                        if let Err(e) = decremented {
-                            drop($t);
-                            if let Some((presented, current)) = e.stale_fence_details() {
-                                return Ok(Outcome::StaleFence { presented, current });
-                            }
-                            return short_or(stock($s, sku).await?, qty, e);
-                        }
-                        let audited = sqlx::query(sql::AUDIT_ONCE)
-                            .bind(job)
-                            .bind(attempt)
-                            .bind(sku)
-                            .bind(qty)
-                            .bind(fence_column)
-                            .execute($conn)
-                            .await
-                            .map_err($map_err)?
-                            .rows_affected();
-                        if audited == 0 {
-                            // Another holder applied the job first: undo our decrement.
-                            drop($t);
-                            return Ok(Outcome::AlreadyDone);
-                        }
+                        $s.update_row_fenced_in($conn, &INVENTORY, sku, fence, "qty = qty - $3", |q| q.bind(qty)).await
                     }
-                    None => {
-                        let decremented = sqlx::query(sql::DECREMENT_BLIND)
-                            .bind(sku)
-                            .bind(qty)
-                            .execute($conn)
-                            .await
-                            .map_err($map_err);
-                        if let Err(e) = decremented {
-                            drop($t);
-                            return short_or(stock($s, sku).await?, qty, e);
-                        }
-                        sqlx::query(sql::AUDIT)
-                            .bind(job)
-                            .bind(attempt)
-                            .bind(sku)
-                            .bind(qty)
-                            .bind(fence_column)
-                            .execute($conn)
-                            .await
-                            .map_err($map_err)?;
+                    None => sqlx::query(sql::DECREMENT_BLIND)
+                        .bind(sku)
+                        .bind(qty)
+                        .execute($conn)
+                        .await
+                        .map(drop)
+                        .map_err($map_err),
+                };
+                if let Err(e) = decremented {
+                    drop($t);
+                    if let Some((presented, current)) = e.stale_fence_details() {
+                        return Ok(Outcome::StaleFence { presented, current });
                     }
+                    return short_or(stock($s, sku).await?, qty, e);
+                }
+                let audit = if fence.is_some() { sql::AUDIT_ONCE } else { sql::AUDIT };
+                let audited = sqlx::query(audit)
+                    .bind(job)
+                    .bind(attempt)
+                    .bind(sku)
+                    .bind(qty)
+                    .bind(fence_column)
+                    .execute($conn)
+                    .await
+                    .map_err($map_err)?
+                    .rows_affected();
+                if audited == 0 {
+                    // Another holder applied the job first: undo our decrement.
+                    drop($t);
+                    return Ok(Outcome::AlreadyDone);
                 }
                 $t.commit().await?;
                 Ok(Outcome::Applied)
