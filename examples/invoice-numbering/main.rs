@@ -1,7 +1,7 @@
 //! # Invoice numbering: gap-free numbers per tenant, never one number twice
 //!
 //! ```sh
-//! cargo run --example invoice-numbering                      # embedded default
+//! cargo run --example invoice-numbering                      # embedded default (SQLite)
 //! cargo run --features redis,postgres --example invoice-numbering -- --lock redis://… --store postgres://…
 //! ```
 //!
@@ -11,15 +11,27 @@
 //! second worker reads the *same* next number and issues it; then the first wakes and issues it
 //! again: two invoices with one number, or a counter that went backwards.
 //!
-//! **How this example prevents it.**
-//! - The number comes from a counter record in the store, not from the fence (fences may have
-//!   gaps; the counter does not).
-//! - The invoice row and the counter are written in **one fenced transaction** that also checks
-//!   the counter is still what was read. A frozen worker's transaction carries a lower fence than
-//!   the worker that issued the number after it, so it is refused with `StaleFence` as a whole:
-//!   no invoice, no counter change. Its order goes back to the queue and gets the next free number.
+//! **How this example prevents it.** The application's data is in tables of its own, on SQLite
+//! or PostgreSQL (`--store`; other stores are refused, exit 2):
+//!
+//! ```sql
+//! CREATE TABLE invoice_counters (tenant TEXT PRIMARY KEY, next_number BIGINT NOT NULL);
+//! CREATE TABLE invoices (tenant TEXT NOT NULL, number BIGINT NOT NULL, order_id TEXT NOT NULL,
+//!                        fence BIGINT NOT NULL, PRIMARY KEY (tenant, number));
+//! ```
+//!
+//! - The number comes from the counter row, not from the fence (fences may have gaps; the
+//!   counter does not).
+//! - The worker opens **its own transaction** and runs the store's fence check in it first
+//!   (`store.check_fence_in(tx.conn(), &lease)`), then advances the counter only if it is still
+//!   the number it read, and inserts the invoice. A frozen worker wakes with a lower fence than
+//!   the worker that issued a number after it: the check refuses it with `StaleFence`, and the
+//!   rollback leaves no invoice and no counter change. Its order goes back to the queue and
+//!   gets the next free number.
+//! - Accepted, the check keeps the lock's watermark row locked until the commit, so no newer
+//!   holder's transaction interleaves with this one.
 
-use palisade_examples::common;
+use palisade_examples::{common, sql::Db, with_db};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
@@ -28,7 +40,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use palisade::DynFencedStore;
 use palisade::prelude::*;
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -50,8 +61,34 @@ const TENANTS: [&str; 2] = ["acme", "globex"];
 /// Orders whose first worker freezes between reading the counter and writing the invoice.
 const FROZEN_ORDERS: [u64; 2] = [5, 18];
 
+/// The application's tables and statements (PostgreSQL and SQLite read the same text).
+mod tables {
+    pub const CREATE: [&str; 2] = [
+        "CREATE TABLE IF NOT EXISTS invoice_counters (tenant TEXT PRIMARY KEY, next_number BIGINT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS invoices (tenant TEXT NOT NULL, number BIGINT NOT NULL, \
+         order_id TEXT NOT NULL, fence BIGINT NOT NULL, PRIMARY KEY (tenant, number))",
+    ];
+    pub const OPEN_TENANT: &str = "INSERT INTO invoice_counters (tenant, next_number) VALUES ($1, 1)";
+    pub const NEXT: &str = "SELECT next_number FROM invoice_counters WHERE tenant = $1";
+    /// Advances the counter only from the number the worker read.
+    pub const ADVANCE: &str =
+        "UPDATE invoice_counters SET next_number = next_number + 1 WHERE tenant = $1 AND next_number = $2";
+    pub const INSERT: &str = "INSERT INTO invoices (tenant, number, order_id, fence) VALUES ($1, $2, $3, $4)";
+    pub const LIST: &str = "SELECT number, order_id FROM invoices WHERE tenant = $1";
+}
+
+/// What one attempt at an invoice came to.
+enum Attempt {
+    Issued(u64),
+    /// The fence check refused the worker: a newer holder issued a number meanwhile.
+    Stale,
+    /// The counter moved since it was read (a stale holder woke and wrote before the new
+    /// holder did, so its fence still passed): read again.
+    CounterMoved,
+}
+
 struct Books {
-    store: Arc<DynFencedStore>,
+    db: Db,
     run: String,
     ttl: Duration,
     pause: Duration,
@@ -59,11 +96,9 @@ struct Books {
 }
 
 impl Books {
-    fn counter(&self, tenant: &str) -> String {
-        format!("inv/{}/{tenant}/next", self.run)
-    }
-    fn invoice_prefix(&self, tenant: &str) -> String {
-        format!("inv/{}/{tenant}/invoice/", self.run)
+    /// The tenant's key in the shared tables (runs against one server keep apart).
+    fn tenant(&self, tenant: &str) -> String {
+        format!("{}.{tenant}", self.run)
     }
 
     /// Issues one invoice for `order`; `Ok(None)` if the write was refused (requeue it).
@@ -76,43 +111,100 @@ impl Books {
     ) -> palisade::Result<Option<u64>> {
         let lease = locks
             .lock(
-                &ResourceKey::new("invoice", format!("{}-{tenant}", self.run))?,
+                &ResourceKey::new("invoice", self.tenant(tenant))?,
                 LockOptions::ttl(self.ttl).wait(Duration::from_secs(60)),
             )
             .await?;
-        let current = self.store.read(&self.counter(tenant)).await?.map(|r| r.value);
-        let number = current.as_deref().and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(1u64);
-        if freeze {
-            println!("{order}: worker (fence {}) read number {number} for {tenant}, then froze", lease.fence());
-            tokio::time::sleep(self.pause).await;
-        }
-        let batch = WriteBatch::new()
-            .check(self.counter(tenant), current)
-            .put(self.counter(tenant), (number + 1).to_string())
-            .create(format!("{}{number:08}", self.invoice_prefix(tenant)), order.as_bytes().to_vec());
-        let result = self.store.write(&lease, &batch).await;
+        let attempt = self.write_invoice(&lease, tenant, order, freeze).await;
         let _ = lease.release().await; // NotHolder after a freeze is expected
-        match result {
-            Ok(()) => Ok(Some(number)),
-            Err(e) if e.stale_fence_details().is_some() => {
-                println!("{order}: the frozen worker's invoice {number} was refused ({e}); order requeued");
+        match attempt? {
+            Attempt::Issued(number) => Ok(Some(number)),
+            Attempt::Stale => {
+                println!("{order}: the frozen worker's invoice was refused (stale fence); order requeued");
                 self.stale_refused.fetch_add(1, Ordering::SeqCst);
                 Ok(None)
             }
-            Err(e) => Err(e),
+            Attempt::CounterMoved => Ok(None),
         }
+    }
+
+    /// Reads the next number, then writes it in the application's own transaction, fenced.
+    async fn write_invoice(
+        &self,
+        lease: &Lease<DynLockService>,
+        tenant: &str,
+        order: &str,
+        freeze: bool,
+    ) -> palisade::Result<Attempt> {
+        let tenant_key = self.tenant(tenant);
+        let fence = i64::try_from(lease.fence().get())
+            .map_err(|_| Error::new(ErrorKind::InvalidArgument, "example", "fence past i64::MAX"))?;
+        with_db!(&self.db, |store| {
+            let (number,): (i64,) =
+                sqlx::query_as(tables::NEXT).bind(&tenant_key).fetch_one(store.pool()).await.map_err(sql_err)?;
+            if freeze {
+                println!("{order}: worker (fence {fence}) read number {number} for {tenant}, then froze");
+                tokio::time::sleep(self.pause).await;
+            }
+            // The application's transaction: the fence check first, then its own statements.
+            // Returning early drops `tx`, which rolls everything back.
+            let mut tx = store.begin().await?;
+            if let Err(e) = store.check_fence_in(tx.conn(), lease).await {
+                return if e.stale_fence_details().is_some() { Ok(Attempt::Stale) } else { Err(e) };
+            }
+            let advanced = sqlx::query(tables::ADVANCE)
+                .bind(&tenant_key)
+                .bind(number)
+                .execute(tx.conn())
+                .await
+                .map_err(sql_err)?
+                .rows_affected();
+            if advanced == 0 {
+                return Ok(Attempt::CounterMoved);
+            }
+            sqlx::query(tables::INSERT)
+                .bind(&tenant_key)
+                .bind(number)
+                .bind(order)
+                .bind(fence)
+                .execute(tx.conn())
+                .await
+                .map_err(sql_err)?;
+            tx.commit().await?;
+            Ok(Attempt::Issued(u64::try_from(number).unwrap_or(0)))
+        })
+    }
+
+    /// Each tenant's counter row, before any worker runs.
+    async fn open_tenants(&self) -> palisade::Result<()> {
+        for tenant in TENANTS {
+            let key = self.tenant(tenant);
+            with_db!(&self.db, |store| {
+                sqlx::query(tables::OPEN_TENANT).bind(&key).execute(store.pool()).await.map_err(sql_err)?;
+            });
+        }
+        Ok(())
+    }
+
+    /// The tenant's invoices: (number, order id).
+    async fn invoices(&self, tenant: &str) -> palisade::Result<Vec<(i64, String)>> {
+        let key = self.tenant(tenant);
+        with_db!(&self.db, |store| {
+            sqlx::query_as(tables::LIST).bind(&key).fetch_all(store.pool()).await.map_err(sql_err)
+        })
     }
 }
 
 async fn run(args: Args) -> palisade::Result<ExitCode> {
-    let store = args.common.store().await?;
+    let db = Db::connect(&args.common.store, "invoice-numbering", &tables::CREATE).await?;
     let books = Arc::new(Books {
-        store,
+        db,
         run: common::run_id()?,
         ttl: args.common.ttl(),
         pause: args.common.pause(),
         stale_refused: AtomicU64::new(0),
     });
+    books.open_tenants().await?;
     // Orders alternate between tenants; each is (order number, first attempt?).
     let queue: Arc<Mutex<Vec<(u64, bool)>>> =
         Arc::new(Mutex::new((0..args.invoices * 2).rev().map(|o| (o, true)).collect()));
@@ -139,10 +231,10 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
     let mut orders_seen = BTreeMap::<String, u64>::new();
     let (mut gaps, mut total) = (0u64, 0u64);
     for tenant in TENANTS {
-        let rows = books.store.list(&books.invoice_prefix(tenant)).await?;
-        let numbers: BTreeSet<u64> = rows.iter().filter_map(|(k, _)| k.rsplit('/').next()?.parse().ok()).collect();
-        for (_, r) in &rows {
-            *orders_seen.entry(String::from_utf8_lossy(&r.value).to_string()).or_default() += 1;
+        let rows = books.invoices(tenant).await?;
+        let numbers: BTreeSet<u64> = rows.iter().filter_map(|(n, _)| u64::try_from(*n).ok()).collect();
+        for (_, order) in &rows {
+            *orders_seen.entry(order.clone()).or_default() += 1;
         }
         let expected: BTreeSet<u64> = (1..=args.invoices).collect();
         gaps += expected.difference(&numbers).count() as u64;

@@ -16,13 +16,23 @@
 //!   (`renew_on_progress`): a relay that hangs stops renewing and loses the lease within a TTL.
 //! - The relay loop races every slow step against the lease's **lost signal** and stops the moment
 //!   it fires: a hung publish is abandoned, not finished late.
-//! - "Publish" and "mark as published" are **one fenced write**: the message goes to the topic
-//!   and the outbox row flips to `published` in the same batch, with the leader's fence. A frozen
-//!   leader (which cannot even notice the lost signal) wakes with a lower fence than the new
-//!   leader's, so its write is refused with `StaleFence`: no second copy, no mark. (With an
-//!   external broker, use its own fencing, such as Kafka's producer epochs, or an idempotency key.)
+//! - "Publish" and "mark as published" are **one fenced transaction** on the application's own
+//!   tables (SQLite or PostgreSQL, `--store`; other stores are refused, exit 2):
+//!
+//!   ```sql
+//!   CREATE TABLE outbox       (id TEXT PRIMARY KEY, payload TEXT NOT NULL, published_fence BIGINT);
+//!   CREATE TABLE outbox_topic (outbox_id TEXT NOT NULL, payload TEXT NOT NULL, fence BIGINT NOT NULL);
+//!   ```
+//!
+//!   The leader opens the transaction with `store.begin_fenced(&lease)` (the fence check is its
+//!   first statement), marks each row published by its fence if nobody has, and puts the
+//!   message on the topic table only for a row it marked. A frozen leader (which cannot even
+//!   notice the lost signal) wakes with a lower fence than the new leader's, so its transaction
+//!   is refused with `StaleFence` before any statement of its own runs: no second copy, no
+//!   mark. (With an external broker, use its own fencing, such as Kafka's producer epochs, or an
+//!   idempotency key.)
 
-use palisade_examples::common;
+use palisade_examples::{common, sql::Db, with_db};
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -30,7 +40,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use palisade::DynFencedStore;
 use palisade::prelude::*;
 use serde_json::json;
 
@@ -47,7 +56,27 @@ struct Args {
     relays: u64,
 }
 
-const BATCH: usize = 5;
+const BATCH: i64 = 5;
+
+/// The application's tables and statements (PostgreSQL and SQLite read the same text).
+mod tables {
+    pub const CREATE: [&str; 2] = [
+        "CREATE TABLE IF NOT EXISTS outbox (id TEXT PRIMARY KEY, payload TEXT NOT NULL, published_fence BIGINT)",
+        "CREATE TABLE IF NOT EXISTS outbox_topic (outbox_id TEXT NOT NULL, payload TEXT NOT NULL, fence BIGINT NOT NULL)",
+    ];
+    pub const ADD: &str = "INSERT INTO outbox (id, payload, published_fence) VALUES ($1, $2, NULL)";
+    /// This run's rows (`$1`: the run's id prefix) still pending, oldest first.
+    pub const PENDING: &str = "SELECT id, payload FROM outbox \
+         WHERE substr(id, 1, length($1)) = $1 AND published_fence IS NULL ORDER BY id LIMIT $2";
+    /// Marks a row published by this fence, unless a leader already did.
+    pub const MARK: &str = "UPDATE outbox SET published_fence = $2 WHERE id = $1 AND published_fence IS NULL";
+    pub const PUBLISH: &str = "INSERT INTO outbox_topic (outbox_id, payload, fence) VALUES ($1, $2, $3)";
+    pub const COUNT_PENDING: &str =
+        "SELECT COUNT(*) FROM outbox WHERE substr(id, 1, length($1)) = $1 AND published_fence IS NULL";
+    pub const COUNT_PUBLISHED: &str =
+        "SELECT COUNT(*) FROM outbox WHERE substr(id, 1, length($1)) = $1 AND published_fence IS NOT NULL";
+    pub const COUNT_MESSAGES: &str = "SELECT COUNT(*) FROM outbox_topic WHERE substr(outbox_id, 1, length($1)) = $1";
+}
 
 #[derive(Default)]
 struct Tally {
@@ -59,7 +88,7 @@ struct Tally {
 }
 
 struct Outbox {
-    store: Arc<DynFencedStore>,
+    db: Db,
     run: String,
     key: ResourceKey,
     ttl: Duration,
@@ -77,55 +106,64 @@ enum Step {
 }
 
 impl Outbox {
-    fn rows_prefix(&self) -> String {
-        format!("outbox/{}/row/", self.run)
-    }
-    fn topic_prefix(&self) -> String {
-        format!("outbox/{}/topic/", self.run)
+    /// The prefix of this run's row ids (runs against one server keep apart).
+    fn prefix(&self) -> String {
+        format!("{}.", self.run)
     }
 
-    /// Publishes and marks one batch of pending rows under `lease`.
+    /// Publishes and marks one batch of pending rows under `lease`, in one fenced transaction.
     /// With `freeze`, the leader freezes after listing (a GC pause): nothing runs, not even a
     /// check of the lost signal, until it wakes and writes.
     async fn batch(&self, lease: &Lease<DynLockService>, freeze: bool) -> palisade::Result<Step> {
-        let pending: Vec<(String, Vec<u8>)> = self
-            .store
-            .list(&self.rows_prefix())
-            .await?
-            .into_iter()
-            .filter(|(_, r)| r.value != b"published")
-            .take(BATCH)
-            .map(|(k, r)| (k, r.value))
-            .collect();
-        if pending.is_empty() {
-            return Ok(Step::Drained);
-        }
-        if freeze {
-            println!("leader fence {}: frozen mid-batch (GC pause)", lease.fence());
-            tokio::time::sleep(self.pause).await;
-            println!("leader fence {}: woke up, publishing its batch anyway", lease.fence());
-        }
-        for (row, payload) in pending {
-            let id = row.rsplit('/').next().unwrap_or_default().to_string();
-            let write = WriteBatch::new()
-                .check(row.clone(), Some(payload.clone()))
-                .put(row, b"published".to_vec())
-                .create(format!("{}{id}", self.topic_prefix()), payload);
-            match self.store.write(lease, &write).await {
-                Ok(()) => {}
+        let fence = i64::try_from(lease.fence().get())
+            .map_err(|_| Error::new(ErrorKind::InvalidArgument, "example", "fence past i64::MAX"))?;
+        with_db!(&self.db, |store| {
+            let pending: Vec<(String, String)> = sqlx::query_as(tables::PENDING)
+                .bind(self.prefix())
+                .bind(BATCH)
+                .fetch_all(store.pool())
+                .await
+                .map_err(sql_err)?;
+            if pending.is_empty() {
+                return Ok(Step::Drained);
+            }
+            if freeze {
+                println!("leader fence {fence}: frozen mid-batch (GC pause)");
+                tokio::time::sleep(self.pause).await;
+                println!("leader fence {fence}: woke up, publishing its batch anyway");
+            }
+            // The fence check is the transaction's first statement; a refusal runs none of ours.
+            let mut tx = match store.begin_fenced(lease).await {
+                Ok(tx) => tx,
                 Err(e) if e.stale_fence_details().is_some() => {
-                    println!("leader fence {}: publish of {id} refused ({e}); deposed", lease.fence());
+                    println!("leader fence {fence}: publish refused ({e}); deposed");
                     self.tally.stale_refused.fetch_add(1, Ordering::SeqCst);
                     return Ok(Step::Deposed);
                 }
-                Err(e) if e.kind() == ErrorKind::Conflict => {
-                    // The row changed since we listed it: another leader published it. Re-list.
-                    return Ok(Step::Progress);
-                }
                 Err(e) => return Err(e),
+            };
+            for (id, payload) in pending {
+                let marked = sqlx::query(tables::MARK)
+                    .bind(&id)
+                    .bind(fence)
+                    .execute(tx.conn())
+                    .await
+                    .map_err(sql_err)?
+                    .rows_affected();
+                // Zero: another leader published it since we listed (it was still valid then).
+                if marked == 1 {
+                    sqlx::query(tables::PUBLISH)
+                        .bind(&id)
+                        .bind(&payload)
+                        .bind(fence)
+                        .execute(tx.conn())
+                        .await
+                        .map_err(sql_err)?;
+                }
             }
-        }
-        Ok(Step::Progress)
+            tx.commit().await?;
+            Ok(Step::Progress)
+        })
     }
 
     /// One relay instance: campaign, lead until drained, deposed or lost, and campaign again.
@@ -194,28 +232,47 @@ impl Outbox {
     }
 
     async fn drained(&self) -> palisade::Result<bool> {
-        Ok(self.store.list(&self.rows_prefix()).await?.iter().all(|(_, r)| r.value == b"published"))
+        Ok(self.count(tables::COUNT_PENDING).await? == 0)
+    }
+
+    /// One of the `COUNT_*` statements over this run's rows.
+    async fn count(&self, statement: &'static str) -> palisade::Result<u64> {
+        let prefix = self.prefix();
+        let (n,): (i64,) = with_db!(&self.db, |store| {
+            sqlx::query_as(statement).bind(&prefix).fetch_one(store.pool()).await.map_err(sql_err)?
+        });
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// The rows to relay, before any relay runs.
+    async fn add_rows(&self, rows: u64) -> palisade::Result<()> {
+        with_db!(&self.db, |store| {
+            let mut tx = store.begin().await?;
+            for i in 0..rows {
+                sqlx::query(tables::ADD)
+                    .bind(format!("{}{i:06}", self.prefix()))
+                    .bind(format!("order-created {i}"))
+                    .execute(tx.conn())
+                    .await
+                    .map_err(sql_err)?;
+            }
+            tx.commit().await
+        })
     }
 }
 
 async fn run(args: Args) -> palisade::Result<ExitCode> {
-    let store = args.common.store().await?;
+    let db = Db::connect(&args.common.store, "outbox-relay", &tables::CREATE).await?;
     let run = common::run_id()?;
     let outbox = Arc::new(Outbox {
-        store,
+        db,
         key: ResourceKey::new("outbox-relay", format!("orders-{run}"))?,
         run,
         ttl: args.common.ttl(),
         pause: args.common.pause(),
         tally: Tally::default(),
     });
-    for first in (0..args.rows).step_by(50) {
-        let mut seed = WriteBatch::new();
-        for i in first..(first + 50).min(args.rows) {
-            seed = seed.put(format!("{}{i:06}", outbox.rows_prefix()), format!("order-created {i}"));
-        }
-        outbox.store.apply_unfenced(&seed).await?;
-    }
+    outbox.add_rows(args.rows).await?;
     let mut relays = Vec::new();
     for id in 0..args.relays {
         let locks = args.common.lock_client().await?;
@@ -224,9 +281,8 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
     for r in relays {
         r.await.map_err(|e| Error::new(ErrorKind::Backend, "example", format!("a relay panicked: {e}")))??;
     }
-    let rows = outbox.store.list(&outbox.rows_prefix()).await?;
-    let published = rows.iter().filter(|(_, r)| r.value == b"published").count() as u64;
-    let messages = outbox.store.list(&outbox.topic_prefix()).await?.len() as u64;
+    let published = outbox.count(tables::COUNT_PUBLISHED).await?;
+    let messages = outbox.count(tables::COUNT_MESSAGES).await?;
     let t = &outbox.tally;
     let (lost, stale) = (t.lost_stops.load(Ordering::SeqCst), t.stale_refused.load(Ordering::SeqCst));
     println!("{published} of {} rows published, {messages} messages on the topic", args.rows);

@@ -32,3 +32,16 @@ fn outbox_relay() {
 fn metrics() {
     use_cases::metrics(None, &[]);
 }
+
+/// The examples with tables of their own name the stores they run on, instead of failing
+/// somewhere inside: exit 2 (bad configuration), one line on stderr, nothing on stdout's JSON.
+#[test]
+fn table_examples_refuse_a_store_without_tables() {
+    for name in ["invoice-numbering", "outbox-relay"] {
+        let out = common::example(name).args(["--store", "memory://"]).output().expect("spawn example");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains("sqlite: or postgres://"), "{name}: {stderr}");
+        assert!(out.stdout.is_empty(), "{name} printed a summary for a run it did not make");
+    }
+}

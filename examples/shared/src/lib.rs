@@ -5,6 +5,8 @@
 //!   table of its own on PostgreSQL and SQLite, written with the fenced single-row statement
 //!   and an audit row in the same transaction), and the seed's simulation;
 //! - [`common`]: the flags, connection, run id and summary line of the use-case examples;
+//! - [`sql`]: the use-case examples' own tables on PostgreSQL or SQLite, one block of code
+//!   for both ([`with_db!`]);
 //! - [`logging`]: the `tracing` subscriber every example installs.
 //!
 //! Example code, kept as a library for the examples: not a published API.
@@ -13,4 +15,5 @@
 
 pub mod common;
 pub mod logging;
+pub mod sql;
 pub mod warehouse;

@@ -31,6 +31,8 @@ use std::time::Duration;
 use palisade::prelude::*;
 use palisade::{DynFencedStore, Fence, FencedRow, GrantFence, Record};
 
+use crate::sql::Db;
+
 /// Whether writes go through the fence check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -120,7 +122,7 @@ impl Warehouse {
     pub async fn connect(url: &str, scope: &str) -> palisade::Result<Self> {
         let data = if url.starts_with("sqlite:") {
             let store = palisade::sqlite::SqliteStore::connect(url).await?;
-            sqlite::migrate(&store).await?;
+            Db::Sqlite(store.clone()).create_tables(&[sql::CREATE_INVENTORY, sql::CREATE_ALLOCATIONS]).await?;
             Data::Sqlite(store)
         } else if cfg!(feature = "postgres") && (url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             Self::postgres(url).await?
@@ -134,7 +136,7 @@ impl Warehouse {
     #[cfg(feature = "postgres")]
     async fn postgres(url: &str) -> palisade::Result<Data> {
         let store = palisade::postgres::PostgresStore::connect(url).await?;
-        postgres::migrate(&store).await?;
+        Db::Postgres(store.clone()).create_tables(&[sql::CREATE_INVENTORY, sql::CREATE_ALLOCATIONS]).await?;
         Ok(Data::Postgres(store))
     }
 
@@ -322,7 +324,7 @@ mod sql {
 /// One module per SQL store, from the same text: the stores' transaction types differ, the
 /// statements and the logic do not.
 macro_rules! sql_tables {
-    ($module:ident, $store:ty, $map_err:path, $migrate_lock:expr, begin: |$s:ident| $begin:expr, conn: |$t:ident| $conn:expr) => {
+    ($module:ident, $store:ty, $map_err:path) => {
         mod $module {
             use std::collections::BTreeMap;
             use std::time::Duration;
@@ -331,25 +333,19 @@ macro_rules! sql_tables {
             use palisade::{DynLockService, Fence};
 
             use super::{INVENTORY, Order, Outcome, Stock, sql};
+            // `store.begin()` on PostgreSQL (SQLite's store has it).
+            #[cfg(feature = "postgres")]
+            #[allow(unused_imports)]
+            use crate::sql::PgBegin as _;
 
-            pub(super) async fn migrate($s: &$store) -> palisade::Result<()> {
-                let mut $t = $begin;
-                if let Some(lock) = $migrate_lock {
-                    sqlx::query(lock).execute($conn).await.map_err($map_err)?;
-                }
-                sqlx::query(sql::CREATE_INVENTORY).execute($conn).await.map_err($map_err)?;
-                sqlx::query(sql::CREATE_ALLOCATIONS).execute($conn).await.map_err($map_err)?;
-                $t.commit().await
-            }
-
-            pub(super) async fn seed($s: &$store, sku: &str, qty: i64) -> palisade::Result<()> {
-                sqlx::query(sql::SEED).bind(sku).bind(qty).execute($s.pool()).await.map_err($map_err)?;
+            pub(super) async fn seed(store: &$store, sku: &str, qty: i64) -> palisade::Result<()> {
+                sqlx::query(sql::SEED).bind(sku).bind(qty).execute(store.pool()).await.map_err($map_err)?;
                 Ok(())
             }
 
-            pub(super) async fn stock($s: &$store, sku: &str) -> palisade::Result<Option<Stock>> {
+            pub(super) async fn stock(store: &$store, sku: &str) -> palisade::Result<Option<Stock>> {
                 let row: Option<(i64, Option<i64>)> =
-                    sqlx::query_as(sql::STOCK).bind(sku).fetch_optional($s.pool()).await.map_err($map_err)?;
+                    sqlx::query_as(sql::STOCK).bind(sku).fetch_optional(store.pool()).await.map_err($map_err)?;
                 Ok(row.map(|(qty, fence)| Stock {
                     qty,
                     fence: fence.and_then(|f| u64::try_from(f).ok()).map(Fence::new),
@@ -357,26 +353,26 @@ macro_rules! sql_tables {
             }
 
             pub(super) async fn set_stock(
-                $s: &$store,
+                store: &$store,
                 lease: &Lease<DynLockService>,
                 sku: &str,
                 qty: i64,
             ) -> palisade::Result<()> {
-                let mut $t = $begin;
-                sqlx::query(sql::ENSURE_ROW).bind(sku).execute($conn).await.map_err($map_err)?;
-                $s.update_row_fenced_in($conn, &INVENTORY, sku, lease, "qty = $3", |q| q.bind(qty)).await?;
-                $t.commit().await
+                let mut tx = store.begin().await?;
+                sqlx::query(sql::ENSURE_ROW).bind(sku).execute(tx.conn()).await.map_err($map_err)?;
+                store.update_row_fenced_in(tx.conn(), &INVENTORY, sku, lease, "qty = $3", |q| q.bind(qty)).await?;
+                tx.commit().await
             }
 
             pub(super) async fn audit(
-                $s: &$store,
+                store: &$store,
                 job_prefix: &str,
                 sku: Option<&str>,
             ) -> palisade::Result<BTreeMap<String, usize>> {
                 let rows: Vec<(String, i64)> = sqlx::query_as(sql::AUDIT_COUNTS)
                     .bind(job_prefix)
                     .bind(sku)
-                    .fetch_all($s.pool())
+                    .fetch_all(store.pool())
                     .await
                     .map_err($map_err)?;
                 Ok(rows
@@ -388,14 +384,18 @@ macro_rules! sql_tables {
             /// One allocation: the read, the pause, then one transaction (fenced: the
             /// single-row statement and the audit row if the job has none).
             pub(super) async fn allocate(
-                $s: &$store,
+                store: &$store,
                 fence: Option<Fence>,
                 order: &Order<'_>,
                 pause: Duration,
             ) -> palisade::Result<Outcome> {
                 let Order { sku, job, attempt, qty } = *order;
-                let read: Option<(i64, i64)> =
-                    sqlx::query_as(sql::READ).bind(sku).bind(job).fetch_optional($s.pool()).await.map_err($map_err)?;
+                let read: Option<(i64, i64)> = sqlx::query_as(sql::READ)
+                    .bind(sku)
+                    .bind(job)
+                    .fetch_optional(store.pool())
+                    .await
+                    .map_err($map_err)?;
                 let Some((available, audits)) = read else { return Ok(Outcome::UnknownSku) };
                 if audits > 0 {
                     return Ok(Outcome::AlreadyDone);
@@ -405,27 +405,29 @@ macro_rules! sql_tables {
                 }
                 tokio::time::sleep(pause).await;
                 let fence_column = fence.and_then(|f| i64::try_from(f.get()).ok());
-                let mut $t = $begin;
+                let mut tx = store.begin().await?;
                 // Fenced: the seed's single-row statement (a stale fence changes no row), then
                 // the audit row only if the job has none. Unfenced: the same, blind.
                 let decremented = match fence {
                     Some(fence) => {
-                        $s.update_row_fenced_in($conn, &INVENTORY, sku, fence, "qty = qty - $3", |q| q.bind(qty)).await
+                        store
+                            .update_row_fenced_in(tx.conn(), &INVENTORY, sku, fence, "qty = qty - $3", |q| q.bind(qty))
+                            .await
                     }
                     None => sqlx::query(sql::DECREMENT_BLIND)
                         .bind(sku)
                         .bind(qty)
-                        .execute($conn)
+                        .execute(tx.conn())
                         .await
                         .map(drop)
                         .map_err($map_err),
                 };
                 if let Err(e) = decremented {
-                    drop($t);
+                    drop(tx);
                     if let Some((presented, current)) = e.stale_fence_details() {
                         return Ok(Outcome::StaleFence { presented, current });
                     }
-                    return short_or(stock($s, sku).await?, qty, e);
+                    return short_or(stock(store, sku).await?, qty, e);
                 }
                 let audit = if fence.is_some() { sql::AUDIT_ONCE } else { sql::AUDIT };
                 let audited = sqlx::query(audit)
@@ -434,16 +436,16 @@ macro_rules! sql_tables {
                     .bind(sku)
                     .bind(qty)
                     .bind(fence_column)
-                    .execute($conn)
+                    .execute(tx.conn())
                     .await
                     .map_err($map_err)?
                     .rows_affected();
                 if audited == 0 {
                     // Another holder applied the job first: undo our decrement.
-                    drop($t);
+                    drop(tx);
                     return Ok(Outcome::AlreadyDone);
                 }
-                $t.commit().await?;
+                tx.commit().await?;
                 Ok(Outcome::Applied)
             }
 
@@ -462,36 +464,8 @@ macro_rules! sql_tables {
 }
 
 #[cfg(feature = "postgres")]
-sql_tables!(
-    postgres,
-    palisade::postgres::PostgresStore,
-    palisade::postgres::map_err,
-    // Concurrent `CREATE TABLE IF NOT EXISTS` collide on PostgreSQL's catalog: take turns.
-    Some("SELECT pg_advisory_xact_lock(7243010046)"),
-    begin: |store| super::PgTx(store.pool().begin().await.map_err(palisade::postgres::map_err)?),
-    conn: |tx| &mut *tx.0
-);
-
-sql_tables!(
-    sqlite,
-    palisade::sqlite::SqliteStore,
-    palisade::sqlite::map_err,
-    None::<&'static str>,
-    begin: |store| store.begin().await?,
-    conn: |tx| tx.conn()
-);
-
-/// A PostgreSQL transaction whose commit answers with a Palisade error, like SQLite's
-/// `WriteTransaction` does.
-#[cfg(feature = "postgres")]
-struct PgTx(sqlx::Transaction<'static, sqlx::Postgres>);
-
-#[cfg(feature = "postgres")]
-impl PgTx {
-    async fn commit(self) -> palisade::Result<()> {
-        self.0.commit().await.map_err(palisade::postgres::map_err)
-    }
-}
+sql_tables!(postgres, palisade::postgres::PostgresStore, palisade::postgres::map_err);
+sql_tables!(sqlite, palisade::sqlite::SqliteStore, palisade::sqlite::map_err);
 
 /// The record-store allocation: read the stock and the done marker in one request, pause,
 /// then one batch (fenced: with the stock's value and the job's absence as conditions).
