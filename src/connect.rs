@@ -20,6 +20,12 @@ struct Scheme {
 const LOCK_SCHEMES: &[Scheme] = &[
     Scheme { names: &["memory"], feature: "memory", enabled: cfg!(feature = "memory"), shipped: true },
     Scheme { names: &["sqlite"], feature: "sqlite", enabled: cfg!(feature = "sqlite"), shipped: true },
+    Scheme {
+        names: &["postgres", "postgresql"],
+        feature: "postgres",
+        enabled: cfg!(feature = "postgres"),
+        shipped: true,
+    },
     Scheme { names: &["redis", "rediss"], feature: "redis", enabled: cfg!(feature = "redis"), shipped: true },
     Scheme { names: &["redlock"], feature: "redlock", enabled: cfg!(feature = "redlock"), shipped: true },
     Scheme { names: &["etcd", "etcds"], feature: "etcd", enabled: cfg!(feature = "etcd"), shipped: true },
@@ -86,6 +92,7 @@ fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
 /// |---|---|
 /// | `memory://` or `memory://NAME` | the in-process [`MemoryLockService`](palisade_core::MemoryLockService); every call with the same `NAME` in one process shares one instance |
 /// | `sqlite://PATH` | `palisade_sqlite::SqliteLockService` (feature `sqlite`): locks and fence counters in the database file, shared by every process that opens it; give the store the same URL to keep locks and data in one file |
+/// | `postgres://[user:pass@]host:port/db` | `palisade_postgres::PostgresLockService` (feature `postgres`): locks and fence counters in a table of the database, expiry by the server's clock; give the store the same database (with `?require_live_lock=true`, each fenced write commits only while its lock is live) |
 /// | `redis://[user:pass@]host:port[/db]`, `rediss://…` | `palisade_redis::RedisLockService` (feature `redis`, `redis-tls` for TLS) |
 /// | `etcd://[user:pass@]host:port[,host:port…][?session_ttl_s=N]`, `etcds://…` | `palisade_etcd::EtcdLockService` (feature `etcd`, `etcd-tls` for TLS) |
 /// | `zk://[user:pass@]host:port[,host:port…][/chroot][?session_timeout_ms=N]` | `palisade_zookeeper::ZkLockService` (feature `zookeeper`) |
@@ -113,6 +120,8 @@ async fn connect_fenced(scheme: &str, url: &str) -> Result<Arc<DynLockService>> 
         "memory" => Ok(memory::lock_service(memory::instance_name(url)?)),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(palisade_sqlite::SqliteLockService::connect(url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(palisade_postgres::PostgresLockService::connect(url).await?)),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Arc::new(palisade_redis::RedisLockService::connect(url).await?)),
         #[cfg(feature = "etcd")]

@@ -46,9 +46,10 @@ pub use connect::{AnyLockService, connect_any_lock, connect_lock, connect_store}
 pub use palisade_core::{
     BoxError, BoxFuture, CancellationToken, Capabilities, DynFencedStore, DynLockService, DynUnfencedLockService,
     Error, ErrorKind, Fence, FenceSource, Fenced, FencedRow, FencedStore, FencedStoreExt, Fencing, Grant, GrantFence,
-    GrantId, Lease, LockOptions, LockService, LockServiceExt, MAX_DOMAIN_LEN, MAX_ID_LEN, MAX_RECORD_KEY_LEN,
-    MAX_RECORD_VALUE_LEN, MemoryFencedStore, MemoryLockService, OwnerToken, Progress, REGRESSION_GAP, Record, Renewal,
-    ResourceKey, Result, Ttl, Unfenced, Waiting, WatermarkSource, WriteBatch, WriteOp, metrics, redact_url,
+    GrantId, Lease, LockOptions, LockService, LockServiceExt, MAX_DOMAIN_LEN, MAX_ID_LEN, MAX_PERMITS,
+    MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, MemoryFencedStore, MemoryLockService, OwnerToken, Progress,
+    REGRESSION_GAP, Record, Renewal, ResourceKey, Result, Semaphore, Ttl, Unfenced, Waiting, WatermarkSource,
+    WriteBatch, WriteOp, metrics, redact_url,
 };
 
 /// For backend and store authors (waiting loops, SQL quoting, refusal errors, session
@@ -87,6 +88,6 @@ pub use palisade_dynamodb as dynamodb;
 pub mod prelude {
     pub use palisade_core::{
         DynFencedStore, DynLockService, DynUnfencedLockService, Error, ErrorKind, Fence, FencedStore, FencedStoreExt,
-        Lease, LockOptions, LockService, LockServiceExt, Progress, ResourceKey, WriteBatch,
+        Lease, LockOptions, LockService, LockServiceExt, Progress, ResourceKey, Semaphore, WriteBatch,
     };
 }

@@ -276,3 +276,85 @@ pub async fn zk_create(
         }
     }))
 }
+
+fn sql_err(e: sqlx::Error) -> String {
+    format!("raw sql: {e}")
+}
+
+/// The plain row lock on PostgreSQL, through sqlx (the client Palisade's service uses), on a
+/// table of its own: `INSERT … ON CONFLICT DO NOTHING` of the slot's row (no row back: held),
+/// then `DELETE` it. No fence, no expiry check: the cheapest lock a table can give.
+pub async fn postgres_row(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(16).connect(url).await.map_err(sql_err)?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS palisade_raw_locks (resource TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+         expires_at TIMESTAMPTZ NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .map_err(sql_err)?;
+    let prefix = format!("{prefix}.raw");
+    Ok(Variant::new(name, move |slot| {
+        let pool = pool.clone();
+        let key = format!("{prefix}:t{}k{}", slot.task, slot.key);
+        async move {
+            let taken = sqlx::query(
+                "INSERT INTO palisade_raw_locks (resource, owner, expires_at) \
+                 VALUES ($1, 'token', clock_timestamp() + interval '30 seconds') ON CONFLICT DO NOTHING",
+            )
+            .bind(&key)
+            .execute(&pool)
+            .await
+            .map_err(sql_err)?
+            .rows_affected();
+            if taken != 1 {
+                return Err(format!("{key} was held"));
+            }
+            sqlx::query("DELETE FROM palisade_raw_locks WHERE resource = $1 AND owner = 'token'")
+                .bind(&key)
+                .execute(&pool)
+                .await
+                .map_err(sql_err)?;
+            Ok(())
+        }
+    }))
+}
+
+/// The same plain row lock in the SQLite file at `url` (its own pool, as a second process
+/// would have; writes queue on the file's lock as the service's do).
+pub async fn sqlite_row(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+    let store = palisade::sqlite::SqliteStore::connect(url).await.map_err(|e| e.to_string())?;
+    let pool = store.pool().clone();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS palisade_raw_locks (resource TEXT PRIMARY KEY NOT NULL, owner TEXT NOT NULL, \
+         expires_at_ms INTEGER NOT NULL) WITHOUT ROWID",
+    )
+    .execute(&pool)
+    .await
+    .map_err(sql_err)?;
+    let prefix = format!("{prefix}.raw");
+    Ok(Variant::new(name, move |slot| {
+        let pool = pool.clone();
+        let key = format!("{prefix}:t{}k{}", slot.task, slot.key);
+        async move {
+            let taken = sqlx::query(
+                "INSERT INTO palisade_raw_locks (resource, owner, expires_at_ms) VALUES (?1, 'token', 0) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(&key)
+            .execute(&pool)
+            .await
+            .map_err(sql_err)?
+            .rows_affected();
+            if taken != 1 {
+                return Err(format!("{key} was held"));
+            }
+            sqlx::query("DELETE FROM palisade_raw_locks WHERE resource = ?1 AND owner = 'token'")
+                .bind(&key)
+                .execute(&pool)
+                .await
+                .map_err(sql_err)?;
+            Ok(())
+        }
+    }))
+}

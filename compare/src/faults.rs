@@ -307,7 +307,7 @@ pub async fn restart(
             safe: Some(stale == 0),
             note,
         },
-        Ok(None) => Cell::skipped(S, "not run: no server to restart (in-process service)"),
+        Ok(None) => Cell::skipped(S, "not run: no server to restart (an in-process service, or a file)"),
         Err(e) => Cell::failed(S, e),
     }
 }

@@ -1,8 +1,6 @@
 //! `--local`: the project's own servers on loopback, started here and stopped on drop.
 
-use std::process::Command;
-
-use palisade_conformance::servers::{EtcdCluster, LoopbackServer, ZkEnsemble, postgres_bin_dir};
+use palisade_conformance::servers::{EtcdCluster, LoopbackServer, PostgresServer, ZkEnsemble};
 
 use crate::target::{Backend, LockTarget, StoreTarget};
 
@@ -18,7 +16,7 @@ pub struct Local {
     redlock: Vec<LoopbackServer>,
     etcd: LoopbackServer,
     zk: ZkEnsemble,
-    _postgres: LoopbackServer,
+    postgres: PostgresServer,
     /// Holds the SQLite file; removed on drop.
     _sqlite_dir: tempfile::TempDir,
     pub locks: Vec<LockTarget>,
@@ -38,7 +36,7 @@ impl Local {
             .map_err(|e| io("redis-server (Redlock)", e))?;
         let etcd = LoopbackServer::etcd("etcd").map_err(|e| io("etcd", e))?;
         let zk = ZkEnsemble::start(&zk_classpath(), 1).map_err(|e| io("ZooKeeper", e))?;
-        let postgres = start_postgres().map_err(|e| io("PostgreSQL", e))?;
+        let postgres = PostgresServer::start().map_err(|e| io("PostgreSQL", e))?;
         let sqlite_dir = tempfile::tempdir().map_err(|e| io("a SQLite directory", e))?;
         let redlock_url = format!(
             "redlock://{}",
@@ -63,12 +61,18 @@ impl Local {
                 label: "SQLite".into(),
                 url: format!("sqlite://{}/compare.db?synchronous=normal", sqlite_dir.path().display()),
             },
-            StoreTarget {
-                label: "PostgreSQL".into(),
-                url: format!("postgres://postgres@127.0.0.1:{}/postgres", postgres.port()),
-            },
+            StoreTarget { label: "PostgreSQL".into(), url: postgres.url() },
         ];
-        Ok(Local { redis, redlock, etcd, zk, _postgres: postgres, _sqlite_dir: sqlite_dir, locks, stores })
+        // The store-native services, each in its store's own database (see `Backend::pairs_with`).
+        let locks = locks
+            .into_iter()
+            .chain(stores.iter().map(|s| LockTarget {
+                label: s.label.clone(),
+                url: s.url.clone(),
+                backend: if s.url.starts_with("sqlite:") { Backend::Sqlite } else { Backend::Postgres },
+            }))
+            .collect();
+        Ok(Local { redis, redlock, etcd, zk, postgres, _sqlite_dir: sqlite_dir, locks, stores })
     }
 
     /// Restarts `backend`'s server: Redis and the Redlock masters without persistence, etcd
@@ -92,7 +96,11 @@ impl Local {
             Backend::Zookeeper => {
                 self.zk.restart_member(0).map(|()| "ZooKeeper restarted (its data survives)".to_string())
             }
-            Backend::Memory => return None,
+            Backend::Postgres => self
+                .postgres
+                .restart_keeping_data(true)
+                .map(|()| "PostgreSQL restarted (its data survives; the store's database restarted too)".to_string()),
+            Backend::Memory | Backend::Sqlite => return None,
         };
         Some(done.map_err(|e| e.to_string()))
     }
@@ -133,48 +141,5 @@ impl Cluster {
             Cluster::Etcd(etcd) => etcd.kill_leader(within).await.map(|i| format!("etcd member m{i}")),
         }
         .map_err(|e| e.to_string())
-    }
-}
-
-/// PostgreSQL from Debian (the newest major version installed), as `postgres` (it refuses root), on its own port and directory.
-fn start_postgres() -> std::io::Result<LoopbackServer> {
-    let bin = postgres_bin_dir()?;
-    let mut failure = None;
-    let server = LoopbackServer::start("setpriv", |port, dir| {
-        let data = dir.join("data");
-        let mut run = |cmd: &mut Command| match cmd.status() {
-            Ok(s) if s.success() => {}
-            Ok(s) => failure = Some(format!("{cmd:?} exited with {s}")),
-            Err(e) => failure = Some(format!("{cmd:?}: {e}")),
-        };
-        run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(dir));
-        run(Command::new("setpriv")
-            .args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
-            .arg(bin.join("initdb"))
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C.UTF-8"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null()));
-        vec![
-            "--reuid=postgres".into(),
-            "--regid=postgres".into(),
-            "--init-groups".into(),
-            bin.join("postgres").display().to_string(),
-            "-D".into(),
-            data.display().to_string(),
-            "-p".into(),
-            port.to_string(),
-            "-k".into(),
-            dir.display().to_string(),
-            "-c".into(),
-            "listen_addresses=127.0.0.1".into(),
-            "-c".into(),
-            "max_connections=300".into(),
-        ]
-    })?;
-    match failure {
-        Some(why) => Err(std::io::Error::other(why)),
-        None => Ok(server),
     }
 }

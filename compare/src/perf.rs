@@ -108,6 +108,8 @@ pub async fn lock_perf(backend: Backend, url: &str, plan: &Plan) -> Result<LockP
             let client = zk::Client::connect(&hosts).await.map_err(|e| format!("raw zookeeper: {e}"))?;
             variants.push(baseline::zk_create(RAW, &client, &prefix, plan).await?);
         }
+        Backend::Postgres => variants.push(baseline::postgres_row(RAW, url, &prefix).await?),
+        Backend::Sqlite => variants.push(baseline::sqlite_row(RAW, url, &prefix).await?),
     }
     variants.push(ours);
     Ok(LockPerf {

@@ -90,7 +90,8 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
     if locks.is_empty() || stores.is_empty() {
         return Err("nothing to compare: give --local, or at least one --lock and one --store".into());
     }
-    let pairs_n = (locks.len() * stores.len()) as u64;
+    let pairs_n =
+        locks.iter().map(|(l, _)| stores.iter().filter(|s| l.backend.pairs_with(&s.url)).count()).sum::<usize>() as u64;
     let bar = progress(locks.len() as u64 + stores.len() as u64 + pairs_n * 6);
 
     let mut lock_rows = Vec::new();
@@ -147,6 +148,9 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
     let mut pairs = Vec::new();
     for (lock, is_local) in &locks {
         for (target, store) in stores.iter().zip(&store_clients) {
+            if !lock.backend.pairs_with(&target.url) {
+                continue;
+            }
             let Some(store) = store else {
                 bar.inc(6);
                 continue;

@@ -11,6 +11,9 @@ pub enum Backend {
     Redlock,
     Etcd,
     Zookeeper,
+    /// The store-native lock services: locks in a table of the database that holds the data.
+    Postgres,
+    Sqlite,
 }
 
 impl Backend {
@@ -22,6 +25,8 @@ impl Backend {
             "redlock" => Backend::Redlock,
             "etcd" | "etcds" => Backend::Etcd,
             "zk" => Backend::Zookeeper,
+            "postgres" | "postgresql" => Backend::Postgres,
+            "sqlite" => Backend::Sqlite,
             _ => return None,
         })
     }
@@ -34,6 +39,19 @@ impl Backend {
             Backend::Redlock => "SET NX PX + DEL on one master",
             Backend::Etcd => "txn put-if-absent + delete",
             Backend::Zookeeper => "create ephemeral + delete",
+            Backend::Postgres => "INSERT … ON CONFLICT DO NOTHING + DELETE of a lock row",
+            Backend::Sqlite => "INSERT … ON CONFLICT DO NOTHING + DELETE of a lock row",
+        }
+    }
+
+    /// Whether this lock service is compared with `store`: a store-native service only with
+    /// its own kind of database (its point is one database for locks and data; the other
+    /// pairings would say nothing the services' own rows do not).
+    pub fn pairs_with(self, store_url: &str) -> bool {
+        match self {
+            Backend::Postgres => store_url.starts_with("postgres://") || store_url.starts_with("postgresql://"),
+            Backend::Sqlite => store_url.starts_with("sqlite:"),
+            _ => true,
         }
     }
 }
@@ -46,6 +64,8 @@ impl fmt::Display for Backend {
             Backend::Redlock => "Redlock",
             Backend::Etcd => "etcd",
             Backend::Zookeeper => "ZooKeeper",
+            Backend::Postgres => "PostgreSQL",
+            Backend::Sqlite => "SQLite",
         })
     }
 }

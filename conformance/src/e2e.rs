@@ -267,6 +267,9 @@ pub async fn killed_holder<L: LockServiceFactory, S: FencedStoreFactory>(ctx: &C
 /// is still ≥ the watermark). B's fenced write that creates the job's "done" record fails with
 /// `Conflict`, so B sees A's work instead of doing the job twice; B's later writes are
 /// accepted and A's next write is refused with `StaleFence`.
+///
+/// A store that [requires a live lock](palisade_core::FencedStore::requires_live_lock) refuses
+/// A's first write already (`StaleFence`: B holds the lock), and B does the job.
 pub async fn stale_write_before_new_holder_writes<L: LockServiceFactory, S: FencedStoreFactory>(
     ctx: &Ctx,
     lf: &L,
@@ -285,19 +288,31 @@ pub async fn stale_write_before_new_holder_writes<L: LockServiceFactory, S: Fenc
             .create(ns.record("done/J"), who.as_bytes().to_vec())
             .put(ns.record("data"), who.as_bytes().to_vec())
     };
-    attempt!(
-        ctx,
-        write(&*store, &lease_a, &job("A")).await,
-        "A's write before B's first write (its fence still passes)"
-    );
-    let kind = write(&*store, &lease_b, &job("B")).await.err().map(|e| e.kind());
-    ensure!(
-        ctx,
-        kind == Some(ErrorKind::Conflict),
-        "B's job write after A's gave {kind:?}, expected Conflict (job already done)"
-    );
+    let doer = if store.requires_live_lock() && lease_a.fence_if_any().is_some() {
+        let first = write(&*store, &lease_a, &job("A")).await;
+        ensure!(
+            ctx,
+            first.as_ref().err().and_then(|e| e.stale_fence_details()).is_some(),
+            "A's write while B holds the lock gave {first:?}, expected StaleFence (the store requires a live lock)"
+        );
+        attempt!(ctx, write(&*store, &lease_b, &job("B")).await, "B's job write");
+        b"B"
+    } else {
+        attempt!(
+            ctx,
+            write(&*store, &lease_a, &job("A")).await,
+            "A's write before B's first write (its fence still passes)"
+        );
+        let kind = write(&*store, &lease_b, &job("B")).await.err().map(|e| e.kind());
+        ensure!(
+            ctx,
+            kind == Some(ErrorKind::Conflict),
+            "B's job write after A's gave {kind:?}, expected Conflict (job already done)"
+        );
+        b"A"
+    };
     let done = attempt!(ctx, store.read(&ns.record("done/J")).await, "read");
-    ensure!(ctx, done.as_ref().map(|r| r.value.as_slice()) == Some(b"A"), "the job record is {done:?}");
+    ensure!(ctx, done.as_ref().map(|r| r.value.as_slice()) == Some(doer), "the job record is {done:?}");
     attempt!(
         ctx,
         write(&*store, &lease_b, &WriteBatch::new().put(ns.record("data"), b"B".to_vec())).await,
@@ -316,6 +331,58 @@ pub async fn stale_write_before_new_holder_writes<L: LockServiceFactory, S: Fenc
         ensure!(ctx, again.is_ok(), "an unfenced write failed: {again:?}");
         ctx.note("no fence: A's later write went through too (documented: efficiency lock)");
     }
+    let _ = lease_b.release().await;
+    Ok(ctx.report())
+}
+
+/// **A live lock, when the store declares it** ([`requires_live_lock`]). A takes the lock and
+/// outlives its TTL with nobody taking the lock after it, then writes. A store that declares it
+/// must refuse the write (`NotHolder` or `StaleFence`) with nothing written, and accept the
+/// next holder's; one that does not must accept it (fencing orders writes, it does not judge
+/// liveness: refusing here would be a store inventing a newer fence).
+///
+/// [`requires_live_lock`]: palisade_core::FencedStore::requires_live_lock
+pub async fn live_lock_when_declared<L: LockServiceFactory, S: FencedStoreFactory>(
+    ctx: &Ctx,
+    lf: &L,
+    sf: &S,
+) -> Outcome {
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "live")?;
+    let timing = lf.timing();
+    let (a, b) = (client(ctx, lf).await?, client(ctx, lf).await?);
+    let store = store_client(ctx, sf).await?;
+    let lease_a = attempt!(ctx, a.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "A lock");
+    if lease_a.fence_if_any().is_none() {
+        ctx.note("no fence: nothing for a store to judge (efficiency lock)");
+        return Ok(ctx.report());
+    }
+    attempt!(
+        ctx,
+        write(&*store, &lease_a, &WriteBatch::new().put(ns.record("data"), b"A1".to_vec())).await,
+        "A's write while live"
+    );
+    tokio::time::sleep(timing.expiry_bound()).await;
+    let late = write(&*store, &lease_a, &WriteBatch::new().put(ns.record("data"), b"A2".to_vec())).await;
+    let data = read_data(ctx, &*store, &ns).await?;
+    if store.requires_live_lock() {
+        let kind = late.as_ref().err().map(palisade_core::Error::kind);
+        ensure!(
+            ctx,
+            matches!(kind, Some(ErrorKind::NotHolder | ErrorKind::StaleFence { .. })),
+            "the expired holder's write gave {late:?}, expected NotHolder (the store declares it requires a live lock)"
+        );
+        ensure!(ctx, data.as_ref().map(|r| r.value.as_slice()) == Some(b"A1"), "data after the refusal: {data:?}");
+    } else {
+        ensure!(ctx, late.is_ok(), "the expired holder's write, with no newer fence anywhere, gave {late:?}");
+        ctx.note("the store does not require a live lock: the expired holder's write was accepted (no newer fence)");
+    }
+    let lease_b = attempt!(ctx, b.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "B lock");
+    attempt!(
+        ctx,
+        write(&*store, &lease_b, &WriteBatch::new().put(ns.record("data"), b"B".to_vec())).await,
+        "B's write"
+    );
     let _ = lease_b.release().await;
     Ok(ctx.report())
 }

@@ -97,6 +97,7 @@ pub mod lock;
 pub mod memory;
 pub mod proxy;
 pub mod relay;
+pub mod semaphore;
 pub mod servers;
 pub mod store;
 
@@ -331,7 +332,27 @@ macro_rules! end_to_end_suite {
             $crate::__scenario_test!(e2e, paused_holder_process, ($lock, $store));
             $crate::__scenario_test!(e2e, killed_holder, ($lock, $store));
             $crate::__scenario_test!(e2e, stale_write_before_new_holder_writes, ($lock, $store));
+            $crate::__scenario_test!(e2e, live_lock_when_declared, ($lock, $store));
             $crate::__scenario_test!(e2e, load, ($lock, $store));
+        }
+    };
+}
+
+/// Stamps out the semaphore scenarios ([`semaphore::semaphore_count_limit`],
+/// [`semaphore::semaphore_stale_permit_refused`]) for a **fenced** lock service factory and a
+/// store factory, in a module (`semaphore_conformance`, or the name given first). An unfenced
+/// service (Redlock) has no semaphore: `Semaphore` requires `LockService<Fencing = Fenced>`.
+#[macro_export]
+macro_rules! semaphore_suite {
+    ($lock:expr, $store:expr) => {
+        $crate::semaphore_suite!(semaphore_conformance, $lock, $store);
+    };
+    ($module:ident, $lock:expr, $store:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__scenario_test!(semaphore, semaphore_count_limit, ($lock));
+            $crate::__scenario_test!(semaphore, semaphore_stale_permit_refused, ($lock, $store));
         }
     };
 }

@@ -604,6 +604,86 @@ impl ZkEnsemble {
     }
 }
 
+/// A PostgreSQL server of the caller's own (Debian's newest major version, run as the
+/// `postgres` user, which it needs when the tests run as root), on its own port and directory:
+/// for `palisade compare --local` and for tests that restart or wipe their server.
+pub struct PostgresServer {
+    server: LoopbackServer,
+    bin: PathBuf,
+}
+
+impl PostgresServer {
+    /// Initialises a database cluster (trust authentication, user `postgres`) and starts it.
+    pub fn start() -> std::io::Result<Self> {
+        let bin = postgres_bin_dir()?;
+        let mut init = Ok(());
+        let server = LoopbackServer::start("setpriv", |port, dir| {
+            init = initdb(&bin, dir);
+            [
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                &bin.join("postgres").display().to_string(),
+                "-D",
+                &dir.join("data").display().to_string(),
+                "-p",
+                &port.to_string(),
+                "-k",
+                &dir.display().to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=300",
+            ]
+            .map(String::from)
+            .to_vec()
+        })?;
+        init?;
+        Ok(PostgresServer { server, bin })
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.server.port())
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.server.port()
+    }
+
+    /// Kills it (SIGKILL: the next start runs crash recovery) and starts it again with its
+    /// data (`keep_data`: what a crash or a failover to an up-to-date replica keeps) or with a
+    /// new, empty database cluster (a restore that lost everything).
+    pub fn restart_keeping_data(&mut self, keep_data: bool) -> std::io::Result<()> {
+        self.server.kill();
+        if !keep_data {
+            let dir = self.server.dir().to_path_buf();
+            std::fs::remove_dir_all(dir.join("data"))?;
+            initdb(&self.bin, &dir)?;
+        }
+        self.server.restart()
+    }
+}
+
+/// `initdb` of `dir/data`, owned by `postgres`.
+fn initdb(bin: &Path, dir: &Path) -> std::io::Result<()> {
+    let run = |cmd: &mut Command| match cmd.status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(std::io::Error::other(format!("{cmd:?} exited with {s}"))),
+        Err(e) => Err(std::io::Error::other(format!("{cmd:?}: {e}"))),
+    };
+    run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(dir))?;
+    run(Command::new("setpriv")
+        .args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
+        .arg(bin.join("initdb"))
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C.UTF-8"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -385,6 +385,8 @@ enum StoreFlaw {
     /// Answers `read_many` in key order, as a naive `WHERE key = ANY(…)` returns rows, instead
     /// of the order asked.
     ReadManyInKeyOrder,
+    /// Declares that fenced writes require a live lock, and checks only the fence.
+    ClaimsLiveLock,
 }
 
 type Watermarks = Arc<Mutex<HashMap<ResourceKey, GrantFence>>>;
@@ -494,6 +496,9 @@ impl BrokenStore {
 impl FencedStore for BrokenStore {
     fn backend(&self) -> &'static str {
         "broken"
+    }
+    fn requires_live_lock(&self) -> bool {
+        self.flaw == StoreFlaw::ClaimsLiveLock
     }
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         self.apply_ops(Some((resource, fence)), batch).await
@@ -714,6 +719,31 @@ async fn a_store_accepting_lower_fences_fails_the_store_and_pause_scenarios() {
         "AcceptsLowerFence",
         "A's write after B's gave Ok",
     );
+}
+
+/// A store that says it requires a live lock but judges only the fence accepts a write from a
+/// holder whose lock expired, and a write from a holder whose lock was taken over but who
+/// wrote first: both scenarios fail for that reason.
+#[tokio::test]
+async fn a_store_claiming_a_live_lock_it_does_not_check_fails_the_live_lock_scenarios() {
+    let s = BrokenStoreFactory::new(StoreFlaw::ClaimsLiveLock);
+    let lf = palisade_conformance::memory::MemoryLockFactory::new();
+    assert_fails_because(
+        e2e::live_lock_when_declared(&ctx("live_lock_when_declared"), &lf, &s).await,
+        "ClaimsLiveLock",
+        "the expired holder's write gave Ok",
+    );
+    assert_fails_because(
+        e2e::stale_write_before_new_holder_writes(&ctx("stale_write_before_new_holder_writes"), &lf, &s).await,
+        "ClaimsLiveLock",
+        "A's write while B holds the lock gave Ok",
+    );
+    // The same store without the claim passes both.
+    let honest = BrokenStoreFactory::new(StoreFlaw::None);
+    e2e::live_lock_when_declared(&ctx("live_lock_when_declared"), &lf, &honest).await.unwrap();
+    e2e::stale_write_before_new_holder_writes(&ctx("stale_write_before_new_holder_writes"), &lf, &honest)
+        .await
+        .unwrap();
 }
 
 /// The SQLite file every process of this test binary can open.
@@ -1249,4 +1279,33 @@ async fn a_quorum_without_rollback_fails_the_quorum_scenario() {
 #[tokio::test]
 async fn a_zero_wait_that_stays_queued_fails_the_zero_wait_scenario() {
     lock_flaw_fails(LockFlaw::ZeroWaitStaysQueued, &[("zero_wait_is_one_attempt", "left a queue entry")], &[]).await;
+}
+
+/// The semaphore scenarios on broken lock services: a service without exclusion gives more
+/// holders than permits, and one whose fence does not grow on an expired takeover gives the
+/// paused permit holder's slot to the next holder with the same fence. The flawless control
+/// passes both.
+#[tokio::test]
+async fn broken_locks_fail_the_semaphore_scenarios() {
+    use palisade_conformance::semaphore;
+    let store = BrokenStoreFactory::new(StoreFlaw::None);
+    assert_fails_because(
+        semaphore::semaphore_count_limit(&ctx("semaphore_count_limit"), &BrokenLockFactory::new(LockFlaw::NoExclusion))
+            .await,
+        "NoExclusion",
+        "count limit broken",
+    );
+    assert_fails_because(
+        semaphore::semaphore_stale_permit_refused(
+            &ctx("semaphore_stale_permit_refused"),
+            &BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
+            &store,
+        )
+        .await,
+        "FenceNotIncreasedAfterExpiry",
+        "after A's",
+    );
+    let control = BrokenLockFactory::new(LockFlaw::None);
+    semaphore::semaphore_count_limit(&ctx("semaphore_count_limit"), &control).await.unwrap();
+    semaphore::semaphore_stale_permit_refused(&ctx("semaphore_stale_permit_refused"), &control, &store).await.unwrap();
 }

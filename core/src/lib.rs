@@ -73,6 +73,7 @@ pub mod metrics;
 mod options;
 mod renewal;
 mod row;
+mod semaphore;
 mod service;
 mod store;
 mod token;
@@ -90,6 +91,7 @@ pub use memory::{MemoryFencedStore, MemoryLockService};
 pub use options::LockOptions;
 pub use renewal::{Progress, Renewal};
 pub use row::FencedRow;
+pub use semaphore::{MAX_PERMITS, Semaphore};
 pub use service::{DynLockService, DynUnfencedLockService, LockService};
 pub use store::{
     DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WatermarkSource, WriteBatch, WriteOp,

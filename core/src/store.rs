@@ -49,6 +49,20 @@ pub trait FencedStore: Send + Sync + 'static {
     /// - `Ok(())` means applied. Zero rows updated is never reported as success.
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()>;
 
+    /// Whether fenced writes also require their lock to be **live**: a store in the same
+    /// database as its lock service (PostgreSQL's `require_live_lock`) can check the lock's own
+    /// row in the write's transaction, and keep it from being granted again until the commit.
+    ///
+    /// Behavior when `true` (checked by the conformance suite's `live_lock_when_declared`):
+    /// besides the rules of [`apply`](FencedStore::apply), a write whose grant no longer holds
+    /// the lock is refused with nothing written, even before any newer holder wrote: with
+    /// [`ErrorKind::StaleFence`] when a newer grant took the lock, [`ErrorKind::NotHolder`] when
+    /// it expired with nobody after it. When `false` (the default), fencing orders writes and
+    /// does not judge liveness: an expired holder's write is accepted until a newer fence is.
+    fn requires_live_lock(&self) -> bool {
+        false
+    }
+
     /// Applies `batch` without any fence check and without touching watermarks: the seed's
     /// naive lock, kept for efficiency locks (which have no fence) and for comparisons.
     ///
@@ -120,6 +134,9 @@ impl<T: FencedStore + ?Sized> FencedStore for Arc<T> {
     }
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         (**self).apply(resource, fence, batch).await
+    }
+    fn requires_live_lock(&self) -> bool {
+        (**self).requires_live_lock()
     }
     async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
         (**self).apply_unfenced(batch).await

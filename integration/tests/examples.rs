@@ -29,6 +29,11 @@ fn outbox_relay() {
 }
 
 #[test]
+fn rate_limit() {
+    use_cases::rate_limit(None, &[]);
+}
+
+#[test]
 fn metrics() {
     use_cases::metrics(None, &[]);
 }

@@ -1,5 +1,5 @@
-//! Every use-case example on Redis + PostgreSQL and on etcd + PostgreSQL (the servers the test
-//! command starts). etcd runs with a 1 s TTL inside a 3 s session.
+//! Every use-case example on Redis + PostgreSQL, on PostgreSQL alone (its lock service in the
+//! same database) and on etcd + PostgreSQL (the servers the test command starts). etcd runs with a 1 s TTL inside a 3 s session.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
@@ -29,6 +29,15 @@ macro_rules! on_servers {
                 }
             )*
         }
+        mod postgres_alone {
+            $(
+                #[test]
+                fn $name() {
+                    let db = palisade_conformance::require_env("PALISADE_POSTGRES_URL");
+                    super::use_cases::$name(Some((&db, &db)), &[]);
+                }
+            )*
+        }
         mod etcd_postgres {
             $(
                 #[test]
@@ -41,4 +50,4 @@ macro_rules! on_servers {
     };
 }
 
-on_servers!(nightly_aggregation, cache_refresh, invoice_numbering, outbox_relay, metrics);
+on_servers!(nightly_aggregation, cache_refresh, invoice_numbering, outbox_relay, rate_limit, metrics);

@@ -64,6 +64,15 @@ pub fn outbox_relay(backend: Option<(&str, &str)>, extra: &[&str]) {
     assert!(r["leaderships"].as_u64().unwrap() >= 3, "{r}");
 }
 
+pub fn rate_limit(backend: Option<(&str, &str)>, extra: &[&str]) {
+    let r = run_example("rate-limit", backend, extra);
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(r["most_in_flight"].as_i64().unwrap() <= 3, "never more calls in flight than permits: {r}");
+    assert!(r["most_in_flight"].as_i64().unwrap() >= 2, "the permits were used side by side: {r}");
+    assert_eq!(r["stale_refused"], 1, "the frozen worker's record under its lost permit: {r}");
+    assert_eq!(r["recorded"], 79, "{r}");
+}
+
 pub fn metrics(backend: Option<(&str, &str)>, extra: &[&str]) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");

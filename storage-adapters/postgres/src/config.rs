@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use palisade_core::Result;
+use palisade_core::{Error, ErrorKind, Result};
 
 use crate::store::BACKEND;
 
@@ -20,6 +20,21 @@ pub struct PostgresConfig {
     pub fences_table: String,
     /// The record table. Default: `palisade_records`.
     pub records_table: String,
+    /// The lock table of [`PostgresLockService`](crate::PostgresLockService). Default:
+    /// `palisade_locks`.
+    pub locks_table: String,
+    /// Every fenced write also requires the writer's lock to be live in this database's
+    /// [`PostgresLockService`] (its `locks_table`): the row must show the writer's grant and fence,
+    /// unexpired by the server's clock, and stays locked (`FOR SHARE`) until the write commits,
+    /// so no other holder can be granted the lock before then. A write that fails it is
+    /// [`ErrorKind::NotHolder`], nothing written. Only for locks taken from this database's lock
+    /// service: a lease from Redis, etcd or ZooKeeper has no row here and every write is
+    /// refused. Applies to the record API, [`begin_fenced`](crate::PostgresStore::begin_fenced)
+    /// and [`check_fence_in`](crate::PostgresStore::check_fence_in); the single-row helpers
+    /// check only the row's own fence. URL: `?require_live_lock=true`. Default: false.
+    ///
+    /// [`PostgresLockService`]: crate::PostgresLockService
+    pub require_live_lock: bool,
     /// Create the tables at connect if missing. Default: true.
     pub migrate: bool,
 }
@@ -33,21 +48,64 @@ impl PostgresConfig {
             acquire_timeout: Duration::from_secs(10),
             fences_table: "palisade_fences".into(),
             records_table: "palisade_records".into(),
+            locks_table: "palisade_locks".into(),
+            require_live_lock: false,
             migrate: true,
         }
     }
 
-    /// The DDL that creates both tables (idempotent), for your own migration tool.
+    /// Settings for `url` with the defaults above, and Palisade's own query parameter taken
+    /// out of it (`require_live_lock=true|false`); the other parameters are the driver's
+    /// (`sslmode`, `application_name`, …).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let (mut config, mut kept) = (PostgresConfig::new(""), Vec::new());
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=').unwrap_or((pair, "")) {
+                ("require_live_lock", value) => {
+                    config.require_live_lock = match value {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        other => {
+                            return Err(Error::new(
+                                ErrorKind::InvalidConfig,
+                                BACKEND,
+                                format!("require_live_lock={other:?}: use true or false"),
+                            ));
+                        }
+                    }
+                }
+                _ => kept.push(pair),
+            }
+        }
+        config.url = if kept.is_empty() { base.to_string() } else { format!("{base}?{}", kept.join("&")) };
+        Ok(config)
+    }
+
+    /// The lock table's DDL (idempotent): one row per resource ever locked, kept after release
+    /// and expiry so its fence counter never goes back.
+    pub fn locks_schema_sql(&self) -> Result<String> {
+        let l = quote_ident(&self.locks_table)?;
+        Ok(format!(
+            "CREATE TABLE IF NOT EXISTS {l} (resource TEXT PRIMARY KEY, grant_id BYTEA, \
+             expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL);"
+        ))
+    }
+
+    /// The DDL that creates the store's tables (idempotent), for your own migration tool;
+    /// with `require_live_lock`, the lock table too.
     pub fn schema_sql(&self) -> Result<String> {
         let f = quote_ident(&self.fences_table)?;
         let r = quote_ident(&self.records_table)?;
         let apply = self.apply_function()?;
-        Ok(format!(
-            "CREATE TABLE IF NOT EXISTS {f} (resource TEXT PRIMARY KEY, fence BIGINT NOT NULL, grant_id BYTEA);\n\
+        let locks = if self.require_live_lock { self.locks_schema_sql()? + "\n" } else { String::new() };
+        Ok(locks
+            + &format!(
+                "CREATE TABLE IF NOT EXISTS {f} (resource TEXT PRIMARY KEY, fence BIGINT NOT NULL, grant_id BYTEA);\n\
              ALTER TABLE {f} ADD COLUMN IF NOT EXISTS grant_id BYTEA;\n\
              CREATE TABLE IF NOT EXISTS {r} (key TEXT PRIMARY KEY, value BYTEA NOT NULL, fence BIGINT);\n{}",
-            apply_function_sql(&apply, &f, &r)
-        ))
+                apply_function_sql(&apply, &f, &r)
+            ))
     }
 
     /// The quoted name of the function that applies a record batch in one statement,
@@ -155,6 +213,8 @@ impl fmt::Debug for PostgresConfig {
             .field("acquire_timeout", &self.acquire_timeout)
             .field("fences_table", &self.fences_table)
             .field("records_table", &self.records_table)
+            .field("locks_table", &self.locks_table)
+            .field("require_live_lock", &self.require_live_lock)
             .field("migrate", &self.migrate)
             .finish()
     }
@@ -182,5 +242,19 @@ mod tests {
         assert!(a.starts_with("\"palisade_apply_") && a.len() == 15 + 16 + 2 && a != b, "{a} {b}");
         assert!(quote_ident("x\"; DROP TABLE y; --").is_err());
         assert!(quote_ident("9x").is_err());
+    }
+
+    #[test]
+    fn palisade_parameters_are_taken_out_of_the_url() {
+        let c = PostgresConfig::from_url("postgres://a@h/db?sslmode=disable&require_live_lock=true&x=1").unwrap();
+        assert!(c.require_live_lock);
+        assert_eq!(c.url, "postgres://a@h/db?sslmode=disable&x=1");
+        let c = PostgresConfig::from_url("postgres://a@h/db?require_live_lock=false").unwrap();
+        assert!(!c.require_live_lock);
+        assert_eq!(c.url, "postgres://a@h/db");
+        assert_eq!(PostgresConfig::from_url("postgres://a@h/db").unwrap().url, "postgres://a@h/db");
+        let bad = PostgresConfig::from_url("postgres://a:pw@h/db?require_live_lock=yes").unwrap_err();
+        assert_eq!(bad.kind(), ErrorKind::InvalidConfig);
+        assert!(!bad.to_string().contains("pw"));
     }
 }

@@ -27,6 +27,11 @@
 //!
 //! Your application already has a pool: [`PostgresStore::from_pool`] uses it.
 //!
+//! PostgreSQL can also grant the locks: [`PostgresLockService`] keeps them in a table of the
+//! same database (expiry by the server's clock, a per-resource fence counter, waiters woken by
+//! `LISTEN`/`NOTIFY`), and a store opened with [`PostgresConfig::require_live_lock`] then
+//! commits each fenced write only while its lock is live.
+//!
 //! ```no_run
 //! use palisade_core::{Lease, LockService};
 //! use palisade_postgres::PostgresStore;
@@ -54,10 +59,12 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod lock;
 mod store;
 mod transaction;
 
 pub use config::PostgresConfig;
+pub use lock::PostgresLockService;
 pub use palisade_core::FencedRow;
 pub use store::{PostgresStore, RowKey, RowWatermark, map_err};
 pub use transaction::PgFencedTransaction;

@@ -54,6 +54,9 @@ pub(crate) fn map_commit_err(e: sqlx::Error) -> Error {
 struct Statements {
     schema: String,
     apply: String,
+    /// `apply` under the live-lock check (`require_live_lock`): called only if the writer's
+    /// lock row is live, after locking it `FOR SHARE`.
+    apply_held: Option<String>,
     read_watermark: String,
     read: String,
     read_many: String,
@@ -64,9 +67,25 @@ impl Statements {
     fn new(config: &PostgresConfig) -> Result<Self> {
         let f = quote_ident(&config.fences_table)?;
         let r = quote_ident(&config.records_table)?;
+        let apply = format!("{}($1, $2, $3, $4, $5, $6)", config.apply_function()?);
+        let apply_held = match config.require_live_lock {
+            // MATERIALIZED: the lock row is locked before the function runs, never after.
+            // Refused: the lock row's fence and grant, to say why (a newer grant: StaleFence).
+            true => {
+                let l = quote_ident(&config.locks_table)?;
+                Some(format!(
+                    "WITH held AS MATERIALIZED (SELECT 1 FROM {l} WHERE resource = $1 AND grant_id = $3 AND fence = $2 \
+                     AND expires_at > clock_timestamp() FOR SHARE), applied AS MATERIALIZED (SELECT {apply} FROM held) \
+                     SELECT (SELECT count(*) FROM applied), l.fence, l.grant_id \
+                     FROM (SELECT 1) AS one LEFT JOIN {l} AS l ON l.resource = $1"
+                ))
+            }
+            false => None,
+        };
         Ok(Statements {
             schema: config.schema_sql()?,
-            apply: format!("SELECT {}($1, $2, $3, $4, $5, $6)", config.apply_function()?),
+            apply: format!("SELECT {apply}"),
+            apply_held,
             read_watermark: format!("SELECT fence, grant_id FROM {f} WHERE resource = $1"),
             read: format!("SELECT value, fence FROM {r} WHERE key = $1"),
             read_many: format!("SELECT key, value, fence FROM {r} WHERE key = ANY($1)"),
@@ -123,8 +142,9 @@ pub struct PostgresStore {
 
 impl PostgresStore {
     /// Connects with default settings and creates the tables if missing.
+    /// `url` may carry `?require_live_lock=true` ([`PostgresConfig::from_url`]).
     pub async fn connect(url: &str) -> Result<Self> {
-        PostgresStore::open(PostgresConfig::new(url)).await
+        PostgresStore::open(PostgresConfig::from_url(url)?).await
     }
 
     /// Connects with explicit settings.
@@ -361,16 +381,30 @@ where
         keys.push(op.key());
         values.push(value);
     }
-    let called = sqlx::query(sql(&s.apply))
+    let held = s.apply_held.as_deref().filter(|_| fence.is_some());
+    let called = sqlx::query(sql(held.unwrap_or(&s.apply)))
         .bind(fence.map(|(resource, _)| resource.to_string()))
         .bind(fence_i64)
         .bind(fence.map(|(_, f)| f.grant().as_bytes().to_vec()))
         .bind(&kinds)
         .bind(&keys)
         .bind(&values)
-        .execute(exec)
+        .fetch_one(exec)
         .await;
-    let Err(e) = called else { return Ok(()) };
+    let e = match called {
+        Ok(row) if held.is_some() => {
+            let applied: i64 = row.try_get(0).map_err(map_err)?;
+            if applied > 0 {
+                return Ok(());
+            }
+            // The live-lock check found no live lock of this grant, and nothing ran.
+            let lock_fence: Option<i64> = row.try_get(1).map_err(map_err)?;
+            let lock_grant: Option<Vec<u8>> = row.try_get(2).map_err(map_err)?;
+            return Err(not_live(fence, fence_from(lock_fence), lock_grant.as_deref().and_then(GrantId::from_slice)));
+        }
+        Ok(_) => return Ok(()),
+        Err(e) => e,
+    };
     let raised = match &e {
         sqlx::Error::Database(db) => match db.code().as_deref() {
             Some("PF001") => Some(Ok(db.message().to_string())),
@@ -394,6 +428,31 @@ where
         _ if own_transaction => Err(map_commit_err(e)),
         _ => Err(map_err(e)),
     }
+}
+
+/// The refusal of a write whose lock is not live in this database (`require_live_lock`): a
+/// newer grant holds or held it ([`ErrorKind::StaleFence`], as a store that had accepted that
+/// grant's write would say), or it expired with nobody after it, or it never was this
+/// database's ([`ErrorKind::NotHolder`]).
+fn not_live(
+    fence: Option<(&ResourceKey, GrantFence)>,
+    lock_fence: Option<Fence>,
+    lock_grant: Option<GrantId>,
+) -> Error {
+    if let (Some((resource, presented)), Some(current)) = (fence, lock_fence)
+        && current > presented.fence()
+    {
+        return explain_refusal(BACKEND, resource, presented, current, lock_grant);
+    }
+    let (what, presented) = fence.map_or((String::from("?"), 0), |(r, f)| (r.to_string(), f.fence().get()));
+    Error::new(
+        ErrorKind::NotHolder,
+        BACKEND,
+        format!(
+            "write refused: the lock on {what} (fence {presented}) is not live in this database's lock table \
+             (it expired, was taken over, or was not taken from this database's lock service); nothing written"
+        ),
+    )
 }
 
 /// The single-row fenced update on `conn`, and on zero rows the reason (stale or missing).
@@ -454,7 +513,7 @@ async fn raise_watermark(
     let checked = call_apply(conn, s, Some((resource, fence)), &[], false).await;
     // These native paths bypass `FencedStoreExt`, so they count their own rejections.
     if let Err(e) = &checked
-        && matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. })
+        && matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. } | ErrorKind::NotHolder)
     {
         palisade_core::metrics::record_fence_rejected(BACKEND);
     }
@@ -469,6 +528,11 @@ fn fence_from(v: Option<i64>) -> Option<Fence> {
 impl FencedStore for PostgresStore {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    /// With [`PostgresConfig::require_live_lock`].
+    fn requires_live_lock(&self) -> bool {
+        self.statements.apply_held.is_some()
     }
 
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {

@@ -1,22 +1,55 @@
-//! The PostgreSQL store against a real PostgreSQL (started by `scripts/test`, address in
-//! `PALISADE_POSTGRES_URL`): the store suite, and end to end with the in-memory lock service.
+//! The PostgreSQL store and lock service against a real PostgreSQL (started by `scripts/test`,
+//! address in `PALISADE_POSTGRES_URL`): the store suite; the lock suite (child processes
+//! connect to the same database); end to end with the in-memory lock service, with the
+//! PostgreSQL lock service in the store's own database, and the same with every fenced write
+//! requiring its lock to be live (`require_live_lock`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use palisade_conformance::memory::MemoryLockFactory;
-use palisade_conformance::{FencedStoreFactory, require_env, store_factory};
-use palisade_postgres::{PostgresConfig, PostgresStore};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_postgres::{PostgresConfig, PostgresLockService, PostgresStore};
+
+fn config() -> PostgresConfig {
+    PostgresConfig { max_connections: 4, ..PostgresConfig::new(require_env("PALISADE_POSTGRES_URL")) }
+}
 
 /// Each client is its own small pool.
 fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
-    let url = require_env("PALISADE_POSTGRES_URL");
-    store_factory(move || {
-        let config = PostgresConfig { max_connections: 4, ..PostgresConfig::new(url.clone()) };
-        async move { Ok(Arc::new(PostgresStore::open(config).await?)) }
+    store_factory(|| async { Ok(Arc::new(PostgresStore::open(config()).await?)) })
+}
+
+/// A store whose every fenced write also requires its lock to be live in the database.
+fn postgres_live() -> impl FencedStoreFactory<Store = PostgresStore> {
+    store_factory(|| async {
+        Ok(Arc::new(PostgresStore::open(PostgresConfig { require_live_lock: true, ..config() }).await?))
+    })
+}
+
+/// Lock clients, each with its own pool, as separate processes would have. The margin covers
+/// a waiter that missed a notification (it looks again within 250 ms).
+fn postgres_locks() -> impl LockServiceFactory<Service = PostgresLockService> {
+    lock_factory(Timing::new(Duration::from_millis(400), Duration::from_millis(300)), || async {
+        Ok(Arc::new(PostgresLockService::new(&PostgresStore::open(config()).await?).await?))
+    })
+    // An operator clearing the lock by hand (the row and its fence counter stay).
+    .with_break_lock(|key| async move {
+        let store = PostgresStore::open(config()).await?;
+        sqlx::query("UPDATE palisade_locks SET grant_id = NULL, expires_at = now() WHERE resource = $1")
+            .bind(key.to_string())
+            .execute(store.pool())
+            .await
+            .map_err(palisade_postgres::map_err)?;
+        Ok(())
     })
 }
 
 palisade_conformance::fenced_store_suite!(postgres());
 palisade_conformance::end_to_end_suite!(MemoryLockFactory::new(), postgres());
+palisade_conformance::lock_service_suite!(postgres_lock_conformance, postgres_locks());
+palisade_conformance::end_to_end_suite!(one_database_end_to_end, postgres_locks(), postgres());
+palisade_conformance::end_to_end_suite!(live_lock_end_to_end, postgres_locks(), postgres_live());
+palisade_conformance::semaphore_suite!(postgres_locks(), postgres());

@@ -461,3 +461,84 @@ async fn fenced_writes_join_the_callers_transaction_on_the_callers_pool() {
     tx.rollback().await.unwrap();
     assert!(s.begin_fenced(&old).await.is_err());
 }
+
+/// The lock service and a store with `require_live_lock` in one database.
+async fn one_database(
+    require_live_lock: bool,
+) -> (PostgresStore, std::sync::Arc<palisade_postgres::PostgresLockService>) {
+    let config = PostgresConfig {
+        require_live_lock,
+        ..PostgresConfig::from_url(&require_env("PALISADE_POSTGRES_URL")).unwrap()
+    };
+    let store = PostgresStore::open(config).await.unwrap();
+    let locks = std::sync::Arc::new(palisade_postgres::PostgresLockService::new(&store).await.unwrap());
+    (store, locks)
+}
+
+/// With `require_live_lock`, a fenced transaction holds its lock's row until it ends: a holder
+/// whose TTL passes while its transaction is open still commits before anyone else is granted
+/// the lock. The same store without the option lets a contender in while the stale holder's
+/// transaction is still open (the control: the test tells the two apart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_lock_transaction_commits_before_the_lock_is_granted_again() {
+    use palisade_core::LockServiceExt;
+    use std::time::{Duration, Instant};
+    for require in [true, false] {
+        let (store, locks) = one_database(require).await;
+        let key = ResourceKey::new("live", unique("tx")).unwrap();
+        let ttl = Duration::from_millis(300);
+        let lease = locks.lock(&key, LockOptions::ttl(ttl)).await.unwrap();
+        let mut tx = store.begin_fenced(&lease).await.unwrap();
+        sqlx::query("SELECT 1").execute(tx.conn()).await.unwrap();
+        tokio::time::sleep(ttl * 2).await; // expired while the transaction is open
+        let contender = {
+            let (locks, key) = (std::sync::Arc::clone(&locks), key.clone());
+            tokio::spawn(async move {
+                let lease = locks.lock(&key, LockOptions::ttl(ttl).wait(Duration::from_secs(10))).await.unwrap();
+                let granted = Instant::now();
+                lease.release().await.unwrap();
+                granted
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let committing = Instant::now();
+        tx.commit().await.unwrap();
+        let granted = contender.await.unwrap();
+        if require {
+            assert!(granted > committing, "granted {:?} before the holder's commit", committing - granted);
+        } else {
+            assert!(granted < committing, "without the option the contender waits for nothing");
+        }
+    }
+}
+
+/// With `require_live_lock`, the check in the caller's own transaction refuses a lease whose
+/// lock expired with nobody after it (`NotHolder`, nothing written) and a lease from another
+/// lock service (no row here); without it, fencing alone accepts the expired holder.
+#[tokio::test]
+async fn a_live_lock_check_refuses_expired_and_foreign_leases() {
+    use palisade_core::LockServiceExt;
+    use std::time::Duration;
+    let (store, locks) = one_database(true).await;
+    let key = ResourceKey::new("live", unique("expired")).unwrap();
+    let lease = locks.lock(&key, LockOptions::ttl(Duration::from_millis(100))).await.unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    store.check_fence_in(&mut tx, &lease).await.unwrap();
+    tx.rollback().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let mut tx = store.pool().begin().await.unwrap();
+    let err = store.check_fence_in(&mut tx, &lease).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHolder, "{err}");
+    drop(tx);
+    assert_eq!(store.watermark(&key).await.unwrap(), None, "nothing written by the refused check");
+
+    let foreign = std::sync::Arc::new(palisade_core::MemoryLockService::new());
+    let other = foreign.lock(&key, LockOptions::ttl(Duration::from_secs(5))).await.unwrap();
+    let err = store.begin_fenced(&other).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHolder, "a lease from another lock service has no row here: {err}");
+
+    let (plain, _) = one_database(false).await;
+    let mut tx = plain.pool().begin().await.unwrap();
+    plain.check_fence_in(&mut tx, &lease).await.unwrap();
+    tx.rollback().await.unwrap();
+}

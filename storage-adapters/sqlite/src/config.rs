@@ -37,6 +37,15 @@ pub struct SqliteConfig {
     pub fences_table: String,
     /// The record table. Default: `palisade_records`.
     pub records_table: String,
+    /// Every fenced write also requires the writer's lock to be live in this file's
+    /// [`SqliteLockService`](crate::SqliteLockService): its row must show the writer's grant
+    /// and fence, unexpired, checked inside the write's transaction, which holds SQLite's write
+    /// lock until it commits, so nobody can be granted the lock in between. A write that fails
+    /// it is [`ErrorKind::StaleFence`] when a newer grant took the lock, [`ErrorKind::NotHolder`]
+    /// otherwise (expired with nobody after it, or not from this file's lock service); nothing
+    /// written. Applies to the record API, `begin_fenced` and `check_fence_in`; the single-row
+    /// helpers check only the row's own fence. URL: `&require_live_lock=true`. Default: false.
+    pub require_live_lock: bool,
 }
 
 impl Default for SqliteConfig {
@@ -49,6 +58,7 @@ impl Default for SqliteConfig {
             max_connections: 8,
             fences_table: "palisade_fences".into(),
             records_table: "palisade_records".into(),
+            require_live_lock: false,
         }
     }
 }
@@ -93,6 +103,13 @@ impl SqliteConfig {
                     Ok(ms) => config.busy_timeout = Duration::from_millis(ms),
                     Err(_) => return invalid(format!("busy_timeout_ms={value:?} is not a whole number")),
                 },
+                "require_live_lock" => {
+                    config.require_live_lock = match value {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        other => return invalid(format!("require_live_lock={other:?}: use true or false")),
+                    }
+                }
                 other => return invalid(format!("unknown SQLite URL parameter {other:?}")),
             }
         }
@@ -120,6 +137,8 @@ mod tests {
         assert_eq!(SqliteConfig::from_url("sqlite:/tmp/x.db").unwrap().path.unwrap(), PathBuf::from("/tmp/x.db"));
         assert!(SqliteConfig::from_url("sqlite://wh.db").unwrap().create_if_missing);
         assert!(!SqliteConfig::from_url("sqlite://wh.db?mode=rw").unwrap().create_if_missing);
+        assert!(SqliteConfig::from_url("sqlite://wh.db?require_live_lock=true").unwrap().require_live_lock);
+        assert!(!SqliteConfig::from_url("sqlite://wh.db").unwrap().require_live_lock);
         for bad in [
             "postgres://x",
             "sqlite://",
@@ -127,6 +146,7 @@ mod tests {
             "sqlite://a?x=1",
             "sqlite://a?busy_timeout_ms=z",
             "sqlite://a?mode=ro",
+            "sqlite://a?require_live_lock=yes",
         ] {
             assert_eq!(SqliteConfig::from_url(bad).unwrap_err().kind(), ErrorKind::InvalidConfig, "{bad}");
         }

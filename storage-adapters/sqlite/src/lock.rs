@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use palisade_core::spi::{Backoff, poll_acquire, storable_fence};
 use palisade_core::{
-    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
-    Ttl, Waiting,
+    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, OwnerToken, ResourceKey,
+    Result, Ttl, Waiting,
 };
 use sqlx::Row;
 use tokio::time::Instant;
@@ -16,10 +16,18 @@ use crate::store::{SqliteStore, map_err};
 const BACKEND: &str = "sqlite";
 
 /// One row per resource ever locked; the row (and with it the fence counter) stays after
-/// release and expiry, so fences never go back.
-const CREATE_LOCKS: &str = "CREATE TABLE IF NOT EXISTS palisade_locks (\
+/// release and expiry, so fences never go back. `owner` is the holder's grant id (what a
+/// store sees of a grant), so a store in the same file can check that a writer's lock is live.
+pub(crate) const CREATE_LOCKS: &str = "CREATE TABLE IF NOT EXISTS palisade_locks (\
      resource TEXT PRIMARY KEY NOT NULL, owner BLOB, expires_at_ms INTEGER NOT NULL, fence INTEGER NOT NULL\
      ) WITHOUT ROWID";
+
+/// The store's live-lock check (`require_live_lock`): the row shows this grant, unexpired.
+pub(crate) const LIVE: &str =
+    "SELECT 1 FROM palisade_locks WHERE resource = ?1 AND owner = ?2 AND fence = ?3 AND expires_at_ms > ?4";
+
+/// The lock's current fence and grant, to explain a refused write.
+pub(crate) const LOCK_ROW: &str = "SELECT fence, owner FROM palisade_locks WHERE resource = ?1";
 
 /// Takes a free or expired lock and issues the next fence, in one statement: no row comes back
 /// when somebody else holds it.
@@ -99,10 +107,9 @@ impl SqliteLockService {
     /// Runs one write statement under this process's writer queue.
     async fn execute(&self, statement: &'static str, grant: &Grant<Fenced>, ttl: Option<Ttl>) -> Result<u64> {
         let _writer = self.store.writer().await?;
-        let owner = grant.token().to_hex();
         let result = sqlx::query(statement)
             .bind(grant.key().to_string())
-            .bind(&owner[..])
+            .bind(grant.grant_id().as_bytes().as_slice())
             .bind(now_ms())
             .bind(ttl.map_or(0, |t| millis(t.get())))
             .bind(storable_fence(BACKEND, grant.fence())?)
@@ -119,7 +126,7 @@ impl SqliteLockService {
 
 /// Milliseconds since the Unix epoch by the wall clock, the one clock every process on the
 /// machine shares.
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
@@ -148,12 +155,11 @@ impl LockService for SqliteLockService {
 
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
         let token = OwnerToken::generate()?;
-        let owner = token.to_hex();
         let requested_at = Instant::now();
         let _writer = self.store.writer().await?;
         let row = sqlx::query(ACQUIRE)
             .bind(key.to_string())
-            .bind(&owner[..])
+            .bind(GrantId::of(&token).as_bytes().as_slice())
             .bind(now_ms())
             .bind(millis(ttl.get()))
             .fetch_optional(self.store.pool())

@@ -50,6 +50,9 @@ pub(crate) struct Statements {
     create_records: String,
     pub(crate) raise_watermark: String,
     pub(crate) read_watermark: String,
+    /// With `require_live_lock`: the lock table's DDL, and the check that the writer's lock is
+    /// live (`?1` resource, `?2` grant id, `?3` fence, `?4` now in ms).
+    live_lock: Option<(&'static str, &'static str)>,
     put: String,
     create: String,
     delete: String,
@@ -58,7 +61,7 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    fn new(fences: &str, records: &str) -> Result<Self> {
+    fn new(fences: &str, records: &str, require_live_lock: bool) -> Result<Self> {
         let f = quote_ident(fences)?;
         let r = quote_ident(records)?;
         Ok(Statements {
@@ -80,6 +83,7 @@ impl Statements {
                    AND ({f}.grant_id IS NULL OR {f}.grant_id = excluded.grant_id))"
             ),
             read_watermark: format!("SELECT fence, grant_id FROM {f} WHERE resource = ?1"),
+            live_lock: require_live_lock.then_some((crate::lock::CREATE_LOCKS, crate::lock::LIVE)),
             put: format!(
                 "INSERT INTO {r} (key, value, fence) VALUES (?1, ?2, ?3) \
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value, fence = excluded.fence"
@@ -140,7 +144,7 @@ impl SqliteStore {
 
     /// Opens the store with explicit settings, creating the database file and tables if missing.
     pub async fn open(config: SqliteConfig) -> Result<Self> {
-        let statements = Statements::new(&config.fences_table, &config.records_table)?;
+        let statements = Statements::new(&config.fences_table, &config.records_table, config.require_live_lock)?;
         let synchronous = match config.synchronous {
             Synchronous::Full => SqliteSynchronous::Full,
             Synchronous::Normal => SqliteSynchronous::Normal,
@@ -220,6 +224,9 @@ impl SqliteStore {
             sqlx::query(sql(&self.statements.add_grant_column)).execute(&mut *tx).await.map_err(map_err)?;
         }
         sqlx::query(sql(&self.statements.create_records)).execute(&mut *tx).await.map_err(map_err)?;
+        if let Some((create_locks, _)) = self.statements.live_lock {
+            sqlx::query(create_locks).execute(&mut *tx).await.map_err(map_err)?;
+        }
         tx.commit().await.map_err(map_err)
     }
 
@@ -233,7 +240,7 @@ impl SqliteStore {
         let store = SqliteStore {
             writers: write_gate((!in_memory).then_some(path.as_path())),
             pool,
-            statements: Arc::new(Statements::new(&c.fences_table, &c.records_table)?),
+            statements: Arc::new(Statements::new(&c.fences_table, &c.records_table, false)?),
             busy_timeout: c.busy_timeout,
         };
         store.migrate().await?;
@@ -462,6 +469,21 @@ pub(crate) async fn raise_watermark(
     fence: GrantFence,
 ) -> Result<()> {
     let fence_i64 = storable_fence(BACKEND, fence.fence())?;
+    if let Some((_, live)) = statements.live_lock {
+        // Inside the write transaction, which holds the file's write lock: no grant can be
+        // made between this check and the commit.
+        let live: Option<i64> = sqlx::query_scalar(live)
+            .bind(resource.to_string())
+            .bind(fence.grant().as_bytes().as_slice())
+            .bind(fence_i64)
+            .bind(crate::lock::now_ms())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        if live.is_none() {
+            return Err(not_live(conn, resource, fence).await);
+        }
+    }
     let changed = sqlx::query(sql(&statements.raise_watermark))
         .bind(resource.to_string())
         .bind(fence_i64)
@@ -480,6 +502,32 @@ pub(crate) async fn raise_watermark(
         .map_err(map_err)?;
     let current = fence_from_column(Some(current)).unwrap_or_default();
     Err(explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice)))
+}
+
+/// The refusal of a write whose lock is not live in this file (`require_live_lock`): a newer
+/// grant took it ([`ErrorKind::StaleFence`]), or it expired with nobody after it, or it never
+/// was this file's ([`ErrorKind::NotHolder`]).
+async fn not_live(conn: &mut SqliteConnection, resource: &ResourceKey, fence: GrantFence) -> Error {
+    type LockRow = (i64, Option<Vec<u8>>);
+    let lock: Option<LockRow> =
+        match sqlx::query_as(crate::lock::LOCK_ROW).bind(resource.to_string()).fetch_optional(&mut *conn).await {
+            Ok(lock) => lock,
+            Err(e) => return map_err(e),
+        };
+    if let Some((current, grant)) = lock
+        && let Some(current) = fence_from_column(Some(current)).filter(|c| *c > fence.fence())
+    {
+        return explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice));
+    }
+    Error::new(
+        ErrorKind::NotHolder,
+        BACKEND,
+        format!(
+            "write refused: the lock on {resource} (fence {}) is not live in this file's lock table (it expired, or \
+             was not taken from this file's lock service); nothing written",
+            fence.fence()
+        ),
+    )
 }
 
 /// A value sqlx binds for the key column of your table (`i64`, `&str`, `String`, …):
@@ -593,6 +641,11 @@ fn fence_from_column(v: Option<i64>) -> Option<Fence> {
 impl FencedStore for SqliteStore {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    /// With [`SqliteConfig::require_live_lock`](crate::SqliteConfig::require_live_lock).
+    fn requires_live_lock(&self) -> bool {
+        self.statements.live_lock.is_some()
     }
 
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {

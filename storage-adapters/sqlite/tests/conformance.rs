@@ -1,7 +1,7 @@
 //! The SQLite store and lock service run the conformance suite: store scenarios, lock scenarios
 //! (child processes open the same database file), and end to end both with the in-memory lock
 //! service (whose child processes reach it through the suite's relay) and with the SQLite lock
-//! service on the store's own file.
+//! service on the store's own file, plain and with every fenced write requiring a live lock.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
@@ -22,6 +22,11 @@ fn url() -> String {
 /// Independent clients (each its own pool) of the database file.
 fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
     store_factory(|| async { Ok(Arc::new(SqliteStore::connect(&url()).await?)) })
+}
+
+/// A store on the same file whose every fenced write requires its lock to be live.
+fn sqlite_live() -> impl FencedStoreFactory<Store = SqliteStore> {
+    store_factory(|| async { Ok(Arc::new(SqliteStore::connect(&format!("{}&require_live_lock=true", url())).await?)) })
 }
 
 /// Lock clients on the same file, each with its own pool, as separate processes would have.
@@ -48,3 +53,5 @@ palisade_conformance::fenced_store_suite!(sqlite());
 palisade_conformance::end_to_end_suite!(MemoryLockFactory::new(), sqlite());
 palisade_conformance::lock_service_suite!(sqlite_lock_conformance, sqlite_locks());
 palisade_conformance::end_to_end_suite!(one_file_end_to_end, sqlite_locks(), sqlite());
+palisade_conformance::end_to_end_suite!(live_lock_end_to_end, sqlite_locks(), sqlite_live());
+palisade_conformance::semaphore_suite!(sqlite_locks(), sqlite());

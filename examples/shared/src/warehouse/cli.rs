@@ -25,8 +25,8 @@ pub fn millis(ms: i64) -> std::time::Duration {
 #[derive(Debug, Parser)]
 #[command(name = "warehouse", version)]
 pub struct Cli {
-    /// Lock service URL [default: the store's URL when the store is a SQLite file, so locks,
-    /// fence counters and data share that file; otherwise memory://].
+    /// Lock service URL [default: the store's URL when the store is a SQLite file or a
+    /// PostgreSQL database, so locks, fence counters and data share it; otherwise memory://].
     #[arg(long, global = true)]
     pub lock: Option<String>,
     /// Fenced store URL.
@@ -43,6 +43,9 @@ impl Cli {
         match &self.lock {
             Some(lock) => lock.clone(),
             None if self.store.starts_with("sqlite:") && !self.store.contains(":memory:") => self.store.clone(),
+            None if self.store.starts_with("postgres://") || self.store.starts_with("postgresql://") => {
+                self.store.clone()
+            }
             None => "memory://".to_string(),
         }
     }

@@ -1,0 +1,167 @@
+//! Semaphore scenarios: [`palisade_core::Semaphore`] on a fenced lock service and a store,
+//! stamped by [`semaphore_suite!`](crate::semaphore_suite).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use palisade_core::{
+    ErrorKind, Fenced, FencedStore, FencedStoreExt, LockOptions, LockService, Progress, Semaphore, WriteBatch,
+};
+use tokio::time::Instant;
+
+use crate::harness::{Ctx, Outcome};
+use crate::lock::{client, key, patience};
+use crate::store::store_client;
+use crate::{FencedStoreFactory, LockServiceFactory, Namespace, attempt, ensure};
+
+const PERMITS: u32 = 3;
+
+/// **Semaphore count limit under contention.** Six clients share a semaphore of 3 permits and
+/// take, hold (5–15 ms) and release permits for about a second, each over its own client. An
+/// overlap detector over the holds (from the grant to the release, cut at the lease's
+/// `safe_until`) finds at most 3 holders at any moment, and at some moment more than one (the
+/// permits are used side by side: a semaphore that serialises everyone is a mutex); every
+/// acquisition completes.
+pub async fn semaphore_count_limit<F>(ctx: &Ctx, lf: &F) -> Outcome
+where
+    F: LockServiceFactory,
+    F::Service: LockService<Fencing = Fenced>,
+{
+    const CLIENTS: usize = 6;
+    let ns = Namespace::new();
+    let sem_key = key(ctx, &ns, "semaphore")?;
+    let timing = lf.timing();
+    let ttl = (timing.ttl * 10).max(Duration::from_secs(2));
+    let holds: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let svc = client(ctx, lf).await?;
+        let sem = attempt!(ctx, Semaphore::new(svc, sem_key.clone(), PERMITS), "semaphore");
+        let holds = Arc::clone(&holds);
+        tasks.push(tokio::spawn(async move {
+            let until = Instant::now() + Duration::from_millis(1000);
+            let (mut n, mut lost) = (0u64, Vec::new());
+            while Instant::now() < until {
+                let permit = sem.acquire(LockOptions::ttl(ttl).wait(patience(ttl))).await?;
+                let granted = Instant::now();
+                tokio::time::sleep(Duration::from_millis(5 + (n * 7 + c as u64 * 3) % 11)).await;
+                let ended = Instant::now().min(permit.safe_until());
+                holds.lock().unwrap_or_else(PoisonError::into_inner).push((granted, ended));
+                // Judged after the overlap check: a permit taken from under its holder shows
+                // as an overlap first.
+                if let Err(e) = permit.release().await {
+                    lost.push(e.to_string());
+                }
+                n += 1;
+            }
+            Ok::<(u64, Vec<String>), palisade_core::Error>((n, lost))
+        }));
+    }
+    let (mut total, mut lost) = (0, Vec::new());
+    for t in tasks {
+        match t.await {
+            Ok(Ok((n, l))) => {
+                total += n;
+                lost.extend(l);
+            }
+            Ok(Err(e)) => return Err(ctx.fail(format!("a permit holder failed: {e}"))),
+            Err(e) => return Err(ctx.fail(format!("a permit holder panicked: {e}"))),
+        }
+    }
+    let holds = holds.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let mut events: Vec<(Instant, i32)> = holds.iter().flat_map(|&(a, b)| [(a, 1), (b, -1)]).collect();
+    // An end and a start at the same instant do not overlap.
+    events.sort_by_key(|&(t, d)| (t, d));
+    let (mut now, mut most) = (0, 0);
+    for (_, d) in events {
+        now += d;
+        most = most.max(now);
+    }
+    ensure!(
+        ctx,
+        most <= i32::try_from(PERMITS).unwrap_or(i32::MAX),
+        "{most} permit holders at once on a semaphore of {PERMITS} (count limit broken)"
+    );
+    ensure!(
+        ctx,
+        most > 1,
+        "never more than one holder at once in {total} holds: the permits were not used side by side"
+    );
+    ctx.note(format!("{total} holds by {CLIENTS} clients, at most {most} at once (limit {PERMITS})"));
+    Ok(ctx.report())
+}
+
+/// **A stale permit holder is refused.** A semaphore of 2 permits: X holds one permit for the
+/// whole scenario (renewing it while it makes progress), A the other with a short TTL and writes under it. A pauses past its TTL; B
+/// takes a permit, necessarily A's slot, with a higher fence than A's, and writes; A wakes and
+/// writes under its permit: `StaleFence`, the data shows B's write, and A's lost signal fired.
+pub async fn semaphore_stale_permit_refused<L, S>(ctx: &Ctx, lf: &L, sf: &S) -> Outcome
+where
+    L: LockServiceFactory,
+    L::Service: LockService<Fencing = Fenced>,
+    S: FencedStoreFactory,
+{
+    let ns = Namespace::new();
+    let sem_key = key(ctx, &ns, "semaphore")?;
+    let timing = lf.timing();
+    let store = store_client(ctx, sf).await?;
+    let sem = |svc| Semaphore::new(svc, sem_key.clone(), 2);
+    let (x, a, b) = (
+        attempt!(ctx, sem(client(ctx, lf).await?), "semaphore"),
+        attempt!(ctx, sem(client(ctx, lf).await?), "semaphore"),
+        attempt!(ctx, sem(client(ctx, lf).await?), "semaphore"),
+    );
+    let long = LockOptions::ttl(patience(timing.ttl) * 2).wait(patience(timing.ttl));
+    let permit_x = attempt!(ctx, x.acquire(long).await, "X's permit");
+    // X stays alive throughout: it renews (a service may cap a grant at its session's TTL).
+    let progress = Progress::new();
+    let _renewal = permit_x.renew_on_progress_every(&progress, timing.ttl / 4);
+    let ticking = {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            loop {
+                progress.tick();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let permit_a =
+        attempt!(ctx, a.acquire(LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "A's permit");
+    ensure!(ctx, permit_a.key() != permit_x.key(), "two permits on one slot: {}", permit_a.key());
+    let record = ns.record("slot-data");
+    attempt!(ctx, store.write(&permit_a, &WriteBatch::new().put(record.clone(), b"A1".to_vec())).await, "A's write");
+    tokio::time::sleep(timing.expiry_bound()).await;
+    let started = Instant::now();
+    let permit_b =
+        attempt!(ctx, b.acquire(LockOptions::ttl(timing.ttl * 4).wait(patience(timing.ttl))).await, "B's permit");
+    ensure!(ctx, permit_b.key() == permit_a.key(), "B took {} while X holds {}", permit_b.key(), permit_x.key());
+    ensure!(
+        ctx,
+        permit_b.fence() > permit_a.fence(),
+        "B's permit on A's expired slot has fence {} after A's {}",
+        permit_b.fence(),
+        permit_a.fence()
+    );
+    attempt!(ctx, store.write(&permit_b, &WriteBatch::new().put(record.clone(), b"B".to_vec())).await, "B's write");
+    let late = store.write(&permit_a, &WriteBatch::new().put(record.clone(), b"A2".to_vec())).await;
+    ensure!(
+        ctx,
+        late.as_ref().err().and_then(palisade_core::Error::stale_fence_details).is_some(),
+        "the paused permit holder's write gave {late:?}, expected StaleFence"
+    );
+    let data = attempt!(ctx, store.read(&record).await, "read");
+    ensure!(ctx, data.as_ref().map(|r| r.value.as_slice()) == Some(b"B"), "data after the refusal: {data:?}");
+    ensure!(ctx, permit_a.is_lost(), "the paused permit holder's lost signal had not fired");
+    let released = permit_a.release().await.err().map(|e| e.kind());
+    ensure!(
+        ctx,
+        matches!(released, Some(ErrorKind::NotHolder | ErrorKind::LeaseLost)),
+        "A released a permit B holds: {released:?}"
+    );
+    ctx.note(format!("B had A's slot {:.0} ms after it asked", started.elapsed().as_secs_f64() * 1e3));
+    ensure!(ctx, !permit_x.is_lost(), "X's renewed permit was lost");
+    ticking.abort();
+    let _ = permit_b.release().await;
+    let _ = permit_x.release().await;
+    Ok(ctx.report())
+}

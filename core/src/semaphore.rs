@@ -1,0 +1,179 @@
+//! A fenced counting semaphore on any fenced lock service: N permits, each a lock of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{ErrorKind, Result};
+use crate::service::timeout_error;
+use crate::ttl::validate_wait;
+use crate::{Error, Fenced, Lease, LockOptions, LockService, LockServiceExt, ResourceKey};
+
+/// The most permits a [`Semaphore`] may have: each is a lock of its own, and a waiter tries
+/// them all on every round.
+pub const MAX_PERMITS: u32 = 1024;
+
+/// A counting semaphore with `permits` permits on resource `key`, on any fenced lock service.
+///
+/// **How it works.** Permit `i` is the lock on its own **slot** resource, `key` with
+/// `.permit-i` appended to its id. Taking a permit takes the lock of a free slot (trying the
+/// slots from a random one, so contenders spread out); at most `permits` slots are held at
+/// once because each slot is a lock. Every guarantee of the lock service holds per slot: a
+/// permit expires with its TTL, is extended and released like a lease, and fires its lost
+/// signal.
+///
+/// **What the fence orders.** A permit is a [`Lease`] on its slot, and its fence is the slot's:
+/// it orders the writes **of that slot**. A store judges a permit holder's writes against the
+/// slot resource (`lease.key()`), so a holder paused past its TTL is refused once the next
+/// holder of the same slot has written, exactly as a mutex holder is. Fences of different slots
+/// are unrelated: up to `permits` holders write at once, each under its own slot, and no
+/// store rule has to count them. Protect per-permit work with the permit's lease (a worker's
+/// share of a job, its connection to a rate-limited API); data that all permit holders update
+/// together needs a mutex, not a semaphore.
+///
+/// **Waiting** polls every slot with backoff (2 ms doubling to 250 ms): no FIFO order,
+/// whatever the lock service's own waiting. A semaphore of 1 permit is a mutex on its slot.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use palisade_core::{LockOptions, MemoryLockService, ResourceKey, Semaphore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> palisade_core::Result<()> {
+/// let locks = Arc::new(MemoryLockService::new());
+/// let api = Semaphore::new(Arc::clone(&locks), ResourceKey::new("quota", "payments-api")?, 2)?;
+/// let ttl = Duration::from_secs(30);
+/// let a = api.try_acquire(ttl).await?.expect("2 permits free");
+/// let b = api.try_acquire(ttl).await?.expect("1 permit free");
+/// assert!(api.try_acquire(ttl).await?.is_none(), "both permits are held");
+/// assert_ne!(a.key(), b.key(), "each permit is a slot of its own, with its own fence");
+/// a.release().await?;
+/// let c = api.acquire(LockOptions::ttl(ttl).wait(Duration::from_secs(1))).await?;
+/// # c.release().await?; b.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Semaphore<S: LockService<Fencing = Fenced> + ?Sized> {
+    service: Arc<S>,
+    key: ResourceKey,
+    slots: Vec<ResourceKey>,
+}
+
+impl<S: LockService<Fencing = Fenced> + ?Sized> Clone for Semaphore<S> {
+    fn clone(&self) -> Self {
+        Semaphore { service: Arc::clone(&self.service), key: self.key.clone(), slots: self.slots.clone() }
+    }
+}
+
+impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
+    /// A semaphore of `permits` permits (1 to [`MAX_PERMITS`]) on `key`. Every client that
+    /// shares the semaphore must use the same `key` and the same `permits`. A count out of
+    /// range is [`ErrorKind::InvalidArgument`]; slot keys that do not fit a [`ResourceKey`] (an
+    /// id near the length limit) are [`ErrorKind::InvalidKey`].
+    pub fn new(service: Arc<S>, key: ResourceKey, permits: u32) -> Result<Self> {
+        if !(1..=MAX_PERMITS).contains(&permits) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                service.backend(),
+                format!("a semaphore has 1 to {MAX_PERMITS} permits, not {permits}"),
+            ));
+        }
+        let slots = (0..permits)
+            .map(|i| ResourceKey::new(key.domain(), format!("{}.permit-{i}", key.id())))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Semaphore { service, key, slots })
+    }
+
+    /// The semaphore's resource.
+    pub fn key(&self) -> &ResourceKey {
+        &self.key
+    }
+
+    /// How many permits it has.
+    pub fn permits(&self) -> u32 {
+        u32::try_from(self.slots.len()).unwrap_or(MAX_PERMITS)
+    }
+
+    /// The slot resource of permit `i` (what a permit's writes are judged under).
+    pub fn slot(&self, i: u32) -> Option<&ResourceKey> {
+        self.slots.get(usize::try_from(i).ok()?)
+    }
+
+    /// Takes a free permit for `ttl`, without waiting; `Ok(None)` when all are held. The
+    /// permit is a [`Lease`] on its slot: its fence, expiry, extension and release are the
+    /// slot lock's.
+    pub async fn try_acquire(&self, ttl: Duration) -> Result<Option<Lease<S>>> {
+        let start = random_start(self.slots.len());
+        for i in 0..self.slots.len() {
+            let slot = &self.slots[(start + i) % self.slots.len()];
+            if let Some(lease) = self.service.try_lock(slot, ttl).await? {
+                return Ok(Some(lease));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Takes a permit for `options.ttl`, waiting up to `options.wait` for one to come free
+    /// (polling the slots with backoff); [`ErrorKind::Timeout`] if none does. A zero wait makes
+    /// one round over the slots.
+    pub async fn acquire(&self, options: LockOptions) -> Result<Lease<S>> {
+        validate_wait(options.wait)?;
+        let give_up = Instant::now() + options.wait;
+        let mut backoff = crate::spi::Backoff::new();
+        loop {
+            if let Some(lease) = self.try_acquire(options.ttl).await? {
+                return Ok(lease);
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(timeout_error(self.service.backend(), &self.key, options.wait));
+            }
+            tokio::time::sleep(backoff.next_delay().min(give_up - now)).await;
+        }
+    }
+}
+
+/// A start slot drawn from the OS's randomness (a failed draw starts at 0: fairness only).
+fn random_start(n: usize) -> usize {
+    let mut seed = [0u8; 8];
+    let _ = getrandom::fill(&mut seed);
+    usize::try_from(u64::from_le_bytes(seed) % u64::try_from(n.max(1)).unwrap_or(1)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryLockService;
+
+    #[tokio::test]
+    async fn permits_are_counted_slots_with_fences_of_their_own() {
+        let locks = Arc::new(MemoryLockService::new());
+        let sem = Semaphore::new(Arc::clone(&locks), ResourceKey::new("sem", "x").unwrap(), 3).unwrap();
+        let ttl = Duration::from_secs(10);
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(sem.try_acquire(ttl).await.unwrap().unwrap());
+        }
+        assert!(sem.try_acquire(ttl).await.unwrap().is_none());
+        let mut keys: Vec<_> = held.iter().map(|l| l.key().to_string()).collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), 3, "three distinct slots");
+        let err = sem.acquire(LockOptions::ttl(ttl).wait(Duration::from_millis(30))).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout);
+        let freed = held.pop().unwrap();
+        let (slot, fence) = (freed.key().clone(), freed.fence());
+        freed.release().await.unwrap();
+        let next = sem.acquire(LockOptions::ttl(ttl).wait(Duration::from_secs(1))).await.unwrap();
+        assert_eq!(next.key(), &slot, "the freed slot");
+        assert!(next.fence() > fence, "the slot's fence grows");
+        for bad in [0, MAX_PERMITS + 1] {
+            let e = Semaphore::new(Arc::clone(&locks), ResourceKey::new("sem", "y").unwrap(), bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        }
+        let long = ResourceKey::new("sem", "z".repeat(crate::MAX_ID_LEN)).unwrap();
+        assert_eq!(Semaphore::new(locks, long, 2).unwrap_err().kind(), ErrorKind::InvalidKey);
+    }
+}
