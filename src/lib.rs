@@ -45,10 +45,10 @@ mod connect;
 pub use connect::{AnyLockService, connect_any_lock, connect_lock, connect_store};
 pub use palisade_core::{
     BoxError, BoxFuture, CancellationToken, Capabilities, DynFencedStore, DynLockService, DynUnfencedLockService,
-    Error, ErrorKind, Fence, FenceSource, Fenced, FencedRow, FencedStore, FencedStoreExt, Fencing, Grant, GrantFence,
-    GrantId, Lease, LockOptions, LockService, LockServiceExt, MAX_DOMAIN_LEN, MAX_ID_LEN, MAX_PERMITS,
-    MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, MemoryFencedStore, MemoryLockService, OwnerToken, Progress,
-    REGRESSION_GAP, Record, Renewal, ResourceKey, Result, Semaphore, Ttl, Unfenced, Waiting, WatermarkSource,
+    Election, Error, ErrorKind, Fence, FenceSource, Fenced, FencedRow, FencedStore, FencedStoreExt, Fencing, Grant,
+    GrantFence, GrantId, Leadership, Lease, LockOptions, LockService, LockServiceExt, MAX_DOMAIN_LEN, MAX_ID_LEN,
+    MAX_PERMITS, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, MemoryFencedStore, MemoryLockService, Observed, OwnerToken,
+    Progress, REGRESSION_GAP, Record, Renewal, ResourceKey, Result, Semaphore, Ttl, Unfenced, Waiting, WatermarkSource,
     WriteBatch, WriteOp, metrics, redact_url,
 };
 
@@ -87,7 +87,7 @@ pub use palisade_dynamodb as dynamodb;
 /// The names most programs need: `use palisade::prelude::*;`.
 pub mod prelude {
     pub use palisade_core::{
-        DynFencedStore, DynLockService, DynUnfencedLockService, Error, ErrorKind, Fence, FencedStore, FencedStoreExt,
-        Lease, LockOptions, LockService, LockServiceExt, Progress, ResourceKey, Semaphore, WriteBatch,
+        DynFencedStore, DynLockService, DynUnfencedLockService, Election, Error, ErrorKind, Fence, FencedStore,
+        FencedStoreExt, Lease, LockOptions, LockService, LockServiceExt, Progress, ResourceKey, Semaphore, WriteBatch,
     };
 }

@@ -90,6 +90,7 @@
 mod child;
 pub mod cluster;
 pub mod e2e;
+pub mod election;
 mod factory;
 mod fn_factory;
 pub mod harness;
@@ -353,6 +354,23 @@ macro_rules! semaphore_suite {
             use super::*;
             $crate::__scenario_test!(semaphore, semaphore_count_limit, ($lock));
             $crate::__scenario_test!(semaphore, semaphore_stale_permit_refused, ($lock, $store));
+        }
+    };
+}
+
+/// Stamps out the election scenario ([`election::election_frozen_leader_is_deposed`]) for a
+/// **fenced** lock service factory and a store factory, in a module (`election_conformance`,
+/// or the name given first).
+#[macro_export]
+macro_rules! election_suite {
+    ($lock:expr, $store:expr) => {
+        $crate::election_suite!(election_conformance, $lock, $store);
+    };
+    ($module:ident, $lock:expr, $store:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__scenario_test!(election, election_frozen_leader_is_deposed, ($lock, $store));
         }
     };
 }

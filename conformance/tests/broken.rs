@@ -1309,3 +1309,36 @@ async fn broken_locks_fail_the_semaphore_scenarios() {
     semaphore::semaphore_count_limit(&ctx("semaphore_count_limit"), &control).await.unwrap();
     semaphore::semaphore_stale_permit_refused(&ctx("semaphore_stale_permit_refused"), &control, &store).await.unwrap();
 }
+
+/// The election scenario on broken lock services: without a fence that grows on an expired
+/// takeover the new leader's term is not above the frozen one's; without exclusion the second
+/// campaign does not wait for the first leader. The flawless control passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_locks_fail_the_election_scenario() {
+    use palisade_conformance::election;
+    let store = BrokenStoreFactory::new(StoreFlaw::None);
+    assert_fails_because(
+        election::election_frozen_leader_is_deposed(
+            &ctx("election_frozen_leader_is_deposed"),
+            &BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
+            &store,
+        )
+        .await,
+        "FenceNotIncreasedAfterExpiry",
+        "is not above A's",
+    );
+    assert_fails_because(
+        election::election_frozen_leader_is_deposed(
+            &ctx("election_frozen_leader_is_deposed"),
+            &BrokenLockFactory::new(LockFlaw::NoExclusion),
+            &store,
+        )
+        .await,
+        "NoExclusion",
+        "expected Timeout",
+    );
+    let control = BrokenLockFactory::new(LockFlaw::None);
+    election::election_frozen_leader_is_deposed(&ctx("election_frozen_leader_is_deposed"), &control, &store)
+        .await
+        .unwrap();
+}

@@ -7,6 +7,7 @@ use palisade_conformance::memory::{MemoryLockFactory, MemoryStoreFactory};
 palisade_conformance::lock_service_suite!(MemoryLockFactory::new());
 palisade_conformance::fenced_store_suite!(MemoryStoreFactory::new());
 palisade_conformance::semaphore_suite!(MemoryLockFactory::new(), MemoryStoreFactory::new());
+palisade_conformance::election_suite!(MemoryLockFactory::new(), MemoryStoreFactory::new());
 
 /// The plain-function entry points run the same scenarios.
 #[tokio::test]

@@ -61,6 +61,7 @@
 
 mod capabilities;
 mod connection_url;
+mod election;
 mod error;
 mod ext;
 mod fence;
@@ -81,6 +82,7 @@ mod ttl;
 
 pub use capabilities::{Capabilities, FenceSource, Waiting};
 pub use connection_url::redact_url;
+pub use election::{Election, Leadership, Observed};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use ext::{FencedStoreExt, LockServiceExt, REGRESSION_GAP};
 pub use fence::{Fence, GrantFence, GrantId};

@@ -12,8 +12,9 @@
 //! anything.
 //!
 //! **How this example prevents it.**
-//! - Leadership is a long-held lease renewed **only while the relay makes progress**
-//!   (`renew_on_progress`): a relay that hangs stops renewing and loses the lease within a TTL.
+//! - Leadership is a fenced election (`Election::campaign_on_progress`): the term is the
+//!   leadership lease's fence, and the lead is renewed **only while the relay makes progress**:
+//!   a relay that hangs stops renewing and loses the lead within a TTL.
 //! - The relay loop races every slow step against the lease's **lost signal** and stops the moment
 //!   it fires: a hung publish is abandoned, not finished late.
 //! - "Publish" and "mark as published" are **one fenced transaction** on the application's own
@@ -168,9 +169,11 @@ impl Outbox {
 
     /// One relay instance: campaign, lead until drained, deposed or lost, and campaign again.
     async fn relay(self: Arc<Self>, locks: Arc<DynLockService>, id: u64) -> palisade::Result<()> {
+        let election = Election::new(locks, self.key.clone(), self.ttl);
         loop {
-            let lease = match locks.lock(&self.key, LockOptions::ttl(self.ttl).wait(self.ttl * 2)).await {
-                Ok(lease) => lease,
+            let progress = Progress::new();
+            let leader = match election.campaign_on_progress(self.ttl * 2, &progress).await {
+                Ok(leader) => leader,
                 Err(e) if e.kind() == ErrorKind::Timeout => {
                     if self.drained().await? {
                         return Ok(());
@@ -180,9 +183,8 @@ impl Outbox {
                 Err(e) => return Err(e),
             };
             self.tally.leaderships.fetch_add(1, Ordering::SeqCst);
-            println!("relay {id}: leader with fence {}", lease.fence());
-            let progress = Progress::new();
-            let _renewal = lease.renew_on_progress(&progress);
+            println!("relay {id}: leader for term {}", leader.term());
+            let lease = leader.lease();
             let mut batch_no = 0u64;
             loop {
                 batch_no += 1;
@@ -196,17 +198,17 @@ impl Outbox {
                     && self.tally.hang_injected.load(Ordering::SeqCst)
                     && !self.tally.freeze_injected.swap(true, Ordering::SeqCst);
                 let step = if freeze {
-                    Some(self.batch(&lease, true).await?)
+                    Some(self.batch(lease, true).await?)
                 } else {
                     let step = async {
                         if hang {
                             println!("relay {id}: publish hangs (the broker stalls)");
                             tokio::time::sleep(self.pause * 4).await;
                         }
-                        self.batch(&lease, false).await
+                        self.batch(lease, false).await
                     };
                     tokio::select! {
-                        _ = lease.lost() => None,
+                        _ = leader.lost() => None,
                         step = step => Some(step?),
                     }
                 };
@@ -219,12 +221,12 @@ impl Outbox {
                     Some(Step::Progress) => progress.tick(),
                     Some(Step::Deposed) => break,
                     Some(Step::Drained) => {
-                        let _ = lease.release().await;
+                        let _ = leader.resign().await;
                         return Ok(());
                     }
                 }
             }
-            drop(lease);
+            drop(leader);
             if self.drained().await? {
                 return Ok(());
             }

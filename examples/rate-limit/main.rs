@@ -23,7 +23,7 @@ use palisade_examples::common;
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
@@ -41,7 +41,7 @@ struct Args {
     /// Workers.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=64))]
     workers: u64,
-    /// Calls per worker.
+    /// Calls per worker (the others go on until the frozen worker has woken).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     calls: u64,
 }
@@ -50,8 +50,11 @@ struct Args {
 struct Tally {
     in_flight: AtomicI64,
     most_in_flight: AtomicI64,
+    calls: AtomicU64,
     recorded: AtomicU64,
     stale_refused: AtomicU64,
+    /// The frozen worker has woken and tried to record: the others may stop.
+    thawed: AtomicBool,
 }
 
 async fn worker(
@@ -60,7 +63,11 @@ async fn worker(
     tally: Arc<Tally>,
     (id, calls, ttl, pause, run): (u64, u64, Duration, Duration, String),
 ) -> palisade::Result<()> {
-    for call in 0..calls {
+    // Every worker makes its calls; the others go on until the frozen one has woken, so that
+    // its permit's slot is taken and used while it sleeps.
+    let mut call = 0;
+    while call < calls || (id != 0 && !tally.thawed.load(Ordering::SeqCst)) {
+        tally.calls.fetch_add(1, Ordering::SeqCst);
         let permit = sem.acquire(LockOptions::ttl(ttl).wait(Duration::from_secs(60))).await?;
         let now = tally.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         tally.most_in_flight.fetch_max(now, Ordering::SeqCst);
@@ -73,7 +80,8 @@ async fn worker(
             // A long freeze: it wakes once the slot's next holder has recorded a call.
             let slot = format!("ratelimit/{run}/{}/", permit.key());
             for _ in 0..1500 {
-                if !store.list(&slot).await?.is_empty() {
+                let later = store.list(&slot).await?.iter().any(|(_, r)| r.fence > Some(permit.fence()));
+                if later {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -96,7 +104,11 @@ async fn worker(
             }
             Err(e) => return Err(e),
         }
+        if frozen {
+            tally.thawed.store(true, Ordering::SeqCst);
+        }
         let _ = permit.release().await; // NotHolder after the freeze is expected
+        call += 1;
     }
     Ok(())
 }
@@ -117,7 +129,7 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
     }
     let most = tally.most_in_flight.load(Ordering::SeqCst);
     let (recorded, stale) = (tally.recorded.load(Ordering::SeqCst), tally.stale_refused.load(Ordering::SeqCst));
-    let calls = args.workers * args.calls;
+    let calls = tally.calls.load(Ordering::SeqCst);
     let held = most <= i64::from(args.permits) && recorded + stale == calls;
     Ok(common::finish(
         json!({

@@ -70,7 +70,9 @@ pub fn rate_limit(backend: Option<(&str, &str)>, extra: &[&str]) {
     assert!(r["most_in_flight"].as_i64().unwrap() <= 3, "never more calls in flight than permits: {r}");
     assert!(r["most_in_flight"].as_i64().unwrap() >= 2, "the permits were used side by side: {r}");
     assert_eq!(r["stale_refused"], 1, "the frozen worker's record under its lost permit: {r}");
-    assert_eq!(r["recorded"], 79, "{r}");
+    let calls = r["calls"].as_u64().unwrap();
+    assert!(calls >= 80, "every worker made its calls: {r}");
+    assert_eq!(r["recorded"].as_u64().unwrap(), calls - 1, "every other call recorded: {r}");
 }
 
 pub fn metrics(backend: Option<(&str, &str)>, extra: &[&str]) {

@@ -83,12 +83,14 @@ impl PostgresConfig {
     }
 
     /// The lock table's DDL (idempotent): one row per resource ever locked, kept after release
-    /// and expiry so its fence counter never goes back.
+    /// and expiry so its fence counter never goes back; `waiting` tells a release whether to
+    /// wake anyone.
     pub fn locks_schema_sql(&self) -> Result<String> {
         let l = quote_ident(&self.locks_table)?;
         Ok(format!(
             "CREATE TABLE IF NOT EXISTS {l} (resource TEXT PRIMARY KEY, grant_id BYTEA, \
-             expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL);"
+             expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL, waiting BOOLEAN NOT NULL DEFAULT false);\n\
+             ALTER TABLE {l} ADD COLUMN IF NOT EXISTS waiting BOOLEAN NOT NULL DEFAULT false;"
         ))
     }
 

@@ -46,15 +46,20 @@ impl LockStatements {
             // Takes a free or expired lock and issues the next fence; otherwise no fence, and
             // the holder's time left (a hint for the waiter). A lock the statement's snapshot
             // shows held is answered from the read alone: woken waiters that lose the race do
-            // not queue on the row's lock ahead of the holder's release.
+            // not queue on the row's lock ahead of the holder's release. A waiter (`$4`) that
+            // finds it held marks the row `waiting`, once, so that its release sends a `NOTIFY`;
+            // a grant clears the mark (the waiters still waiting set it again on their next
+            // attempt, which the release that made the grant possible woke them for).
             acquire: format!(
-                "WITH held AS (SELECT expires_at FROM {l} \
+                "WITH held AS (SELECT expires_at, waiting FROM {l} \
                  WHERE resource = $1 AND grant_id IS NOT NULL AND expires_at > clock_timestamp()), \
                  taken AS (INSERT INTO {l} AS l (resource, grant_id, expires_at, fence) \
                  SELECT $1, $2, clock_timestamp() + {ms}, 1 WHERE NOT EXISTS (SELECT 1 FROM held) \
                  ON CONFLICT (resource) DO UPDATE SET grant_id = EXCLUDED.grant_id, \
-                 expires_at = clock_timestamp() + {ms}, fence = l.fence + 1 \
-                 WHERE l.grant_id IS NULL OR l.expires_at <= clock_timestamp() RETURNING l.fence) \
+                 expires_at = clock_timestamp() + {ms}, fence = l.fence + 1, waiting = false \
+                 WHERE l.grant_id IS NULL OR l.expires_at <= clock_timestamp() RETURNING l.fence), \
+                 marked AS (UPDATE {l} SET waiting = true WHERE resource = $1 AND $4 AND NOT waiting \
+                 AND EXISTS (SELECT 1 FROM held WHERE NOT held.waiting)) \
                  SELECT (SELECT fence FROM taken), \
                  (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::BIGINT FROM held)"
             ),
@@ -62,11 +67,14 @@ impl LockStatements {
                 "UPDATE {l} SET expires_at = clock_timestamp() + {ms} \
                  WHERE resource = $1 AND grant_id = $2 AND fence = $4 AND expires_at > clock_timestamp() RETURNING 1"
             ),
-            // The notification is delivered when the statement commits: waiters wake to a free row.
+            // The notification, only when a waiter marked the row, is delivered when the
+            // statement commits: waiters wake to a free row. (PostgreSQL serialises notifying
+            // commits, so an uncontended release sends none.) One row back: released.
             release: format!(
                 "WITH released AS (UPDATE {l} SET grant_id = NULL, expires_at = clock_timestamp() \
-                 WHERE resource = $1 AND grant_id = $2 AND fence = $4 AND expires_at > clock_timestamp() RETURNING resource) \
-                 SELECT pg_notify($3, resource) FROM released"
+                 WHERE resource = $1 AND grant_id = $2 AND fence = $4 AND expires_at > clock_timestamp() \
+                 RETURNING resource, waiting) \
+                 SELECT CASE WHEN waiting THEN pg_notify($3, resource) END FROM released"
             ),
             advance: format!(
                 "INSERT INTO {l} AS l (resource, grant_id, expires_at, fence) VALUES ($1, NULL, clock_timestamp(), $2) \
@@ -88,10 +96,11 @@ impl LockStatements {
 /// - **Fences from a per-resource counter** in the lock's row (`palisade_locks`, one row per
 ///   resource ever locked, kept after release and expiry): it never goes back, has no gaps,
 ///   and is as durable as the database.
-/// - **Waiting**: a release sends `NOTIFY` on the table's channel with the resource; waiters
-///   listen (one connection per service, opened on the first wait) and try again at once, or at
-///   the holder's expiry, and at least every 250 ms in case a notification was lost. Waiters are
-///   not served in order.
+/// - **Waiting**: a waiter that finds the lock held marks its row, and the release of a marked
+///   row sends `NOTIFY` on the table's channel with the resource (an uncontended release sends
+///   none: PostgreSQL serialises notifying commits); waiters listen (one connection per
+///   service, opened on the first wait) and try again at once, or at the holder's expiry, and at
+///   least every 250 ms in case a notification was lost. Waiters are not served in order.
 ///
 /// Why not session advisory locks (`pg_advisory_lock`)? They issue no fence, so a paused holder
 /// cannot be refused; and they live in a connection, so they vanish silently when it drops (a
@@ -182,13 +191,21 @@ impl PostgresLockService {
     }
 
     /// One acquire statement: the fence if granted, else the holder's time left.
-    async fn attempt(&self, key: &ResourceKey, ttl: Ttl, token: OwnerToken) -> Result<AttemptOutcome<Grant<Fenced>>> {
+    /// `waiting`: the caller will wait for a release (it listens), so a held lock is marked.
+    async fn attempt(
+        &self,
+        key: &ResourceKey,
+        ttl: Ttl,
+        token: OwnerToken,
+        waiting: bool,
+    ) -> Result<AttemptOutcome<Grant<Fenced>>> {
         let requested_at = Instant::now();
         let (fence, left): (Option<i64>, Option<i64>) =
             sqlx::query_as(AssertSqlSafe(self.inner.statements.acquire.clone()))
                 .bind(key.to_string())
                 .bind(GrantId::of(&token).as_bytes().to_vec())
                 .bind(millis(ttl.get()))
+                .bind(waiting)
                 .fetch_one(&self.inner.pool)
                 .await
                 .map_err(map_err)?;
@@ -330,7 +347,7 @@ impl LockService for PostgresLockService {
     }
 
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
-        match self.attempt(key, ttl, OwnerToken::generate()?).await? {
+        match self.attempt(key, ttl, OwnerToken::generate()?, false).await? {
             AttemptOutcome::Granted(grant) => Ok(Some(grant)),
             AttemptOutcome::Held { .. } => Ok(None),
         }
@@ -338,8 +355,15 @@ impl LockService for PostgresLockService {
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
         let token = OwnerToken::generate()?;
-        wait_for_release(BACKEND, key, wait, || self.notifier(key), Some(MAX_STEP), || self.attempt(key, ttl, token))
-            .await
+        // The first attempt runs bare; once it found the lock held, the waiter listens and
+        // every later attempt marks the row.
+        let listening = std::sync::atomic::AtomicBool::new(false);
+        let notifier = || {
+            listening.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.notifier(key)
+        };
+        let attempt = || self.attempt(key, ttl, token, listening.load(std::sync::atomic::Ordering::Relaxed));
+        wait_for_release(BACKEND, key, wait, notifier, Some(MAX_STEP), attempt).await
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {

@@ -55,3 +55,4 @@ palisade_conformance::lock_service_suite!(sqlite_lock_conformance, sqlite_locks(
 palisade_conformance::end_to_end_suite!(one_file_end_to_end, sqlite_locks(), sqlite());
 palisade_conformance::end_to_end_suite!(live_lock_end_to_end, sqlite_locks(), sqlite_live());
 palisade_conformance::semaphore_suite!(sqlite_locks(), sqlite());
+palisade_conformance::election_suite!(sqlite_locks(), sqlite());
