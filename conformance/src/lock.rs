@@ -838,11 +838,20 @@ pub async fn lost_replies_leave_one_live_grant<F: LockServiceFactory>(ctx: &Ctx,
             if let Ok(Some(g)) = result {
                 // The previous round cut the faulty client's connection; a release on it may
                 // be the request that finds the connection gone (`OutcomeUnknown`), and a
-                // release may be resent (`LockService::release`).
+                // release may be resent (`LockService::release`): a resend answered
+                // `NotHolder` means the unconfirmed one was applied.
                 let mut released = svc.release(&g).await;
+                let mut resent = false;
                 for _ in 0..3 {
                     match &released {
-                        Err(e) if e.kind() == ErrorKind::OutcomeUnknown => released = svc.release(&g).await,
+                        Err(e) if e.kind() == ErrorKind::OutcomeUnknown => {
+                            released = svc.release(&g).await;
+                            resent = true;
+                        }
+                        Err(e) if resent && e.kind() == ErrorKind::NotHolder => {
+                            released = Ok(());
+                            break;
+                        }
                         _ => break,
                     }
                 }
