@@ -263,6 +263,7 @@ mod tests {
                 .flat_map(|t| [rate(RAW, t, 5000.0 * t as f64 / scale), rate(OURS, t, 4000.0 * t as f64 / scale)])
                 .collect(),
             handoff: vec![],
+            primitives: None,
         }
     }
 

@@ -368,27 +368,64 @@ impl Handoff {
         S: palisade::LockService + ?Sized + 'static,
     {
         use palisade::{LockOptions, LockServiceExt};
+        let take = move |svc: Arc<S>| {
+            let key = key.clone();
+            move || {
+                let (svc, key) = (Arc::clone(&svc), key.clone());
+                async move {
+                    svc.lock(&key, LockOptions::ttl(ttl).wait(Duration::from_secs(10))).await.map_err(|e| e.to_string())
+                }
+            }
+        };
+        Handoff::between(
+            name,
+            take(holder),
+            take(waiter),
+            |lease: palisade::Lease<S>| async move { lease.release().await.map_err(|e| e.to_string()) },
+            settle,
+        )
+    }
+
+    /// The handoff of any primitive: `first()` takes it, `second()` is called and waits, the
+    /// first lets go with `give` after `settle`; the time measured runs from `give` returning to
+    /// `second()` returning. The second's hold is given back after.
+    pub fn between<T, A, AFut, B, BFut, G, GFut>(
+        name: impl Into<String>,
+        first: A,
+        second: B,
+        give: G,
+        settle: Duration,
+    ) -> Handoff
+    where
+        T: Send + 'static,
+        A: Fn() -> AFut + Send + Sync + 'static,
+        AFut: Future<Output = Result<T, String>> + Send + 'static,
+        B: Fn() -> BFut + Send + Sync + 'static,
+        BFut: Future<Output = Result<T, String>> + Send + 'static,
+        G: Fn(T) -> GFut + Send + Sync + 'static,
+        GFut: Future<Output = Result<(), String>> + Send + 'static,
+    {
+        let parts = Arc::new((first, second, give));
         Handoff::new(name, move |n| {
-            let (holder, waiter, key) = (Arc::clone(&holder), Arc::clone(&waiter), key.clone());
+            let parts = Arc::clone(&parts);
             async move {
                 let mut out = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let held = holder
-                        .lock(&key, LockOptions::ttl(ttl).wait(Duration::from_secs(10)))
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let (w, k) = (Arc::clone(&waiter), key.clone());
-                    let waiting = tokio::spawn(async move {
-                        let lease = w.lock(&k, LockOptions::ttl(ttl).wait(Duration::from_secs(10))).await;
-                        (Instant::now(), lease)
+                    let held = (parts.0)().await?;
+                    let waiting = tokio::spawn({
+                        let second = (parts.1)();
+                        async move {
+                            let got = second.await;
+                            (Instant::now(), got)
+                        }
                     });
                     tokio::time::sleep(settle).await;
-                    held.release().await.map_err(|e| e.to_string())?;
+                    (parts.2)(held).await?;
                     let released = Instant::now();
-                    let (got, lease) = waiting.await.map_err(|e| e.to_string())?;
-                    let lease = lease.map_err(|e| e.to_string())?;
+                    let (got, taken) = waiting.await.map_err(|e| e.to_string())?;
+                    let taken = taken?;
                     out.push(got.saturating_duration_since(released));
-                    lease.release().await.map_err(|e| e.to_string())?;
+                    (parts.2)(taken).await?;
                 }
                 Ok(out)
             }

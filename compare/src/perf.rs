@@ -31,6 +31,8 @@ pub struct LockPerf {
     pub throughput: Vec<Rate>,
     /// Release returned → the waiting contender holds.
     pub handoff: Vec<Latency>,
+    /// The coordination primitives built on the service (fenced services only).
+    pub primitives: Option<PrimitivePerf>,
 }
 
 impl LockPerf {
@@ -69,6 +71,7 @@ pub async fn lock_perf(backend: Backend, url: &str, plan: &Plan) -> Result<LockP
     let (svc, waiter) =
         (palisade::connect_any_lock(url).await.map_err(err)?, palisade::connect_any_lock(url).await.map_err(err)?);
     let handoff_key = ResourceKey::new(&*prefix, "handoff").map_err(err)?;
+    let fenced = svc.is_fenced();
     let (ours, mut handoffs) = match (svc, waiter) {
         (AnyLockService::Fenced(s), AnyLockService::Fenced(w)) => (
             baseline::service(OURS, Arc::clone(&s), &prefix, ttl),
@@ -116,7 +119,175 @@ pub async fn lock_perf(backend: Backend, url: &str, plan: &Plan) -> Result<LockP
         latency: measure::latency(&variants, plan, before.as_ref()).await?,
         throughput: measure::throughput_all(&variants, plan, before.as_ref()).await?,
         handoff: measure::handoffs(&handoffs, plan).await?,
+        primitives: if fenced { Some(primitive_perf(url, plan).await?) } else { None },
     })
+}
+
+/// The mutex's variant in [`PrimitivePerf`]: `try_lock` + `Lease::release`.
+pub const MUTEX: &str = "mutex";
+/// A semaphore permit: `Semaphore::try_acquire` + release.
+pub const PERMIT: &str = "semaphore permit";
+/// A read lock: `RwLock::read` + release.
+pub const READ: &str = "read lock";
+/// A write lock: `RwLock::write` + release.
+pub const WRITE: &str = "write lock";
+/// An election: `Election::campaign` + `resign`.
+pub const LEADER: &str = "election";
+/// Permits of the measured semaphore, readers of the measured read-write lock.
+pub const PRIMITIVE_COUNT: u32 = 4;
+
+/// The coordination primitives on one fenced service: each one's uncontended cycle beside the
+/// mutex's (the same client, the same rounds, interleaved), and each one's handoff (let go →
+/// the waiter already waiting holds). The read-write lock records its entries in an in-memory
+/// store, so the figures are the lock service's; on a real store add one store write per entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct PrimitivePerf {
+    /// Sequential cycles, one variant per primitive and the mutex.
+    pub latency: Vec<Latency>,
+    /// Handoffs, one variant per primitive (the read lock's is the write lock's drain) and the mutex.
+    pub handoff: Vec<Latency>,
+    /// Permits of the semaphore and readers of the read-write lock measured.
+    pub count: u32,
+}
+
+impl PrimitivePerf {
+    /// The latency of the variant called `name`.
+    pub fn latency(&self, name: &str) -> Option<&Latency> {
+        self.latency.iter().find(|l| l.name == name)
+    }
+
+    /// The handoff of the variant called `name`.
+    pub fn handoff(&self, name: &str) -> Option<&Latency> {
+        self.handoff.iter().find(|l| l.name == name)
+    }
+}
+
+/// Measures [`PrimitivePerf`] on the fenced service at `url` (two clients: a holder and a
+/// waiter), with a tenth of the plan's cycles and a quarter of its handoffs (a write entry is
+/// 2 + 2 × 4 lock operations).
+pub async fn primitive_perf(url: &str, plan: &Plan) -> Result<PrimitivePerf, String> {
+    use palisade::{Election, LockOptions, MemoryFencedStore, RwLock, Semaphore};
+    let prefix = measure::run_prefix("prim");
+    let ttl = Ttl::from_millis(10_000).map_err(err)?;
+    let (svc, waiter) =
+        (palisade::connect_lock(url).await.map_err(err)?, palisade::connect_lock(url).await.map_err(err)?);
+    let store: Arc<DynFencedStore> = Arc::new(MemoryFencedStore::new());
+    let once = LockOptions::ttl(ttl.get()).wait(Duration::ZERO);
+    let key = {
+        let prefix = prefix.clone();
+        move |what: &str, slot: measure::Slot| {
+            ResourceKey::new(&*prefix, format!("{}-{}-{}", what.replace(' ', "-"), slot.task, slot.key)).map_err(err)
+        }
+    };
+    let variant = |name: &'static str| {
+        let (svc, store, key) = (Arc::clone(&svc), Arc::clone(&store), key.clone());
+        Variant::new(name, move |slot| {
+            let (svc, store, key) = (Arc::clone(&svc), Arc::clone(&store), key(name, slot));
+            async move {
+                let key = key?;
+                match name {
+                    PERMIT => {
+                        let sem = Semaphore::new(svc, key, PRIMITIVE_COUNT).map_err(err)?;
+                        let permit = sem.try_acquire(ttl.get()).await.map_err(err)?.ok_or("no permit free")?;
+                        permit.release().await.map_err(err)
+                    }
+                    READ | WRITE => {
+                        let rw = RwLock::new(svc, store, key, PRIMITIVE_COUNT).map_err(err)?;
+                        if name == READ {
+                            rw.read(once).await.map_err(err)?.release().await.map_err(err)
+                        } else {
+                            rw.write(once).await.map_err(err)?.release().await.map_err(err)
+                        }
+                    }
+                    _ => Election::new(svc, key, ttl.get())
+                        .campaign(Duration::ZERO)
+                        .await
+                        .map_err(err)?
+                        .resign()
+                        .await
+                        .map_err(err),
+                }
+            }
+        })
+    };
+    let variants = [
+        baseline::lease(MUTEX, Arc::clone(&svc), &prefix, ttl),
+        variant(PERMIT),
+        variant(READ),
+        variant(WRITE),
+        variant(LEADER),
+    ];
+    let latency = measure::latency(&variants, &primitive_plans(plan).0, None).await?;
+
+    let settle = Duration::from_millis(5);
+    let wait = LockOptions::ttl(ttl.get()).wait(Duration::from_secs(10));
+    let one_key = |what: &str| ResourceKey::new(&*prefix, format!("handoff-{what}")).map_err(err);
+    let sems = (
+        Semaphore::new(Arc::clone(&svc), one_key("sem")?, 1).map_err(err)?,
+        Semaphore::new(Arc::clone(&waiter), one_key("sem")?, 1).map_err(err)?,
+    );
+    let rws = (
+        RwLock::new(Arc::clone(&svc), Arc::clone(&store), one_key("rw")?, PRIMITIVE_COUNT).map_err(err)?,
+        RwLock::new(Arc::clone(&waiter), Arc::clone(&store), one_key("rw")?, PRIMITIVE_COUNT).map_err(err)?,
+    );
+    let elections = (
+        Election::new(Arc::clone(&svc), one_key("el")?, ttl.get()),
+        Election::new(Arc::clone(&waiter), one_key("el")?, ttl.get()),
+    );
+    let release = |lease: palisade::Lease<palisade::DynLockService>| async move { lease.release().await.map_err(err) };
+    let handoffs = [
+        Handoff::service(MUTEX, Arc::clone(&svc), Arc::clone(&waiter), one_key("mutex")?, ttl.get(), settle),
+        Handoff::between(
+            PERMIT,
+            move || {
+                let s = sems.0.clone();
+                async move { s.acquire(wait).await.map_err(err) }
+            },
+            move || {
+                let s = sems.1.clone();
+                async move { s.acquire(wait).await.map_err(err) }
+            },
+            release,
+            settle,
+        ),
+        Handoff::between(
+            WRITE,
+            move || {
+                let rw = rws.0.clone();
+                async move { rw.write(wait).await.map_err(err) }
+            },
+            move || {
+                let rw = rws.1.clone();
+                async move { rw.write(wait).await.map_err(err) }
+            },
+            release,
+            settle,
+        ),
+        Handoff::between(
+            LEADER,
+            move || {
+                let e = elections.0.clone();
+                async move { e.campaign(wait.wait).await.map_err(err) }
+            },
+            move || {
+                let e = elections.1.clone();
+                async move { e.campaign(wait.wait).await.map_err(err) }
+            },
+            |leader: palisade::Leadership<palisade::DynLockService>| async move { leader.resign().await.map_err(err) },
+            settle,
+        ),
+    ];
+    let handoff = measure::handoffs(&handoffs, &primitive_plans(plan).1).await?;
+    Ok(PrimitivePerf { latency, handoff, count: PRIMITIVE_COUNT })
+}
+
+/// The plans [`primitive_perf`] measures with: a tenth of `plan`'s cycles (at least 20) for
+/// latency, a quarter of its handoffs (at least 5).
+pub fn primitive_plans(plan: &Plan) -> (Plan, Plan) {
+    (
+        Plan { cycles: (plan.cycles / 10).max(20), ..plan.clone() },
+        Plan { handoffs: (plan.handoffs / 4).max(5), ..plan.clone() },
+    )
 }
 
 /// A fenced single-record write against the store's plain (unfenced) write of a record of the

@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::charts;
 use crate::faults::{self, Cell};
 use crate::local::Local;
-use crate::perf::{self, LockPerf, OURS, RAW, SAME, StorePerf};
+use crate::perf::{self, LEADER, LockPerf, MUTEX, OURS, PERMIT, PrimitivePerf, RAW, READ, SAME, StorePerf, WRITE};
 use crate::seed::{self, SeedRun};
 use crate::target::{Backend, LockTarget, StoreTarget, shown};
 use crate::{CompareArgs, Part};
@@ -455,6 +455,50 @@ fn markdown(
         }
         if locks.iter().any(|l| l.perf.is_some()) {
             let _ = writeln!(md, "\n![latency](latency.svg)\n\n![throughput](throughput.svg)\n");
+        }
+        let prims: Vec<(&LockRow, &PrimitivePerf)> =
+            locks.iter().filter_map(|l| Some((l, l.perf.as_ref()?.primitives.as_ref()?))).collect();
+        if !prims.is_empty() {
+            let (lat, hand) = perf::primitive_plans(plan);
+            let n = prims.first().map_or(0, |(_, p)| p.count);
+            let _ = writeln!(md, "## Coordination primitives\n");
+            let _ = writeln!(
+                md,
+                "Each primitive built on the lock service (`Semaphore` of {n} permits, `RwLock` of {n} readers, `Election`) beside the service's mutex (`try_lock` + release), through the same client in the same interleaved rounds: {} uncontended cycles × {} rounds, zero wait, p50 of all rounds pooled and the min–max of the rounds' p50s. The read-write lock records each entry in an in-memory store here, so its figures are the lock service's: add one write to your store per entry. Handoff: the holder lets go → the waiter already waiting holds, {} per round × {} rounds (the write lock's is writer to writer; a semaphore's waiter polls its slots with backoff, the others wait as the service's mutex does). Ratios are the primitive ÷ the mutex.\n",
+                lat.cycles, lat.rounds, hand.handoffs, hand.rounds
+            );
+            let kinds = [PERMIT, READ, WRITE, LEADER];
+            let mut header = String::from("| lock service | mutex p50 ms |");
+            let mut rule = String::from("|---|---|");
+            for k in kinds {
+                let _ = write!(header, " {k} p50 ms | ratio |");
+                rule.push_str("---|---|");
+            }
+            header.push_str(" handoff p50 ms: mutex | permit | write lock | election |");
+            rule.push_str("---|---|---|---|");
+            let _ = writeln!(md, "{header}\n{rule}");
+            for (l, p) in prims {
+                let mutex = p.latency(MUTEX);
+                let mut row = format!("| {} | {} |", l.label, mutex.map_or("–".into(), |m| format!("{:.3}", m.p50_ms)));
+                for k in kinds {
+                    match (p.latency(k), mutex) {
+                        (Some(v), Some(m)) => {
+                            let _ = write!(
+                                row,
+                                " {} | {:.2}× |",
+                                v.cells().split(" | ").next().unwrap_or("–"),
+                                v.ratio_to(m)
+                            );
+                        }
+                        _ => row.push_str(" – | – |"),
+                    }
+                }
+                for k in [MUTEX, PERMIT, WRITE, LEADER] {
+                    let _ = write!(row, " {} |", p.handoff(k).map_or("–".into(), |h| format!("{:.3}", h.p50_ms)));
+                }
+                let _ = writeln!(md, "{row}");
+            }
+            let _ = writeln!(md);
         }
         let _ = writeln!(md, "## Stores: the cost of the fence\n");
         let _ = writeln!(

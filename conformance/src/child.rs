@@ -40,7 +40,7 @@ pub(crate) fn role() -> Option<ChildRole> {
     Some(ChildRole { scenario, namespace, relay })
 }
 
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     // libtest has already printed `test NAME ... ` without a newline: start a fresh line.

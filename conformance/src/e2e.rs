@@ -109,7 +109,7 @@ pub async fn paused_holder_in_process<L: LockServiceFactory, S: FencedStoreFacto
 }
 
 /// Starts the relay a child needs for an in-process service.
-async fn relay_for<L: LockServiceFactory>(ctx: &Ctx, lf: &L) -> std::result::Result<Option<Relay>, Failure> {
+pub(crate) async fn relay_for<L: LockServiceFactory>(ctx: &Ctx, lf: &L) -> std::result::Result<Option<Relay>, Failure> {
     match lf.process_access() {
         ProcessAccess::Direct => Ok(None),
         ProcessAccess::Relay => {

@@ -93,11 +93,13 @@ pub mod e2e;
 pub mod election;
 mod factory;
 mod fn_factory;
+pub mod frozen;
 pub mod harness;
 pub mod lock;
 pub mod memory;
 pub mod proxy;
 pub mod relay;
+pub mod rwlock;
 pub mod semaphore;
 pub mod servers;
 pub mod store;
@@ -371,6 +373,47 @@ macro_rules! election_suite {
             #[allow(unused_imports)]
             use super::*;
             $crate::__scenario_test!(election, election_frozen_leader_is_deposed, ($lock, $store));
+        }
+    };
+}
+
+/// Stamps out the read-write lock scenarios ([`rwlock::rwlock_readers_share_writers_exclude`],
+/// [`rwlock::rwlock_stale_holders_refused`]) for a **fenced** lock service factory and a store
+/// factory, in a module (`rwlock_conformance`, or the name given first).
+#[macro_export]
+macro_rules! rwlock_suite {
+    ($lock:expr, $store:expr) => {
+        $crate::rwlock_suite!(rwlock_conformance, $lock, $store);
+    };
+    ($module:ident, $lock:expr, $store:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__scenario_test!(rwlock, rwlock_readers_share_writers_exclude, ($lock, $store));
+            $crate::__scenario_test!(rwlock, rwlock_stale_holders_refused, ($lock, $store));
+        }
+    };
+}
+
+/// Stamps out the process-level scenarios of the coordination primitives
+/// ([`frozen::semaphore_permit_holder_sigstop`], [`frozen::rwlock_reader_sigstop`],
+/// [`frozen::rwlock_writer_sigstop`], [`frozen::election_leader_sigstop`]: a permit holder,
+/// reader, writer or leader in a process of its own, frozen with `SIGSTOP`) for a **fenced**
+/// lock service factory and a store that another process can reach, in a module
+/// (`frozen_primitives_conformance`, or the name given first).
+#[macro_export]
+macro_rules! frozen_primitives_suite {
+    ($lock:expr, $store:expr) => {
+        $crate::frozen_primitives_suite!(frozen_primitives_conformance, $lock, $store);
+    };
+    ($module:ident, $lock:expr, $store:expr) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__scenario_test!(frozen, semaphore_permit_holder_sigstop, ($lock, $store));
+            $crate::__scenario_test!(frozen, rwlock_reader_sigstop, ($lock, $store));
+            $crate::__scenario_test!(frozen, rwlock_writer_sigstop, ($lock, $store));
+            $crate::__scenario_test!(frozen, election_leader_sigstop, ($lock, $store));
         }
     };
 }

@@ -790,6 +790,9 @@ fn process_scenario_failure(scenario: &'static str, test: &'static str, lf: Brok
         harness::run(scenario, &name, |ctx| async move {
             match scenario {
                 "killed_holder" => e2e::killed_holder(&ctx, &lf, &SharedSqlite).await,
+                "semaphore_permit_holder_sigstop" => {
+                    palisade_conformance::frozen::semaphore_permit_holder_sigstop(&ctx, &lf, &SharedSqlite).await
+                }
                 _ => e2e::paused_holder_process(&ctx, &lf, &SharedSqlite).await,
             }
         })
@@ -813,6 +816,21 @@ fn a_fence_not_increased_after_expiry_fails_the_sigstop_scenario() {
     if !palisade_conformance::is_child_process() {
         let failure = failure.expect("the SIGSTOP scenario passed against a broken fence");
         assert!(failure.contains("is not above"), "the SIGSTOP scenario failed, but not for the fence: {failure}");
+    }
+}
+
+/// The frozen permit holder (a process stopped with SIGSTOP) on a service whose fence does not
+/// grow on an expired takeover: the next holder of its slot has its fence.
+#[test]
+fn a_fence_not_increased_after_expiry_fails_the_frozen_permit_holder_scenario() {
+    let failure = process_scenario_failure(
+        "semaphore_permit_holder_sigstop",
+        "a_fence_not_increased_after_expiry_fails_the_frozen_permit_holder_scenario",
+        BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
+    );
+    if !palisade_conformance::is_child_process() {
+        let failure = failure.expect("the frozen permit holder scenario passed against a broken fence");
+        assert!(failure.contains("is not above"), "it failed, but not for the fence: {failure}");
     }
 }
 
@@ -1341,4 +1359,39 @@ async fn broken_locks_fail_the_election_scenario() {
     election::election_frozen_leader_is_deposed(&ctx("election_frozen_leader_is_deposed"), &control, &store)
         .await
         .unwrap();
+}
+
+/// The read-write lock scenarios on broken lock services: without exclusion a writer shares
+/// the lock with readers (or another writer); with a fence that does not grow on an expired
+/// takeover, the reader entering after a stale writer presents the writer's own fence, which
+/// the store refuses as issued twice. The flawless control passes both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_locks_fail_the_rwlock_scenarios() {
+    use palisade_conformance::rwlock;
+    let store = BrokenStoreFactory::new(StoreFlaw::None);
+    assert_fails_because(
+        rwlock::rwlock_readers_share_writers_exclude(
+            &ctx("rwlock_readers_share_writers_exclude"),
+            &BrokenLockFactory::new(LockFlaw::NoExclusion),
+            &store,
+        )
+        .await,
+        "NoExclusion",
+        "at once",
+    );
+    assert_fails_because(
+        rwlock::rwlock_stale_holders_refused(
+            &ctx("rwlock_stale_holders_refused"),
+            &BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
+            &store,
+        )
+        .await,
+        "FenceNotIncreasedAfterExpiry",
+        "issued it twice",
+    );
+    let control = BrokenLockFactory::new(LockFlaw::None);
+    rwlock::rwlock_readers_share_writers_exclude(&ctx("rwlock_readers_share_writers_exclude"), &control, &store)
+        .await
+        .unwrap();
+    rwlock::rwlock_stale_holders_refused(&ctx("rwlock_stale_holders_refused"), &control, &store).await.unwrap();
 }

@@ -8,6 +8,7 @@ palisade_conformance::lock_service_suite!(MemoryLockFactory::new());
 palisade_conformance::fenced_store_suite!(MemoryStoreFactory::new());
 palisade_conformance::semaphore_suite!(MemoryLockFactory::new(), MemoryStoreFactory::new());
 palisade_conformance::election_suite!(MemoryLockFactory::new(), MemoryStoreFactory::new());
+palisade_conformance::rwlock_suite!(MemoryLockFactory::new(), MemoryStoreFactory::new());
 
 /// The plain-function entry points run the same scenarios.
 #[tokio::test]

@@ -43,6 +43,8 @@ pub enum Waiting {
 /// };
 /// assert!(caps.issues_fences());
 /// assert!(!caps.fences_survive_restart);
+/// assert!(caps.offers(palisade_core::Primitive::ReadWriteLock));
+/// assert!(!caps.fifo(palisade_core::Primitive::Mutex), "woken, not queued");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Capabilities {
@@ -69,4 +71,38 @@ impl Capabilities {
     pub fn issues_fences(&self) -> bool {
         self.fence_source != FenceSource::None
     }
+
+    /// Whether the service can carry `primitive`. Every coordination primitive is built on the
+    /// service's fenced mutex and is fenced itself, so a service without fences (Redlock)
+    /// offers none of them; the types say so too: [`Semaphore`](crate::Semaphore),
+    /// [`RwLock`](crate::RwLock) and [`Election`](crate::Election) require
+    /// `LockService<Fencing = Fenced>`.
+    pub fn offers(&self, primitive: Primitive) -> bool {
+        match primitive {
+            Primitive::Mutex => true,
+            Primitive::Semaphore | Primitive::ReadWriteLock | Primitive::Election => self.issues_fences(),
+        }
+    }
+
+    /// Whether waiters for `primitive` are served in arrival order: the mutex and the
+    /// read-write lock's gate on a service that queues waiters ([`Waiting::NativeFifo`]); a
+    /// semaphore's permits never (a waiter polls the permit slots); an election's candidates
+    /// as the mutex.
+    pub fn fifo(&self, primitive: Primitive) -> bool {
+        self.offers(primitive) && primitive != Primitive::Semaphore && self.waiting == Waiting::NativeFifo
+    }
+}
+
+/// The coordination primitives a lock service may carry ([`Capabilities::offers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Primitive {
+    /// The lock itself ([`LockServiceExt::lock`](crate::LockServiceExt::lock)).
+    Mutex,
+    /// N permits, each a fenced lease ([`Semaphore`](crate::Semaphore)).
+    Semaphore,
+    /// Many readers or one writer, one fence sequence ([`RwLock`](crate::RwLock)).
+    ReadWriteLock,
+    /// One leader, its term the fence ([`Election`](crate::Election)).
+    Election,
 }

@@ -1,5 +1,4 @@
-//! | [`MemoryLockService`] / [`MemoryFencedStore`] | the in-process reference semantics |
-//! | [`spi`] | helpers for backend and store authors (waiting loops, SQL quoting, refusal errors) || [`LockServiceExt`] | what users call: `try_lock` / `lock` ([`LockOptions`]) return a [`Lease`]; `with_lock` runs a future under one |# palisade-core
+//! # palisade-core
 //!
 //! The contracts of [Palisade](https://example.invalid/palisade): distributed locks whose
 //! every grant carries a **fencing token**, and stores that refuse writes carrying a token
@@ -14,12 +13,14 @@
 //! | piece | what it is |
 //! |---|---|
 //! | [`LockService`] | the small trait a lock backend implements: `try_acquire`, `acquire`, `extend`, `release` |
-//! | [`LockServiceExt`] | what users call: `try_lock` / `lock` return a [`Lease`] |
+//! | [`LockServiceExt`] | what users call: `try_lock` / `lock` ([`LockOptions`]) return a [`Lease`]; `with_lock` runs a future under one |
 //! | [`Lease`] | a held lock: fence, deadline, `safe_until`, lost signal, renewal, release |
 //! | [`FencedStore`] | the trait a store implements: apply a [`WriteBatch`] only if the fence is ≥ the watermark |
 //! | [`FencedStoreExt`] | what users call: `write(&lease, &batch)` |
 //! | [`Fenced`] / [`Unfenced`] | type-level markers: only fenced leases can feed a fenced store |
 //! | [`MemoryLockService`] / [`MemoryFencedStore`] | the in-process reference semantics |
+//! | [`Semaphore`], [`RwLock`], [`Election`] | permits, readers and writers, leaders: built on any fenced lock service, each fenced |
+//! | [`spi`] | helpers for backend and store authors (waiting loops, SQL quoting, refusal errors) |
 //!
 //! ## The flow
 //!
@@ -74,13 +75,14 @@ pub mod metrics;
 mod options;
 mod renewal;
 mod row;
+mod rwlock;
 mod semaphore;
 mod service;
 mod store;
 mod token;
 mod ttl;
 
-pub use capabilities::{Capabilities, FenceSource, Waiting};
+pub use capabilities::{Capabilities, FenceSource, Primitive, Waiting};
 pub use connection_url::redact_url;
 pub use election::{Election, Leadership, Observed};
 pub use error::{BoxError, Error, ErrorKind, Result};
@@ -93,6 +95,7 @@ pub use memory::{MemoryFencedStore, MemoryLockService};
 pub use options::LockOptions;
 pub use renewal::{Progress, Renewal};
 pub use row::FencedRow;
+pub use rwlock::{ReadLease, RwLock};
 pub use semaphore::{MAX_PERMITS, Semaphore};
 pub use service::{DynLockService, DynUnfencedLockService, LockService};
 pub use store::{

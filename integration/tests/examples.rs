@@ -34,6 +34,11 @@ fn rate_limit() {
 }
 
 #[test]
+fn price_catalogue() {
+    use_cases::price_catalogue(None, &[]);
+}
+
+#[test]
 fn metrics() {
     use_cases::metrics(None, &[]);
 }

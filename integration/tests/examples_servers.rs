@@ -50,4 +50,4 @@ macro_rules! on_servers {
     };
 }
 
-on_servers!(nightly_aggregation, cache_refresh, invoice_numbering, outbox_relay, rate_limit, metrics);
+on_servers!(nightly_aggregation, cache_refresh, invoice_numbering, outbox_relay, rate_limit, price_catalogue, metrics);

@@ -60,6 +60,8 @@ palisade_conformance::lock_service_suite!(etcd());
 palisade_conformance::end_to_end_suite!(etcd(), sqlite());
 palisade_conformance::semaphore_suite!(etcd(), sqlite());
 palisade_conformance::election_suite!(etcd(), sqlite());
+palisade_conformance::rwlock_suite!(etcd(), sqlite());
+palisade_conformance::frozen_primitives_suite!(etcd(), sqlite());
 
 /// An etcd of this test's own, which the restart scenario restarts with its data (revisions go
 /// on) and without (revisions start over, which etcd cannot move past: `lock_checked` must

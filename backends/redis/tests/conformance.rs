@@ -52,6 +52,8 @@ palisade_conformance::lock_service_suite!(redis());
 palisade_conformance::end_to_end_suite!(redis(), sqlite());
 palisade_conformance::semaphore_suite!(redis(), sqlite());
 palisade_conformance::election_suite!(redis(), sqlite());
+palisade_conformance::rwlock_suite!(redis(), sqlite());
+palisade_conformance::frozen_primitives_suite!(redis(), sqlite());
 
 /// A Redis of this test's own, which the restart scenario restarts: with `appendfsync always`
 /// a restart with data keeps the fence counter (the service still does not declare it: it

@@ -66,6 +66,8 @@ palisade_conformance::lock_service_suite!(zookeeper());
 palisade_conformance::end_to_end_suite!(zookeeper(), sqlite());
 palisade_conformance::semaphore_suite!(zookeeper(), sqlite());
 palisade_conformance::election_suite!(zookeeper(), sqlite());
+palisade_conformance::rwlock_suite!(zookeeper(), sqlite());
+palisade_conformance::frozen_primitives_suite!(zookeeper(), sqlite());
 
 /// The fence is the node's czxid, not its sequence: deleting the resource's parent between
 /// grants restarts the sequence at 0, and the fence still grows.

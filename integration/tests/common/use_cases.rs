@@ -75,6 +75,18 @@ pub fn rate_limit(backend: Option<(&str, &str)>, extra: &[&str]) {
     assert_eq!(r["recorded"].as_u64().unwrap(), calls - 1, "every other call recorded: {r}");
 }
 
+pub fn price_catalogue(backend: Option<(&str, &str)>, extra: &[&str]) {
+    let r = run_example("price-catalogue", backend, extra);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["torn_reads"], 0, "no price changed under a read lock: {r}");
+    assert_eq!(r["reader_writer_overlaps"], 0, "{r}");
+    assert!(r["most_readers_at_once"].as_i64().unwrap() >= 2, "readers shared the lock: {r}");
+    assert!(r["most_readers_at_once"].as_i64().unwrap() <= 4, "never more readers than allowed: {r}");
+    assert_eq!(r["stale_writes_refused"], 1, "the frozen writer's prices were refused: {r}");
+    assert_eq!(r["stale_reads_refused"], 1, "the frozen reader did not serve its old price: {r}");
+    assert!(r["repricings"].as_u64().unwrap() >= 9, "every other repricing landed: {r}");
+}
+
 pub fn metrics(backend: Option<(&str, &str)>, extra: &[&str]) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");

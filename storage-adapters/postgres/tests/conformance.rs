@@ -56,3 +56,5 @@ palisade_conformance::end_to_end_suite!(one_database_end_to_end, postgres_locks(
 palisade_conformance::end_to_end_suite!(live_lock_end_to_end, postgres_locks(), postgres_live());
 palisade_conformance::semaphore_suite!(postgres_locks(), postgres());
 palisade_conformance::election_suite!(postgres_locks(), postgres());
+palisade_conformance::rwlock_suite!(postgres_locks(), postgres());
+palisade_conformance::frozen_primitives_suite!(postgres_locks(), postgres());

@@ -56,3 +56,5 @@ palisade_conformance::end_to_end_suite!(one_file_end_to_end, sqlite_locks(), sql
 palisade_conformance::end_to_end_suite!(live_lock_end_to_end, sqlite_locks(), sqlite_live());
 palisade_conformance::semaphore_suite!(sqlite_locks(), sqlite());
 palisade_conformance::election_suite!(sqlite_locks(), sqlite());
+palisade_conformance::rwlock_suite!(sqlite_locks(), sqlite());
+palisade_conformance::frozen_primitives_suite!(sqlite_locks(), sqlite());
