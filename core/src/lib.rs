@@ -117,7 +117,8 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 ///   [`timeout_error`](spi::timeout_error), [`validate_wait`](spi::validate_wait);
 /// - local deadlines for session-based locks: [`HeldGrants`](spi::HeldGrants);
 /// - stores: [`storable_fence`](spi::storable_fence), [`fence_refusal`](spi::fence_refusal),
-///   [`explain_refusal`](spi::explain_refusal), [`conflict_error`](spi::conflict_error),
+///   [`explain_refusal`](spi::explain_refusal), [`lock_not_live`](spi::lock_not_live),
+///   [`conflict_error`](spi::conflict_error),
 ///   [`validate_record_key`](spi::validate_record_key),
 ///   [`quote_sql_identifier`](spi::quote_sql_identifier);
 /// - URLs: [`ConnectionUrl`](spi::ConnectionUrl);
@@ -127,7 +128,8 @@ pub mod spi {
     pub use crate::held::{GiveUp, HeldGrants};
     pub use crate::service::{AttemptOutcome, Backoff, poll_acquire, timeout_error, wait_for_release};
     pub use crate::store::{
-        conflict_error, explain_refusal, fence_refusal, quote_sql_identifier, storable_fence, validate_record_key,
+        conflict_error, explain_refusal, fence_refusal, lock_not_live, quote_sql_identifier, storable_fence,
+        validate_record_key,
     };
     pub use crate::ttl::validate_wait;
     pub use async_trait::async_trait;

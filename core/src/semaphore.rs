@@ -1,6 +1,7 @@
 //! A fenced counting semaphore on any fenced lock service: N permits, each a lock of its own.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -18,7 +19,7 @@ pub const MAX_PERMITS: u32 = 1024;
 ///
 /// **How it works.** Permit `i` is the lock on its own **slot** resource, `key` with
 /// `.permit-i` appended to its id. Taking a permit takes the lock of a free slot (trying the
-/// slots from a random one, so contenders spread out); at most `permits` slots are held at
+/// slots from a start drawn at random, so contenders spread out); at most `permits` slots are held at
 /// once because each slot is a lock. Every guarantee of the lock service holds per slot: a
 /// permit expires with its TTL, is extended and released like a lease, and fires its lost
 /// signal.
@@ -59,11 +60,19 @@ pub struct Semaphore<S: LockService<Fencing = Fenced> + ?Sized> {
     service: Arc<S>,
     key: ResourceKey,
     slots: Vec<ResourceKey>,
+    /// Where the next round over the slots starts: drawn once from the OS's randomness (so
+    /// clients spread out), then moved on by one every round.
+    next_start: Arc<AtomicUsize>,
 }
 
 impl<S: LockService<Fencing = Fenced> + ?Sized> Clone for Semaphore<S> {
     fn clone(&self) -> Self {
-        Semaphore { service: Arc::clone(&self.service), key: self.key.clone(), slots: self.slots.clone() }
+        Semaphore {
+            service: Arc::clone(&self.service),
+            key: self.key.clone(),
+            slots: self.slots.clone(),
+            next_start: Arc::clone(&self.next_start),
+        }
     }
 }
 
@@ -83,7 +92,7 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
         let slots = (0..permits)
             .map(|i| ResourceKey::new(key.domain(), format!("{}.permit-{i}", key.id())))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Semaphore { service, key, slots })
+        Ok(Semaphore { service, key, slots, next_start: Arc::new(AtomicUsize::new(random_start())) })
     }
 
     /// The semaphore's resource.
@@ -105,9 +114,9 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
     /// permit is a [`Lease`] on its slot: its fence, expiry, extension and release are the
     /// slot lock's.
     pub async fn try_acquire(&self, ttl: Duration) -> Result<Option<Lease<S>>> {
-        let start = random_start(self.slots.len());
+        let start = self.next_start.fetch_add(1, Ordering::Relaxed);
         for i in 0..self.slots.len() {
-            let slot = &self.slots[(start + i) % self.slots.len()];
+            let slot = &self.slots[start.wrapping_add(i) % self.slots.len()];
             if let Some(lease) = self.service.try_lock(slot, ttl).await? {
                 return Ok(Some(lease));
             }
@@ -135,11 +144,12 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
     }
 }
 
-/// A start slot drawn from the OS's randomness (a failed draw starts at 0: fairness only).
-fn random_start(n: usize) -> usize {
+/// A start drawn from the OS's randomness (a failed draw starts at 0: fairness only).
+fn random_start() -> usize {
     let mut seed = [0u8; 8];
     let _ = getrandom::fill(&mut seed);
-    usize::try_from(u64::from_le_bytes(seed) % u64::try_from(n.max(1)).unwrap_or(1)).unwrap_or(0)
+    // Any value will do: the start is taken modulo the slot count.
+    usize::try_from(u64::from_le_bytes(seed) >> 33).unwrap_or(0)
 }
 
 #[cfg(test)]

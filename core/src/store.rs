@@ -417,6 +417,35 @@ pub fn explain_refusal(
     })
 }
 
+/// The refusal of a write whose lock is not live where the store looks for it (a store that
+/// [requires a live lock](FencedStore::requires_live_lock), in the same database as its lock
+/// service): `presented` is the write's resource and fence (`None` when the caller's
+/// transaction did not say), `lock` the fence and grant the lock's own row shows (`None`: no
+/// row). A newer grant took the lock: the [`fence_refusal`] a store that had accepted that
+/// grant's write would give ([`ErrorKind::StaleFence`]). Otherwise the lock expired with nobody
+/// after it, or never was from `lock_table`: [`ErrorKind::NotHolder`].
+pub fn lock_not_live(
+    backend: &'static str,
+    lock_table: &str,
+    presented: Option<(&ResourceKey, GrantFence)>,
+    lock: Option<(Fence, Option<GrantId>)>,
+) -> Error {
+    if let (Some((resource, fence)), Some((current, grant))) = (presented, lock)
+        && current > fence.fence()
+    {
+        return explain_refusal(backend, resource, fence, current, grant);
+    }
+    let (what, fence) = presented.map_or((String::from("?"), 0), |(r, f)| (r.to_string(), f.fence().get()));
+    Error::new(
+        ErrorKind::NotHolder,
+        backend,
+        format!(
+            "write refused: the lock on {what} (fence {fence}) is not live in {lock_table} (it expired, was taken \
+             over, or was not taken from its lock service); nothing written"
+        ),
+    )
+}
+
 /// The [`ErrorKind::Conflict`] error for a failed `Create` or `Check`.
 pub fn conflict_error(backend: &'static str, op: &WriteOp) -> Error {
     let what = match op {

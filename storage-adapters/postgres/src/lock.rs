@@ -30,10 +30,11 @@ struct LockStatements {
     schema: String,
     /// The channel releases are announced on (the table's name), payload the resource.
     channel: String,
-    acquire: String,
-    extend: String,
-    release: String,
-    advance: String,
+    // Shared, not copied, into every query (the hot path).
+    acquire: Arc<str>,
+    extend: Arc<str>,
+    release: Arc<str>,
+    advance: Arc<str>,
 }
 
 impl LockStatements {
@@ -62,11 +63,11 @@ impl LockStatements {
                  AND EXISTS (SELECT 1 FROM held WHERE NOT held.waiting)) \
                  SELECT (SELECT fence FROM taken), \
                  (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::BIGINT FROM held)"
-            ),
+            ).into(),
             extend: format!(
                 "UPDATE {l} SET expires_at = clock_timestamp() + {ms} \
                  WHERE resource = $1 AND grant_id = $2 AND fence = $4 AND expires_at > clock_timestamp() RETURNING 1"
-            ),
+            ).into(),
             // The notification, only when a waiter marked the row, is delivered when the
             // statement commits: waiters wake to a free row. (PostgreSQL serialises notifying
             // commits, so an uncontended release sends none.) One row back: released.
@@ -75,11 +76,11 @@ impl LockStatements {
                  WHERE resource = $1 AND grant_id = $2 AND fence = $4 AND expires_at > clock_timestamp() \
                  RETURNING resource, waiting) \
                  SELECT CASE WHEN waiting THEN pg_notify($3, resource) END FROM released"
-            ),
+            ).into(),
             advance: format!(
                 "INSERT INTO {l} AS l (resource, grant_id, expires_at, fence) VALUES ($1, NULL, clock_timestamp(), $2) \
                  ON CONFLICT (resource) DO UPDATE SET fence = greatest(l.fence, EXCLUDED.fence)"
-            ),
+            ).into(),
         })
     }
 }
@@ -201,9 +202,9 @@ impl PostgresLockService {
     ) -> Result<AttemptOutcome<Grant<Fenced>>> {
         let requested_at = Instant::now();
         let (fence, left): (Option<i64>, Option<i64>) =
-            sqlx::query_as(AssertSqlSafe(self.inner.statements.acquire.clone()))
+            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.inner.statements.acquire)))
                 .bind(key.to_string())
-                .bind(GrantId::of(&token).as_bytes().to_vec())
+                .bind(&GrantId::of(&token).as_bytes()[..])
                 .bind(millis(ttl.get()))
                 .bind(waiting)
                 .fetch_one(&self.inner.pool)
@@ -245,10 +246,11 @@ impl PostgresLockService {
     }
 
     /// Runs a statement on `grant`'s row; the number of rows it changed (or returned).
-    async fn on_grant(&self, statement: &str, grant: &Grant<Fenced>, third: Option<i64>) -> Result<u64> {
-        let mut query = sqlx::query(AssertSqlSafe(statement.to_string()))
+    async fn on_grant(&self, statement: &Arc<str>, grant: &Grant<Fenced>, third: Option<i64>) -> Result<u64> {
+        let grant_id = grant.grant_id();
+        let mut query = sqlx::query(AssertSqlSafe(Arc::clone(statement)))
             .bind(grant.key().to_string())
-            .bind(grant.grant_id().as_bytes().to_vec());
+            .bind(&grant_id.as_bytes()[..]);
         query = match third {
             Some(ms) => query.bind(ms),
             None => query.bind(&self.inner.statements.channel),
@@ -381,7 +383,7 @@ impl LockService for PostgresLockService {
     }
 
     async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
-        sqlx::query(AssertSqlSafe(self.inner.statements.advance.clone()))
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.statements.advance)))
             .bind(key.to_string())
             .bind(storable_fence(BACKEND, floor)?)
             .execute(&self.inner.pool)

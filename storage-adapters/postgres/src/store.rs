@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use std::fmt;
 
-use palisade_core::spi::{conflict_error, explain_refusal, storable_fence, validate_record_key};
+use palisade_core::spi::{conflict_error, explain_refusal, lock_not_live, storable_fence, validate_record_key};
 use palisade_core::{
     Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, Record,
     ResourceKey, Result, WatermarkSource, WriteBatch, WriteOp,
@@ -400,7 +400,8 @@ where
             // The live-lock check found no live lock of this grant, and nothing ran.
             let lock_fence: Option<i64> = row.try_get(1).map_err(map_err)?;
             let lock_grant: Option<Vec<u8>> = row.try_get(2).map_err(map_err)?;
-            return Err(not_live(fence, fence_from(lock_fence), lock_grant.as_deref().and_then(GrantId::from_slice)));
+            let lock = fence_from(lock_fence).map(|f| (f, lock_grant.as_deref().and_then(GrantId::from_slice)));
+            return Err(lock_not_live(BACKEND, "this database's lock table", fence, lock));
         }
         Ok(_) => return Ok(()),
         Err(e) => e,
@@ -428,31 +429,6 @@ where
         _ if own_transaction => Err(map_commit_err(e)),
         _ => Err(map_err(e)),
     }
-}
-
-/// The refusal of a write whose lock is not live in this database (`require_live_lock`): a
-/// newer grant holds or held it ([`ErrorKind::StaleFence`], as a store that had accepted that
-/// grant's write would say), or it expired with nobody after it, or it never was this
-/// database's ([`ErrorKind::NotHolder`]).
-fn not_live(
-    fence: Option<(&ResourceKey, GrantFence)>,
-    lock_fence: Option<Fence>,
-    lock_grant: Option<GrantId>,
-) -> Error {
-    if let (Some((resource, presented)), Some(current)) = (fence, lock_fence)
-        && current > presented.fence()
-    {
-        return explain_refusal(BACKEND, resource, presented, current, lock_grant);
-    }
-    let (what, presented) = fence.map_or((String::from("?"), 0), |(r, f)| (r.to_string(), f.fence().get()));
-    Error::new(
-        ErrorKind::NotHolder,
-        BACKEND,
-        format!(
-            "write refused: the lock on {what} (fence {presented}) is not live in this database's lock table \
-             (it expired, was taken over, or was not taken from this database's lock service); nothing written"
-        ),
-    )
 }
 
 /// The single-row fenced update on `conn`, and on zero rows the reason (stale or missing).

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::spi::{conflict_error, explain_refusal, storable_fence, validate_record_key};
+use palisade_core::spi::{conflict_error, explain_refusal, lock_not_live, storable_fence, validate_record_key};
 use palisade_core::{
     Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, Record,
     ResourceKey, Result, WriteBatch, WriteOp,
@@ -504,9 +504,8 @@ pub(crate) async fn raise_watermark(
     Err(explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice)))
 }
 
-/// The refusal of a write whose lock is not live in this file (`require_live_lock`): a newer
-/// grant took it ([`ErrorKind::StaleFence`]), or it expired with nobody after it, or it never
-/// was this file's ([`ErrorKind::NotHolder`]).
+/// The refusal of a write whose lock is not live in this file (`require_live_lock`), from the
+/// lock's own row.
 async fn not_live(conn: &mut SqliteConnection, resource: &ResourceKey, fence: GrantFence) -> Error {
     type LockRow = (i64, Option<Vec<u8>>);
     let lock: Option<LockRow> =
@@ -514,20 +513,10 @@ async fn not_live(conn: &mut SqliteConnection, resource: &ResourceKey, fence: Gr
             Ok(lock) => lock,
             Err(e) => return map_err(e),
         };
-    if let Some((current, grant)) = lock
-        && let Some(current) = fence_from_column(Some(current)).filter(|c| *c > fence.fence())
-    {
-        return explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice));
-    }
-    Error::new(
-        ErrorKind::NotHolder,
-        BACKEND,
-        format!(
-            "write refused: the lock on {resource} (fence {}) is not live in this file's lock table (it expired, or \
-             was not taken from this file's lock service); nothing written",
-            fence.fence()
-        ),
-    )
+    let lock = lock.and_then(|(current, grant)| {
+        Some((fence_from_column(Some(current))?, grant.as_deref().and_then(GrantId::from_slice)))
+    });
+    lock_not_live(BACKEND, "this file's lock table", Some((resource, fence)), lock)
 }
 
 /// A value sqlx binds for the key column of your table (`i64`, `&str`, `String`, …):
