@@ -342,7 +342,7 @@ macro_rules! end_to_end_suite {
 }
 
 /// Stamps out the semaphore scenarios ([`semaphore::semaphore_count_limit`],
-/// [`semaphore::semaphore_stale_permit_refused`]) for a **fenced** lock service factory and a
+/// [`semaphore::semaphore_stale_permit_refused`], [`semaphore::semaphore_fifo_when_declared`]) for a **fenced** lock service factory and a
 /// store factory, in a module (`semaphore_conformance`, or the name given first). An unfenced
 /// service (Redlock) has no semaphore: `Semaphore` requires `LockService<Fencing = Fenced>`.
 #[macro_export]
@@ -356,6 +356,7 @@ macro_rules! semaphore_suite {
             use super::*;
             $crate::__scenario_test!(semaphore, semaphore_count_limit, ($lock));
             $crate::__scenario_test!(semaphore, semaphore_stale_permit_refused, ($lock, $store));
+            $crate::__scenario_test!(semaphore, semaphore_fifo_when_declared, ($lock));
         }
     };
 }

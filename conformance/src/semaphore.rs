@@ -165,3 +165,59 @@ where
     let _ = permit_x.release().await;
     Ok(ctx.report())
 }
+
+/// **Queued waiters are served in order where the service declares FIFO.** A queued semaphore
+/// of 1 permit: H holds it; three waiters, each over its own client, call `acquire` 100 ms
+/// apart, so all three wait; H releases. Each waiter holds for 20 ms and releases. Where the
+/// service declares `fifo(Primitive::Semaphore)` (it queues its waiters) the permit goes to
+/// the waiters in the order they asked; elsewhere every waiter gets it within its wait (no
+/// starvation) and the order is reported.
+pub async fn semaphore_fifo_when_declared<F>(ctx: &Ctx, lf: &F) -> Outcome
+where
+    F: LockServiceFactory,
+    F::Service: LockService<Fencing = Fenced>,
+{
+    const WAITERS: usize = 3;
+    let ns = Namespace::new();
+    let sem_key = key(ctx, &ns, "semaphore")?;
+    let timing = lf.timing();
+    let ttl = (timing.ttl * 10).max(Duration::from_secs(2));
+    let holder_svc = client(ctx, lf).await?;
+    let fifo = holder_svc.capabilities().fifo(palisade_core::Primitive::Semaphore);
+    let queued = |svc| Semaphore::new(svc, sem_key.clone(), 1).and_then(Semaphore::queued);
+    let holder = attempt!(ctx, queued(holder_svc), "semaphore");
+    let held = attempt!(ctx, holder.try_acquire(ttl).await, "H's permit");
+    let held = held.ok_or_else(|| ctx.fail("the only permit of a fresh semaphore was not free"))?;
+    let order: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let mut waiters = Vec::new();
+    for w in 0..WAITERS {
+        let sem = attempt!(ctx, queued(client(ctx, lf).await?), "semaphore");
+        let order = Arc::clone(&order);
+        waiters.push(tokio::spawn(async move {
+            let permit = sem.acquire(LockOptions::ttl(ttl).wait(patience(ttl))).await?;
+            order.lock().unwrap_or_else(PoisonError::into_inner).push(w);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            permit.release().await
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    attempt!(ctx, held.release().await, "H's release");
+    for w in waiters {
+        match w.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(ctx.fail(format!("a waiter failed (starved?): {e}"))),
+            Err(e) => return Err(ctx.fail(format!("a waiter panicked: {e}"))),
+        }
+    }
+    let order = order.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    ensure!(ctx, order.len() == WAITERS, "{} of {WAITERS} waiters got the permit", order.len());
+    if fifo {
+        ensure!(
+            ctx,
+            order == [0, 1, 2],
+            "the service declares FIFO, but queued waiters were served in the order {order:?}"
+        );
+    }
+    ctx.note(format!("waiters served in the order {order:?} (FIFO declared: {fifo})"));
+    Ok(ctx.report())
+}

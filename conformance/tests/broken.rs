@@ -1300,9 +1300,10 @@ async fn a_zero_wait_that_stays_queued_fails_the_zero_wait_scenario() {
 }
 
 /// The semaphore scenarios on broken lock services: a service without exclusion gives more
-/// holders than permits, and one whose fence does not grow on an expired takeover gives the
-/// paused permit holder's slot to the next holder with the same fence. The flawless control
-/// passes both.
+/// holders than permits, one whose fence does not grow on an expired takeover gives the
+/// paused permit holder's slot to the next holder with the same fence, and one that declares
+/// FIFO but serves the newest waiter first serves a queued semaphore's waiters out of order.
+/// The flawless control passes all three.
 #[tokio::test]
 async fn broken_locks_fail_the_semaphore_scenarios() {
     use palisade_conformance::semaphore;
@@ -1323,7 +1324,17 @@ async fn broken_locks_fail_the_semaphore_scenarios() {
         "FenceNotIncreasedAfterExpiry",
         "after A's",
     );
+    assert_fails_because(
+        semaphore::semaphore_fifo_when_declared(
+            &ctx("semaphore_fifo_when_declared"),
+            &BrokenLockFactory::new(LockFlaw::NewestWaiterFirstDeclaredFifo),
+        )
+        .await,
+        "NewestWaiterFirstDeclaredFifo",
+        "declares FIFO",
+    );
     let control = BrokenLockFactory::new(LockFlaw::None);
+    semaphore::semaphore_fifo_when_declared(&ctx("semaphore_fifo_when_declared"), &control).await.unwrap();
     semaphore::semaphore_count_limit(&ctx("semaphore_count_limit"), &control).await.unwrap();
     semaphore::semaphore_stale_permit_refused(&ctx("semaphore_stale_permit_refused"), &control, &store).await.unwrap();
 }

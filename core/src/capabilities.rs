@@ -84,12 +84,12 @@ impl Capabilities {
         }
     }
 
-    /// Whether waiters for `primitive` are served in arrival order: the mutex and the
-    /// read-write lock's gate on a service that queues waiters ([`Waiting::NativeFifo`]); a
-    /// semaphore's permits never (a waiter polls the permit slots); an election's candidates
-    /// as the mutex.
+    /// Whether waiters for `primitive` are served in arrival order: on a service that queues
+    /// waiters ([`Waiting::NativeFifo`]), the mutex, the read-write lock's gate, an election's
+    /// candidates and a [queued](crate::Semaphore::queued) semaphore's waiters (a plain
+    /// semaphore's waiters poll the permit slots in no order, on any service).
     pub fn fifo(&self, primitive: Primitive) -> bool {
-        self.offers(primitive) && primitive != Primitive::Semaphore && self.waiting == Waiting::NativeFifo
+        self.offers(primitive) && self.waiting == Waiting::NativeFifo
     }
 }
 

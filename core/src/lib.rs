@@ -66,6 +66,7 @@ mod election;
 mod error;
 mod ext;
 mod fence;
+mod gate;
 mod grant;
 mod held;
 mod key;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{ErrorKind, Result};
+use crate::gate;
 use crate::service::timeout_error;
 use crate::ttl::validate_wait;
 use crate::{
@@ -199,14 +200,15 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> RwLock<S> {
     async fn enter_as_writer(&self, gate: &Lease<S>, ttl: Duration, give_up: Instant) -> Result<bool> {
         for i in 0..self.readers.permits() {
             let Some(slot) = self.readers.slot(i) else { continue };
-            let taken = self
-                .under_gate(gate, ttl, give_up, |wait| self.service.lock(slot, LockOptions::ttl(ttl).wait(wait)))
-                .await?;
+            let taken = gate::while_holding(gate, ttl, give_up, |wait| {
+                self.service.lock(slot, LockOptions::ttl(ttl).wait(wait))
+            })
+            .await?;
             let Some(drained) = taken else { return Ok(false) };
             // Released at once: no reader can enter while the gate is ours.
             let _ = drained.release().await;
         }
-        if !keep(gate, ttl).await? {
+        if !gate::keep(gate, ttl).await? {
             return Ok(false);
         }
         let entry = WriteBatch::new().put(self.record(), gate.fence().get().to_string().into_bytes());
@@ -222,9 +224,10 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> RwLock<S> {
     /// lost meanwhile (a writer may have drained the slots before this reader took its own).
     async fn enter_as_reader(&self, gate: &Lease<S>, ttl: Duration, give_up: Instant) -> Result<Option<Lease<S>>> {
         let taken =
-            self.under_gate(gate, ttl, give_up, |wait| self.readers.acquire(LockOptions::ttl(ttl).wait(wait))).await?;
+            gate::while_holding(gate, ttl, give_up, |wait| self.readers.acquire(LockOptions::ttl(ttl).wait(wait)))
+                .await?;
         let Some(slot) = taken else { return Ok(None) };
-        let recorded = match keep(gate, ttl).await {
+        let recorded = match gate::keep(gate, ttl).await {
             Ok(true) => self.store.write(gate, &WriteBatch::new()).await.map(|()| true),
             other => other,
         };
@@ -245,34 +248,6 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> RwLock<S> {
         }
     }
 
-    /// Runs `attempt` (an acquisition that waits at most the time it is given) in chunks of a
-    /// third of the gate's TTL, extending the gate between chunks, until it succeeds or
-    /// `give_up` passes; `Ok(None)` when the gate was lost.
-    async fn under_gate<T, F, Fut>(
-        &self,
-        gate: &Lease<S>,
-        ttl: Duration,
-        give_up: Instant,
-        mut attempt: F,
-    ) -> Result<Option<T>>
-    where
-        F: FnMut(Duration) -> Fut,
-        Fut: Future<Output = Result<T>>,
-    {
-        let chunk = (ttl / 3).max(Duration::from_millis(1));
-        loop {
-            let left = give_up.saturating_duration_since(Instant::now());
-            match attempt(left.min(chunk)).await {
-                Ok(taken) => return Ok(Some(taken)),
-                Err(e) if e.kind() == ErrorKind::Timeout && left > chunk => {}
-                Err(e) => return Err(e),
-            }
-            if !keep(gate, ttl).await? {
-                return Ok(None);
-            }
-        }
-    }
-
     fn retry_or_give_up(&self, options: LockOptions, give_up: Instant) -> Result<()> {
         if Instant::now() >= give_up {
             return Err(timeout_error(self.service.backend(), &self.key, options.wait));
@@ -283,15 +258,6 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> RwLock<S> {
     /// A timeout waiting for a slot is the lock's timeout.
     fn as_timeout(&self, e: Error, options: LockOptions) -> Error {
         if e.kind() == ErrorKind::Timeout { timeout_error(self.service.backend(), &self.key, options.wait) } else { e }
-    }
-}
-
-/// Extends the gate; `Ok(false)` when it is no longer ours.
-async fn keep<S: LockService<Fencing = Fenced> + ?Sized>(gate: &Lease<S>, ttl: Duration) -> Result<bool> {
-    match gate.extend(ttl).await {
-        Ok(()) => Ok(true),
-        Err(e) if matches!(e.kind(), ErrorKind::NotHolder | ErrorKind::LeaseLost) => Ok(false),
-        Err(e) => Err(e),
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{ErrorKind, Result};
+use crate::gate;
 use crate::service::timeout_error;
 use crate::ttl::validate_wait;
 use crate::{Error, Fenced, Lease, LockOptions, LockService, LockServiceExt, ResourceKey};
@@ -33,8 +34,13 @@ pub const MAX_PERMITS: u32 = 1024;
 /// share of a job, its connection to a rate-limited API); data that all permit holders update
 /// together needs a mutex, not a semaphore.
 ///
-/// **Waiting** polls every slot with backoff (2 ms doubling to 250 ms): no FIFO order,
-/// whatever the lock service's own waiting. A semaphore of 1 permit is a mutex on its slot.
+/// **Waiting** polls every slot with backoff (2 ms doubling to 250 ms): no order among
+/// waiters. [`queued`](Semaphore::queued) puts waiters in a queue first: the lock on `key` with
+/// `.queue` appended, whose holder alone polls the slots, so waiters are served in the queue
+/// lock's order: **arrival order** on services that queue waiters
+/// ([`Capabilities::fifo`](crate::Capabilities::fifo): etcd, ZooKeeper), at the cost of two
+/// more lock operations per wait. [`try_acquire`](Semaphore::try_acquire) never queues. A
+/// semaphore of 1 permit is a mutex on its slot.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -60,6 +66,8 @@ pub struct Semaphore<S: LockService<Fencing = Fenced> + ?Sized> {
     service: Arc<S>,
     key: ResourceKey,
     slots: Vec<ResourceKey>,
+    /// The waiters' queue lock, when [`queued`](Semaphore::queued).
+    queue: Option<ResourceKey>,
     /// Where the next round over the slots starts: drawn once from the OS's randomness (so
     /// clients spread out), then moved on by one every round.
     next_start: Arc<AtomicUsize>,
@@ -71,6 +79,7 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Clone for Semaphore<S> {
             service: Arc::clone(&self.service),
             key: self.key.clone(),
             slots: self.slots.clone(),
+            queue: self.queue.clone(),
             next_start: Arc::clone(&self.next_start),
         }
     }
@@ -92,7 +101,18 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
         let slots = (0..permits)
             .map(|i| ResourceKey::new(key.domain(), format!("{}.permit-{i}", key.id())))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Semaphore { service, key, slots, next_start: Arc::new(AtomicUsize::new(random_start())) })
+        Ok(Semaphore { service, key, slots, queue: None, next_start: Arc::new(AtomicUsize::new(random_start())) })
+    }
+
+    /// The same semaphore with waiters served in order: [`acquire`](Semaphore::acquire) first
+    /// takes its place in a queue (the lock on `key` with `.queue` appended), and only the head
+    /// of the queue polls the permit slots. Arrival order on a service that queues waiters
+    /// (etcd, ZooKeeper); elsewhere the queue lock's own waiting order. Every waiter must use a
+    /// queued semaphore for the order to hold. A key too long for the queue's key is
+    /// [`ErrorKind::InvalidKey`].
+    pub fn queued(mut self) -> Result<Self> {
+        self.queue = Some(ResourceKey::new(self.key.domain(), format!("{}.queue", self.key.id()))?);
+        Ok(self)
     }
 
     /// The semaphore's resource.
@@ -125,19 +145,45 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
     }
 
     /// Takes a permit for `options.ttl`, waiting up to `options.wait` for one to come free
-    /// (polling the slots with backoff); [`ErrorKind::Timeout`] if none does. A zero wait makes
-    /// one round over the slots.
+    /// (polling the slots with backoff; in the queue's order when [`queued`](Semaphore::queued));
+    /// [`ErrorKind::Timeout`] if none does. A zero wait makes one round over the slots.
     pub async fn acquire(&self, options: LockOptions) -> Result<Lease<S>> {
         validate_wait(options.wait)?;
         let give_up = Instant::now() + options.wait;
+        let Some(queue) = &self.queue else { return self.poll(options.ttl, give_up, options.wait).await };
+        loop {
+            let left = give_up.saturating_duration_since(Instant::now());
+            // The head of the queue; the service's waiting order decides who is next.
+            let head = self.service.lock(queue, LockOptions::ttl(options.ttl).wait(left)).await?;
+            let polled = gate::while_holding(&head, options.ttl, give_up, |wait| {
+                self.poll(options.ttl, Instant::now() + wait, wait)
+            })
+            .await;
+            let _ = head.release().await;
+            match polled {
+                Ok(Some(permit)) => return Ok(permit),
+                // The queue's lock expired under us (a wait longer than its renewals): queue again.
+                Ok(None) if Instant::now() < give_up => {}
+                Ok(None) => return Err(timeout_error(self.service.backend(), &self.key, options.wait)),
+                Err(e) if e.kind() == ErrorKind::Timeout => {
+                    return Err(timeout_error(self.service.backend(), &self.key, options.wait));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Polls the slots with backoff until one is free or `give_up` passes (a timeout naming
+    /// `wait`).
+    async fn poll(&self, ttl: Duration, give_up: Instant, wait: Duration) -> Result<Lease<S>> {
         let mut backoff = crate::spi::Backoff::new();
         loop {
-            if let Some(lease) = self.try_acquire(options.ttl).await? {
+            if let Some(lease) = self.try_acquire(ttl).await? {
                 return Ok(lease);
             }
             let now = Instant::now();
             if now >= give_up {
-                return Err(timeout_error(self.service.backend(), &self.key, options.wait));
+                return Err(timeout_error(self.service.backend(), &self.key, wait));
             }
             tokio::time::sleep(backoff.next_delay().min(give_up - now)).await;
         }
@@ -185,5 +231,27 @@ mod tests {
         }
         let long = ResourceKey::new("sem", "z".repeat(crate::MAX_ID_LEN)).unwrap();
         assert_eq!(Semaphore::new(locks, long, 2).unwrap_err().kind(), ErrorKind::InvalidKey);
+    }
+
+    #[tokio::test]
+    async fn a_queued_semaphore_serves_its_waiters_behind_the_queue_lock() {
+        let locks = Arc::new(MemoryLockService::new());
+        let sem =
+            Semaphore::new(Arc::clone(&locks), ResourceKey::new("sem", "q").unwrap(), 1).unwrap().queued().unwrap();
+        let ttl = Duration::from_secs(10);
+        let held = sem.try_acquire(ttl).await.unwrap().unwrap();
+        let err = sem.acquire(LockOptions::ttl(ttl).wait(Duration::from_millis(30))).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout);
+        let waiter = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire(LockOptions::ttl(ttl).wait(Duration::from_secs(5))).await })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let queue = ResourceKey::new("sem", "q.queue").unwrap();
+        assert!(locks.try_lock(&queue, ttl).await.unwrap().is_none(), "the waiter heads the queue");
+        held.release().await.unwrap();
+        let next = waiter.await.unwrap().unwrap();
+        assert!(locks.try_lock(&queue, ttl).await.unwrap().is_some(), "the queue is left once served");
+        next.release().await.unwrap();
     }
 }
