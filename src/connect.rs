@@ -26,7 +26,12 @@ const LOCK_SCHEMES: &[Scheme] = &[
         enabled: cfg!(feature = "postgres"),
         shipped: true,
     },
-    Scheme { names: &["redis", "rediss"], feature: "redis", enabled: cfg!(feature = "redis"), shipped: true },
+    Scheme {
+        names: &["redis", "rediss", "redis+sentinel"],
+        feature: "redis",
+        enabled: cfg!(feature = "redis"),
+        shipped: true,
+    },
     Scheme { names: &["redlock"], feature: "redlock", enabled: cfg!(feature = "redlock"), shipped: true },
     Scheme { names: &["etcd", "etcds"], feature: "etcd", enabled: cfg!(feature = "etcd"), shipped: true },
     Scheme { names: &["zk"], feature: "zookeeper", enabled: cfg!(feature = "zookeeper"), shipped: true },
@@ -94,6 +99,7 @@ fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
 /// | `sqlite://PATH` | `palisade_sqlite::SqliteLockService` (feature `sqlite`): locks and fence counters in the database file, shared by every process that opens it; give the store the same URL to keep locks and data in one file |
 /// | `postgres://[user:pass@]host:port/db` | `palisade_postgres::PostgresLockService` (feature `postgres`): locks and fence counters in a table of the database, expiry by the server's clock; give the store the same database (with `?require_live_lock=true`, each fenced write commits only while its lock is live) |
 /// | `redis://[user:pass@]host:port[/db]`, `rediss://…` | `palisade_redis::RedisLockService` (feature `redis`, `redis-tls` for TLS) |
+/// | `redis+sentinel://[user:pass@]host:port[,host:port…]/MASTER_NAME[?sentinel_password=…&db=N&wait_replicas=N&wait_timeout_ms=T]` | the same service on the master the Sentinels name, followed across failovers (feature `redis`) |
 /// | `etcd://[user:pass@]host:port[,host:port…][?session_ttl_s=N]`, `etcds://…` | `palisade_etcd::EtcdLockService` (feature `etcd`, `etcd-tls` for TLS) |
 /// | `zk://[user:pass@]host:port[,host:port…][/chroot][?session_timeout_ms=N]` | `palisade_zookeeper::ZkLockService` (feature `zookeeper`) |
 ///
@@ -123,7 +129,7 @@ async fn connect_fenced(scheme: &str, url: &str) -> Result<Arc<DynLockService>> 
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(palisade_postgres::PostgresLockService::connect(url).await?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(palisade_redis::RedisLockService::connect(url).await?)),
+        "redis" | "rediss" | "redis+sentinel" => Ok(Arc::new(palisade_redis::RedisLockService::connect(url).await?)),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(palisade_etcd::EtcdLockService::connect(url).await?)),
         #[cfg(feature = "zookeeper")]

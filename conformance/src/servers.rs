@@ -207,6 +207,124 @@ impl Drop for LoopbackServer {
 
 const LOG_FILE: &str = "server.log";
 
+/// A Redis master, one replica and three Sentinels watching them (quorum 2, the master judged
+/// down after 1 s without answers), each a [`LoopbackServer`]: for failover tests.
+#[derive(Debug)]
+pub struct RedisSentinels {
+    master: LoopbackServer,
+    replica: LoopbackServer,
+    sentinels: Vec<LoopbackServer>,
+}
+
+/// The master group's name the Sentinels watch.
+pub const SENTINEL_MASTER_NAME: &str = "palisade";
+
+impl RedisSentinels {
+    /// Starts them with the `redis-server` binary at `program` (Sentinels are `redis-server
+    /// CONF --sentinel`) and returns once every Sentinel knows the replica and the other two
+    /// Sentinels (what a failover needs).
+    pub fn start(program: &str) -> std::io::Result<Self> {
+        // Redis waits 5 s before a diskless sync, in case more replicas come: none will.
+        let master = LoopbackServer::redis(program, &["--repl-diskless-sync-delay", "0"])?;
+        let master_port = master.port().to_string();
+        let replica = LoopbackServer::redis(program, &["--replicaof", "127.0.0.1", &master_port])?;
+        let mut sentinels = Vec::new();
+        for _ in 0..3 {
+            sentinels.push(LoopbackServer::start(program, |port, dir| {
+                let conf = dir.join("sentinel.conf");
+                let text = format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {SENTINEL_MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER_NAME} 1000\n\
+                     sentinel failover-timeout {SENTINEL_MASTER_NAME} 5000\n\
+                     sentinel parallel-syncs {SENTINEL_MASTER_NAME} 1\n",
+                    dir.display()
+                );
+                // A failed write shows as a Sentinel that exits at once, with its reason in its log.
+                let _ = std::fs::write(&conf, text);
+                vec![conf.display().to_string(), "--sentinel".to_string()]
+            })?);
+        }
+        let group = RedisSentinels { master, replica, sentinels };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !redis_command(group.master.port(), &["INFO", "replication"]).is_ok_and(|r| r.contains("state=online")) {
+            if Instant::now() > deadline {
+                return Err(not_ready("redis replica", "did not finish its sync in 30 s", &[&group.replica], |_| true));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ready = |s: &LoopbackServer| {
+            let count = |what: &str| {
+                redis_command(s.port(), &["SENTINEL", what, SENTINEL_MASTER_NAME])
+                    .map(|reply| reply.matches("\r\nname\r\n").count())
+                    .unwrap_or(0)
+            };
+            count("replicas") >= 1 && count("sentinels") >= 2
+        };
+        while !group.sentinels.iter().all(ready) {
+            if Instant::now() > deadline {
+                let members: Vec<&LoopbackServer> = group.sentinels.iter().collect();
+                return Err(not_ready(
+                    "redis sentinels",
+                    "did not see the replica and each other in 30 s",
+                    &members,
+                    |s| !ready(s),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(group)
+    }
+
+    /// `redis+sentinel://` naming the three Sentinels and the master group.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port())).collect();
+        format!("redis+sentinel://{}/{SENTINEL_MASTER_NAME}", hosts.join(","))
+    }
+
+    /// The port of the master the first Sentinel that answers names.
+    pub fn master_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| {
+            let reply = redis_command(s.port(), &["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER_NAME]).ok()?;
+            reply.lines().filter(|l| !l.starts_with(['*', '$'])).nth(1)?.trim().parse().ok()
+        })
+    }
+
+    /// The first master and its replica (the replica is the master after a failover).
+    pub fn servers(&self) -> (&LoopbackServer, &LoopbackServer) {
+        (&self.master, &self.replica)
+    }
+
+    /// Kills the first master with SIGKILL (it stays dead: the replica is promoted).
+    pub fn kill_master(&mut self) {
+        self.master.kill();
+    }
+}
+
+/// Sends one command to the Redis (or Sentinel) on `port` and returns its raw RESP reply (read
+/// until the server has been quiet for 100 ms): enough for readiness checks.
+fn redis_command(port: u16, args: &[&str]) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let mut request = format!("*{}\r\n", args.len());
+    for a in args {
+        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    stream.write_all(request.as_bytes())?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
 /// The directory of PostgreSQL's server binaries (`postgres`, `initdb`, `pg_isready`):
 /// `$PALISADE_POSTGRES_BIN` when set (`scripts/lib/services.sh` exports the one it used), else
 /// the newest major version installed under Debian's `/usr/lib/postgresql/<major>/bin`.

@@ -29,6 +29,23 @@ pub struct RedisConfig {
     /// For `rediss://` only: a client certificate and key for mutual TLS
     /// (`tls-auth-clients yes`). Default: none.
     pub tls_client_identity: Option<TlsClientIdentity>,
+    /// Wait for replicas to acknowledge every grant (`WAIT`) before returning it. Default:
+    /// none (a `redis+sentinel://` URL's `wait_replicas` / `wait_timeout_ms` set it).
+    pub replica_acks: Option<ReplicaAcks>,
+}
+
+/// Replica acknowledgement of grants: after the acquire script, `WAIT replicas timeout`. A
+/// grant acknowledged by fewer replicas is released and the acquire fails with
+/// [`ErrorKind::Unavailable`] (retryable), naming how many acknowledged: a failover to a
+/// replica that had not received it would hand out its fence again (a regression the store
+/// catches and `lock_checked` repairs). Acknowledgement narrows that window; it does not make
+/// Redis replication synchronous (a replica may still be promoted before applying it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaAcks {
+    /// How many replicas must acknowledge.
+    pub replicas: u32,
+    /// How long to wait for them.
+    pub timeout: Duration,
 }
 
 /// A client certificate and its private key, both PEM, for mutual TLS. Never printed.
@@ -56,7 +73,14 @@ impl RedisConfig {
             allow_eviction: false,
             tls_root_cert: None,
             tls_client_identity: None,
+            replica_acks: None,
         }
+    }
+
+    /// Waits for `replicas` replicas to acknowledge every grant, up to `timeout` ([`ReplicaAcks`]).
+    pub fn with_replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_acks = (replicas > 0).then_some(ReplicaAcks { replicas, timeout });
+        self
     }
 
     /// Trusts the CA certificate(s) in `pem` for `rediss://` instead of the platform roots.
@@ -87,6 +111,17 @@ impl RedisConfig {
     }
 
     pub(crate) fn check_scheme(&self) -> Result<()> {
+        if self.url.starts_with("redis+sentinel://") {
+            return if self.has_tls_material() {
+                Err(Error::new(
+                    ErrorKind::Unsupported,
+                    BACKEND,
+                    "TLS through Sentinel is not supported: use redis+sentinel:// on a private network",
+                ))
+            } else {
+                Ok(())
+            };
+        }
         if self.url.starts_with("redis://") {
             // Certificates on a plain connection mean the URL or the settings are wrong; a
             // silent plain-text connection would be the worst way to find out.
@@ -114,7 +149,10 @@ impl RedisConfig {
         Err(Error::new(
             ErrorKind::InvalidConfig,
             BACKEND,
-            format!("not a Redis URL: {} (expected redis://host:port)", self.redacted_url()),
+            format!(
+                "not a Redis URL: {} (expected redis://host:port or redis+sentinel://host:port,…/MASTER_NAME)",
+                self.redacted_url()
+            ),
         ))
     }
 }
@@ -128,6 +166,7 @@ impl fmt::Debug for RedisConfig {
             .field("allow_eviction", &self.allow_eviction)
             .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "<set>"))
             .field("tls_client_identity", &self.tls_client_identity)
+            .field("replica_acks", &self.replica_acks)
             .finish()
     }
 }

@@ -12,11 +12,18 @@ pub(crate) fn map(e: RedisError, what: &str) -> Error {
     use redis::{ErrorKind as RedisKind, ServerErrorKind};
     let not_run = matches!(
         e.kind(),
-        RedisKind::Server(ServerErrorKind::BusyLoading | ServerErrorKind::TryAgain | ServerErrorKind::MasterDown)
+        RedisKind::Server(
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        )
     );
     let (kind, retryable) = if e.is_connection_refusal() || not_run {
         // Refused, or answered "not now" without running the command (a restarted server
-        // still loading its data): nothing happened, so trying again is safe.
+        // still loading its data; a demoted master refusing writes as a replica, READONLY,
+        // which the scripts meet before their first write): nothing happened, so trying again
+        // (on the new master, behind Sentinel) is safe.
         (ErrorKind::Unavailable, true)
     } else if e.is_timeout() || e.is_connection_dropped() || e.is_io_error() {
         (ErrorKind::OutcomeUnknown, false)
@@ -39,7 +46,12 @@ mod tests {
         // Redis answers LOADING (and TRYAGAIN, MASTERDOWN) without running the command: a
         // restarted server reading its AOF said so to the first acquire of a benchmark, which
         // failed as a permanent backend error.
-        for kind in [ServerErrorKind::BusyLoading, ServerErrorKind::TryAgain, ServerErrorKind::MasterDown] {
+        for kind in [
+            ServerErrorKind::BusyLoading,
+            ServerErrorKind::TryAgain,
+            ServerErrorKind::MasterDown,
+            ServerErrorKind::ReadOnly,
+        ] {
             let e = map(RedisError::from((RedisKind::Server(kind), "not now")), "acquire");
             assert_eq!(e.kind(), ErrorKind::Unavailable, "{kind:?}");
             assert!(e.is_retryable(), "{kind:?}");

@@ -43,6 +43,28 @@
 //! [`RedisConfig::with_tls_client_identity`].
 //! Connect and response timeouts are explicit ([`RedisConfig`]): the client's own 500 ms
 //! default response timeout would make a slow server look like a lost lock.
+//!
+//! ## Behind Sentinel
+//!
+//! `redis+sentinel://[user:password@]host:port[,host:port…]/MASTER_NAME`: the hosts are the
+//! Sentinels (port 26379 when omitted), the user-info is the **master's** credentials as in a
+//! `redis://` URL, and the query takes `sentinel_username`, `sentinel_password` (the
+//! Sentinels' own), `db`, and `wait_replicas` / `wait_timeout_ms` ([`ReplicaAcks`]). The
+//! service asks the Sentinels in order for the master, and again whenever a command fails
+//! without an answer or the old master answers `READONLY` (demoted to a replica): after a
+//! failover it moves to the promoted replica within the Sentinels' failover time, resending
+//! the idempotent scripts as it does for a lost reply. Release notifications keep flowing from
+//! the first master's subscription only while it lives; waiters poll every 250 ms meanwhile.
+//!
+//! **What a failover can lose.** Replication is asynchronous: a replica promoted before it
+//! received the last grants hands their fences out again, and locks granted on the old master
+//! may be missing on the new one (a second holder inside the first one's TTL). Both are fence
+//! regressions in the sense of the rules: the store refuses the duplicate or lower fence, and
+//! [`lock_checked`](palisade_core::LockServiceExt::lock_checked) moves the counter past the
+//! store's watermark. [`ReplicaAcks`] narrows the window (a grant is returned only once
+//! `wait_replicas` replicas acknowledged it); nothing closes it but the store's check. Tested
+//! against a master, a replica and three Sentinels of the test's own, the master killed
+//! mid-workload (`tests/sentinel.rs`).
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -50,8 +72,9 @@
 mod config;
 mod errors;
 pub mod scripts;
+mod sentinel;
 mod service;
 mod waiters;
 
-pub use config::{RedisConfig, TlsClientIdentity};
+pub use config::{RedisConfig, ReplicaAcks, TlsClientIdentity};
 pub use service::RedisLockService;

@@ -1,6 +1,7 @@
 //! The Redis lock service.
 
 use std::fmt;
+use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,6 +17,7 @@ use tracing::{debug, warn};
 use crate::config::RedisConfig;
 use crate::errors::map;
 use crate::scripts::{ACQUIRE, ADVANCE_FENCE, EXTEND, RELEASE};
+use crate::sentinel::SentinelTarget;
 use crate::waiters::Waiters;
 
 pub(crate) const BACKEND: &str = "redis";
@@ -26,14 +28,26 @@ const MAX_WAIT_STEP: Duration = Duration::from_millis(250);
 /// (and polls every `MAX_WAIT_STEP`).
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(1);
 
-/// A lock service on one Redis server (or a Redis Cluster's primary for the key's slot).
+/// A lock service on one Redis server, or on the master a group of Sentinels names
+/// (`redis+sentinel://`, followed across failovers).
 ///
 /// One instance is one client: a multiplexed connection that reconnects, plus a pub/sub
 /// connection for release notifications opened on first wait. Share it behind an `Arc`.
 pub struct RedisLockService {
     config: RedisConfig,
-    conn: ConnectionManager,
+    /// The connection to the server, or to the master the Sentinels name (replaced when a
+    /// failover moves it).
+    conn: RwLock<ConnectionManager>,
     waiters: Waiters,
+    /// Behind Sentinel: whom to ask for the master, the master's address now, and one asking
+    /// at a time.
+    sentinel: Option<Following>,
+}
+
+struct Following {
+    target: SentinelTarget,
+    master: Mutex<String>,
+    asking: tokio::sync::Mutex<()>,
 }
 
 impl RedisLockService {
@@ -50,21 +64,36 @@ impl RedisLockService {
             // rustls needs one process-wide crypto provider; another library may have set it.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = open_client(&config).map_err(|e| {
-            Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis URL {}", config.redacted_url()))
+        let mut config = config;
+        let (client, sentinel) = if config.url.starts_with("redis+sentinel://") {
+            let target = SentinelTarget::parse(&config.url)?;
+            if config.replica_acks.is_none() {
+                config.replica_acks = target.replica_acks;
+            }
+            let (url, master) = target.master_url(config.connect_timeout).await?;
+            let client = redis::Client::open(url.as_str()).map_err(|e| {
+                Error::new(
+                    ErrorKind::InvalidConfig,
+                    BACKEND,
+                    format!("the master {master} named by {}", target.redacted),
+                )
                 .with_source(e)
-        })?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.response_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = client.get_connection_manager_with_config(manager_config).await.map_err(|e| {
+            })?;
+            let following = Following { target, master: Mutex::new(master), asking: tokio::sync::Mutex::new(()) };
+            (client, Some(following))
+        } else {
+            let client = open_client(&config).map_err(|e| {
+                Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis URL {}", config.redacted_url()))
+                    .with_source(e)
+            })?;
+            (client, None)
+        };
+        let conn = client.get_connection_manager_with_config(manager_config(&config)).await.map_err(|e| {
             Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", config.redacted_url()))
                 .with_source(e)
                 .with_retryable(true)
         })?;
-        let service = RedisLockService { waiters: Waiters::new(client), conn, config };
+        let service = RedisLockService { waiters: Waiters::new(client), conn: RwLock::new(conn), config, sentinel };
         service.check_eviction_policy().await?;
         debug!(url = %service.config.redacted_url(), "redis lock service connected");
         Ok(service)
@@ -75,7 +104,7 @@ impl RedisLockService {
     /// key (it carries a PX expiry; `volatile-ttl` even prefers it), after which a second client
     /// is granted the lock while the first is inside its TTL.
     async fn check_eviction_policy(&self) -> Result<()> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let reply: redis::RedisResult<Vec<String>> =
             redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut conn).await;
         let policy = match reply {
@@ -114,7 +143,7 @@ impl RedisLockService {
         let mut pause = Duration::from_millis(5);
         let mut unknown = false;
         loop {
-            let mut conn = self.conn.clone();
+            let mut conn = self.conn();
             match invocation.invoke_async(&mut conn).await {
                 Ok(reply) => return Ok((reply, unknown)),
                 Err(e) => {
@@ -128,10 +157,76 @@ impl RedisLockService {
                     unknown |= e.kind() == ErrorKind::OutcomeUnknown;
                     debug!(error = %e, "resending a redis script whose outcome is unknown");
                     tokio::time::sleep(pause).await;
+                    self.follow_master().await;
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
             }
         }
+    }
+
+    /// The connection in use (a cheap handle on the multiplexed connection).
+    fn conn(&self) -> ConnectionManager {
+        self.conn.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Behind Sentinel, after a command failed: asks the Sentinels for the master and moves to
+    /// it if it changed (a failover). Nothing otherwise: the connection reconnects by itself.
+    async fn follow_master(&self) {
+        let Some(following) = &self.sentinel else { return };
+        let _one_at_a_time = following.asking.lock().await;
+        let (url, master) = match following.target.master_url(self.config.connect_timeout).await {
+            Ok(found) => found,
+            Err(e) => return debug!(error = %e, "no master named yet"),
+        };
+        if *following.master.lock().unwrap_or_else(PoisonError::into_inner) == master {
+            return;
+        }
+        let connected = match redis::Client::open(url.as_str()) {
+            Ok(client) => client.get_connection_manager_with_config(manager_config(&self.config)).await,
+            Err(e) => Err(e),
+        };
+        match connected {
+            Ok(conn) => {
+                *self.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
+                let mut current = following.master.lock().unwrap_or_else(PoisonError::into_inner);
+                warn!(from = %current, to = %master, name = %following.target.master_name, "followed a failover to a new master");
+                *current = master;
+            }
+            Err(e) => debug!(master = %master, error = %e, "the new master does not answer yet"),
+        }
+    }
+
+    /// With [`RedisConfig::replica_acks`]: waits for the replicas to acknowledge `grant`; when
+    /// too few do, releases it and fails.
+    async fn acknowledged(&self, grant: Grant<Fenced>) -> Result<Grant<Fenced>> {
+        let Some(acks) = self.config.replica_acks else { return Ok(grant) };
+        let mut conn = self.conn();
+        let millis = u64::try_from(acks.timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+        let waited: redis::RedisResult<i64> =
+            redis::cmd("WAIT").arg(acks.replicas).arg(millis).query_async(&mut conn).await;
+        let acked = match waited {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = self.release(&grant).await;
+                return Err(map(e, "wait for replicas"));
+            }
+        };
+        if acked >= i64::from(acks.replicas) {
+            return Ok(grant);
+        }
+        warn!(key = %grant.key(), acked, wanted = acks.replicas, "a grant was not acknowledged by enough replicas: released");
+        let _ = self.release(&grant).await;
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            format!(
+                "the grant of {} reached {acked} of {} replicas within {:?}, so a failover could hand its fence out again: released it",
+                grant.key(),
+                acks.replicas,
+                acks.timeout
+            ),
+        )
+        .with_retryable(true))
     }
 
     async fn attempt(&self, key: &ResourceKey, ttl: Ttl) -> Result<AttemptOutcome<Grant<Fenced>>> {
@@ -144,7 +239,8 @@ impl RedisLockService {
             let fence = value.parse::<u64>().map_err(|_| {
                 Error::new(ErrorKind::Backend, BACKEND, format!("fence key {} holds {value:?}", key.fence_key()))
             })?;
-            return Ok(AttemptOutcome::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)));
+            let grant = Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at);
+            return Ok(AttemptOutcome::Granted(self.acknowledged(grant).await?));
         }
         // PTTL is -1 for a lock without expiry (never set by us) and -2 if it just vanished.
         let remaining = value.parse::<u64>().map_or(Duration::from_millis(1), Duration::from_millis);
@@ -234,7 +330,7 @@ impl LockService for RedisLockService {
     async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
         let floor = i64::try_from(floor.get())
             .map_err(|_| Error::new(ErrorKind::InvalidArgument, BACKEND, "fence floor above i64::MAX"))?;
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let now: String = ADVANCE_FENCE
             .key(key.fence_key())
             .arg(floor)
@@ -250,6 +346,15 @@ impl fmt::Debug for RedisLockService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLockService").field("config", &self.config).finish_non_exhaustive()
     }
+}
+
+/// How every connection of the service is managed: explicit timeouts, a few quick retries.
+fn manager_config(config: &RedisConfig) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(Some(config.response_timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
 }
 
 /// A client for the URL, with the configured certificates for `rediss://`.
