@@ -27,7 +27,7 @@ const LOCK_SCHEMES: &[Scheme] = &[
         shipped: true,
     },
     Scheme {
-        names: &["redis", "rediss", "redis+sentinel"],
+        names: &["redis", "rediss", "redis+sentinel", "redis+cluster"],
         feature: "redis",
         enabled: cfg!(feature = "redis"),
         shipped: true,
@@ -100,6 +100,7 @@ fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
 /// | `postgres://[user:pass@]host:port/db` | `palisade_postgres::PostgresLockService` (feature `postgres`): locks and fence counters in a table of the database, expiry by the server's clock; give the store the same database (with `?require_live_lock=true`, each fenced write commits only while its lock is live) |
 /// | `redis://[user:pass@]host:port[/db]`, `rediss://…` | `palisade_redis::RedisLockService` (feature `redis`, `redis-tls` for TLS) |
 /// | `redis+sentinel://[user:pass@]host:port[,host:port…]/MASTER_NAME[?sentinel_password=…&db=N&wait_replicas=N&wait_timeout_ms=T]` | the same service on the master the Sentinels name, followed across failovers (feature `redis`) |
+/// | `redis+cluster://[user:pass@]host:port[,host:port…]` | the same service on a Redis Cluster: each script to its resource's slot, `MOVED`/`ASK` followed (feature `redis`) |
 /// | `etcd://[user:pass@]host:port[,host:port…][?session_ttl_s=N]`, `etcds://…` | `palisade_etcd::EtcdLockService` (feature `etcd`, `etcd-tls` for TLS) |
 /// | `zk://[user:pass@]host:port[,host:port…][/chroot][?session_timeout_ms=N]` | `palisade_zookeeper::ZkLockService` (feature `zookeeper`) |
 ///
@@ -129,7 +130,9 @@ async fn connect_fenced(scheme: &str, url: &str) -> Result<Arc<DynLockService>> 
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(palisade_postgres::PostgresLockService::connect(url).await?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" => Ok(Arc::new(palisade_redis::RedisLockService::connect(url).await?)),
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
+            Ok(Arc::new(palisade_redis::RedisLockService::connect(url).await?))
+        }
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(palisade_etcd::EtcdLockService::connect(url).await?)),
         #[cfg(feature = "zookeeper")]

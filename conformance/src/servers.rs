@@ -301,6 +301,100 @@ impl RedisSentinels {
     }
 }
 
+/// A Redis Cluster of three primaries with a replica each (a primary judged failed after 1 s
+/// without answers), each node a [`LoopbackServer`]: for cluster and failover tests.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// Primaries first (slots split in three), then their replicas in the same order.
+    nodes: Vec<LoopbackServer>,
+}
+
+impl RedisCluster {
+    /// Starts the six nodes with the `redis-server` binary at `program`, assigns the slots,
+    /// joins them and makes the replicas follow; returns once every node reports the cluster
+    /// `ok` and every replica is in sync.
+    pub fn start(program: &str) -> std::io::Result<Self> {
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            nodes.push(LoopbackServer::redis(
+                program,
+                &["--cluster-enabled", "yes", "--cluster-node-timeout", "1000", "--repl-diskless-sync-delay", "0"],
+            )?);
+        }
+        let cluster = RedisCluster { nodes };
+        let fail = |what: &str| {
+            let members: Vec<&LoopbackServer> = cluster.nodes.iter().collect();
+            not_ready("redis cluster", what, &members, |_| true)
+        };
+        for (i, node) in cluster.nodes.iter().take(3).enumerate() {
+            let (first, last) = (i * 16384 / 3, (i + 1) * 16384 / 3 - 1);
+            let reply =
+                redis_command(node.port(), &["CLUSTER", "ADDSLOTSRANGE", &first.to_string(), &last.to_string()])?;
+            if !reply.starts_with("+OK") {
+                return Err(fail(&format!("refused its slots: {reply}")));
+            }
+        }
+        let first_port = cluster.nodes[0].port().to_string();
+        for node in &cluster.nodes[1..] {
+            redis_command(node.port(), &["CLUSTER", "MEET", "127.0.0.1", &first_port])?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let knows_all = |n: &LoopbackServer| {
+            redis_command(n.port(), &["CLUSTER", "NODES"]).is_ok_and(|r| r.matches("127.0.0.1:").count() >= 6)
+        };
+        while !cluster.nodes.iter().all(knows_all) {
+            if Instant::now() > deadline {
+                return Err(fail("did not meet in 30 s"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for i in 0..3 {
+            let id = redis_command(cluster.nodes[i].port(), &["CLUSTER", "MYID"])?;
+            let id = id.lines().nth(1).unwrap_or_default().trim().to_string();
+            let reply = redis_command(cluster.nodes[i + 3].port(), &["CLUSTER", "REPLICATE", &id])?;
+            if !reply.starts_with("+OK") {
+                return Err(fail(&format!("a replica refused to follow: {reply}")));
+            }
+        }
+        while !cluster.ok()
+            || !cluster.nodes[3..].iter().all(|r| {
+                redis_command(r.port(), &["INFO", "replication"]).is_ok_and(|i| i.contains("master_link_status:up"))
+            })
+        {
+            if Instant::now() > deadline {
+                return Err(fail("did not become ok with replicas in sync in 30 s"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(cluster)
+    }
+
+    /// `redis+cluster://` naming the three first primaries as seeds.
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self.nodes.iter().take(3).map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// Whether every running node reports `cluster_state:ok`.
+    pub fn ok(&self) -> bool {
+        self.nodes
+            .iter()
+            .filter(|n| n.pid().is_some())
+            .all(|n| redis_command(n.port(), &["CLUSTER", "INFO"]).is_ok_and(|r| r.contains("cluster_state:ok")))
+    }
+
+    /// Kills, with SIGKILL, the first primary serving `key` (its replica takes over) and
+    /// returns its port.
+    pub fn kill_primary_of(&mut self, key: &str) -> std::io::Result<u16> {
+        let slot = redis_command(self.nodes[0].port(), &["CLUSTER", "KEYSLOT", key])?;
+        let slot: usize = slot.trim().trim_start_matches(':').parse().map_err(std::io::Error::other)?;
+        let i = (0..3).find(|i| slot < (i + 1) * 16384 / 3).unwrap_or(2);
+        let port = self.nodes[i].port();
+        self.nodes[i].kill();
+        Ok(port)
+    }
+}
+
 /// Sends one command to the Redis (or Sentinel) on `port` and returns its raw RESP reply (read
 /// until the server has been quiet for 100 ms): enough for readiness checks.
 fn redis_command(port: u16, args: &[&str]) -> std::io::Result<String> {

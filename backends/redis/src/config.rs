@@ -48,6 +48,17 @@ pub struct ReplicaAcks {
     pub timeout: Duration,
 }
 
+/// `user:password@` percent-encoded again (or empty), for URLs handed to the client library.
+pub(crate) fn encoded_userinfo(user: Option<&str>, password: Option<&str>) -> String {
+    use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+    let enc = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
+    match (user, password) {
+        (None, None) => String::new(),
+        (user, Some(password)) => format!("{}:{}@", user.map(enc).unwrap_or_default(), enc(password)),
+        (Some(user), None) => format!("{}@", enc(user)),
+    }
+}
+
 /// A client certificate and its private key, both PEM, for mutual TLS. Never printed.
 #[derive(Clone)]
 pub struct TlsClientIdentity {
@@ -111,12 +122,12 @@ impl RedisConfig {
     }
 
     pub(crate) fn check_scheme(&self) -> Result<()> {
-        if self.url.starts_with("redis+sentinel://") {
+        if self.url.starts_with("redis+sentinel://") || self.url.starts_with("redis+cluster://") {
             return if self.has_tls_material() {
                 Err(Error::new(
                     ErrorKind::Unsupported,
                     BACKEND,
-                    "TLS through Sentinel is not supported: use redis+sentinel:// on a private network",
+                    "TLS through Sentinel or to a cluster is not supported: use them on a private network",
                 ))
             } else {
                 Ok(())
@@ -150,7 +161,8 @@ impl RedisConfig {
             ErrorKind::InvalidConfig,
             BACKEND,
             format!(
-                "not a Redis URL: {} (expected redis://host:port or redis+sentinel://host:port,…/MASTER_NAME)",
+                "not a Redis URL: {} (expected redis://host:port, redis+sentinel://host:port,…/MASTER_NAME or \
+                 redis+cluster://host:port,…)",
                 self.redacted_url()
             ),
         ))

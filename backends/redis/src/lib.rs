@@ -65,11 +65,24 @@
 //! `wait_replicas` replicas acknowledged it); nothing closes it but the store's check. Tested
 //! against a master, a replica and three Sentinels of the test's own, the master killed
 //! mid-workload (`tests/sentinel.rs`).
+//!
+//! ## On a Redis Cluster
+//!
+//! `redis+cluster://[user:password@]host:port[,host:port…]` (seed nodes; the client learns the
+//! rest). Every key of a resource carries the hash tag `{d:id}`, so its lock and fence live in
+//! one slot and each script runs on that slot's primary; the cluster client follows `MOVED`
+//! and `ASK` when slots move and when a replica is promoted. A primary's failover can lose
+//! what it had not replicated, exactly as behind Sentinel: the store refuses the regression,
+//! `lock_checked` repairs it. Release notifications are published cluster-wide and heard
+//! through one seed node's subscription. Tested against three primaries with a replica each,
+//! the lock suite through the cluster and a resource's primary killed mid-workload
+//! (`tests/cluster.rs`).
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod config;
+mod connection;
 mod errors;
 pub mod scripts;
 mod sentinel;

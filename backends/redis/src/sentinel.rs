@@ -11,7 +11,7 @@ use palisade_core::spi::ConnectionUrl;
 use palisade_core::{Error, ErrorKind, Result};
 use tracing::{debug, warn};
 
-use crate::config::ReplicaAcks;
+use crate::config::{ReplicaAcks, encoded_userinfo};
 use crate::service::BACKEND;
 
 /// Where the Sentinels are and what they are asked.
@@ -73,17 +73,7 @@ impl SentinelTarget {
                 other => return Err(bad(format!("unknown parameter `{other}`"))),
             }
         }
-        let sentinel_userinfo = {
-            use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-            let enc = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
-            match (&sentinel_user, &sentinel_password) {
-                (None, None) => String::new(),
-                (user, Some(password)) => {
-                    format!("{}:{}@", user.as_deref().map(enc).unwrap_or_default(), enc(password))
-                }
-                (Some(user), None) => format!("{}@", enc(user)),
-            }
-        };
+        let sentinel_userinfo = encoded_userinfo(sentinel_user.as_deref(), sentinel_password.as_deref());
         let mut sentinels = Vec::new();
         for (host, port) in &parsed.hosts {
             sentinels.push(format!("redis://{sentinel_userinfo}{host}:{}", port.unwrap_or(26379)));

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::config::RedisConfig;
+use crate::connection::{ClusterTarget, Conn};
 use crate::errors::map;
 use crate::scripts::{ACQUIRE, ADVANCE_FENCE, EXTEND, RELEASE};
 use crate::sentinel::SentinelTarget;
@@ -28,8 +29,8 @@ const MAX_WAIT_STEP: Duration = Duration::from_millis(250);
 /// (and polls every `MAX_WAIT_STEP`).
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(1);
 
-/// A lock service on one Redis server, or on the master a group of Sentinels names
-/// (`redis+sentinel://`, followed across failovers).
+/// A lock service on one Redis server, on the master a group of Sentinels names
+/// (`redis+sentinel://`, followed across failovers), or on a Redis Cluster (`redis+cluster://`).
 ///
 /// One instance is one client: a multiplexed connection that reconnects, plus a pub/sub
 /// connection for release notifications opened on first wait. Share it behind an `Arc`.
@@ -37,7 +38,7 @@ pub struct RedisLockService {
     config: RedisConfig,
     /// The connection to the server, or to the master the Sentinels name (replaced when a
     /// failover moves it).
-    conn: RwLock<ConnectionManager>,
+    conn: RwLock<Conn>,
     waiters: Waiters,
     /// Behind Sentinel: whom to ask for the master, the master's address now, and one asking
     /// at a time.
@@ -65,7 +66,7 @@ impl RedisLockService {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let mut config = config;
-        let (client, sentinel) = if config.url.starts_with("redis+sentinel://") {
+        let (conn, notifications, sentinel) = if config.url.starts_with("redis+sentinel://") {
             let target = SentinelTarget::parse(&config.url)?;
             if config.replica_acks.is_none() {
                 config.replica_acks = target.replica_acks;
@@ -79,21 +80,21 @@ impl RedisLockService {
                 )
                 .with_source(e)
             })?;
+            let conn = Conn::Server(manage(&client, &config).await?);
             let following = Following { target, master: Mutex::new(master), asking: tokio::sync::Mutex::new(()) };
-            (client, Some(following))
+            (conn, client, Some(following))
+        } else if config.url.starts_with("redis+cluster://") {
+            let target = ClusterTarget::parse(&config.url)?;
+            (Conn::Cluster(target.connect(&config).await?), target.notification_client()?, None)
         } else {
             let client = open_client(&config).map_err(|e| {
                 Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis URL {}", config.redacted_url()))
                     .with_source(e)
             })?;
-            (client, None)
+            (Conn::Server(manage(&client, &config).await?), client, None)
         };
-        let conn = client.get_connection_manager_with_config(manager_config(&config)).await.map_err(|e| {
-            Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", config.redacted_url()))
-                .with_source(e)
-                .with_retryable(true)
-        })?;
-        let service = RedisLockService { waiters: Waiters::new(client), conn: RwLock::new(conn), config, sentinel };
+        let service =
+            RedisLockService { waiters: Waiters::new(notifications), conn: RwLock::new(conn), config, sentinel };
         service.check_eviction_policy().await?;
         debug!(url = %service.config.redacted_url(), "redis lock service connected");
         Ok(service)
@@ -165,7 +166,7 @@ impl RedisLockService {
     }
 
     /// The connection in use (a cheap handle on the multiplexed connection).
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Conn {
         self.conn.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
@@ -187,7 +188,7 @@ impl RedisLockService {
         };
         match connected {
             Ok(conn) => {
-                *self.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
+                *self.conn.write().unwrap_or_else(PoisonError::into_inner) = Conn::Server(conn);
                 let mut current = following.master.lock().unwrap_or_else(PoisonError::into_inner);
                 warn!(from = %current, to = %master, name = %following.target.master_name, "followed a failover to a new master");
                 *current = master;
@@ -346,6 +347,15 @@ impl fmt::Debug for RedisLockService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLockService").field("config", &self.config).finish_non_exhaustive()
     }
+}
+
+/// A managed connection to the server `client` names.
+async fn manage(client: &redis::Client, config: &RedisConfig) -> Result<ConnectionManager> {
+    client.get_connection_manager_with_config(manager_config(config)).await.map_err(|e| {
+        Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", config.redacted_url()))
+            .with_source(e)
+            .with_retryable(true)
+    })
 }
 
 /// How every connection of the service is managed: explicit timeouts, a few quick retries.
