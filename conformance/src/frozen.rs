@@ -14,15 +14,15 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use palisade_core::{
-    Election, Fence, Fenced, FencedStore, FencedStoreExt, Leadership, Lease, LockOptions, LockService, Progress,
-    ReadLease, RwLock, Semaphore, WriteBatch,
+    Election, Fence, Fenced, FencedStore, FencedStoreExt, Leadership, Lease, LockOptions, LockService, ReadLease,
+    RwLock, Semaphore, WriteBatch,
 };
 use tokio::io::AsyncBufReadExt;
 
 use crate::child::{self, HolderProcess, say};
 use crate::e2e::relay_for;
 use crate::harness::{Ctx, Outcome};
-use crate::lock::{client, key, patience};
+use crate::lock::{KeptAlive, client, key, patience};
 use crate::relay::{Relay, RelayLockService};
 use crate::store::store_client;
 use crate::{FencedStoreFactory, LockServiceFactory, Namespace, Timing, attempt, ensure};
@@ -140,7 +140,7 @@ where
             let sem = attempt!(ctx, Semaphore::new(b, key.clone(), COUNT), "semaphore");
             let permit = attempt!(ctx, sem.acquire(contender).await, "B's permit while the holder is frozen");
             if let Some(x) = &x {
-                ensure!(ctx, permit.key() != x.lease.key(), "B took X's slot {}", permit.key());
+                ensure!(ctx, permit.key() != x.lease().key(), "B took X's slot {}", permit.key());
             }
             attempt!(ctx, store.write(&permit, &WriteBatch::new().put(data.clone(), b"B".to_vec())).await, "B's write");
             (permit.fence(), Some(permit))
@@ -193,36 +193,10 @@ where
         let _ = lease.release().await;
     }
     if let Some(x) = x {
-        ensure!(ctx, !x.lease.is_lost(), "X's renewed permit was lost");
+        ensure!(ctx, !x.lease().is_lost(), "X's renewed permit was lost");
         x.end().await;
     }
     Ok(ctx.report())
-}
-
-/// A lease renewed while its holder runs (a service may cap a grant at its session's TTL).
-struct KeptAlive<L: LockService<Fencing = Fenced> + ?Sized> {
-    lease: Lease<L>,
-    _renewal: palisade_core::Renewal,
-    ticking: tokio::task::JoinHandle<()>,
-}
-
-impl<L: LockService<Fencing = Fenced> + ?Sized> KeptAlive<L> {
-    fn new(lease: Lease<L>, every: Duration) -> Self {
-        let progress = Progress::new();
-        let renewal = lease.renew_on_progress_every(&progress, every);
-        let ticking = tokio::spawn(async move {
-            loop {
-                progress.tick();
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        });
-        KeptAlive { lease, _renewal: renewal, ticking }
-    }
-
-    async fn end(self) {
-        self.ticking.abort();
-        let _ = self.lease.release().await;
-    }
 }
 
 /// What the holder process holds.

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use palisade_core::{
-    Error, ErrorKind, Fencing, Grant, LockOptions, LockService, LockServiceExt, OwnerToken, Progress, ResourceKey, Ttl,
+    Error, ErrorKind, Fenced, Fencing, Grant, Lease, LockOptions, LockService, LockServiceExt, OwnerToken, Progress,
+    ResourceKey, Ttl,
 };
 use tokio::time::Instant;
 
@@ -1416,4 +1417,37 @@ pub async fn keys_are_independent<F: LockServiceFactory>(ctx: &Ctx, factory: &F)
         );
     }
     Ok(ctx.report())
+}
+
+/// A lease renewed while its holder runs (ticking its progress every 20 ms, renewing every
+/// `every`: a service may cap a grant at its session's TTL).
+pub(crate) struct KeptAlive<L: LockService<Fencing = Fenced> + ?Sized> {
+    lease: Lease<L>,
+    _renewal: palisade_core::Renewal,
+    ticking: tokio::task::JoinHandle<()>,
+}
+
+impl<L: LockService<Fencing = Fenced> + ?Sized> KeptAlive<L> {
+    pub(crate) fn new(lease: Lease<L>, every: Duration) -> Self {
+        let progress = Progress::new();
+        let renewal = lease.renew_on_progress_every(&progress, every);
+        let ticking = tokio::spawn(async move {
+            loop {
+                progress.tick();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        KeptAlive { lease, _renewal: renewal, ticking }
+    }
+
+    /// The lease.
+    pub(crate) fn lease(&self) -> &Lease<L> {
+        &self.lease
+    }
+
+    /// Stops renewing and releases the lease.
+    pub(crate) async fn end(self) {
+        self.ticking.abort();
+        let _ = self.lease.release().await;
+    }
 }

@@ -4,13 +4,11 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use palisade_core::{
-    ErrorKind, Fenced, FencedStore, FencedStoreExt, LockOptions, LockService, Progress, Semaphore, WriteBatch,
-};
+use palisade_core::{ErrorKind, Fenced, FencedStore, FencedStoreExt, LockOptions, LockService, Semaphore, WriteBatch};
 use tokio::time::Instant;
 
 use crate::harness::{Ctx, Outcome};
-use crate::lock::{client, key, patience};
+use crate::lock::{KeptAlive, client, key, patience};
 use crate::store::store_client;
 use crate::{FencedStoreFactory, LockServiceFactory, Namespace, attempt, ensure};
 
@@ -112,19 +110,9 @@ where
         attempt!(ctx, sem(client(ctx, lf).await?), "semaphore"),
     );
     let long = LockOptions::ttl(patience(timing.ttl) * 2).wait(patience(timing.ttl));
-    let permit_x = attempt!(ctx, x.acquire(long).await, "X's permit");
     // X stays alive throughout: it renews (a service may cap a grant at its session's TTL).
-    let progress = Progress::new();
-    let _renewal = permit_x.renew_on_progress_every(&progress, timing.ttl / 4);
-    let ticking = {
-        let progress = progress.clone();
-        tokio::spawn(async move {
-            loop {
-                progress.tick();
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
+    let x = KeptAlive::new(attempt!(ctx, x.acquire(long).await, "X's permit"), timing.ttl / 4);
+    let permit_x = x.lease();
     let permit_a =
         attempt!(ctx, a.acquire(LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "A's permit");
     ensure!(ctx, permit_a.key() != permit_x.key(), "two permits on one slot: {}", permit_a.key());
@@ -160,9 +148,8 @@ where
     );
     ctx.note(format!("B had A's slot {:.0} ms after it asked", started.elapsed().as_secs_f64() * 1e3));
     ensure!(ctx, !permit_x.is_lost(), "X's renewed permit was lost");
-    ticking.abort();
     let _ = permit_b.release().await;
-    let _ = permit_x.release().await;
+    x.end().await;
     Ok(ctx.report())
 }
 

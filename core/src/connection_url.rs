@@ -162,16 +162,20 @@ impl ConnectionUrl {
     /// The user-info percent-encoded again (`user:password@`, or empty), for handing the same
     /// credentials to a client that parses URLs itself.
     pub fn encoded_userinfo(&self) -> String {
-        use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-        match (&self.user, &self.password) {
-            (None, _) => String::new(),
-            (Some(user), None) => format!("{}@", utf8_percent_encode(user, NON_ALPHANUMERIC)),
-            (Some(user), Some(password)) => format!(
-                "{}:{}@",
-                utf8_percent_encode(user, NON_ALPHANUMERIC),
-                utf8_percent_encode(password, NON_ALPHANUMERIC)
-            ),
-        }
+        encode_userinfo(self.user.as_deref(), self.password.as_deref())
+    }
+}
+
+/// `user:password@` percent-encoded (`user@`, `:password@` when one is missing, empty when
+/// both are), for credentials that do not come from one URL's user-info (a query parameter's,
+/// say) handed to a client that parses URLs itself.
+pub fn encode_userinfo(user: Option<&str>, password: Option<&str>) -> String {
+    use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+    let enc = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
+    match (user, password) {
+        (None, None) => String::new(),
+        (user, Some(password)) => format!("{}:{}@", user.map(enc).unwrap_or_default(), enc(password)),
+        (Some(user), None) => format!("{}@", enc(user)),
     }
 }
 
@@ -261,6 +265,9 @@ mod tests {
         let u = ConnectionUrl::parse("etcd://us%3Aer:p%40ss%2F%25@h:1").unwrap();
         assert_eq!((u.user.as_deref(), u.password.as_deref()), (Some("us:er"), Some("p@ss/%")));
         assert_eq!(u.encoded_userinfo(), "us%3Aer:p%40ss%2F%25@");
+        assert_eq!(encode_userinfo(None, Some("p@ss")), ":p%40ss@");
+        assert_eq!(encode_userinfo(Some("u"), None), "u@");
+        assert_eq!(encode_userinfo(None, None), "");
         assert_eq!(ConnectionUrl::parse(&format!("etcd://{}h:1", u.encoded_userinfo())).unwrap(), u);
         // An '@' in the password works without encoding: the user-info ends at the last one.
         let u = ConnectionUrl::parse("zk://u:p@ss@h:1").unwrap();

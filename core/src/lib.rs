@@ -125,7 +125,7 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 /// - URLs: [`ConnectionUrl`](spi::ConnectionUrl);
 /// - [`async_trait`](spi::async_trait), re-exported so implementations name the version core uses.
 pub mod spi {
-    pub use crate::connection_url::ConnectionUrl;
+    pub use crate::connection_url::{ConnectionUrl, encode_userinfo};
     pub use crate::held::{GiveUp, HeldGrants};
     pub use crate::service::{AttemptOutcome, Backoff, poll_acquire, timeout_error, wait_for_release};
     pub use crate::store::{

@@ -48,17 +48,6 @@ pub struct ReplicaAcks {
     pub timeout: Duration,
 }
 
-/// `user:password@` percent-encoded again (or empty), for URLs handed to the client library.
-pub(crate) fn encoded_userinfo(user: Option<&str>, password: Option<&str>) -> String {
-    use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-    let enc = |s: &str| utf8_percent_encode(s, NON_ALPHANUMERIC).to_string();
-    match (user, password) {
-        (None, None) => String::new(),
-        (user, Some(password)) => format!("{}:{}@", user.map(enc).unwrap_or_default(), enc(password)),
-        (Some(user), None) => format!("{}@", enc(user)),
-    }
-}
-
 /// A client certificate and its private key, both PEM, for mutual TLS. Never printed.
 #[derive(Clone)]
 pub struct TlsClientIdentity {

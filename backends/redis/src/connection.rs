@@ -4,13 +4,13 @@
 //! `fence:{d:id}`) puts a resource's lock and fence in one slot, so each script is legal on a
 //! cluster.
 
-use palisade_core::spi::ConnectionUrl;
+use palisade_core::spi::{ConnectionUrl, encode_userinfo};
 use palisade_core::{Error, ErrorKind, Result};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::config::{RedisConfig, encoded_userinfo};
+use crate::config::RedisConfig;
 use crate::service::BACKEND;
 
 /// A cheap handle on the service's multiplexed connection.
@@ -124,7 +124,7 @@ impl ClusterTarget {
     /// A client for the first seed with the cluster's credentials: release notifications are
     /// published cluster-wide, so one node's subscription hears them all.
     pub(crate) fn notification_client(&self) -> Result<redis::Client> {
-        let userinfo = encoded_userinfo(self.user.as_deref(), self.password.as_deref());
+        let userinfo = encode_userinfo(self.user.as_deref(), self.password.as_deref());
         let first = self.seeds.first().map(|s| s.trim_start_matches("redis://")).unwrap_or_default();
         redis::Client::open(format!("redis://{userinfo}{first}").as_str()).map_err(|e| {
             Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis Cluster URL {}", self.redacted))

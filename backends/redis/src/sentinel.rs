@@ -7,11 +7,11 @@
 //! answer, and asks again whenever the master stops answering or answers `READONLY` (it was
 //! demoted): a failover is followed within the Sentinels' own failover time.
 
-use palisade_core::spi::ConnectionUrl;
+use palisade_core::spi::{ConnectionUrl, encode_userinfo};
 use palisade_core::{Error, ErrorKind, Result};
 use tracing::{debug, warn};
 
-use crate::config::{ReplicaAcks, encoded_userinfo};
+use crate::config::ReplicaAcks;
 use crate::service::BACKEND;
 
 /// Where the Sentinels are and what they are asked.
@@ -73,7 +73,7 @@ impl SentinelTarget {
                 other => return Err(bad(format!("unknown parameter `{other}`"))),
             }
         }
-        let sentinel_userinfo = encoded_userinfo(sentinel_user.as_deref(), sentinel_password.as_deref());
+        let sentinel_userinfo = encode_userinfo(sentinel_user.as_deref(), sentinel_password.as_deref());
         let mut sentinels = Vec::new();
         for (host, port) in &parsed.hosts {
             sentinels.push(format!("redis://{sentinel_userinfo}{host}:{}", port.unwrap_or(26379)));
