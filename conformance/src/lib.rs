@@ -97,6 +97,8 @@ pub mod frozen;
 pub mod harness;
 pub mod lock;
 pub mod memory;
+pub mod netns;
+pub mod partition;
 pub mod proxy;
 pub mod relay;
 pub mod rwlock;

@@ -2,18 +2,52 @@
 //! suffer (restarts that lose data, killed leaders, odd configurations).
 
 use std::collections::BTreeSet;
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A server process on a free port of 127.0.0.1 with a data directory of its own; killed (and
-/// its directory removed) when dropped.
+use crate::netns::Host;
+
+/// Where a server runs and listens: an address of the caller's network namespace (127.0.0.1
+/// unless said otherwise; a [`Lab`](crate::netns::Lab)'s gateway for a server that lab hosts
+/// must reach), or a lab [`Host`] of its own (a member that a partition can cut off).
+#[derive(Debug, Clone)]
+pub struct Site {
+    ip: IpAddr,
+    namespace: Option<String>,
+}
+
+impl Site {
+    /// 127.0.0.1 of the caller's namespace: where every server runs unless placed.
+    pub fn loopback() -> Site {
+        Site { ip: IpAddr::V4(Ipv4Addr::LOCALHOST), namespace: None }
+    }
+
+    /// Another address of the caller's namespace, such as [`Lab::gateway`](crate::netns::Lab::gateway).
+    pub fn address(ip: IpAddr) -> Site {
+        Site { ip, namespace: None }
+    }
+
+    /// On `host`, listening on its address.
+    pub fn host(host: &Host) -> Site {
+        Site { ip: host.ip(), namespace: Some(host.namespace().to_string()) }
+    }
+
+    /// The address the server listens on.
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+}
+
+/// A server process on a free port of 127.0.0.1 (or of another [`Site`]) with a data directory
+/// of its own; killed (and its directory removed) when dropped.
 #[derive(Debug)]
 pub struct LoopbackServer {
     child: Option<Child>,
     port: u16,
+    site: Site,
     dir: PathBuf,
     program: String,
     args: Vec<String>,
@@ -29,13 +63,21 @@ impl LoopbackServer {
     /// [`start`](Self::start) on a port chosen by the caller (servers that must know each
     /// other's ports before any of them starts, like the members of a cluster).
     pub fn start_on(program: &str, port: u16, args: impl FnOnce(u16, &Path) -> Vec<String>) -> std::io::Result<Self> {
-        let mut server = LoopbackServer::spawn_unchecked(program, port, args)?;
+        let mut server = LoopbackServer::spawn_unchecked(&Site::loopback(), program, port, args)?;
+        server.wait_listening()?;
+        Ok(server)
+    }
+
+    /// [`start`](Self::start) at `site`: `args` must make the server listen on `site.ip()`.
+    pub fn start_at(site: &Site, program: &str, args: impl FnOnce(u16, &Path) -> Vec<String>) -> std::io::Result<Self> {
+        let mut server = LoopbackServer::spawn_unchecked(site, program, free_port()?, args)?;
         server.wait_listening()?;
         Ok(server)
     }
 
     /// Starts without waiting for the port (the caller checks readiness its own way).
     fn spawn_unchecked(
+        site: &Site,
         program: &str,
         port: u16,
         args: impl FnOnce(u16, &Path) -> Vec<String>,
@@ -46,13 +88,22 @@ impl LoopbackServer {
             .join(format!("palisade-server-{port}-{}", nonce.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         std::fs::create_dir_all(&dir)?;
         let args = args(port, &dir);
-        let mut server = LoopbackServer { child: None, port, dir, program: program.to_string(), args };
+        let mut server =
+            LoopbackServer { child: None, port, site: site.clone(), dir, program: program.to_string(), args };
         server.child = Some(server.command().spawn()?);
         Ok(server)
     }
 
     fn command(&self) -> Command {
-        let mut command = Command::new(&self.program);
+        let mut command = match &self.site.namespace {
+            // `ip netns exec` becomes the program: the child's pid is the server's.
+            Some(namespace) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", namespace, &self.program]);
+                command
+            }
+            None => Command::new(&self.program),
+        };
         command.args(&self.args).stdin(Stdio::null());
         // The server's own output goes to a log beside its data, so a server that fails to
         // start or to form a cluster can say why (see `log_tail`).
@@ -83,7 +134,7 @@ impl LoopbackServer {
 
     fn wait_listening(&mut self) -> std::io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while TcpStream::connect_timeout(&self.addr(), Duration::from_millis(200)).is_err() {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 return Err(not_ready(
                     &self.program,
@@ -103,12 +154,21 @@ impl LoopbackServer {
     /// A `redis-server` (the binary at `program`) without persistence, plus `extra` arguments
     /// (which may turn persistence back on: later ones win).
     pub fn redis(program: &str, extra: &[&str]) -> std::io::Result<Self> {
-        LoopbackServer::start(program, |port, dir| {
+        LoopbackServer::redis_at(&Site::loopback(), program, extra)
+    }
+
+    /// [`redis`](Self::redis) at `site` (off loopback, with protected mode off: the test's
+    /// own server has no password).
+    pub fn redis_at(site: &Site, program: &str, extra: &[&str]) -> std::io::Result<Self> {
+        let ip = site.ip();
+        LoopbackServer::start_at(site, program, |port, dir| {
             let mut args: Vec<String> = vec![
                 "--port".into(),
                 port.to_string(),
                 "--bind".into(),
-                "127.0.0.1".into(),
+                ip.to_string(),
+                "--protected-mode".into(),
+                "no".into(),
                 "--save".into(),
                 String::new(),
                 "--appendonly".into(),
@@ -124,9 +184,15 @@ impl LoopbackServer {
     /// A single-member etcd (the binary at `program`) with fast elections, its data in its
     /// own directory. Ready (healthy) when this returns.
     pub fn etcd(program: &str) -> std::io::Result<Self> {
+        LoopbackServer::etcd_at(&Site::loopback(), program)
+    }
+
+    /// [`etcd`](Self::etcd) at `site`.
+    pub fn etcd_at(site: &Site, program: &str) -> std::io::Result<Self> {
         let peer = free_port()?;
-        let server = LoopbackServer::start(program, |port, dir| {
-            etcd_args("m0", port, peer, dir, &format!("m0=http://127.0.0.1:{peer}"), "palisade-single")
+        let cluster = format!("m0=http://{}", SocketAddr::new(site.ip, peer));
+        let server = LoopbackServer::start_at(site, program, |port, dir| {
+            etcd_args("m0", site.ip, port, peer, dir, &cluster, "palisade-single")
         })?;
         wait_etcd_healthy(&[&server])?;
         Ok(server)
@@ -137,9 +203,9 @@ impl LoopbackServer {
         wait_etcd_healthy(&[self])
     }
 
-    /// `etcd://127.0.0.1:PORT`.
+    /// `etcd://IP:PORT`.
     pub fn etcd_url(&self) -> String {
-        format!("etcd://127.0.0.1:{}", self.port)
+        format!("etcd://{}", self.addr())
     }
 
     /// Kills it, deletes everything in its data directory, and starts it again: a server that
@@ -156,14 +222,19 @@ impl LoopbackServer {
         self.spawn()
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://IP:PORT`.
     pub fn redis_url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://{}", self.addr())
     }
 
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The address and port it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::new(self.site.ip, self.port)
     }
 
     /// The process id, while it runs (to freeze it with `SIGSTOP`, say).
@@ -504,20 +575,21 @@ fn below_ephemeral_range() -> (u16, u16) {
     if first_ephemeral >= LOW + 1000 { (LOW, first_ephemeral) } else { (LOW, LOW) }
 }
 
-fn etcd_args(name: &str, port: u16, peer: u16, dir: &Path, cluster: &str, token: &str) -> Vec<String> {
+fn etcd_args(name: &str, ip: IpAddr, port: u16, peer: u16, dir: &Path, cluster: &str, token: &str) -> Vec<String> {
+    let (client, peer) = (SocketAddr::new(ip, port), SocketAddr::new(ip, peer));
     [
         "--name",
         name,
         "--data-dir",
         &dir.join("data").display().to_string(),
         "--listen-client-urls",
-        &format!("http://127.0.0.1:{port}"),
+        &format!("http://{client}"),
         "--advertise-client-urls",
-        &format!("http://127.0.0.1:{port}"),
+        &format!("http://{client}"),
         "--listen-peer-urls",
-        &format!("http://127.0.0.1:{peer}"),
+        &format!("http://{peer}"),
         "--initial-advertise-peer-urls",
-        &format!("http://127.0.0.1:{peer}"),
+        &format!("http://{peer}"),
         "--initial-cluster",
         cluster,
         "--initial-cluster-token",
@@ -535,20 +607,21 @@ fn etcd_args(name: &str, port: u16, peer: u16, dir: &Path, cluster: &str, token:
 }
 
 /// Whether an etcd member's `/health` says healthy (it has a leader and a quorum).
-fn etcd_healthy(port: u16) -> bool {
-    ask(port, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").contains("\"health\":\"true\"")
+fn etcd_healthy(addr: SocketAddr) -> bool {
+    ask(addr, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").contains("\"health\":\"true\"")
 }
 
 /// Whether an etcd member says it is the leader (its `/metrics`).
-fn etcd_is_leader(port: u16) -> bool {
-    ask(port, b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").lines().any(|l| l == "etcd_server_is_leader 1")
+fn etcd_is_leader(addr: SocketAddr) -> bool {
+    ask(addr, b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").lines().any(|l| l == "etcd_server_is_leader 1")
 }
 
-/// Sends `request` on a fresh loopback connection and reads the answer until the server closes
+/// Sends `request` on a fresh connection and reads the answer until the server closes
 /// it ("" if unreachable; at most 500 ms of silence).
-fn ask(port: u16, request: &[u8]) -> String {
+fn ask(addr: SocketAddr, request: &[u8]) -> String {
     use std::io::{Read, Write};
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
+    // A bounded connect: a member cut off by a partition must not hang the question.
+    let Ok(mut conn) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return String::new() };
     let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
     if conn.write_all(request).is_err() {
         return String::new();
@@ -574,9 +647,9 @@ async fn wait_for_leader(what: &str, within: Duration, leader: impl Fn() -> Opti
 
 fn wait_etcd_healthy(members: &[&LoopbackServer]) -> std::io::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !members.iter().all(|m| etcd_healthy(m.port)) {
+    while !members.iter().all(|m| etcd_healthy(m.addr())) {
         if Instant::now() > deadline {
-            return Err(not_ready("etcd", "did not become healthy in 30 s", members, |m| !etcd_healthy(m.port)));
+            return Err(not_ready("etcd", "did not become healthy in 30 s", members, |m| !etcd_healthy(m.addr())));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -623,21 +696,28 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Starts `size` members and waits until every one is healthy.
     pub fn start(program: &str, size: usize) -> std::io::Result<Self> {
+        EtcdCluster::start_at(program, &vec![Site::loopback(); size])
+    }
+
+    /// One member at each site (member `i` at `sites[i]`: on lab hosts, so that a partition
+    /// can cut one off); waits until every one is healthy.
+    pub fn start_at(program: &str, sites: &[Site]) -> std::io::Result<Self> {
         let ports: Vec<(u16, u16)> =
-            (0..size).map(|_| Ok((free_port()?, free_port()?))).collect::<std::io::Result<_>>()?;
+            sites.iter().map(|_| Ok((free_port()?, free_port()?))).collect::<std::io::Result<_>>()?;
         let cluster = ports
             .iter()
+            .zip(sites)
             .enumerate()
-            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .map(|(i, ((_, peer), site))| format!("m{i}=http://{}", SocketAddr::new(site.ip, *peer)))
             .collect::<Vec<_>>()
             .join(",");
         let token = format!("palisade-{}", ports[0].0);
-        let mut members = Vec::with_capacity(size);
-        for (i, (port, peer)) in ports.iter().enumerate() {
+        let mut members = Vec::with_capacity(sites.len());
+        for (i, ((port, peer), site)) in ports.iter().zip(sites).enumerate() {
             // Members wait for each other before they listen for clients, so start them all
             // first and check readiness once.
-            members.push(LoopbackServer::spawn_unchecked(program, *port, |port, dir| {
-                etcd_args(&format!("m{i}"), port, *peer, dir, &cluster, &token)
+            members.push(LoopbackServer::spawn_unchecked(site, program, *port, |port, dir| {
+                etcd_args(&format!("m{i}"), site.ip, port, *peer, dir, &cluster, &token)
             })?);
         }
         wait_etcd_healthy(&members.iter().collect::<Vec<_>>())?;
@@ -646,7 +726,7 @@ impl EtcdCluster {
 
     /// `etcd://127.0.0.1:P0,127.0.0.1:P1,…` with every member.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.members.iter().map(|m| format!("127.0.0.1:{}", m.port)).collect();
+        let hosts: Vec<String> = self.members.iter().map(|m| m.addr().to_string()).collect();
         format!("etcd://{}", hosts.join(","))
     }
 
@@ -665,7 +745,7 @@ impl EtcdCluster {
     /// The index of the member that says it is the leader (running members only), if one is
     /// elected now.
     pub fn leader(&self) -> Option<usize> {
-        self.members.iter().position(|m| m.child.is_some() && etcd_is_leader(m.port))
+        self.members.iter().position(|m| m.child.is_some() && etcd_is_leader(m.addr()))
     }
 
     /// Kills the leader with SIGKILL, waiting up to `within` for there to be one (between
@@ -678,13 +758,13 @@ impl EtcdCluster {
 
     /// Whether member `i` reports itself healthy (part of a quorum with a leader).
     pub fn member_healthy(&self, i: usize) -> bool {
-        self.members.get(i).is_some_and(|m| m.child.is_some() && etcd_healthy(m.port))
+        self.members.get(i).is_some_and(|m| m.child.is_some() && etcd_healthy(m.addr()))
     }
 }
 
 /// Sends a ZooKeeper four-letter command and returns the answer ("" if unreachable).
-fn zk_four_letters(port: u16, command: &str) -> String {
-    ask(port, command.as_bytes())
+fn zk_four_letters(addr: SocketAddr, command: &str) -> String {
+    ask(addr, command.as_bytes())
 }
 
 /// A ZooKeeper ensemble of the test's own on loopback (tickTime 500 ms, admin server off), run
@@ -698,17 +778,25 @@ pub struct ZkEnsemble {
 impl ZkEnsemble {
     /// Starts `size` servers and waits until each is a leader or a follower.
     pub fn start(classpath: &str, size: usize) -> std::io::Result<Self> {
+        ZkEnsemble::start_at(classpath, &vec![Site::loopback(); size])
+    }
+
+    /// One server at each site (server `i` at `sites[i]`: on lab hosts, so that a partition
+    /// can cut one off); waits until each is a leader or a follower.
+    pub fn start_at(classpath: &str, sites: &[Site]) -> std::io::Result<Self> {
+        let size = sites.len();
         let ports: Vec<(u16, u16, u16)> =
-            (0..size).map(|_| Ok((free_port()?, free_port()?, free_port()?))).collect::<std::io::Result<_>>()?;
+            sites.iter().map(|_| Ok((free_port()?, free_port()?, free_port()?))).collect::<std::io::Result<_>>()?;
         let servers: String = ports
             .iter()
+            .zip(sites)
             .enumerate()
-            .map(|(i, (_, quorum, election))| format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1))
+            .map(|(i, ((_, quorum, election), site))| format!("server.{}={}:{quorum}:{election}\n", i + 1, site.ip))
             .collect();
         let mut members = Vec::with_capacity(size);
-        for (i, (port, _, _)) in ports.iter().enumerate() {
+        for (i, ((port, _, _), site)) in ports.iter().zip(sites).enumerate() {
             let mut written = Ok(());
-            let member = LoopbackServer::spawn_unchecked("java", *port, |port, dir| {
+            let member = LoopbackServer::spawn_unchecked(site, "java", *port, |port, dir| {
                 let data = dir.join("data");
                 written = std::fs::create_dir_all(&data)
                     .and_then(|()| std::fs::write(data.join("myid"), format!("{}\n", i + 1)))
@@ -717,9 +805,10 @@ impl ZkEnsemble {
                             dir.join("zoo.cfg"),
                             format!(
                                 "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\n\
-                                 clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+                                 clientPortAddress={}\nadmin.enableServer=false\n\
                                  4lw.commands.whitelist=ruok,srvr\n{servers}",
-                                data.display()
+                                data.display(),
+                                site.ip
                             ),
                         )
                     });
@@ -746,7 +835,7 @@ impl ZkEnsemble {
             if Instant::now() > deadline {
                 let members: Vec<&LoopbackServer> = ensemble.members.iter().collect();
                 return Err(not_ready("ZooKeeper", "did not form an ensemble in 30 s", &members, |m| {
-                    !zk_four_letters(m.port, "srvr").lines().any(|l| l.starts_with("Mode: "))
+                    !zk_four_letters(m.addr(), "srvr").lines().any(|l| l.starts_with("Mode: "))
                 }));
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -756,14 +845,14 @@ impl ZkEnsemble {
 
     /// `zk://127.0.0.1:P1,127.0.0.1:P2,…` with every member.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.members.iter().map(|m| format!("127.0.0.1:{}", m.port)).collect();
+        let hosts: Vec<String> = self.members.iter().map(|m| m.addr().to_string()).collect();
         format!("zk://{}", hosts.join(","))
     }
 
     /// Member `i`'s role (`"leader"`, `"follower"`), or `None` if it is down or not serving.
     pub fn mode(&self, i: usize) -> Option<String> {
         let member = self.members.get(i).filter(|m| m.child.is_some())?;
-        let reply = zk_four_letters(member.port, "srvr");
+        let reply = zk_four_letters(member.addr(), "srvr");
         reply.lines().find_map(|l| l.strip_prefix("Mode: ")).map(str::to_string).filter(|m| m != "standalone")
     }
 
@@ -771,7 +860,7 @@ impl ZkEnsemble {
     /// ensemble has one member).
     pub fn serving(&self, i: usize) -> bool {
         let Some(member) = self.members.get(i).filter(|m| m.child.is_some()) else { return false };
-        zk_four_letters(member.port, "srvr").lines().any(|l| l.starts_with("Mode: "))
+        zk_four_letters(member.addr(), "srvr").lines().any(|l| l.starts_with("Mode: "))
     }
 
     /// Restarts member `i` (SIGKILL, then the same command): its data directory survives, as
@@ -827,9 +916,15 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// Initialises a database cluster (trust authentication, user `postgres`) and starts it.
     pub fn start() -> std::io::Result<Self> {
+        PostgresServer::start_at(&Site::loopback())
+    }
+
+    /// [`start`](Self::start) at `site` (a lab's gateway, say, for clients on lab hosts).
+    pub fn start_at(site: &Site) -> std::io::Result<Self> {
         let bin = postgres_bin_dir()?;
         let mut init = Ok(());
-        let server = LoopbackServer::start("setpriv", |port, dir| {
+        let listen = format!("listen_addresses={}", site.ip);
+        let server = LoopbackServer::start_at(site, "setpriv", |port, dir| {
             init = initdb(&bin, dir);
             [
                 "--reuid=postgres",
@@ -843,7 +938,7 @@ impl PostgresServer {
                 "-k",
                 &dir.display().to_string(),
                 "-c",
-                "listen_addresses=127.0.0.1",
+                &listen,
                 "-c",
                 "max_connections=300",
             ]
@@ -854,9 +949,9 @@ impl PostgresServer {
         Ok(PostgresServer { server, bin })
     }
 
-    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    /// `postgres://postgres@IP:PORT/postgres`.
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.server.port())
+        format!("postgres://postgres@{}/postgres", self.server.addr())
     }
 
     /// Its port.
@@ -893,7 +988,13 @@ fn initdb(bin: &Path, dir: &Path) -> std::io::Result<()> {
         .arg(dir.join("data"))
         .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C.UTF-8"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null()))
+        .stderr(Stdio::null()))?;
+    // initdb trusts loopback only; a server on a lab's gateway serves the lab's hosts too
+    // (`samenet`: the subnets the server's own addresses are on; it listens on one address).
+    let hba = dir.join("data").join("pg_hba.conf");
+    let mut rules = std::fs::read_to_string(&hba)?;
+    rules.push_str("\nhost all all samenet trust\n");
+    std::fs::write(&hba, rules)
 }
 
 #[cfg(test)]
@@ -929,7 +1030,7 @@ mod tests {
 
     #[test]
     fn a_log_tail_keeps_the_last_lines() {
-        let mut server = LoopbackServer::spawn_unchecked("sh", free_port().unwrap(), |_, _| {
+        let mut server = LoopbackServer::spawn_unchecked(&Site::loopback(), "sh", free_port().unwrap(), |_, _| {
             vec!["-c".into(), "for i in 1 2 3 4 5; do echo line$i; done".into()]
         })
         .unwrap();

@@ -32,6 +32,7 @@ prereq_missing_packages() {
   command -v java >/dev/null || echo "default-jre-headless"
   command -v openssl >/dev/null || echo "openssl" # certificates for the TLS Redis
   command -v setpriv >/dev/null || echo "util-linux" # PostgreSQL refuses to run as root
+  command -v ip >/dev/null || echo "iproute2" # network namespaces for the partition tests
 }
 
 # The venv that holds moto, keyed by the requirements file so a new pin makes a new venv.

@@ -3,6 +3,7 @@
 use etcd_client::Error as EtcdError;
 use palisade_core::{Error, ErrorKind};
 use tonic::Code;
+use tracing::debug;
 
 use crate::BACKEND;
 
@@ -73,13 +74,23 @@ pub(crate) fn never_sent(e: &EtcdError) -> bool {
     }
 }
 
+/// How long an attempt of an idempotent request waits before it is sent again. A member cut
+/// off by a partition answers nothing and resets nothing, and until the connection's keepalive
+/// gives up on it the balancer still routes requests there; sent again, the request most
+/// likely reaches a live member.
+const RESEND_IDEMPOTENT_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Runs one request within `request_timeout`, sending it again (the balancer picks another
 /// member) while it fails without having left this process: a dead member must not fail a
-/// request that a live one can serve.
+/// request that a live one can serve. An `idempotent` request (a read, the delete of a key
+/// named by our own token) is also sent again when an attempt goes unanswered for
+/// [`RESEND_IDEMPOTENT_AFTER`]: repeating it changes nothing, and a silent member must not hold
+/// it for the whole request timeout.
 pub(crate) async fn with_failover<T, F, Fut>(
     request_timeout: std::time::Duration,
     what: &str,
     writes: bool,
+    idempotent: bool,
     mut send: F,
 ) -> palisade_core::Result<T>
 where
@@ -93,7 +104,15 @@ where
         std::time::Duration::from_millis(100),
     );
     loop {
-        let result = tokio::time::timeout_at(give_up, send()).await.map_err(|_| timed_out(what, writes))?;
+        let attempt_until = if idempotent { give_up.min(Instant::now() + RESEND_IDEMPOTENT_AFTER) } else { give_up };
+        let result = match tokio::time::timeout_at(attempt_until, send()).await {
+            Ok(result) => result,
+            Err(_) if Instant::now() < give_up => {
+                debug!(what, "no answer within {RESEND_IDEMPOTENT_AFTER:?}; sending the idempotent request again");
+                continue;
+            }
+            Err(_) => return Err(timed_out(what, writes)),
+        };
         match result {
             Ok(value) => return Ok(value),
             Err(e) if never_sent(&e) => {

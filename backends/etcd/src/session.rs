@@ -53,7 +53,7 @@ impl Session {
         let ttl_secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
         // Counted from before the first attempt: the lease may start on any of them.
         let sent_at = Instant::now();
-        let granted = crate::errors::with_failover(request_timeout, "granting the session lease", false, || {
+        let granted = crate::errors::with_failover(request_timeout, "granting the session lease", false, false, || {
             let mut lease = client.lease_client();
             async move { lease.grant(ttl_secs, None).await }
         })

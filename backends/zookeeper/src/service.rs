@@ -58,12 +58,20 @@ impl Session {
 
 /// Maps a client error. `writes`: whether the request may have changed state, in which case a
 /// lost connection leaves its outcome unknown.
+///
+/// The client reports a connection that failed in its own words (`Custom`: an I/O error, or
+/// "no response from connection in N ms" when the network went silent, as in a partition):
+/// those are connection losses too, not errors of the ensemble.
 fn map(e: zk::Error, what: &str, writes: bool) -> Error {
     let (kind, retryable) = match &e {
-        zk::Error::ConnectionLoss | zk::Error::Timeout if writes => (ErrorKind::OutcomeUnknown, false),
-        zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::NoHosts | zk::Error::Throttled => {
-            (ErrorKind::Unavailable, true)
+        zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_) if writes => {
+            (ErrorKind::OutcomeUnknown, false)
         }
+        zk::Error::ConnectionLoss
+        | zk::Error::Timeout
+        | zk::Error::Custom(_)
+        | zk::Error::NoHosts
+        | zk::Error::Throttled => (ErrorKind::Unavailable, true),
         zk::Error::SessionExpired | zk::Error::SessionMoved | zk::Error::ClientClosed => (ErrorKind::LeaseLost, true),
         zk::Error::NoAuth | zk::Error::AuthFailed | zk::Error::InvalidAcl => (ErrorKind::InvalidConfig, false),
         zk::Error::BadArguments(_) => (ErrorKind::InvalidKey, false),

@@ -1,0 +1,286 @@
+//! Hosts in network namespaces, for partitions that a proxy cannot fake: a client, a server
+//! or a cluster member on a "host" of its own, cut off from everything and healed.
+//!
+//! A [`Lab`] is a Linux bridge in the caller's (root) network namespace with an address of its
+//! own ([`Lab::gateway`]); each [`Host`] is a network namespace joined to the bridge by a veth
+//! pair, with one address on the lab's subnet. Every host reaches the gateway and every other
+//! host. [`Host::cut`] takes the host's end of the bridge down: nothing flows to or from it,
+//! packets in flight are lost, open TCP connections stay open and retransmit into the void (as
+//! behind a failed switch port, not a closed socket); [`Host::heal`] brings it back.
+//!
+//! Servers run on a host through [`Host::command`] (`ip netns exec`), or in the root namespace
+//! bound to the gateway so that hosts reach them. Clients run on a host through
+//! [`Host::runtime`]: a tokio runtime whose threads entered the host's namespace, so every
+//! socket a task on it opens is the host's.
+//!
+//! Needs root (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN`) and `ip` (iproute2); the test command installs
+//! iproute2 and CI runs as root. Creating a lab without them is an error that says so, never a
+//! silent skip. Names are random, so labs of parallel tests never collide; everything is
+//! deleted on drop.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Subnets are `10.231.X.0/24`; `X` is drawn at random among those no interface uses.
+const FIRST_OCTETS: [u8; 2] = [10, 231];
+
+/// Worker threads of a [`Host::runtime`].
+const WORKERS: usize = 2;
+
+/// A bridge in the caller's network namespace that [`Host`]s join. Deleted on drop (after its
+/// hosts, which hold no reference to it, are dropped or not: a host whose bridge is gone is
+/// simply cut off).
+#[derive(Debug)]
+pub struct Lab {
+    id: String,
+    bridge: String,
+    subnet: u8,
+    next_host: AtomicU8,
+}
+
+impl Lab {
+    /// Creates the bridge, gives it the subnet's `.1` ([`gateway`](Self::gateway)) and brings it
+    /// up.
+    pub fn new() -> std::io::Result<Lab> {
+        let id = random_hex(5);
+        let bridge = format!("plb{id}");
+        let subnet = free_subnet()?;
+        ip(&["link", "add", &bridge, "type", "bridge"])?;
+        let lab = Lab { id, bridge, subnet, next_host: AtomicU8::new(2) };
+        ip(&["addr", "add", &format!("{}/24", lab.address(1)), "dev", &lab.bridge])?;
+        ip(&["link", "set", &lab.bridge, "up"])?;
+        Ok(lab)
+    }
+
+    fn address(&self, last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(FIRST_OCTETS[0], FIRST_OCTETS[1], self.subnet, last)
+    }
+
+    /// The caller's own address on the lab's bridge: a server in the root namespace that hosts
+    /// must reach binds here (clients in the root namespace reach it too).
+    pub fn gateway(&self) -> IpAddr {
+        IpAddr::V4(self.address(1))
+    }
+
+    /// A new host on the lab: a network namespace (loopback up) with the next address of the
+    /// subnet, joined to the bridge.
+    pub fn host(&self) -> std::io::Result<Host> {
+        let n = self.next_host.fetch_add(1, Ordering::Relaxed);
+        if n >= 250 {
+            return Err(std::io::Error::other("a lab holds at most 248 hosts"));
+        }
+        let namespace = format!("palisade-{}-{n}", self.id);
+        let outside = format!("plv{}{n}", self.id);
+        let inside = format!("pln{}{n}", self.id);
+        ip(&["netns", "add", &namespace])?;
+        // From here on, dropping `host` deletes whatever was made.
+        let host = Host { namespace, outside, address: self.address(n) };
+        ip(&["link", "add", &host.outside, "type", "veth", "peer", "name", &inside])?;
+        ip(&["link", "set", &inside, "netns", &host.namespace])?;
+        ip(&["link", "set", &host.outside, "master", &self.bridge])?;
+        ip(&["link", "set", &host.outside, "up"])?;
+        let netns = ["-n", host.namespace.as_str()];
+        ip(&[&netns[..], &["addr", "add", &format!("{}/24", host.address), "dev", &inside]].concat())?;
+        ip(&[&netns[..], &["link", "set", &inside, "up"]].concat())?;
+        ip(&[&netns[..], &["link", "set", "lo", "up"]].concat())?;
+        Ok(host)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = ip(&["link", "del", &self.bridge]);
+    }
+}
+
+/// A network namespace on a [`Lab`]'s bridge: a machine of its own as far as the network
+/// goes. Deleted (with its end of the veth pair, and so the pair) on drop; processes still
+/// running in it keep it alive until they exit.
+#[derive(Debug)]
+pub struct Host {
+    namespace: String,
+    /// The veth end on the bridge, in the root namespace: what [`cut`](Self::cut) takes down.
+    outside: String,
+    address: Ipv4Addr,
+}
+
+impl Host {
+    /// The host's address on the lab's subnet.
+    pub fn ip(&self) -> IpAddr {
+        IpAddr::V4(self.address)
+    }
+
+    /// The network namespace's name (`ip netns exec NAME …`).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Cuts the host off from the gateway and every other host: its link goes down, packets to
+    /// and from it are dropped, open connections stay open on both sides without an error.
+    pub fn cut(&self) -> std::io::Result<()> {
+        ip(&["link", "set", &self.outside, "down"])
+    }
+
+    /// Undoes [`cut`](Self::cut): the link comes up and retransmissions get through. Returns
+    /// once the bridge forwards the host's traffic again (at most 5 s); connections that
+    /// retransmitted into the cut resume at their next retransmission, which TCP's backoff may
+    /// put seconds away.
+    pub fn heal(&self) -> std::io::Result<()> {
+        ip(&["link", "set", &self.outside, "up"])?;
+        let (operstate, brport) = (
+            format!("/sys/class/net/{}/operstate", self.outside),
+            format!("/sys/class/net/{}/brport/state", self.outside),
+        );
+        let forwarding = || {
+            std::fs::read_to_string(&operstate).is_ok_and(|s| s.trim() == "up")
+                // 3: BR_STATE_FORWARDING
+                && std::fs::read_to_string(&brport).is_ok_and(|s| s.trim() == "3")
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !forwarding() {
+            if std::time::Instant::now() > deadline {
+                return Err(std::io::Error::other(format!("{} did not come back up in 5 s", self.outside)));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    /// `program` to be run on this host (through `ip netns exec`, which becomes the program:
+    /// the child's pid is the program's).
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.namespace, program]);
+        command
+    }
+
+    /// A tokio runtime (2 workers) whose threads, blocking pool included, entered this host's
+    /// network namespace before running anything: clients built and used by tasks spawned on
+    /// it connect from this host.
+    pub fn runtime(&self) -> std::io::Result<HostRuntime> {
+        let path = format!("/var/run/netns/{}", self.namespace);
+        // Opened once, so a thread that cannot enter the namespace is a hard error below
+        // rather than a client silently left in the root namespace.
+        let file = std::sync::Arc::new(std::fs::File::open(&path)?);
+        let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (enter, count, flag) =
+            (std::sync::Arc::clone(&file), std::sync::Arc::clone(&started), std::sync::Arc::clone(&failed));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(WORKERS)
+            .enable_all()
+            .on_thread_start(move || {
+                if nix::sched::setns(&*enter, nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
+                    flag.store(true, Ordering::SeqCst);
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+            })
+            .build()?;
+        // The workers start with the runtime: wait until they have entered (or failed to).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while started.load(Ordering::SeqCst) < WORKERS && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if failed.load(Ordering::SeqCst) || started.load(Ordering::SeqCst) < WORKERS {
+            runtime.shutdown_background();
+            return Err(std::io::Error::other(format!(
+                "the runtime's threads could not enter the network namespace {path}"
+            )));
+        }
+        Ok(HostRuntime { handle: runtime.handle().clone(), runtime: Some(runtime) })
+    }
+}
+
+/// A tokio runtime on a [`Host`] ([`Host::runtime`]). Only tasks *spawned* on it run on the
+/// host: `tokio::runtime::Runtime::block_on` would poll its future on the calling thread, in the
+/// caller's namespace, which is why this type does not offer it ([`run`](Self::run) spawns).
+/// Dropping it shuts it down without waiting, which is allowed inside another runtime.
+#[derive(Debug)]
+pub struct HostRuntime {
+    handle: tokio::runtime::Handle,
+    /// Taken on drop only.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl HostRuntime {
+    /// Spawns `future` on the host.
+    pub fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handle().spawn(future)
+    }
+
+    /// A handle to spawn on the host from anywhere.
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.handle.clone()
+    }
+
+    /// Runs `future` on the host and waits for it, from a thread outside any runtime; `Err`
+    /// if it panicked.
+    pub fn run<F>(&self, future: F) -> Result<F::Output, tokio::task::JoinError>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handle.block_on(self.spawn(future))
+    }
+}
+
+impl Drop for HostRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = ip(&["link", "del", &self.outside]);
+        let _ = ip(&["netns", "del", &self.namespace]);
+    }
+}
+
+/// Runs `ip ARGS`; an error carries what it printed (and a hint when `ip` is missing or we
+/// are not root).
+fn ip(args: &[&str]) -> std::io::Result<()> {
+    let output = Command::new("ip").args(args).stdin(Stdio::null()).output().map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "running `ip {}`: {e} (network namespaces need iproute2, which the test command installs)",
+                args.join(" ")
+            ),
+        )
+    })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let said = String::from_utf8_lossy(&output.stderr);
+    let hint = if said.contains("Operation not permitted") { " (network namespaces need root)" } else { "" };
+    Err(std::io::Error::other(format!("`ip {}` failed: {}{hint}", args.join(" "), said.trim())))
+}
+
+/// A third octet for `10.231.X.0/24` that no interface of the root namespace uses yet.
+fn free_subnet() -> std::io::Result<u8> {
+    let output = Command::new("ip").args(["-4", "-o", "addr", "show"]).output()?;
+    let used = String::from_utf8_lossy(&output.stdout).into_owned();
+    for _ in 0..100 {
+        let mut byte = [0u8; 1];
+        let _ = getrandom::fill(&mut byte);
+        let x = byte[0].clamp(1, 254);
+        if !used.contains(&format!("{}.{}.{x}.", FIRST_OCTETS[0], FIRST_OCTETS[1])) {
+            return Ok(x);
+        }
+    }
+    Err(std::io::Error::other("no free 10.231.X.0/24 subnet"))
+}
+
+fn random_hex(chars: usize) -> String {
+    let mut bytes = vec![0u8; chars.div_ceil(2)];
+    let _ = getrandom::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()[..chars].to_string()
+}

@@ -1,0 +1,68 @@
+//! The lab the partition scenarios stand on: hosts reach each other and the gateway, a cut host
+//! reaches nobody and nobody reaches it, a healed one is back, and a host's runtime really
+//! opens its sockets on the host. (Needs root, as CI has: an error otherwise, never a skip.)
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use palisade_conformance::netns::Lab;
+
+fn reachable(addr: SocketAddr) -> bool {
+    TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
+}
+
+#[test]
+fn hosts_reach_each_other_until_cut() {
+    let lab = Lab::new().expect("a lab (root and iproute2)");
+    let a = lab.host().unwrap();
+    let b = lab.host().unwrap();
+    let on_a = a.runtime().unwrap();
+    // Binding a's address succeeds only inside a's namespace: the runtime's threads are there.
+    let listener = on_a.run(tokio::net::TcpListener::bind((a.ip(), 0))).unwrap().expect("bind on host a");
+    let addr = listener.local_addr().unwrap();
+    assert!(
+        std::net::TcpListener::bind((a.ip(), 0)).is_err(),
+        "the root namespace has host a's address: the host is not a namespace of its own"
+    );
+    let accepting = on_a.spawn(async move {
+        loop {
+            if listener.accept().await.is_err() {
+                break;
+            }
+        }
+    });
+    let on_b = b.runtime().unwrap();
+    let from_b = move || {
+        on_b.run(async move {
+            tokio::time::timeout(Duration::from_millis(300), tokio::net::TcpStream::connect(addr))
+                .await
+                .is_ok_and(|c| c.is_ok())
+        })
+        .unwrap()
+    };
+
+    assert!(reachable(addr), "the root namespace reaches host a through the bridge");
+    assert!(from_b(), "host b reaches host a");
+
+    a.cut().unwrap();
+    assert!(!reachable(addr), "a cut host is reachable from the root namespace");
+    assert!(!from_b(), "a cut host is reachable from another host");
+
+    a.heal().unwrap();
+    assert!(reachable(addr), "a healed host is unreachable from the root namespace");
+    assert!(from_b(), "a healed host is unreachable from another host");
+
+    // A host reaches a server of the root namespace bound to the gateway.
+    let at_gateway = std::net::TcpListener::bind((lab.gateway(), 0)).unwrap();
+    let gateway = at_gateway.local_addr().unwrap();
+    let on_a2 = a.runtime().unwrap();
+    let reached = on_a2
+        .run(async move {
+            tokio::time::timeout(Duration::from_millis(300), tokio::net::TcpStream::connect(gateway))
+                .await
+                .is_ok_and(|c| c.is_ok())
+        })
+        .unwrap();
+    assert!(reached, "host a reaches the gateway");
+    accepting.abort();
+}
