@@ -15,9 +15,13 @@ use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::Instant;
 
-use palisade_conformance::cluster::{LeaderKillSettings, leader_killed_under_contention};
+use palisade_conformance::cluster::{LeaderKillReport, LeaderKillSettings, leader_killed_under_contention};
+use palisade_conformance::netns::{Host, Lab};
+use palisade_conformance::partition::{Members, holder_cut_off_measured, leader_cut_off_under_contention};
+use palisade_conformance::servers::{EtcdCluster, LoopbackServer, PostgresServer, RedisSentinels, Site, ZkEnsemble};
+use palisade_conformance::{Ctx, Timing, lock_factory, store_factory};
 
-use crate::local::{Cluster, Local};
+use crate::local::{Cluster, Local, zk_classpath};
 use crate::target::Backend;
 
 /// One cell of the fault matrix.
@@ -332,33 +336,76 @@ pub async fn leader_kill(backend: Backend, store: &Arc<DynFencedStore>, session_
     }
     // After the kill: at least `after`, and until a few writes landed (an election with session
     // expiry can take seconds), at most 30 s.
-    let settings = LeaderKillSettings {
+    let settings = contention_settings(quick);
+    let cluster = &mut cluster;
+    let run = leader_killed_under_contention(clients, Arc::clone(store), &namespace(), settings, async || {
+        cluster.kill_leader().await
+    })
+    .await;
+    match run {
+        Ok(report) => contention_cell(S, &report, String::new()),
+        Err(e) => Cell::failed(S, e),
+    }
+}
+
+/// Redis behind Sentinel (master, replica, three Sentinels): the master killed with SIGKILL
+/// while four clients contend for one lock and write (the leader-kill run, with the
+/// Sentinel failover as the fault). `next in` = from the kill to the first write accepted
+/// after it.
+pub async fn sentinel_failover(backend: Backend, store: &Arc<DynFencedStore>, quick: bool) -> Cell {
+    const S: &str = "failover";
+    if backend != Backend::Redis {
+        return Cell::skipped(S, "not run: Sentinel failover is Redis's");
+    }
+    let mut group = match RedisSentinels::start("redis-server") {
+        Ok(g) => g,
+        Err(e) => return Cell::failed(S, format!("cannot start Redis with Sentinels: {e}")),
+    };
+    let url = group.url();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        match palisade::connect_lock(&url).await {
+            Ok(l) => clients.push(l),
+            Err(e) => return Cell::failed(S, e),
+        }
+    }
+    let settings = contention_settings(quick);
+    let group = &mut group;
+    let run = leader_killed_under_contention(clients, Arc::clone(store), &namespace(), settings, async || {
+        group.kill_master();
+        Ok("the master (SIGKILL)".to_string())
+    })
+    .await;
+    match run {
+        Ok(report) => contention_cell(S, &report, String::new()),
+        Err(e) => Cell::failed(S, e),
+    }
+}
+
+/// The contention of the leader-kill and failover cells: one key, four clients, 2 s TTLs; at
+/// least `after` past the fault, and until a few writes landed (at most 30 s).
+fn contention_settings(quick: bool) -> LeaderKillSettings {
+    LeaderKillSettings {
         keys: 1,
         before: Duration::from_secs(if quick { 1 } else { 2 }),
         settle: Duration::ZERO,
         after: Duration::from_secs(if quick { 3 } else { 8 }),
         writes_after: 5,
         ttl: Duration::from_secs(2),
-    };
-    let cluster = &mut cluster;
-    let run = leader_killed_under_contention(clients, Arc::clone(store), &namespace(), settings, async || {
-        cluster.kill_leader().await
-    })
-    .await;
-    let report = match run {
-        Ok(r) => r,
-        Err(e) => return Cell::failed(S, e),
-    };
+    }
+}
+
+fn contention_cell(scenario: &'static str, report: &LeaderKillReport, more: String) -> Cell {
     Cell {
-        scenario: S,
+        scenario,
         ran: true,
         stale_accepted: Some(report.stale_accepted),
         duplicates: Some(report.overlaps.len() as u64),
-        proceed_ms: report.first_write_after_kill.map(ms),
+        proceed_ms: report.first_grant_after_kill.map(ms),
         lost_fired: None,
         safe: Some(report.check().is_ok()),
         note: format!(
-            "killed {}; {} writes accepted, {} after the kill; {} errors; {} leases lost; {} overlapping holds",
+            "{}: {} writes accepted, {} after the fault; {} errors; {} leases lost; {} overlapping holds{more}",
             report.killed,
             report.writes,
             report.writes_after_election,
@@ -366,5 +413,168 @@ pub async fn leader_kill(backend: Backend, store: &Arc<DynFencedStore>, session_
             report.leases_lost,
             report.overlaps.len()
         ),
+    }
+}
+
+/// A network partition in namespaces of this machine (`palisade_conformance::netns`; needs
+/// root). etcd and ZooKeeper: a 3-member cluster, one member per host, its leader cut off
+/// while four clients contend (`next in`: from the cut to the first write accepted after it),
+/// then healed (it must rejoin, fences above all accepted). Redis and PostgreSQL: a renewing
+/// holder on a host of its own, cut off from the server and its store past its TTL
+/// (`partition::holder_cut_off`: `next in` from the cut to the contender's grant, which must
+/// come after the holder's `safe_until`; the holder's write after the heal must be refused).
+pub async fn partition(backend: Backend, store_url: &str, store: &Arc<DynFencedStore>, ttl: Duration, quick: bool) -> Cell {
+    const S: &str = "partition";
+    let runs_here = matches!(backend, Backend::Redis | Backend::Postgres | Backend::Etcd | Backend::Zookeeper);
+    if !runs_here {
+        return Cell::skipped(
+            S,
+            match backend {
+                Backend::Redlock => "not run: no fences (see the Redlock partition test for its quorum under a cut)",
+                _ => "not run: an in-process service or a file has no network to cut",
+            },
+        );
+    }
+    let lab = match Lab::new() {
+        Ok(lab) => lab,
+        Err(e) => return Cell::skipped(S, format!("not run: {e}")),
+    };
+    match backend {
+        Backend::Etcd | Backend::Zookeeper => leader_cut(&lab, backend, store, quick).await,
+        _ => holder_cut(&lab, backend, store_url, ttl).await,
+    }
+}
+
+async fn leader_cut(lab: &Lab, backend: Backend, store: &Arc<DynFencedStore>, quick: bool) -> Cell {
+    const S: &str = "partition";
+    let hosts = match (0..3).map(|_| lab.host()).collect::<std::io::Result<Vec<Host>>>() {
+        Ok(h) => h,
+        Err(e) => return Cell::failed(S, e),
+    };
+    let sites: Vec<Site> = hosts.iter().map(Site::host).collect();
+    let (members, url): (Box<dyn Members + Send + Sync>, String) = match backend {
+        Backend::Etcd => match EtcdCluster::start_at("etcd", &sites) {
+            Ok(c) => {
+                let url = format!("{}?session_ttl_s=2", c.url());
+                (Box::new(c), url)
+            }
+            Err(e) => return Cell::failed(S, format!("cannot start an etcd cluster: {e}")),
+        },
+        _ => match ZkEnsemble::start_at(&zk_classpath(), &sites) {
+            Ok(c) => {
+                let url = format!("{}?session_timeout_ms=2000", c.url());
+                (Box::new(c), url)
+            }
+            Err(e) => return Cell::failed(S, format!("cannot start a ZooKeeper ensemble: {e}")),
+        },
+    };
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        match palisade::connect_lock(&url).await {
+            Ok(l) => clients.push(l),
+            Err(e) => return Cell::failed(S, e),
+        }
+    }
+    let run = leader_cut_off_under_contention(
+        clients,
+        Arc::clone(store),
+        &namespace(),
+        contention_settings(quick),
+        &*members,
+        &hosts,
+    )
+    .await;
+    match run {
+        Ok(report) => {
+            let rejoined = report
+                .rejoined_after
+                .map_or("; did not rejoin".to_string(), |d| format!("; healed, it rejoined in {:.0} ms", ms(d)));
+            let mut cell = contention_cell(S, &report.contention, rejoined);
+            if let Err(e) = report.check() {
+                cell.note.push_str(&format!("; check failed: {e}"));
+            }
+            if report.fence_after_heal.is_some_and(|(after, highest)| after <= highest) {
+                cell.safe = Some(false);
+            }
+            cell
+        }
+        Err(e) => Cell::failed(S, e),
+    }
+}
+
+async fn holder_cut(lab: &Lab, backend: Backend, store_url: &str, ttl: Duration) -> Cell {
+    const S: &str = "partition";
+    let gateway = Site::address(lab.gateway());
+    // Servers of the cell's own on the lab's gateway, which the holder's host reaches; a
+    // SQLite store is a file, which it reaches anyway.
+    let mut _servers = (None, None);
+    let postgres = if backend == Backend::Postgres || !store_url.starts_with("sqlite:") {
+        match PostgresServer::start_at(&gateway) {
+            Ok(pg) => {
+                let url = pg.url();
+                _servers.1 = Some(pg);
+                Some(url)
+            }
+            Err(e) => return Cell::failed(S, format!("cannot start PostgreSQL on the lab: {e}")),
+        }
+    } else {
+        None
+    };
+    let lock_url = match backend {
+        Backend::Redis => match LoopbackServer::redis_at(&gateway, "redis-server", &[]) {
+            Ok(redis) => {
+                let url = redis.redis_url();
+                _servers.0 = Some(redis);
+                url
+            }
+            Err(e) => return Cell::failed(S, format!("cannot start Redis on the lab: {e}")),
+        },
+        _ => match &postgres {
+            Some(url) => url.clone(),
+            None => return Cell::failed(S, "no PostgreSQL"),
+        },
+    };
+    let store_url = postgres.unwrap_or_else(|| store_url.to_string());
+    let host = match lab.host() {
+        Ok(h) => h,
+        Err(e) => return Cell::failed(S, e),
+    };
+    // Redis expires on time to the millisecond; PostgreSQL's waiters poll.
+    let margin = if backend == Backend::Redis { Duration::from_millis(100) } else { Duration::from_millis(500) };
+    let locks = lock_factory(Timing::new(ttl, margin), move || {
+        let url = lock_url.clone();
+        async move { Ok(Arc::new(palisade::connect_lock(&url).await?)) }
+    });
+    let stores = store_factory(move || {
+        let url = store_url.clone();
+        async move { Ok(Arc::new(palisade::connect_store(&url).await?)) }
+    });
+    let ctx = Ctx::new("holder_cut_off", "compare");
+    match holder_cut_off_measured(&ctx, &host, Arc::new(locks), Arc::new(stores)).await {
+        Ok((_, figures)) => Cell {
+            scenario: S,
+            ran: true,
+            stale_accepted: Some(0),
+            duplicates: Some(0),
+            proceed_ms: Some(ms(figures.cut_to_contender_grant)),
+            lost_fired: Some(true),
+            safe: Some(true),
+            note: format!(
+                "a renewing holder cut off past its TTL: the contender was granted {:.0} ms after the cut (after the \
+                 holder's safe_until); healed, the holder's write was refused as stale {:.0} ms after the heal",
+                ms(figures.cut_to_contender_grant),
+                ms(figures.heal_to_answer)
+            ),
+        },
+        Err(failure) => {
+            let text = failure.to_string();
+            let mut cell = Cell::failed(S, &text);
+            // A stale write that landed is unsafe; any other failure is only reported.
+            if text.contains("was accepted after") {
+                cell.safe = Some(false);
+                cell.stale_accepted = Some(1);
+            }
+            cell
+        }
     }
 }

@@ -69,6 +69,21 @@ fn quick_local_comparison() {
         if replicated {
             assert_eq!(leader["safe"], true, "{name}: {leader}");
         }
+        let failover = cell(pair, "failover");
+        let sentinel = pair["lock"] == "Redis";
+        assert_eq!(failover["ran"], sentinel, "{name}: {failover}");
+        if sentinel {
+            assert_eq!(failover["safe"], true, "{name}: {failover}");
+            assert!(failover["proceed_ms"].as_f64().is_some(), "{name}: {failover}");
+        }
+        let partition = cell(pair, "partition");
+        let networked = ["Redis", "PostgreSQL", "etcd", "ZooKeeper"].contains(&pair["lock"].as_str().unwrap());
+        assert_eq!(partition["ran"], networked, "{name}: {partition}");
+        if networked {
+            assert_eq!(partition["safe"], true, "{name}: {partition}");
+            assert_eq!(partition["stale_accepted"], 0, "{name}: {partition}");
+            assert!(partition["proceed_ms"].as_f64().is_some(), "{name}: {partition}");
+        }
         let seed = pair["seed"].as_array().unwrap();
         assert_eq!(seed.len(), if redlock { 1 } else { 2 }, "{name}: {pair}");
         let fenced = seed.iter().find(|r| r["mode"] == "fenced");

@@ -74,6 +74,10 @@ pub struct LeaderKillReport {
     pub writes_after_election: usize,
     /// From the kill to the first write accepted after it.
     pub first_write_after_kill: Option<Duration>,
+    /// From the kill to the first grant returned after it whose write the store accepted: how
+    /// soon locks were usable again (a hold granted before the fault may write after it, which
+    /// says nothing of recovery).
+    pub first_grant_after_kill: Option<Duration>,
     /// Leases whose lost signal had fired by the time their holder released them.
     pub leases_lost: u64,
     /// The errors the clients saw (expected: elections, lost sessions).
@@ -222,6 +226,12 @@ where
             .filter(|t| *t > killed_at)
             .min()
             .map(|t| t - killed_at),
+        first_grant_after_kill: history
+            .values()
+            .flatten()
+            .filter(|h| h.wrote_at.is_some() && h.from > killed_at)
+            .map(|h| h.from - killed_at)
+            .min(),
         leases_lost: lost.load(Ordering::SeqCst),
         errors: errors.lock().unwrap_or_else(PoisonError::into_inner).clone(),
     };

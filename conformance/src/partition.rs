@@ -21,13 +21,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_core::{
-    Fence, Fenced, FencedStore, FencedStoreExt, GrantFence, Lease, LockOptions, LockService, LockServiceExt, WriteBatch,
+    DynFencedStore, Fence, Fenced, FencedStore, FencedStoreExt, GrantFence, Lease, LockOptions, LockService,
+    LockServiceExt, ResourceKey, WriteBatch,
 };
 use tokio::time::Instant;
 
+use crate::cluster::{LeaderKillReport, LeaderKillSettings, leader_killed_under_contention};
 use crate::harness::{Ctx, Outcome, attempt, ensure};
 use crate::lock::KeptAlive;
 use crate::netns::Host;
+use crate::servers::{EtcdCluster, ZkEnsemble};
 use crate::{FencedStoreFactory, LockServiceFactory, Namespace};
 
 /// What [`holder_cut_off`] measured, beside its verdict (also in the report's notes).
@@ -178,4 +181,137 @@ where
 {
     let fence: Fence = lease.fence();
     store.write_fenced(lease.key(), GrantFence::new(fence, lease.grant().grant_id()), batch).await
+}
+
+/// A replicated service whose members sit on lab hosts, member `i` on `hosts[i]`
+/// ([`EtcdCluster::start_at`], [`ZkEnsemble::start_at`] with [`Site::host`]).
+///
+/// [`Site::host`]: crate::servers::Site::host
+pub trait Members {
+    /// The member that says it leads now, if any.
+    fn leader(&self) -> Option<usize>;
+    /// Whether member `i` serves clients (part of a quorum).
+    fn serving(&self, i: usize) -> bool;
+}
+
+impl Members for EtcdCluster {
+    fn leader(&self) -> Option<usize> {
+        EtcdCluster::leader(self)
+    }
+    fn serving(&self, i: usize) -> bool {
+        self.member_healthy(i)
+    }
+}
+
+impl Members for ZkEnsemble {
+    fn leader(&self) -> Option<usize> {
+        ZkEnsemble::leader(self)
+    }
+    fn serving(&self, i: usize) -> bool {
+        ZkEnsemble::serving(self, i)
+    }
+}
+
+/// What [`leader_cut_off_under_contention`] saw.
+#[derive(Debug, Clone)]
+pub struct LeaderCutReport {
+    /// The contention across the cut, as for a killed leader (`killed` names the member cut off).
+    pub contention: LeaderKillReport,
+    /// From the heal until the old leader served again as a member.
+    pub rejoined_after: Option<Duration>,
+    /// After the rejoin: the fence of a new grant of the first key, and the highest fence the
+    /// store had accepted for it.
+    pub fence_after_heal: Option<(Fence, Fence)>,
+}
+
+impl LeaderCutReport {
+    /// `Ok` when the contention was safe and live ([`LeaderKillReport::check`]), every error
+    /// the clients saw was typed as what a partition causes (never `backend`, which a caller
+    /// would not retry), the old leader rejoined, and fences went on growing past it.
+    pub fn check(&self) -> Result<(), String> {
+        let mut wrong = Vec::new();
+        if let Err(e) = self.contention.check() {
+            wrong.push(e);
+        }
+        let misfiled: Vec<&String> = self.contention.errors.iter().filter(|e| e.starts_with("backend ")).collect();
+        if !misfiled.is_empty() {
+            wrong.push(format!("partition errors reported as backend errors: {misfiled:?}"));
+        }
+        if self.rejoined_after.is_none() {
+            wrong.push("the old leader did not rejoin within 30 s of the heal".to_string());
+        }
+        match self.fence_after_heal {
+            Some((after, highest)) if after <= highest => {
+                wrong.push(format!("after the heal a grant got fence {after}, not above the accepted {highest}"))
+            }
+            None => wrong.push("no grant after the heal".to_string()),
+            Some(_) => {}
+        }
+        if wrong.is_empty() { Ok(()) } else { Err(wrong.join(" | ")) }
+    }
+}
+
+/// **The leader cut off from the majority under contention.** `clients` (in the caller's
+/// namespace, each knowing every member) contend for `settings.keys` keys and write their
+/// fences through `store`, as in [`leader_killed_under_contention`]; the fault is the leader's
+/// host cut off (from the other members and from every client) instead of a kill. Then the host
+/// is healed: the old leader must rejoin, and a new grant's fence must be above every fence
+/// the store accepted. `Err` only when the scenario could not run (no leader, no store answer).
+pub async fn leader_cut_off_under_contention<S, M>(
+    clients: Vec<Arc<S>>,
+    store: Arc<DynFencedStore>,
+    namespace: &str,
+    settings: LeaderKillSettings,
+    members: &M,
+    hosts: &[Host],
+) -> Result<LeaderCutReport, String>
+where
+    S: LockService<Fencing = Fenced> + ?Sized,
+    M: Members + ?Sized,
+{
+    let first = clients.first().cloned().ok_or("no clients")?;
+    let mut cut = None;
+    let contention = leader_killed_under_contention(clients, Arc::clone(&store), namespace, settings, || {
+        let cut = &mut cut;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let leader = loop {
+                if let Some(i) = members.leader() {
+                    break i;
+                }
+                if Instant::now() > deadline {
+                    return Err("no leader for 10 s".to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let host = hosts.get(leader).ok_or(format!("member {leader} has no host"))?;
+            host.cut().map_err(|e| e.to_string())?;
+            *cut = Some(host);
+            Ok(format!("member {leader} cut off"))
+        }
+    })
+    .await?;
+    let Some(host) = cut else { return Err("no member was cut".to_string()) };
+    let old = hosts.iter().position(|h| std::ptr::eq(h, host)).unwrap_or_default();
+    host.heal().map_err(|e| e.to_string())?;
+    let healed = Instant::now();
+    let mut rejoined_after = None;
+    while healed.elapsed() < Duration::from_secs(30) {
+        if members.serving(old) {
+            rejoined_after = Some(healed.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let key = ResourceKey::new(namespace, "k0").map_err(|e| e.to_string())?;
+    let highest = store.watermark(&key).await.map_err(|e| e.to_string())?.unwrap_or(Fence::new(0));
+    let fence_after_heal = match first.lock(&key, LockOptions::ttl(settings.ttl).wait(Duration::from_secs(20))).await {
+        Ok(lease) => {
+            let fence = lease.fence();
+            let _ = lease.release().await;
+            Some((fence, highest))
+        }
+        Err(_) => None,
+    };
+    Ok(LeaderCutReport { contention, rejoined_after, fence_after_heal })
 }

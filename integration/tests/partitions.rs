@@ -25,8 +25,8 @@ use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::redis::RedisLockService;
 use palisade::redlock::RedlockService;
 use palisade::zookeeper::ZkLockService;
-use palisade::{FencedStore, LockOptions, LockService, LockServiceExt, ResourceKey};
-use palisade_conformance::cluster::{LeaderKillSettings, leader_killed_under_contention};
+use palisade::{LockOptions, LockService, LockServiceExt, ResourceKey};
+use palisade_conformance::cluster::LeaderKillSettings;
 use palisade_conformance::netns::{Host, Lab};
 use palisade_conformance::servers::{EtcdCluster, LoopbackServer, PostgresServer, Site, ZkEnsemble};
 use palisade_conformance::{Ctx, FencedStoreFactory, Timing, lock_factory, partition, require_env, store_factory};
@@ -96,31 +96,10 @@ async fn zookeeper_holder_cut_off_past_its_ttl_is_refused() {
     run_holder_cut_off("zookeeper_holder_cut_off", &lab, locks).await;
 }
 
-/// A 3-member cluster with each member on a host of its own.
-enum Ensemble {
-    Etcd(EtcdCluster),
-    Zk(ZkEnsemble),
-}
-
-impl Ensemble {
-    fn leader(&self) -> Option<usize> {
-        match self {
-            Ensemble::Etcd(c) => c.leader(),
-            Ensemble::Zk(c) => c.leader(),
-        }
-    }
-
-    fn serving(&self, i: usize) -> bool {
-        match self {
-            Ensemble::Etcd(c) => c.member_healthy(i),
-            Ensemble::Zk(c) => c.serving(i),
-        }
-    }
-}
-
-async fn leader_cut_off<S>(ensemble: Ensemble, hosts: Vec<Host>, clients: Vec<Arc<S>>)
+async fn leader_cut_off<S, M>(members: &M, hosts: &[Host], clients: Vec<Arc<S>>)
 where
     S: LockService<Fencing = palisade::Fenced>,
+    M: partition::Members,
 {
     let store: Arc<palisade::DynFencedStore> = Arc::new(palisade::MemoryFencedStore::new());
     let settings = LeaderKillSettings {
@@ -132,54 +111,13 @@ where
         ttl: Duration::from_secs(2),
     };
     let namespace = format!("cut-leader-{}", std::process::id());
-    let mut cut = None;
-    let report = leader_killed_under_contention(clients.clone(), Arc::clone(&store), &namespace, settings, || {
-        let (ensemble, hosts, cut) = (&ensemble, &hosts, &mut cut);
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let leader = loop {
-                if let Some(i) = ensemble.leader() {
-                    break i;
-                }
-                if Instant::now() > deadline {
-                    return Err("no leader for 10 s".to_string());
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            };
-            hosts[leader].cut().map_err(|e| e.to_string())?;
-            *cut = Some(leader);
-            Ok(format!("member {leader} cut off"))
-        }
-    })
-    .await
-    .unwrap();
+    let report = partition::leader_cut_off_under_contention(clients, store, &namespace, settings, members, hosts)
+        .await
+        .unwrap();
     println!("{report:#?}");
     report.check().unwrap();
-    // What a partition causes is typed as what it is (unavailable, outcome unknown, timeout,
-    // a lost session), never as a bug of the backend that a caller would not retry.
-    let misfiled: Vec<&String> = report.errors.iter().filter(|e| e.starts_with("backend ")).collect();
-    assert!(misfiled.is_empty(), "partition errors reported as backend errors: {misfiled:?}");
-    assert!(
-        report.first_write_after_kill.is_some_and(|d| d < Duration::from_secs(15)),
-        "no write within 15 s of the cut: {:?}",
-        report.first_write_after_kill
-    );
-
-    // Healed, the old leader rejoins as a member and the service goes on, fences above all
-    // that were accepted during the partition.
-    let old = cut.expect("a member was cut");
-    hosts[old].heal().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ensemble.serving(old) {
-        assert!(Instant::now() < deadline, "member {old} did not rejoin within 30 s of the heal");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let key = ResourceKey::new(namespace.as_str(), "k0").unwrap();
-    let highest = store.watermark(&key).await.unwrap().expect("writes were accepted");
-    let lease =
-        clients[0].lock(&key, LockOptions::ttl(Duration::from_secs(2)).wait(Duration::from_secs(20))).await.unwrap();
-    assert!(lease.fence() > highest, "after the heal: fence {} not above {highest}", lease.fence());
-    lease.release().await.unwrap();
+    let first = report.contention.first_grant_after_kill;
+    assert!(first.is_some_and(|d| d < Duration::from_secs(15)), "no lock granted and written within 15 s of the cut: {first:?}");
 }
 
 fn hosts(lab: &Lab, n: usize) -> Vec<Host> {
@@ -198,7 +136,7 @@ async fn etcd_leader_cut_off_from_the_majority_under_contention() {
     for _ in 0..4 {
         clients.push(Arc::new(EtcdLockService::connect(&url).await.unwrap()));
     }
-    leader_cut_off(Ensemble::Etcd(cluster), hosts, clients).await;
+    leader_cut_off(&cluster, &hosts, clients).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,7 +151,7 @@ async fn zookeeper_leader_cut_off_from_the_majority_under_contention() {
     for _ in 0..4 {
         clients.push(Arc::new(ZkLockService::connect(&url).await.unwrap()));
     }
-    leader_cut_off(Ensemble::Zk(ensemble), hosts, clients).await;
+    leader_cut_off(&ensemble, &hosts, clients).await;
 }
 
 /// Three clients take turns on one key for `run`; returns the holds (grant returned → release
