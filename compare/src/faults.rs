@@ -423,7 +423,13 @@ fn contention_cell(scenario: &'static str, report: &LeaderKillReport, more: Stri
 /// holder on a host of its own, cut off from the server and its store past its TTL
 /// (`partition::holder_cut_off`: `next in` from the cut to the contender's grant, which must
 /// come after the holder's `safe_until`; the holder's write after the heal must be refused).
-pub async fn partition(backend: Backend, store_url: &str, store: &Arc<DynFencedStore>, ttl: Duration, quick: bool) -> Cell {
+pub async fn partition(
+    backend: Backend,
+    store_url: &str,
+    store: &Arc<DynFencedStore>,
+    ttl: Duration,
+    quick: bool,
+) -> Cell {
     const S: &str = "partition";
     let runs_here = matches!(backend, Backend::Redis | Backend::Postgres | Backend::Etcd | Backend::Zookeeper);
     if !runs_here {

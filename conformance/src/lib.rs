@@ -77,6 +77,22 @@
 //! [`cluster_suite!`]; [`cluster::leader_killed_under_contention`] is the same run for callers
 //! with their own clients (`palisade compare`).
 //!
+//! ## Real network partitions
+//!
+//! [`netns::Lab`] is a bridge of network namespaces on this machine (root and iproute2): a
+//! [`netns::Host`] is a machine of its own as far as the network goes, [`Host::cut`] drops its
+//! packets in silence and [`Host::heal`] brings it back. Servers go on the lab with
+//! [`servers::Site`] (bound to the lab's gateway, or one member per host); clients with
+//! [`Host::runtime`]. [`partition::holder_cut_off`] cuts a renewing holder off from the service
+//! and its store past its TTL; [`partition::leader_cut_off_under_contention`] cuts an ensemble's
+//! leader off from the majority while clients contend. Both take the backend's own factory or
+//! clients, so a backend author runs them as the project's tests do
+//! (`integration/tests/partitions.rs`).
+//!
+//! [`Host::cut`]: netns::Host::cut
+//! [`Host::heal`]: netns::Host::heal
+//! [`Host::runtime`]: netns::Host::runtime
+//!
 //! ## Without the macros
 //!
 //! [`run_lock_scenarios`], [`run_store_scenarios`] and [`run_end_to_end_scenarios`] run the

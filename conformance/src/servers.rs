@@ -295,17 +295,27 @@ impl RedisSentinels {
     /// CONF --sentinel`) and returns once every Sentinel knows the replica and the other two
     /// Sentinels (what a failover needs).
     pub fn start(program: &str) -> std::io::Result<Self> {
+        RedisSentinels::start_at(program, &Site::loopback(), &Site::loopback())
+    }
+
+    /// [`start`](Self::start) with the master at `master` and the replica at `replica` (a lab
+    /// host of its own, say, to cut it off from the master); the Sentinels listen on loopback
+    /// and reach both.
+    pub fn start_at(program: &str, master: &Site, replica: &Site) -> std::io::Result<Self> {
         // Redis waits 5 s before a diskless sync, in case more replicas come: none will.
-        let master = LoopbackServer::redis(program, &["--repl-diskless-sync-delay", "0"])?;
-        let master_port = master.port().to_string();
-        let replica = LoopbackServer::redis(program, &["--replicaof", "127.0.0.1", &master_port])?;
+        let master = LoopbackServer::redis_at(master, program, &["--repl-diskless-sync-delay", "0"])?;
+        let (master_ip, master_port) = (master.addr().ip().to_string(), master.port().to_string());
+        let replica = LoopbackServer::redis_at(replica, program, &["--replicaof", &master_ip, &master_port])?;
+        // Sentinels announce the address they reach the master from; they must listen there
+        // too, or they cannot hear each other and never reach a quorum.
+        let bind = if master_ip == "127.0.0.1" { master_ip.clone() } else { format!("127.0.0.1 {master_ip}") };
         let mut sentinels = Vec::new();
         for _ in 0..3 {
             sentinels.push(LoopbackServer::start(program, |port, dir| {
                 let conf = dir.join("sentinel.conf");
                 let text = format!(
-                    "port {port}\nbind 127.0.0.1\ndir {}\n\
-                     sentinel monitor {SENTINEL_MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+                    "port {port}\nbind {bind}\ndir {}\n\
+                     sentinel monitor {SENTINEL_MASTER_NAME} {master_ip} {master_port} 2\n\
                      sentinel down-after-milliseconds {SENTINEL_MASTER_NAME} 1000\n\
                      sentinel failover-timeout {SENTINEL_MASTER_NAME} 5000\n\
                      sentinel parallel-syncs {SENTINEL_MASTER_NAME} 1\n",
@@ -318,7 +328,7 @@ impl RedisSentinels {
         }
         let group = RedisSentinels { master, replica, sentinels };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !redis_command(group.master.port(), &["INFO", "replication"]).is_ok_and(|r| r.contains("state=online")) {
+        while !redis_command(group.master.addr(), &["INFO", "replication"]).is_ok_and(|r| r.contains("state=online")) {
             if Instant::now() > deadline {
                 return Err(not_ready("redis replica", "did not finish its sync in 30 s", &[&group.replica], |_| true));
             }
@@ -326,7 +336,7 @@ impl RedisSentinels {
         }
         let ready = |s: &LoopbackServer| {
             let count = |what: &str| {
-                redis_command(s.port(), &["SENTINEL", what, SENTINEL_MASTER_NAME])
+                redis_command(s.addr(), &["SENTINEL", what, SENTINEL_MASTER_NAME])
                     .map(|reply| reply.matches("\r\nname\r\n").count())
                     .unwrap_or(0)
             };
@@ -356,7 +366,7 @@ impl RedisSentinels {
     /// The port of the master the first Sentinel that answers names.
     pub fn master_port(&self) -> Option<u16> {
         self.sentinels.iter().find_map(|s| {
-            let reply = redis_command(s.port(), &["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER_NAME]).ok()?;
+            let reply = redis_command(s.addr(), &["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER_NAME]).ok()?;
             reply.lines().filter(|l| !l.starts_with(['*', '$'])).nth(1)?.trim().parse().ok()
         })
     }
@@ -364,6 +374,20 @@ impl RedisSentinels {
     /// The first master and its replica (the replica is the master after a failover).
     pub fn servers(&self) -> (&LoopbackServer, &LoopbackServer) {
         (&self.master, &self.replica)
+    }
+
+    /// Closes the master's connection to its replica (`CLIENT KILL TYPE replica`). With the
+    /// replica cut off so that it cannot reconnect, what the master writes next reaches no
+    /// replica (data already sent into a cut keeps being retransmitted by the kernel, even
+    /// after the master dies, and would arrive after a heal).
+    pub fn disconnect_replica(&self) -> std::io::Result<()> {
+        let reply = redis_command(self.master.addr(), &["CLIENT", "KILL", "TYPE", "replica"])?;
+        if reply.starts_with(':') { Ok(()) } else { Err(std::io::Error::other(format!("CLIENT KILL: {reply}"))) }
+    }
+
+    /// The last `lines` lines of each Sentinel's log, for a failover that did not happen.
+    pub fn sentinel_logs(&self, lines: usize) -> String {
+        self.sentinels.iter().map(|s| format!("--- sentinel {}:\n{}\n", s.port(), s.log_tail(lines))).collect()
     }
 
     /// Kills the first master with SIGKILL (it stays dead: the replica is promoted).
@@ -400,18 +424,18 @@ impl RedisCluster {
         for (i, node) in cluster.nodes.iter().take(3).enumerate() {
             let (first, last) = (i * 16384 / 3, (i + 1) * 16384 / 3 - 1);
             let reply =
-                redis_command(node.port(), &["CLUSTER", "ADDSLOTSRANGE", &first.to_string(), &last.to_string()])?;
+                redis_command(node.addr(), &["CLUSTER", "ADDSLOTSRANGE", &first.to_string(), &last.to_string()])?;
             if !reply.starts_with("+OK") {
                 return Err(fail(&format!("refused its slots: {reply}")));
             }
         }
         let first_port = cluster.nodes[0].port().to_string();
         for node in &cluster.nodes[1..] {
-            redis_command(node.port(), &["CLUSTER", "MEET", "127.0.0.1", &first_port])?;
+            redis_command(node.addr(), &["CLUSTER", "MEET", "127.0.0.1", &first_port])?;
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         let knows_all = |n: &LoopbackServer| {
-            redis_command(n.port(), &["CLUSTER", "NODES"]).is_ok_and(|r| r.matches("127.0.0.1:").count() >= 6)
+            redis_command(n.addr(), &["CLUSTER", "NODES"]).is_ok_and(|r| r.matches("127.0.0.1:").count() >= 6)
         };
         while !cluster.nodes.iter().all(knows_all) {
             if Instant::now() > deadline {
@@ -420,16 +444,16 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         for i in 0..3 {
-            let id = redis_command(cluster.nodes[i].port(), &["CLUSTER", "MYID"])?;
+            let id = redis_command(cluster.nodes[i].addr(), &["CLUSTER", "MYID"])?;
             let id = id.lines().nth(1).unwrap_or_default().trim().to_string();
-            let reply = redis_command(cluster.nodes[i + 3].port(), &["CLUSTER", "REPLICATE", &id])?;
+            let reply = redis_command(cluster.nodes[i + 3].addr(), &["CLUSTER", "REPLICATE", &id])?;
             if !reply.starts_with("+OK") {
                 return Err(fail(&format!("a replica refused to follow: {reply}")));
             }
         }
         while !cluster.ok()
             || !cluster.nodes[3..].iter().all(|r| {
-                redis_command(r.port(), &["INFO", "replication"]).is_ok_and(|i| i.contains("master_link_status:up"))
+                redis_command(r.addr(), &["INFO", "replication"]).is_ok_and(|i| i.contains("master_link_status:up"))
             })
         {
             if Instant::now() > deadline {
@@ -451,13 +475,13 @@ impl RedisCluster {
         self.nodes
             .iter()
             .filter(|n| n.pid().is_some())
-            .all(|n| redis_command(n.port(), &["CLUSTER", "INFO"]).is_ok_and(|r| r.contains("cluster_state:ok")))
+            .all(|n| redis_command(n.addr(), &["CLUSTER", "INFO"]).is_ok_and(|r| r.contains("cluster_state:ok")))
     }
 
     /// Kills, with SIGKILL, the first primary serving `key` (its replica takes over) and
     /// returns its port.
     pub fn kill_primary_of(&mut self, key: &str) -> std::io::Result<u16> {
-        let slot = redis_command(self.nodes[0].port(), &["CLUSTER", "KEYSLOT", key])?;
+        let slot = redis_command(self.nodes[0].addr(), &["CLUSTER", "KEYSLOT", key])?;
         let slot: usize = slot.trim().trim_start_matches(':').parse().map_err(std::io::Error::other)?;
         let i = (0..3).find(|i| slot < (i + 1) * 16384 / 3).unwrap_or(2);
         let port = self.nodes[i].port();
@@ -466,11 +490,11 @@ impl RedisCluster {
     }
 }
 
-/// Sends one command to the Redis (or Sentinel) on `port` and returns its raw RESP reply (read
+/// Sends one command to the Redis (or Sentinel) at `addr` and returns its raw RESP reply (read
 /// until the server has been quiet for 100 ms): enough for readiness checks.
-fn redis_command(port: u16, args: &[&str]) -> std::io::Result<String> {
+fn redis_command(addr: SocketAddr, args: &[&str]) -> std::io::Result<String> {
     use std::io::{Read, Write};
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
     stream.set_read_timeout(Some(Duration::from_millis(100)))?;
     let mut request = format!("*{}\r\n", args.len());
     for a in args {

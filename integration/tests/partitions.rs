@@ -111,13 +111,15 @@ where
         ttl: Duration::from_secs(2),
     };
     let namespace = format!("cut-leader-{}", std::process::id());
-    let report = partition::leader_cut_off_under_contention(clients, store, &namespace, settings, members, hosts)
-        .await
-        .unwrap();
+    let report =
+        partition::leader_cut_off_under_contention(clients, store, &namespace, settings, members, hosts).await.unwrap();
     println!("{report:#?}");
     report.check().unwrap();
     let first = report.contention.first_grant_after_kill;
-    assert!(first.is_some_and(|d| d < Duration::from_secs(15)), "no lock granted and written within 15 s of the cut: {first:?}");
+    assert!(
+        first.is_some_and(|d| d < Duration::from_secs(15)),
+        "no lock granted and written within 15 s of the cut: {first:?}"
+    );
 }
 
 fn hosts(lab: &Lab, n: usize) -> Vec<Host> {

@@ -50,3 +50,82 @@ async fn replica_acknowledgement_is_waited_for_and_reported_when_missing() {
     again.release().await.unwrap();
     assert_eq!(two.backend(), "redis");
 }
+
+/// What a failover can lose: the replica, cut off from the master by a network partition
+/// (and its replication link closed, so that no retransmission brings it back), misses the
+/// last grants; the master dies; the Sentinels promote the replica, whose fence
+/// counter is behind what the store has accepted. A plain grant's write is then refused (a
+/// fence regression never lets a write through), and `lock_checked` sees the regression,
+/// moves the counter past the store's watermark, and its write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_lost_the_last_fences_is_refused_then_repaired_by_lock_checked() {
+    use palisade_conformance::netns::Lab;
+    use palisade_conformance::servers::Site;
+    use palisade_core::{FencedStore, FencedStoreExt, WriteBatch};
+
+    let lab = Lab::new().expect("a lab (root and iproute2)");
+    let replica_host = lab.host().unwrap();
+    let mut group = RedisSentinels::start_at(
+        &require_env("PALISADE_REDIS_SERVER"),
+        &Site::address(lab.gateway()),
+        &Site::host(&replica_host),
+    )
+    .expect("master, replica on its own host, three sentinels");
+    let replica_port = group.servers().1.port();
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        palisade_sqlite::SqliteStore::connect(&format!("sqlite://{}/data.db", dir.path().display())).await.unwrap();
+    let locks = Arc::new(RedisLockService::connect(&group.url()).await.unwrap());
+    let key = ResourceKey::new("sentinel", "tail").unwrap();
+    let options = LockOptions::ttl(Duration::from_secs(5)).wait(Duration::from_secs(5));
+    let put = |who: &str| WriteBatch::new().put("sentinel/tail", who.as_bytes().to_vec());
+
+    let first = locks.lock_checked(&store, &key, options).await.unwrap();
+    store.write(&first, &put("replicated")).await.unwrap();
+    first.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // the replica has it
+
+    replica_host.cut().unwrap();
+    group.disconnect_replica().unwrap();
+    let mut tail = Vec::new();
+    for _ in 0..3 {
+        let lease = locks.lock(&key, options).await.unwrap();
+        store.write(&lease, &put("tail")).await.unwrap();
+        tail.push(lease.fence());
+        lease.release().await.unwrap();
+    }
+    let last = *tail.last().unwrap();
+    group.kill_master();
+    replica_host.heal().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while group.master_port() != Some(replica_port) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Sentinels did not promote the replica in 30 s:\n{}",
+            group.sentinel_logs(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The service follows the failover; the promoted replica's counter is behind.
+    let plain = loop {
+        match locks.lock(&key, options).await {
+            Ok(lease) => break lease,
+            Err(e) => {
+                assert!(e.is_retryable() || e.kind() == ErrorKind::OutcomeUnknown, "{e}");
+                assert!(tokio::time::Instant::now() < deadline, "no grant after the failover: {e}");
+            }
+        }
+    };
+    assert!(plain.fence() <= last, "the promoted replica kept the tail (fence {} after {last})", plain.fence());
+    let refused = store.write(&plain, &put("regressed")).await.unwrap_err();
+    assert_eq!(refused.stale_fence_details(), Some((plain.fence(), last)), "{refused}");
+    plain.release().await.unwrap();
+
+    let checked = locks.lock_checked(&store, &key, options).await.unwrap();
+    assert!(checked.fence() > last, "lock_checked gave fence {} after the lost tail's {last}", checked.fence());
+    store.write(&checked, &put("repaired")).await.unwrap();
+    checked.release().await.unwrap();
+    let value = store.read("sentinel/tail").await.unwrap().unwrap().value;
+    assert_eq!(value, b"repaired");
+}
