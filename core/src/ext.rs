@@ -126,7 +126,11 @@ pub trait LockServiceExt {
     /// accepted only from the grant that set the watermark. The regression is logged at error level and counted in
     /// `palisade_lock_fence_regression_total`; the grant is released; the service's counter is moved to
     /// the watermark plus [`REGRESSION_GAP`] ([`LockService::advance_fence`]), far enough to
-    /// outrank grants issued before the loss that have not written yet; and the lock is taken
+    /// outrank grants issued before the loss that have not written yet (the gap is relative to
+    /// the watermark, the only fence the store knows: if the counter is lost again before a
+    /// repaired grant writes, the next repair can issue its fence again, and the store refuses
+    /// the second of the two writers as a duplicate; the model in `model/` finds exactly this
+    /// run); and the lock is taken
     /// again. No stale write is ever accepted on the way. A service that cannot move its
     /// counter gives [`ErrorKind::FenceRegression`].
     ///

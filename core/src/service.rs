@@ -305,9 +305,11 @@ impl Backoff {
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
+        // Saturating: bounds near `Duration::MAX` must not overflow (a property test found the
+        // `+ 1` and the doubling panicking there).
         let ceiling_ns = u64::try_from(self.ceiling.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let delay = Duration::from_nanos(self.rng % (ceiling_ns + 1));
-        self.ceiling = (self.ceiling * 2).min(self.max);
+        let delay = Duration::from_nanos(self.rng % ceiling_ns.saturating_add(1));
+        self.ceiling = self.ceiling.saturating_mul(2).min(self.max);
         delay
     }
 }
