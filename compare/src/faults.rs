@@ -327,13 +327,10 @@ pub async fn leader_kill(backend: Backend, store: &Arc<DynFencedStore>, session_
         Ok(c) => c,
         Err(e) => return Cell::failed(S, e),
     };
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        match palisade::connect_lock(&url).await {
-            Ok(l) => clients.push(l),
-            Err(e) => return Cell::failed(S, e),
-        }
-    }
+    let clients = match contenders(&url).await {
+        Ok(c) => c,
+        Err(e) => return Cell::failed(S, e),
+    };
     // After the kill: at least `after`, and until a few writes landed (an election with session
     // expiry can take seconds), at most 30 s.
     let settings = contention_settings(quick);
@@ -350,8 +347,8 @@ pub async fn leader_kill(backend: Backend, store: &Arc<DynFencedStore>, session_
 
 /// Redis behind Sentinel (master, replica, three Sentinels): the master killed with SIGKILL
 /// while four clients contend for one lock and write (the leader-kill run, with the
-/// Sentinel failover as the fault). `next in` = from the kill to the first write accepted
-/// after it.
+/// Sentinel failover as the fault). `next in` = from the kill to the first lock granted after
+/// it whose write landed.
 pub async fn sentinel_failover(backend: Backend, store: &Arc<DynFencedStore>, quick: bool) -> Cell {
     const S: &str = "failover";
     if backend != Backend::Redis {
@@ -362,13 +359,10 @@ pub async fn sentinel_failover(backend: Backend, store: &Arc<DynFencedStore>, qu
         Err(e) => return Cell::failed(S, format!("cannot start Redis with Sentinels: {e}")),
     };
     let url = group.url();
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        match palisade::connect_lock(&url).await {
-            Ok(l) => clients.push(l),
-            Err(e) => return Cell::failed(S, e),
-        }
-    }
+    let clients = match contenders(&url).await {
+        Ok(c) => c,
+        Err(e) => return Cell::failed(S, e),
+    };
     let settings = contention_settings(quick);
     let group = &mut group;
     let run = leader_killed_under_contention(clients, Arc::clone(store), &namespace(), settings, async || {
@@ -380,6 +374,16 @@ pub async fn sentinel_failover(backend: Backend, store: &Arc<DynFencedStore>, qu
         Ok(report) => contention_cell(S, &report, String::new()),
         Err(e) => Cell::failed(S, e),
     }
+}
+
+/// The four independent clients of `url` that contend in the leader-kill, failover and
+/// leader-cut cells.
+async fn contenders(url: &str) -> palisade::Result<Vec<Arc<DynLockService>>> {
+    let mut clients = Vec::with_capacity(4);
+    for _ in 0..4 {
+        clients.push(palisade::connect_lock(url).await?);
+    }
+    Ok(clients)
 }
 
 /// The contention of the leader-kill and failover cells: one key, four clients, 2 s TTLs; at
@@ -474,13 +478,10 @@ async fn leader_cut(lab: &Lab, backend: Backend, store: &Arc<DynFencedStore>, qu
             Err(e) => return Cell::failed(S, format!("cannot start a ZooKeeper ensemble: {e}")),
         },
     };
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        match palisade::connect_lock(&url).await {
-            Ok(l) => clients.push(l),
-            Err(e) => return Cell::failed(S, e),
-        }
-    }
+    let clients = match contenders(&url).await {
+        Ok(c) => c,
+        Err(e) => return Cell::failed(S, e),
+    };
     let run = leader_cut_off_under_contention(
         clients,
         Arc::clone(store),
