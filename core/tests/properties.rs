@@ -1,15 +1,16 @@
 //! Property tests of the pure parts: the store's verdicts against the watermark rule for any
 //! sequence of writes, TTL and deadline arithmetic (no overflow, `safe_until` never past what
-//! the server can have), and the backoff's bounds.
+//! the server can have), the backoff's bounds, resource keys (a valid one round-trips, an
+//! invalid one is a typed error), and URL redaction (the password never survives).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use std::time::Duration;
 
-use palisade_core::spi::Backoff;
+use palisade_core::spi::{Backoff, encode_userinfo};
 use palisade_core::{
     ErrorKind, Fence, FencedStore, GrantFence, GrantId, LockOptions, LockServiceExt, MemoryFencedStore,
-    MemoryLockService, ResourceKey, Ttl, WriteBatch,
+    MemoryLockService, ResourceKey, Ttl, WriteBatch, redact_url,
 };
 use proptest::prelude::*;
 
@@ -127,5 +128,56 @@ proptest! {
             lease.release().await.unwrap();
             Ok(())
         })?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    /// Any domain and id: a valid key round-trips through its text and keeps its parts; an
+    /// invalid one is `InvalidKey`, never a panic.
+    #[test]
+    fn resource_keys_round_trip_or_are_refused(
+        domain in prop_oneof!["[a-zA-Z0-9._-]{0,70}", "\\PC{0,40}"],
+        id in prop_oneof!["[a-zA-Z0-9._-]{0,300}", "\\PC{0,40}"],
+    ) {
+        match ResourceKey::new(domain.clone(), id.clone()) {
+            Ok(key) => {
+                prop_assert_eq!(key.domain(), domain.as_str());
+                prop_assert_eq!(key.id(), id.as_str());
+                let again: ResourceKey = key.to_string().parse().unwrap();
+                prop_assert_eq!(again, key);
+            }
+            Err(e) => prop_assert!(matches!(e.kind(), ErrorKind::InvalidKey), "{e}"),
+        }
+    }
+
+    /// Any scheme, hosts and password, percent-encoded or raw, in the user-info or the query:
+    /// the redacted URL contains neither the password nor its encoding.
+    #[test]
+    fn redaction_never_keeps_the_password(
+        scheme in prop::sample::select(vec![
+            "redis", "rediss", "redis+sentinel", "redis+cluster", "redlock", "etcd", "etcds", "zk",
+            "postgres", "postgresql", "dynamodb", "sqlite", "memory", "x-custom",
+        ]),
+        user in "[a-z]{0,8}",
+        password in "[A-Z!#$%&*+=~@/?:;, \\[\\]]{4,20}",
+        hosts in prop::collection::vec("[a-z0-9.]{1,10}(:[0-9]{1,5})?", 1..4),
+        path in "(/[a-z0-9]{0,8})?",
+        encoded in any::<bool>(),
+        in_query in any::<bool>(),
+    ) {
+        let secret =
+            if encoded { encode_userinfo(Some(&user), Some(&password)) } else { format!("{user}:{password}@") };
+        let url = if in_query {
+            format!("{scheme}://{}{path}?user={user}&password={password}", hosts.join(","))
+        } else {
+            format!("{scheme}://{secret}{}{path}", hosts.join(","))
+        };
+        let redacted = redact_url(&url);
+        let encoded_password = encode_userinfo(None, Some(&password));
+        let encoded_password = encoded_password.trim_start_matches(':').trim_end_matches('@');
+        prop_assert!(!redacted.contains(&password), "{url} -> {redacted}");
+        prop_assert!(!redacted.contains(encoded_password), "{url} -> {redacted}");
     }
 }
