@@ -514,34 +514,29 @@ async fn holder_cut(lab: &Lab, backend: Backend, store_url: &str, ttl: Duration)
     let gateway = Site::address(lab.gateway());
     // Servers of the cell's own on the lab's gateway, which the holder's host reaches; a
     // SQLite store is a file, which it reaches anyway.
-    let mut _servers = (None, None);
     let postgres = if backend == Backend::Postgres || !store_url.starts_with("sqlite:") {
         match PostgresServer::start_at(&gateway) {
-            Ok(pg) => {
-                let url = pg.url();
-                _servers.1 = Some(pg);
-                Some(url)
-            }
+            Ok(pg) => Some(pg),
             Err(e) => return Cell::failed(S, format!("cannot start PostgreSQL on the lab: {e}")),
         }
     } else {
         None
     };
-    let lock_url = match backend {
-        Backend::Redis => match LoopbackServer::redis_at(&gateway, "redis-server", &[]) {
-            Ok(redis) => {
-                let url = redis.redis_url();
-                _servers.0 = Some(redis);
-                url
-            }
+    let redis = if backend == Backend::Redis {
+        match LoopbackServer::redis_at(&gateway, "redis-server", &[]) {
+            Ok(redis) => Some(redis),
             Err(e) => return Cell::failed(S, format!("cannot start Redis on the lab: {e}")),
-        },
-        _ => match &postgres {
-            Some(url) => url.clone(),
-            None => return Cell::failed(S, "no PostgreSQL"),
-        },
+        }
+    } else {
+        None
     };
-    let store_url = postgres.unwrap_or_else(|| store_url.to_string());
+    // The PostgreSQL lock service locks in its store's database.
+    let lock_url = match (&redis, &postgres) {
+        (Some(redis), _) => redis.redis_url(),
+        (None, Some(pg)) => pg.url(),
+        (None, None) => return Cell::failed(S, "no server to cut the holder off from"),
+    };
+    let store_url = postgres.as_ref().map_or_else(|| store_url.to_string(), PostgresServer::url);
     let host = match lab.host() {
         Ok(h) => h,
         Err(e) => return Cell::failed(S, e),

@@ -21,7 +21,7 @@ use crate::{FencedStoreFactory, LockServiceFactory, Namespace, ProcessAccess, at
 
 /// Writes under a lease: fenced if the service issues fences, the naive unfenced path if not
 /// (an efficiency lock has nothing else).
-async fn write<L: LockService + ?Sized, S: FencedStore + ?Sized>(
+pub(crate) async fn write<L: LockService + ?Sized, S: FencedStore + ?Sized>(
     store: &S,
     lease: &Lease<L>,
     batch: &WriteBatch,
@@ -32,7 +32,7 @@ async fn write<L: LockService + ?Sized, S: FencedStore + ?Sized>(
     }
 }
 
-fn data_batch(ns: &Namespace, who: &str) -> WriteBatch {
+pub(crate) fn data_batch(ns: &Namespace, who: &str) -> WriteBatch {
     WriteBatch::new()
         .put(ns.record("data"), who.as_bytes().to_vec())
         .put(ns.record(&format!("audit/{who}")), who.as_bytes().to_vec())

@@ -150,9 +150,7 @@ impl Host {
     /// `program` to be run on this host (through `ip netns exec`, which becomes the program:
     /// the child's pid is the program's).
     pub fn command(&self, program: &str) -> Command {
-        let mut command = Command::new("ip");
-        command.args(["netns", "exec", &self.namespace, program]);
-        command
+        exec_in(&self.namespace, program)
     }
 
     /// A tokio runtime (2 workers) whose threads, blocking pool included, entered this host's
@@ -242,6 +240,13 @@ impl Drop for Host {
         let _ = ip(&["link", "del", &self.outside]);
         let _ = ip(&["netns", "del", &self.namespace]);
     }
+}
+
+/// `program` in the network namespace `namespace`, through `ip netns exec`.
+pub(crate) fn exec_in(namespace: &str, program: &str) -> Command {
+    let mut command = Command::new("ip");
+    command.args(["netns", "exec", namespace, program]);
+    command
 }
 
 /// Runs `ip ARGS`; an error carries what it printed (and a hint when `ip` is missing or we

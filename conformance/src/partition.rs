@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_core::{
-    DynFencedStore, Fence, Fenced, FencedStore, FencedStoreExt, GrantFence, Lease, LockOptions, LockService,
-    LockServiceExt, ResourceKey, WriteBatch,
+    DynFencedStore, Fence, Fenced, FencedStore, LockOptions, LockService, LockServiceExt, ResourceKey,
 };
 use tokio::time::Instant;
 
 use crate::cluster::{LeaderKillReport, LeaderKillSettings, leader_killed_under_contention};
+use crate::e2e::{data_batch, write};
 use crate::harness::{Ctx, Outcome, attempt, ensure};
 use crate::lock::KeptAlive;
 use crate::netns::Host;
@@ -123,7 +123,7 @@ where
     );
     let fb = lease_b.fence();
     ensure!(ctx, fb > fa, "the contender's fence {fb} is not above the cut-off holder's {fa}");
-    attempt!(ctx, write(&*store_b, &lease_b, &batch(&ns, "B")).await, "the contender's write");
+    attempt!(ctx, write(&*store_b, &lease_b, &data_batch(&ns, "B")).await, "the contender's write");
 
     attempt!(ctx, host.heal(), "healing the holder's host");
     let healed = Instant::now();
@@ -132,7 +132,7 @@ where
         let lost = tokio::time::timeout(Duration::from_millis(100), record.lease().lost()).await.is_ok();
         let result = tokio::time::timeout(
             Duration::from_secs(60),
-            write(&*holder_store, record.lease(), &batch(&write_ns, "A")),
+            write(&*holder_store, record.lease(), &data_batch(&write_ns, "A")),
         )
         .await;
         record.end().await;
@@ -166,21 +166,6 @@ where
         heal_to_answer.as_secs_f64() * 1e3
     ));
     Ok((ctx.report(), CutOffFigures { cut_to_contender_grant: cut_to_grant, heal_to_answer }))
-}
-
-fn batch(ns: &Namespace, who: &str) -> WriteBatch {
-    WriteBatch::new()
-        .put(ns.record("data"), who.as_bytes().to_vec())
-        .put(ns.record(&format!("audit/{who}")), who.as_bytes().to_vec())
-}
-
-async fn write<L, S>(store: &S, lease: &Lease<L>, batch: &WriteBatch) -> palisade_core::Result<()>
-where
-    L: LockService<Fencing = Fenced> + ?Sized,
-    S: FencedStore + ?Sized,
-{
-    let fence: Fence = lease.fence();
-    store.write_fenced(lease.key(), GrantFence::new(fence, lease.grant().grant_id()), batch).await
 }
 
 /// A replicated service whose members sit on lab hosts, member `i` on `hosts[i]`
@@ -284,16 +269,14 @@ where
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             };
-            let host = hosts.get(leader).ok_or(format!("member {leader} has no host"))?;
-            host.cut().map_err(|e| e.to_string())?;
-            *cut = Some(host);
+            hosts.get(leader).ok_or(format!("member {leader} has no host"))?.cut().map_err(|e| e.to_string())?;
+            *cut = Some(leader);
             Ok(format!("member {leader} cut off"))
         }
     })
     .await?;
-    let Some(host) = cut else { return Err("no member was cut".to_string()) };
-    let old = hosts.iter().position(|h| std::ptr::eq(h, host)).unwrap_or_default();
-    host.heal().map_err(|e| e.to_string())?;
+    let Some(old) = cut else { return Err("no member was cut".to_string()) };
+    hosts[old].heal().map_err(|e| e.to_string())?;
     let healed = Instant::now();
     let mut rejoined_after = None;
     while healed.elapsed() < Duration::from_secs(30) {

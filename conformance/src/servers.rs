@@ -97,11 +97,7 @@ impl LoopbackServer {
     fn command(&self) -> Command {
         let mut command = match &self.site.namespace {
             // `ip netns exec` becomes the program: the child's pid is the server's.
-            Some(namespace) => {
-                let mut command = Command::new("ip");
-                command.args(["netns", "exec", namespace, &self.program]);
-                command
-            }
+            Some(namespace) => crate::netns::exec_in(namespace, &self.program),
             None => Command::new(&self.program),
         };
         command.args(&self.args).stdin(Stdio::null());
@@ -304,11 +300,12 @@ impl RedisSentinels {
     pub fn start_at(program: &str, master: &Site, replica: &Site) -> std::io::Result<Self> {
         // Redis waits 5 s before a diskless sync, in case more replicas come: none will.
         let master = LoopbackServer::redis_at(master, program, &["--repl-diskless-sync-delay", "0"])?;
-        let (master_ip, master_port) = (master.addr().ip().to_string(), master.port().to_string());
-        let replica = LoopbackServer::redis_at(replica, program, &["--replicaof", &master_ip, &master_port])?;
+        let (master_ip, master_port) = (master.addr().ip(), master.port().to_string());
+        let replica =
+            LoopbackServer::redis_at(replica, program, &["--replicaof", &master_ip.to_string(), &master_port])?;
         // Sentinels announce the address they reach the master from; they must listen there
         // too, or they cannot hear each other and never reach a quorum.
-        let bind = if master_ip == "127.0.0.1" { master_ip.clone() } else { format!("127.0.0.1 {master_ip}") };
+        let bind = if master_ip.is_loopback() { master_ip.to_string() } else { format!("127.0.0.1 {master_ip}") };
         let mut sentinels = Vec::new();
         for _ in 0..3 {
             sentinels.push(LoopbackServer::start(program, |port, dir| {
