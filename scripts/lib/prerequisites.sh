@@ -72,3 +72,16 @@ install_prerequisites() {
   fi
   export PALISADE_MOTO_PYTHON="$venv/bin/python"
 }
+
+# cargo-fuzz, pinned, from crates.io (scripts/fuzz): about half a minute to build.
+CARGO_FUZZ_VERSION=0.13.2
+install_cargo_fuzz() {
+  if cargo fuzz --version 2>/dev/null | grep -qF " $CARGO_FUZZ_VERSION"; then
+    return 0
+  fi
+  prereq_log "installing cargo-fuzz $CARGO_FUZZ_VERSION from crates.io"
+  if ! cargo install --quiet --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION"; then
+    prereq_log "could not install cargo-fuzz. scripts/fuzz needs crates.io."
+    return 1
+  fi
+}

@@ -73,11 +73,19 @@
 
 mod config;
 mod errors;
+mod reply;
 mod service;
 mod session;
 
 pub use config::EtcdConfig;
 pub use service::EtcdLockService;
+
+/// The pure parts that the fuzz targets (`fuzz/`) check: reachable only in a `cargo fuzz` build.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::reply::TxnReply;
+}
 
 /// The backend name in errors, logs and metrics.
 pub const BACKEND: &str = "etcd";

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchOptions,
+    TxnResponse, WatchOptions,
 };
 use palisade_core::spi::{GiveUp, HeldGrants};
 use palisade_core::spi::{timeout_error, validate_wait};
@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::errors::{map, never_sent, timed_out, with_failover};
+use crate::reply::TxnReply;
 use crate::session::Session;
 use crate::{BACKEND, EtcdConfig};
 
@@ -276,17 +277,15 @@ impl Inner {
         self: &Arc<Self>,
         key: &ResourceKey,
         token: OwnerToken,
-        fence: i64,
+        fence: Fence,
         ttl: Ttl,
         sent_at: Instant,
         session: &Arc<Session>,
     ) -> Result<Grant<Fenced>> {
         let etcd_key = format!("{}{token}", self.resource_prefix(key));
         let granted = Inner::cap(session, ttl, sent_at)?;
-        let fence_value = u64::try_from(fence)
-            .map_err(|_| Error::new(ErrorKind::Backend, BACKEND, format!("etcd returned revision {fence}")))?;
-        let grant =
-            Grant::new(key.clone(), token, Fence::new(fence_value), granted, sent_at).with_handle(etcd_key.clone());
+        let fence_value = fence.get();
+        let grant = Grant::new(key.clone(), token, fence, granted, sent_at).with_handle(etcd_key.clone());
         // At the local deadline: delete our key (owner-checked), in the background if need be.
         let give_up: GiveUp = {
             let (inner, session_lost, key) =
@@ -345,22 +344,6 @@ impl Drop for QueuePlace {
     }
 }
 
-fn gets(resp: &TxnResponse) -> Vec<etcd_client::GetResponse> {
-    resp.op_responses()
-        .into_iter()
-        .filter_map(|r| match r {
-            TxnOpResponse::Get(g) => Some(g),
-            _ => None,
-        })
-        .collect()
-}
-
-fn revision_of(resp: &TxnResponse) -> Result<i64> {
-    resp.header()
-        .map(|h| h.revision())
-        .ok_or_else(|| Error::new(ErrorKind::Backend, BACKEND, "etcd response without a header"))
-}
-
 #[async_trait]
 impl LockService for EtcdLockService {
     type Fencing = Fenced;
@@ -401,10 +384,11 @@ impl LockService for EtcdLockService {
                 return Err(e);
             }
         };
-        if !resp.succeeded() {
+        let reply = TxnReply::of(&resp);
+        if !reply.succeeded {
             return Ok(None);
         }
-        let granted = revision_of(&resp).and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
+        let granted = reply.fence().and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
         if granted.is_err() {
             // Our key is on the session lease but no deadline tracks it (the session's local
             // deadline passed during the txn): if the session renews, it would block the
@@ -444,9 +428,9 @@ impl LockService for EtcdLockService {
             armed: true,
         };
         let resp = inner.txn(txn, "acquire", true).await?;
-        let revision = revision_of(&resp)?;
-        let head_is_us =
-            gets(&resp).first().and_then(|g| g.kvs().first()).is_some_and(|kv| kv.key() == etcd_key.as_bytes());
+        let reply = TxnReply::of(&resp);
+        let revision = reply.revision()?;
+        let head_is_us = reply.first_found_is(0, etcd_key.as_bytes());
         // Until nobody is ahead: who is just ahead of us, and are we still queued?
         if !head_is_us {
             loop {
@@ -466,17 +450,17 @@ impl LockService for EtcdLockService {
                         return Err(e);
                     }
                 };
-                let gets = gets(&resp);
-                let still_queued = gets.first().is_some_and(|g| !g.kvs().is_empty());
+                let reply = TxnReply::of(&resp);
+                let still_queued = reply.first_found(0).is_some();
                 if !still_queued || session.lost.is_cancelled() {
                     place.armed = false; // the key is gone with the session already
                     return Err(Error::new(ErrorKind::LeaseLost, BACKEND, "the etcd session expired while waiting")
                         .with_retryable(true));
                 }
-                let Some(predecessor) = gets.get(1).and_then(|g| g.kvs().first()).map(|kv| kv.key().to_vec()) else {
+                let Some(predecessor) = reply.first_found(1).map(<[u8]>::to_vec) else {
                     break; // nobody ahead: ours
                 };
-                let watch_from = revision_of(&resp)? + 1;
+                let watch_from = reply.next_revision()?;
                 let waited = self.wait_for_delete(predecessor, watch_from, give_up, &session).await;
                 match waited {
                     Ok(true) => {}
@@ -491,7 +475,7 @@ impl LockService for EtcdLockService {
                 }
             }
         }
-        let granted = inner.grant(key, token, revision, ttl, sent_at, &session);
+        let granted = reply.fence().and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
         // Still armed if the grant failed (the session's local deadline passed meanwhile): the
         // place's drop deletes our key instead of leaving it on a lease that may yet renew.
         place.armed = granted.is_err();

@@ -54,7 +54,7 @@ impl ConnectionLike for Conn {
 /// of its nodes; the client learns the rest), with the cluster's credentials. A cluster has
 /// database 0 only, so the URL has no path; it takes no parameters.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct ClusterTarget {
+pub struct ClusterTarget {
     /// `redis://host:port` of each seed.
     pub(crate) seeds: Vec<String>,
     user: Option<String>,
@@ -71,7 +71,7 @@ impl std::fmt::Debug for ClusterTarget {
 
 impl ClusterTarget {
     /// Parses a `redis+cluster://` URL. Errors never quote the URL (it may hold a password).
-    pub(crate) fn parse(url: &str) -> Result<Self> {
+    pub fn parse(url: &str) -> Result<Self> {
         let bad = |why: String| {
             Error::new(
                 ErrorKind::InvalidConfig,

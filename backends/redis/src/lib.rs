@@ -91,3 +91,11 @@ mod waiters;
 
 pub use config::{RedisConfig, ReplicaAcks, TlsClientIdentity};
 pub use service::RedisLockService;
+
+/// The pure parts that the fuzz targets (`fuzz/`) check: reachable only in a `cargo fuzz` build.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::connection::ClusterTarget;
+    pub use crate::sentinel::SentinelTarget;
+}

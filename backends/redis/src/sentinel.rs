@@ -16,7 +16,7 @@ use crate::service::BACKEND;
 
 /// Where the Sentinels are and what they are asked.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct SentinelTarget {
+pub struct SentinelTarget {
     /// `redis://[sentinel credentials@]host:port` of each Sentinel, in the URL's order.
     sentinels: Vec<String>,
     /// The master group's name.
@@ -39,7 +39,7 @@ impl std::fmt::Debug for SentinelTarget {
 
 impl SentinelTarget {
     /// Parses a `redis+sentinel://` URL. Errors never quote the URL (it may hold passwords).
-    pub(crate) fn parse(url: &str) -> Result<Self> {
+    pub fn parse(url: &str) -> Result<Self> {
         let bad = |why: String| {
             Error::new(
                 ErrorKind::InvalidConfig,

@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 use crate::config::RedisConfig;
 use crate::connection::{ClusterTarget, Conn};
 use crate::errors::map;
-use crate::scripts::{ACQUIRE, ADVANCE_FENCE, EXTEND, RELEASE};
+use crate::scripts::{ACQUIRE, ADVANCE_FENCE, AcquireReply, EXTEND, RELEASE, decode_done};
 use crate::sentinel::SentinelTarget;
 use crate::waiters::Waiters;
 
@@ -235,17 +235,14 @@ impl RedisLockService {
         let requested_at = Instant::now();
         let mut acquire = ACQUIRE.key(key.lock_key());
         acquire.key(key.fence_key()).arg(&token.to_hex()[..]).arg(ttl.as_millis_ceil());
-        let ((granted, value), _): ((i64, String), bool) = self.invoke(&acquire, "acquire").await?;
-        if granted == 1 {
-            let fence = value.parse::<u64>().map_err(|_| {
-                Error::new(ErrorKind::Backend, BACKEND, format!("fence key {} holds {value:?}", key.fence_key()))
-            })?;
-            let grant = Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at);
-            return Ok(AttemptOutcome::Granted(self.acknowledged(grant).await?));
+        let (reply, _): (redis::Value, bool) = self.invoke(&acquire, "acquire").await?;
+        match AcquireReply::decode(&reply, &key.fence_key())? {
+            AcquireReply::Granted(fence) => {
+                let grant = Grant::new(key.clone(), token, fence, ttl, requested_at);
+                Ok(AttemptOutcome::Granted(self.acknowledged(grant).await?))
+            }
+            AcquireReply::Held { remaining } => Ok(AttemptOutcome::Held { remaining }),
         }
-        // PTTL is -1 for a lock without expiry (never set by us) and -2 if it just vanished.
-        let remaining = value.parse::<u64>().map_or(Duration::from_millis(1), Duration::from_millis);
-        Ok(AttemptOutcome::Held { remaining })
     }
 }
 
@@ -301,8 +298,8 @@ impl LockService for RedisLockService {
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         let mut extend = EXTEND.key(grant.key().lock_key());
         extend.arg(&grant.token().to_hex()[..]).arg(ttl.as_millis_ceil());
-        let (extended, _): (i64, bool) = self.invoke(&extend, "extend").await?;
-        if extended == 1 {
+        let (reply, _): (redis::Value, bool) = self.invoke(&extend, "extend").await?;
+        if decode_done(&reply, "extend")? {
             Ok(ttl)
         } else {
             Err(Error::new(
@@ -320,8 +317,8 @@ impl LockService for RedisLockService {
         let lock_key = grant.key().lock_key();
         let mut release = RELEASE.key(&lock_key);
         release.arg(&grant.token().to_hex()[..]).arg(Waiters::channel(&lock_key));
-        let (released, resent): (i64, bool) = self.invoke(&release, "release").await?;
-        if released == 1 || resent {
+        let (reply, resent): (redis::Value, bool) = self.invoke(&release, "release").await?;
+        if decode_done(&reply, "release")? || resent {
             Ok(())
         } else {
             Err(Error::new(ErrorKind::NotHolder, BACKEND, format!("{lock_key} is not held by this owner token")))

@@ -36,5 +36,12 @@ pub use config::ZkConfig;
 pub use service::ZkLockService;
 pub use zookeeper_client;
 
+/// The pure parts that the fuzz targets (`fuzz/`) check: reachable only in a `cargo fuzz` build.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::service::{czxid_fence, node_prefix, precedes, queue_order, sequence_of};
+}
+
 /// The backend name in errors, logs and metrics.
 pub const BACKEND: &str = "zookeeper";

@@ -86,7 +86,7 @@ fn timed_out(what: &str, writes: bool) -> Error {
 }
 
 /// `lock-<token>-` nodes; ZooKeeper appends a 10-digit sequence.
-fn node_prefix(token: OwnerToken) -> String {
+pub fn node_prefix(token: OwnerToken) -> String {
     format!("lock-{token}-")
 }
 
@@ -94,7 +94,7 @@ fn node_prefix(token: OwnerToken) -> String {
 /// ending in one): `%010d` of the parent's signed 32-bit `cversion`, which wraps to negative
 /// after 2³¹ changes (`lock-<token>--000000001`). Taking the digits after the last `-` would
 /// drop that sign; the token is hex, so the sequence is everything after its `-`.
-fn sequence_of(name: &str) -> Option<i32> {
+pub fn sequence_of(name: &str) -> Option<i32> {
     let node = name.rsplit('/').next()?;
     node.strip_prefix("lock-")?.split_once('-')?.1.parse().ok()
 }
@@ -102,7 +102,7 @@ fn sequence_of(name: &str) -> Option<i32> {
 /// Sorts contenders into queue order across the sequence's wrap: by distance from the first
 /// one listed (wrapping), which is right as long as the live nodes of one lock span less than
 /// 2³¹ sequence numbers — they are created within a few seconds of lock traffic of each other.
-fn queue_order(contenders: &mut [(i32, String)]) {
+pub fn queue_order(contenders: &mut [(i32, String)]) {
     let Some(&(anchor, _)) = contenders.first() else { return };
     contenders.sort_by_key(|(s, _)| s.wrapping_sub(anchor));
 }
@@ -115,8 +115,18 @@ fn sorted_contenders(parent: &str, children: Vec<String>) -> Vec<(i32, String)> 
     sorted
 }
 
+/// The fence of a node created at transaction id `czxid` (its `Stat`): a zxid is positive, so
+/// anything else is a [`ErrorKind::Backend`] error, never a fence.
+pub fn czxid_fence(czxid: i64) -> Result<Fence> {
+    u64::try_from(czxid)
+        .ok()
+        .filter(|&z| z > 0)
+        .map(Fence::new)
+        .ok_or_else(|| Error::new(ErrorKind::Backend, BACKEND, format!("ZooKeeper returned czxid {czxid}")))
+}
+
 /// Whether sequence `a` was issued before `b`, across the wrap.
-fn precedes(a: i32, b: i32) -> bool {
+pub fn precedes(a: i32, b: i32) -> bool {
     b.wrapping_sub(a) > 0
 }
 
@@ -433,9 +443,7 @@ impl Inner {
         session: &Arc<Session>,
     ) -> Result<Grant<Fenced>> {
         let granted = Inner::cap(session, ttl, sent_at)?;
-        let fence = u64::try_from(czxid)
-            .map_err(|_| Error::new(ErrorKind::Backend, BACKEND, format!("ZooKeeper returned czxid {czxid}")))?;
-        let grant = Grant::new(key.clone(), token, Fence::new(fence), granted, sent_at).with_handle(path.clone());
+        let grant = Grant::new(key.clone(), token, czxid_fence(czxid)?, granted, sent_at).with_handle(path.clone());
         let give_up = {
             let (inner, session, path) = (Arc::downgrade(self), Arc::clone(session), path.clone());
             Box::new(move || {
@@ -446,7 +454,14 @@ impl Inner {
                 }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
             })
         };
-        self.held.hold(path, fence, sent_at + granted.get(), grant.lost_token().clone(), session.lost.clone(), give_up);
+        self.held.hold(
+            path,
+            grant.fence().get(),
+            sent_at + granted.get(),
+            grant.lost_token().clone(),
+            session.lost.clone(),
+            give_up,
+        );
         Ok(grant)
     }
 

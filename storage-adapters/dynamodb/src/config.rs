@@ -80,6 +80,11 @@ impl DynamoConfig {
             return Err(bad("not a DynamoDB URL".to_string()));
         };
         let (table, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if table.contains('@') {
+            return Err(bad(
+                "user-info (user:password@) in a DynamoDB URL: credentials come from the AWS chain".to_string()
+            ));
+        }
         let mut config = DynamoConfig::new(table.trim_end_matches('/'));
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             // Never quote a value, nor a name that is not a plain word: a password with a raw
@@ -117,7 +122,9 @@ impl DynamoConfig {
         let invalid = |m: String| Err(Error::new(ErrorKind::InvalidConfig, BACKEND, m));
         let t = &self.table;
         if t.len() < 3 || t.len() > 255 || !t.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
-            return invalid(format!("table name {t:?}: 3–255 characters of a-z, A-Z, 0-9, '_', '-', '.'"));
+            // A name with an '@' is user-info written where the table goes: never quote it.
+            let name = if t.contains('@') { "(not shown: it holds an '@')".to_string() } else { format!("{t:?}") };
+            return invalid(format!("table name {name}: 3–255 characters of a-z, A-Z, 0-9, '_', '-', '.'"));
         }
         // The SDK signs requests with credentials from the AWS chain and ignores user-info in
         // the endpoint, but quotes the endpoint whole in its errors: refuse it, so a password
@@ -169,6 +176,9 @@ mod tests {
             "dynamodb://t12?region",
             "dynamodb://t12?endpoint=http://u:s3cret@h:1",
             "dynamodb://t12?endpoint=http://u:s3/cret@h:1",
+            // User-info where the table goes (found by fuzz/connection_urls): never quoted.
+            "dynamodb://app:s3cret@inventory",
+            "dynamodb://:s3cret@127.0.0.1:8000",
         ] {
             let err = DynamoConfig::from_url(url).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}");

@@ -424,45 +424,34 @@ impl DynamoStore {
                 _ => None,
             };
             let Some(reasons) = cancelled else { return Err(map(err, "write", true)) };
-            let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
-            let offset = usize::from(fenced.is_some());
-            if let Some((resource, fence)) = fenced
-                && code(0) == "ConditionalCheckFailed"
-            {
-                let old = match reasons.first().and_then(|r| r.item()) {
-                    Some(item) => Some(item.clone()),
-                    // A server that does not return the old item: read the watermark's item.
-                    None => self.get(DynamoStore::fence_item_key(resource), "reading a watermark").await?,
-                };
-                let old = old.as_ref();
-                return Err(explain_refusal(
-                    BACKEND,
-                    resource,
-                    fence,
-                    old.and_then(fence_of).unwrap_or_default(),
-                    old.and_then(grant_of),
-                ));
-            }
-            if let Some(i) = (offset..reasons.len()).find(|&i| code(i) == "ConditionalCheckFailed") {
-                return Err(conflict_error(BACKEND, &blames[i]));
-            }
-            let transient = reasons.iter().any(|r| {
-                matches!(
-                    r.code(),
-                    Some(
-                        "TransactionConflict"
-                            | "ThrottlingError"
-                            | "ProvisionedThroughputExceeded"
-                            | "RequestLimitExceeded"
-                    )
-                )
-            });
-            if transient && conflicts < 8 {
-                conflicts += 1;
-                tokio::time::sleep(backoff.next_delay()).await;
-                continue;
-            }
-            let codes: Vec<&str> = (0..reasons.len()).map(code).collect();
+            let codes: Vec<&str> = reasons.iter().map(|r| r.code().unwrap_or("None")).collect();
+            let conditional: Vec<bool> =
+                blames.iter().map(|b| matches!(b, WriteOp::Check { .. } | WriteOp::Create { .. })).collect();
+            let transient = match (read_cancellation(&codes, fenced.is_some(), &conditional), fenced) {
+                (Cancellation::Stale, Some((resource, fence))) => {
+                    let old = match reasons.first().and_then(|r| r.item()) {
+                        Some(item) => Some(item.clone()),
+                        // A server that does not return the old item: read the watermark's item.
+                        None => self.get(DynamoStore::fence_item_key(resource), "reading a watermark").await?,
+                    };
+                    let old = old.as_ref();
+                    return Err(explain_refusal(
+                        BACKEND,
+                        resource,
+                        fence,
+                        old.and_then(fence_of).unwrap_or_default(),
+                        old.and_then(grant_of),
+                    ));
+                }
+                (Cancellation::Conflict(i), _) => return Err(conflict_error(BACKEND, &blames[i])),
+                (Cancellation::Transient, _) if conflicts < 8 => {
+                    conflicts += 1;
+                    tokio::time::sleep(backoff.next_delay()).await;
+                    continue;
+                }
+                (Cancellation::Transient, _) => true,
+                _ => false,
+            };
             warn!(?codes, "dynamodb transaction cancelled");
             let kind = if transient { ErrorKind::Unavailable } else { ErrorKind::Backend };
             return Err(
@@ -580,6 +569,42 @@ macro_rules! apply_condition {
 apply_condition!(apply_put, aws_sdk_dynamodb::types::builders::PutBuilder);
 apply_condition!(apply_delete, aws_sdk_dynamodb::types::builders::DeleteBuilder);
 apply_condition!(apply_check, aws_sdk_dynamodb::types::builders::ConditionCheckBuilder);
+
+/// What a cancelled transaction's reasons say, one code per item in request order.
+#[derive(Debug, PartialEq, Eq)]
+enum Cancellation {
+    /// The fence item's condition failed: the watermark is at or above the fence.
+    Stale,
+    /// The condition of item `i` (a record's) failed.
+    Conflict(usize),
+    /// Another transaction or throttling got in the way: nothing applied, worth retrying.
+    Transient,
+    /// Anything else.
+    Other,
+}
+
+/// Reads the reasons of a transaction whose items carry a condition where `conditional` says
+/// (the first is the fence item when `fenced`).
+fn read_cancellation(codes: &[&str], fenced: bool, conditional: &[bool]) -> Cancellation {
+    let items = conditional.len();
+    if fenced && codes.first() == Some(&"ConditionalCheckFailed") {
+        return Cancellation::Stale;
+    }
+    let offset = usize::from(fenced);
+    // Blaming an item without a condition, or past the request's items, names nothing of ours:
+    // a malformed reply.
+    if let Some(i) = (offset..codes.len().min(items)).find(|&i| codes[i] == "ConditionalCheckFailed" && conditional[i])
+    {
+        return Cancellation::Conflict(i);
+    }
+    let transient = |c: &&str| {
+        matches!(
+            *c,
+            "TransactionConflict" | "ThrottlingError" | "ProvisionedThroughputExceeded" | "RequestLimitExceeded"
+        )
+    };
+    if codes.iter().any(transient) { Cancellation::Transient } else { Cancellation::Other }
+}
 
 fn build_error(e: aws_sdk_dynamodb::error::BuildError) -> Error {
     Error::new(ErrorKind::InvalidArgument, BACKEND, format!("request could not be built: {e}"))
@@ -773,6 +798,23 @@ fn to_record(item: &HashMap<String, AttributeValue>) -> Result<Record> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reasons name the item whose condition failed, and only an item that had one; a reply
+    /// with more reasons than the request had items, or that blames an item without a condition,
+    /// names nothing (found by fuzz/dynamodb_replies: the first indexed past the items and
+    /// panicked, the second reported a `Conflict` for a plain put).
+    #[test]
+    fn cancellation_reasons_are_read_within_the_request() {
+        let ccf = "ConditionalCheckFailed";
+        assert_eq!(read_cancellation(&[ccf, "None"], true, &[true, true]), Cancellation::Stale);
+        assert_eq!(read_cancellation(&["None", ccf], true, &[true, true]), Cancellation::Conflict(1));
+        assert_eq!(read_cancellation(&[ccf], false, &[true]), Cancellation::Conflict(0));
+        assert_eq!(read_cancellation(&["TransactionConflict", "None"], false, &[true, false]), Cancellation::Transient);
+        assert_eq!(read_cancellation(&["None", "None"], false, &[true, true]), Cancellation::Other);
+        assert_eq!(read_cancellation(&["None", ccf], false, &[true]), Cancellation::Other);
+        assert_eq!(read_cancellation(&["None", "None", ccf], true, &[true, true]), Cancellation::Other);
+        assert_eq!(read_cancellation(&["None", ccf], true, &[true, false]), Cancellation::Other);
+    }
 
     #[test]
     fn fence_joins_the_set_clause() {

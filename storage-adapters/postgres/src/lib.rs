@@ -68,3 +68,10 @@ pub use lock::PostgresLockService;
 pub use palisade_core::FencedRow;
 pub use store::{PostgresStore, RowKey, RowWatermark, map_err};
 pub use transaction::PgFencedTransaction;
+
+/// The pure parts that the fuzz targets (`fuzz/`) check: reachable only in a `cargo fuzz` build.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::store::{decode_refusal, encode_ops, failed_check};
+}

@@ -367,20 +367,7 @@ where
         Some((_, f)) => Some(storable_fence(BACKEND, f.fence())?),
         None => None,
     };
-    let (mut kinds, mut keys, mut values) =
-        (Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()));
-    for op in ops {
-        let (kind, value): (i16, &[u8]) = match op {
-            WriteOp::Put { value, .. } => (1, value),
-            WriteOp::Create { value, .. } => (2, value),
-            WriteOp::Delete { .. } => (3, &[]),
-            WriteOp::Check { expected: Some(value), .. } => (4, value),
-            WriteOp::Check { expected: None, .. } => (5, &[]),
-        };
-        kinds.push(kind);
-        keys.push(op.key());
-        values.push(value);
-    }
+    let (kinds, keys, values) = encode_ops(ops);
     let held = s.apply_held.as_deref().filter(|_| fence.is_some());
     let called = sqlx::query(sql(held.unwrap_or(&s.apply)))
         .bind(fence.map(|(resource, _)| resource.to_string()))
@@ -416,12 +403,10 @@ where
     };
     match (raised, fence) {
         (Some(Ok(current)), Some((resource, f))) => {
-            let (fence_text, grant_text) = current.split_once(' ').unwrap_or((current.as_str(), "-"));
-            let current = fence_text.parse::<i64>().ok().and_then(|v| fence_from(Some(v))).unwrap_or_default();
-            let grant = decode_hex(grant_text).as_deref().and_then(GrantId::from_slice);
+            let (current, grant) = decode_refusal(&current);
             Err(explain_refusal(BACKEND, resource, f, current, grant))
         }
-        (Some(Err(index)), _) => match index.parse::<usize>().ok().and_then(|i| ops.get(i.checked_sub(1)?)) {
+        (Some(Err(index)), _) => match failed_check(&index, ops) {
             Some(op) => Err(conflict_error(BACKEND, op)),
             None => Err(map_err(e)),
         },
@@ -429,6 +414,42 @@ where
         _ if own_transaction => Err(map_commit_err(e)),
         _ => Err(map_err(e)),
     }
+}
+
+/// A batch as the apply function takes it: parallel arrays of op kinds (1 put, 2 create,
+/// 3 delete, 4 check that the key holds the value, 5 check that it is absent), keys and values
+/// (empty where the op has none).
+pub fn encode_ops(ops: &[WriteOp]) -> (Vec<i16>, Vec<&str>, Vec<&[u8]>) {
+    let (mut kinds, mut keys, mut values) =
+        (Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()), Vec::with_capacity(ops.len()));
+    for op in ops {
+        let (kind, value): (i16, &[u8]) = match op {
+            WriteOp::Put { value, .. } => (1, value),
+            WriteOp::Create { value, .. } => (2, value),
+            WriteOp::Delete { .. } => (3, &[]),
+            WriteOp::Check { expected: Some(value), .. } => (4, value),
+            WriteOp::Check { expected: None, .. } => (5, &[]),
+        };
+        kinds.push(kind);
+        keys.push(op.key());
+        values.push(value);
+    }
+    (kinds, keys, values)
+}
+
+/// The watermark that a refusal (`PF001`, message `<fence> <grant hex>` or `<fence> -`) names.
+/// A message that is not of that form reads as fence 0 and no grant: the refusal still stands,
+/// only its explanation is poorer.
+pub fn decode_refusal(message: &str) -> (Fence, Option<GrantId>) {
+    let (fence_text, grant_text) = message.split_once(' ').unwrap_or((message, "-"));
+    let current = fence_text.parse::<i64>().ok().and_then(|v| fence_from(Some(v))).unwrap_or_default();
+    (current, decode_hex(grant_text).as_deref().and_then(GrantId::from_slice))
+}
+
+/// The op whose check failed (`PF002`, message: its 1-based index), if the message names one
+/// of `ops`.
+pub fn failed_check<'a>(message: &str, ops: &'a [WriteOp]) -> Option<&'a WriteOp> {
+    message.parse::<usize>().ok().and_then(|i| ops.get(i.checked_sub(1)?))
 }
 
 /// The single-row fenced update on `conn`, and on zero rows the reason (stale or missing).
@@ -472,7 +493,7 @@ async fn row_fence<'q, K: RowKey<'q>>(
 /// Lower-case hex (as PostgreSQL's `encode(…, 'hex')` writes it) to bytes; `None` for `-` or
 /// anything malformed.
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || text == "-" {
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
@@ -568,5 +589,21 @@ impl FencedStore for PostgresStore {
                 ))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal's message names the watermark; a grant only from plain hex (found by
+    /// fuzz/postgres_replies: `u8::from_str_radix` also takes a sign, so `+f` read as 0x0f).
+    #[test]
+    fn refusals_decode_only_well_formed_grants() {
+        let grant = GrantId::from_bytes([0xab; 16]);
+        assert_eq!(decode_refusal(&format!("42 {}", "ab".repeat(16))), (Fence::new(42), Some(grant)));
+        assert_eq!(decode_refusal("42 -"), (Fence::new(42), None));
+        assert_eq!(decode_refusal(&format!("42 {}", "+f".repeat(16))), (Fence::new(42), None));
+        assert_eq!(decode_refusal("not a message"), (Fence::default(), None));
     }
 }

@@ -20,7 +20,7 @@ pub enum Synchronous {
 }
 
 /// Where and how to open the store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SqliteConfig {
     /// The database file, or `None` for a private in-memory database.
     pub path: Option<PathBuf>,
@@ -117,6 +117,28 @@ impl SqliteConfig {
     }
 }
 
+impl std::fmt::Debug for SqliteConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteConfig")
+            .field("path", &self.path.as_deref().map(shown_path))
+            .field("synchronous", &self.synchronous)
+            .field("create_if_missing", &self.create_if_missing)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("fences_table", &self.fences_table)
+            .field("records_table", &self.records_table)
+            .field("require_live_lock", &self.require_live_lock)
+            .finish()
+    }
+}
+
+/// A database path as logs and errors show it: whole, unless it holds an `@`, which in a
+/// `sqlite://user:password@…` URL written by mistake is a password.
+pub(crate) fn shown_path(path: &std::path::Path) -> String {
+    let text = path.display().to_string();
+    if text.contains('@') { "(a path holding an '@', not shown)".to_string() } else { text }
+}
+
 /// Checks an identifier and returns it double-quoted.
 pub(crate) fn quote_ident(name: &str) -> Result<String> {
     palisade_core::spi::quote_sql_identifier(BACKEND, name)
@@ -150,6 +172,16 @@ mod tests {
         ] {
             assert_eq!(SqliteConfig::from_url(bad).unwrap_err().kind(), ErrorKind::InvalidConfig, "{bad}");
         }
+    }
+
+    /// SQLite takes no credentials, but a URL given some by mistake never shows them (found by
+    /// fuzz/connection_urls: the path was shown whole).
+    #[test]
+    fn a_path_that_looks_like_user_info_is_not_shown() {
+        let c = SqliteConfig::from_url("sqlite://app:s3cret@db.example/app.db").unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"), "{c:?}");
+        let c = SqliteConfig::from_url("sqlite:/data/wh.db").unwrap();
+        assert!(format!("{c:?}").contains("/data/wh.db"), "{c:?}");
     }
 
     #[test]

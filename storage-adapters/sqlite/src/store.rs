@@ -17,7 +17,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteJournalMode, Sql
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteConnection, SqlitePool};
 use tracing::debug;
 
-use crate::config::{SqliteConfig, Synchronous, quote_ident};
+use crate::config::{SqliteConfig, Synchronous, quote_ident, shown_path};
 use crate::transaction::{FencedTransaction, WriteTransaction};
 
 pub(crate) const BACKEND: &str = "sqlite";
@@ -157,7 +157,7 @@ impl SqliteStore {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
                 BACKEND,
-                format!("no SQLite database at {} (mode=rw opens an existing file only)", path.display()),
+                format!("no SQLite database at {} (mode=rw opens an existing file only)", shown_path(path)),
             ));
         }
         let (options, pool_options) = match &config.path {
@@ -423,7 +423,7 @@ async fn open_once(
             return Error::new(
                 ErrorKind::InvalidConfig,
                 BACKEND,
-                format!("cannot open the SQLite database {}: {}", path.display(), db.message()),
+                format!("cannot open the SQLite database {}: {}", shown_path(path.as_ref()), db.message()),
             );
         }
         let err = map_err(e);

@@ -1,0 +1,147 @@
+//! Write batches in each store's format, and what each store makes of them.
+//!
+//! - PostgreSQL: the apply function's arrays (kind, key, value) decode back to the batch, by
+//!   the function's table of kinds.
+//! - DynamoDB: the `TransactWriteItems` request the adapter sends through the SDK holds one
+//!   item per operation, in order (a check of a key the batch writes folded into that write's
+//!   condition), each with its record key and value as given; an invalid batch sends nothing.
+//! - SQLite: see `sqlite_batches`.
+
+#![no_main]
+
+use std::collections::HashSet;
+use std::sync::LazyLock;
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+use palisade_core::{FencedStore, GrantFence, MAX_RECORD_VALUE_LEN, ResourceKey, WriteBatch, WriteOp};
+use palisade_dynamodb::DynamoStore;
+use palisade_fuzz::dynamo::FakeDynamo;
+use palisade_fuzz::{OpSpec, batch, checks, grant_fence, paused_runtime};
+use serde_json::Value;
+
+/// One batch: unfenced (`None`), or under [`grant_fence`]'s fence and grant.
+#[derive(Arbitrary, Debug)]
+struct Step {
+    ops: Vec<OpSpec>,
+    fenced: Option<(u8, u8)>,
+}
+
+struct World {
+    /// The clock paused: the adapter's backoff passes at once.
+    rt: tokio::runtime::Runtime,
+    dynamo: FakeDynamo,
+    dynamo_store: DynamoStore,
+}
+
+static WORLD: LazyLock<World> = LazyLock::new(|| {
+    let rt = paused_runtime();
+    let dynamo = FakeDynamo::default();
+    let dynamo_store = rt.block_on(dynamo.store());
+    World { rt, dynamo, dynamo_store }
+});
+
+/// PostgreSQL: kinds 1 put, 2 create, 3 delete, 4 check for a value, 5 check for absence.
+fn postgres(batch: &WriteBatch) {
+    let (kinds, keys, values) = palisade_postgres::fuzzing::encode_ops(batch.ops());
+    assert!(kinds.len() == batch.len() && keys.len() == batch.len() && values.len() == batch.len());
+    for (i, op) in batch.ops().iter().enumerate() {
+        let (key, value) = (keys[i].to_string(), values[i].to_vec());
+        let decoded = match kinds[i] {
+            1 => WriteOp::Put { key, value },
+            2 => WriteOp::Create { key, value },
+            3 if value.is_empty() => WriteOp::Delete { key },
+            4 => WriteOp::Check { key, expected: Some(value) },
+            5 if value.is_empty() => WriteOp::Check { key, expected: None },
+            kind => panic!("op {i} encoded as kind {kind} with {} value bytes", value.len()),
+        };
+        assert_eq!(&decoded, op, "op {i}");
+    }
+}
+
+fn text<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
+    path.iter().try_fold(v, |v, p| v.get(p))?.as_str()
+}
+
+/// DynamoDB: the request as the SDK put it on the wire.
+fn dynamodb(world: &World, batch: &WriteBatch, fence: Option<GrantFence>) {
+    world.dynamo.answer(200, b"{}".to_vec());
+    let resource = ResourceKey::new("fuzz", "r").unwrap_or_else(|e| panic!("{e}"));
+    let applied = world.rt.block_on(async {
+        match fence {
+            Some(f) => world.dynamo_store.apply(&resource, f, batch).await,
+            None => world.dynamo_store.apply_unfenced(batch).await,
+        }
+    });
+    let requests = world.dynamo.requests();
+    if batch.validate().is_err() {
+        assert!(applied.is_err() && requests.is_empty(), "an invalid batch was sent: {requests:?}");
+        return;
+    }
+    assert!(applied.is_ok(), "{applied:?}");
+    let written: HashSet<&str> =
+        batch.ops().iter().filter(|op| !matches!(op, WriteOp::Check { .. })).map(WriteOp::key).collect();
+    let checked: HashSet<&str> =
+        batch.ops().iter().filter(|op| matches!(op, WriteOp::Check { .. })).map(WriteOp::key).collect();
+    let expected: Vec<&WriteOp> =
+        batch.ops().iter().filter(|op| !(matches!(op, WriteOp::Check { .. }) && written.contains(op.key()))).collect();
+    if expected.is_empty() && fence.is_none() {
+        assert!(requests.is_empty(), "an empty unfenced batch was sent");
+        return;
+    }
+    let [(operation, body)] = requests.as_slice() else { panic!("{} requests for one batch", requests.len()) };
+    assert_eq!(operation, "TransactWriteItems");
+    let body: Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("request body: {e}"));
+    let items = body.get("TransactItems").and_then(Value::as_array).cloned().unwrap_or_default();
+    let records: Vec<&Value> = items
+        .iter()
+        .filter(|item| {
+            ["Put", "Delete", "ConditionCheck", "Update"].iter().any(|kind| {
+                text(item, &[kind, "Item", "pk", "S"])
+                    .or_else(|| text(item, &[kind, "Key", "pk", "S"]))
+                    .is_some_and(|pk| pk.starts_with("rec#"))
+            })
+        })
+        .collect();
+    assert_eq!(records.len(), expected.len(), "{body}");
+    assert_eq!(items.len() - records.len(), usize::from(fence.is_some()), "the fence item: {body}");
+    for (item, op) in records.iter().zip(&expected) {
+        let pk = format!("rec#{}", op.key());
+        let condition = |kind: &str| text(item, &[kind, "ConditionExpression"]);
+        match op {
+            WriteOp::Put { value, .. } | WriteOp::Create { value, .. } => {
+                assert_eq!(text(item, &["Put", "Item", "pk", "S"]), Some(pk.as_str()), "{item}");
+                let stored = text(item, &["Put", "Item", "value", "B"]).unwrap_or_default();
+                assert_eq!(stored, aws_smithy_types::base64::encode(value), "{item}");
+                if matches!(op, WriteOp::Create { .. }) {
+                    assert!(condition("Put").is_some_and(|c| c.contains("attribute_not_exists")), "{item}");
+                }
+                if checked.contains(op.key()) {
+                    assert!(condition("Put").is_some(), "a checked put without its condition: {item}");
+                }
+            }
+            WriteOp::Delete { .. } => {
+                assert_eq!(text(item, &["Delete", "Key", "pk", "S"]), Some(pk.as_str()), "{item}");
+                if checked.contains(op.key()) {
+                    assert!(condition("Delete").is_some(), "a checked delete without its condition: {item}");
+                }
+            }
+            WriteOp::Check { .. } => {
+                assert_eq!(text(item, &["ConditionCheck", "Key", "pk", "S"]), Some(pk.as_str()), "{item}");
+                assert!(condition("ConditionCheck").is_some(), "{item}");
+            }
+        }
+    }
+}
+
+fuzz_target!(|steps: Vec<Step>| {
+    let world = &*WORLD;
+    for step in steps.iter().take(4) {
+        let batch = batch(&step.ops);
+        if let Err(why) = checks::batch_validation(&batch, MAX_RECORD_VALUE_LEN) {
+            panic!("{why}");
+        }
+        postgres(&batch);
+        dynamodb(world, &batch, grant_fence(step.fenced));
+    }
+});

@@ -1,0 +1,89 @@
+//! DynamoDB's replies as the adapter decodes them: the input is an HTTP status and body for the
+//! `TransactWriteItems` of a write batch, decoded by the SDK and then by the adapter (error
+//! codes, cancellation reasons, the old fence item). A write is reported done only on a 2xx;
+//! `StaleFence` or `DuplicateFence` only for a fenced write, and naming the fence presented; `Conflict` only for a
+//! batch with a condition; an outcome left unknown is never called retryable; retries are
+//! bounded. Never a panic.
+//!
+//! Input: byte 0 picks the status, byte 1 the batch and whether it is fenced, the rest is the
+//! body (the seed corpus holds DynamoDB's own error bodies).
+
+#![no_main]
+
+use std::sync::LazyLock;
+
+use libfuzzer_sys::fuzz_target;
+use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey, WriteBatch, WriteOp};
+use palisade_dynamodb::DynamoStore;
+use palisade_fuzz::dynamo::FakeDynamo;
+use palisade_fuzz::paused_runtime;
+
+const STATUSES: &[u16] = &[400, 200, 500, 503, 400, 413, 404, 204];
+
+fn batches() -> Vec<WriteBatch> {
+    vec![
+        WriteBatch::new().put("k0", b"v".to_vec()),
+        WriteBatch::new().create("k0", b"v".to_vec()),
+        WriteBatch::new().check("k0", None).put("k0", b"v".to_vec()),
+        WriteBatch::new().delete("k0").put("k1", b"w".to_vec()),
+        WriteBatch::new().check("k0", Some(b"v".to_vec())).create("k1", b"w".to_vec()),
+        WriteBatch::new(),
+        WriteBatch::new().put("k0", b"v".to_vec()).check("k1", None).delete("k2"),
+        WriteBatch::new().create("k0", b"v".to_vec()).create("k1", b"w".to_vec()),
+    ]
+}
+
+struct World {
+    rt: tokio::runtime::Runtime,
+    dynamo: FakeDynamo,
+    store: DynamoStore,
+    batches: Vec<WriteBatch>,
+}
+
+static WORLD: LazyLock<World> = LazyLock::new(|| {
+    let rt = paused_runtime();
+    let dynamo = FakeDynamo::default();
+    let store = rt.block_on(dynamo.store());
+    World { rt, dynamo, store, batches: batches() }
+});
+
+fuzz_target!(|data: &[u8]| {
+    let [status, shape, body @ ..] = data else { return };
+    let world = &*WORLD;
+    let status = STATUSES[usize::from(*status) % STATUSES.len()];
+    let fenced = shape & 1 == 1;
+    let batch = &world.batches[usize::from(shape >> 1) % world.batches.len()];
+    let fence = GrantFence::new(Fence::new(7), GrantId::from_bytes([7; 16]));
+    let resource = ResourceKey::new("fuzz", "r").unwrap_or_else(|e| panic!("{e}"));
+
+    world.dynamo.answer(status, body.to_vec());
+    let applied = world.rt.block_on(async {
+        if fenced { world.store.apply(&resource, fence, batch).await } else { world.store.apply_unfenced(batch).await }
+    });
+    let sent = world.dynamo.requests().iter().filter(|(op, _)| op == "TransactWriteItems").count();
+    assert!(sent <= 10, "{sent} attempts for one write");
+    let conditional = batch.ops().iter().any(|op| matches!(op, WriteOp::Check { .. } | WriteOp::Create { .. }));
+    match applied {
+        Ok(()) => assert!((200..300).contains(&status) || sent == 0, "done on status {status}"),
+        Err(e) => {
+            assert_eq!(e.backend(), "dynamodb");
+            match e.kind() {
+                ErrorKind::StaleFence { .. } => {
+                    assert!(fenced && status >= 300, "StaleFence for {status}, fenced: {fenced}: {e}");
+                    if let Some((presented, _)) = e.stale_fence_details() {
+                        assert_eq!(presented, fence.fence(), "{e}");
+                    }
+                }
+                // The watermark item names this fence from another grant (rule 2).
+                ErrorKind::DuplicateFence { fence: f } => {
+                    assert!(fenced && status >= 300 && f == fence.fence(), "DuplicateFence for {status}: {e}")
+                }
+                ErrorKind::Conflict => assert!(conditional && status >= 300, "Conflict for {status}: {e}"),
+                ErrorKind::OutcomeUnknown => assert!(!e.is_retryable(), "{e}"),
+                ErrorKind::Unavailable | ErrorKind::Backend | ErrorKind::InvalidArgument | ErrorKind::InvalidConfig => {
+                }
+                other => panic!("a write failed as {other:?}: {e}"),
+            }
+        }
+    }
+});
