@@ -10,14 +10,12 @@
 #![no_main]
 
 use std::collections::HashSet;
-use std::sync::LazyLock;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use palisade_core::{FencedStore, GrantFence, MAX_RECORD_VALUE_LEN, ResourceKey, WriteBatch, WriteOp};
-use palisade_dynamodb::DynamoStore;
-use palisade_fuzz::dynamo::FakeDynamo;
-use palisade_fuzz::{OpSpec, batch, checks, grant_fence, paused_runtime};
+use palisade_core::{GrantFence, MAX_RECORD_VALUE_LEN, WriteBatch, WriteOp};
+use palisade_fuzz::dynamo::Harness;
+use palisade_fuzz::{OpSpec, batch, checks, grant_fence};
 use serde_json::Value;
 
 /// One batch: unfenced (`None`), or under [`grant_fence`]'s fence and grant.
@@ -26,20 +24,6 @@ struct Step {
     ops: Vec<OpSpec>,
     fenced: Option<(u8, u8)>,
 }
-
-struct World {
-    /// The clock paused: the adapter's backoff passes at once.
-    rt: tokio::runtime::Runtime,
-    dynamo: FakeDynamo,
-    dynamo_store: DynamoStore,
-}
-
-static WORLD: LazyLock<World> = LazyLock::new(|| {
-    let rt = paused_runtime();
-    let dynamo = FakeDynamo::default();
-    let dynamo_store = rt.block_on(dynamo.store());
-    World { rt, dynamo, dynamo_store }
-});
 
 /// PostgreSQL: kinds 1 put, 2 create, 3 delete, 4 check for a value, 5 check for absence.
 fn postgres(batch: &WriteBatch) {
@@ -64,16 +48,10 @@ fn text<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
 }
 
 /// DynamoDB: the request as the SDK put it on the wire.
-fn dynamodb(world: &World, batch: &WriteBatch, fence: Option<GrantFence>) {
-    world.dynamo.answer(200, b"{}".to_vec());
-    let resource = ResourceKey::new("fuzz", "r").unwrap_or_else(|e| panic!("{e}"));
-    let applied = world.rt.block_on(async {
-        match fence {
-            Some(f) => world.dynamo_store.apply(&resource, f, batch).await,
-            None => world.dynamo_store.apply_unfenced(batch).await,
-        }
-    });
-    let requests = world.dynamo.requests();
+fn dynamodb(batch: &WriteBatch, fence: Option<GrantFence>) {
+    let harness = Harness::get();
+    let applied = harness.apply(200, b"{}".to_vec(), batch, fence);
+    let requests = harness.endpoint.requests();
     if batch.validate().is_err() {
         assert!(applied.is_err() && requests.is_empty(), "an invalid batch was sent: {requests:?}");
         return;
@@ -135,13 +113,12 @@ fn dynamodb(world: &World, batch: &WriteBatch, fence: Option<GrantFence>) {
 }
 
 fuzz_target!(|steps: Vec<Step>| {
-    let world = &*WORLD;
     for step in steps.iter().take(4) {
         let batch = batch(&step.ops);
         if let Err(why) = checks::batch_validation(&batch, MAX_RECORD_VALUE_LEN) {
             panic!("{why}");
         }
         postgres(&batch);
-        dynamodb(world, &batch, grant_fence(step.fenced));
+        dynamodb(&batch, grant_fence(step.fenced));
     }
 });

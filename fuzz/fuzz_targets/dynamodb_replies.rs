@@ -13,10 +13,8 @@
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey, WriteBatch, WriteOp};
-use palisade_dynamodb::DynamoStore;
-use palisade_fuzz::dynamo::FakeDynamo;
-use palisade_fuzz::paused_runtime;
+use palisade_core::{ErrorKind, Fence, GrantFence, GrantId, WriteBatch, WriteOp};
+use palisade_fuzz::dynamo::Harness;
 
 const STATUSES: &[u16] = &[400, 200, 500, 503, 400, 413, 404, 204];
 
@@ -33,34 +31,18 @@ fn batches() -> Vec<WriteBatch> {
     ]
 }
 
-struct World {
-    rt: tokio::runtime::Runtime,
-    dynamo: FakeDynamo,
-    store: DynamoStore,
-    batches: Vec<WriteBatch>,
-}
-
-static WORLD: LazyLock<World> = LazyLock::new(|| {
-    let rt = paused_runtime();
-    let dynamo = FakeDynamo::default();
-    let store = rt.block_on(dynamo.store());
-    World { rt, dynamo, store, batches: batches() }
-});
+static BATCHES: LazyLock<Vec<WriteBatch>> = LazyLock::new(batches);
 
 fuzz_target!(|data: &[u8]| {
     let [status, shape, body @ ..] = data else { return };
-    let world = &*WORLD;
+    let harness = Harness::get();
     let status = STATUSES[usize::from(*status) % STATUSES.len()];
     let fenced = shape & 1 == 1;
-    let batch = &world.batches[usize::from(shape >> 1) % world.batches.len()];
+    let batch = &BATCHES[usize::from(shape >> 1) % BATCHES.len()];
     let fence = GrantFence::new(Fence::new(7), GrantId::from_bytes([7; 16]));
-    let resource = ResourceKey::new("fuzz", "r").unwrap_or_else(|e| panic!("{e}"));
 
-    world.dynamo.answer(status, body.to_vec());
-    let applied = world.rt.block_on(async {
-        if fenced { world.store.apply(&resource, fence, batch).await } else { world.store.apply_unfenced(batch).await }
-    });
-    let sent = world.dynamo.requests().iter().filter(|(op, _)| op == "TransactWriteItems").count();
+    let applied = harness.apply(status, body.to_vec(), batch, fenced.then_some(fence));
+    let sent = harness.endpoint.requests().iter().filter(|(op, _)| op == "TransactWriteItems").count();
     assert!(sent <= 10, "{sent} attempts for one write");
     let conditional = batch.ops().iter().any(|op| matches!(op, WriteOp::Check { .. } | WriteOp::Create { .. }));
     match applied {

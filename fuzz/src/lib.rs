@@ -5,7 +5,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use arbitrary::Arbitrary;
 use palisade_core::{Fence, GrantFence, GrantId, WriteBatch};
@@ -160,6 +160,51 @@ pub mod dynamo {
     impl HttpClient for FakeDynamo {
         fn http_connector(&self, _: &HttpConnectorSettings, _: &RuntimeComponents) -> SharedHttpConnector {
             SharedHttpConnector::new(self.clone())
+        }
+    }
+
+    /// A store over one [`FakeDynamo`], the paused runtime that drives it (the adapter's
+    /// backoff passes at once) and the resource its fenced writes are for: one per run.
+    pub struct Harness {
+        rt: tokio::runtime::Runtime,
+        /// The endpoint.
+        pub endpoint: FakeDynamo,
+        store: DynamoStore,
+        /// `fuzz:r`.
+        pub resource: palisade_core::ResourceKey,
+    }
+
+    static HARNESS: LazyLock<Harness> = LazyLock::new(|| {
+        let rt = paused_runtime();
+        let endpoint = FakeDynamo::default();
+        let store = rt.block_on(endpoint.store());
+        let resource = palisade_core::ResourceKey::new("fuzz", "r").unwrap_or_else(|e| panic!("{e}"));
+        Harness { rt, endpoint, store, resource }
+    });
+
+    impl Harness {
+        /// The run's harness.
+        pub fn get() -> &'static Harness {
+            &HARNESS
+        }
+
+        /// Applies `batch` (under `fence`, or unfenced) with the endpoint answering `status`
+        /// and `body`; [`FakeDynamo::requests`] then holds what the adapter sent.
+        pub fn apply(
+            &self,
+            status: u16,
+            body: Vec<u8>,
+            batch: &WriteBatch,
+            fence: Option<GrantFence>,
+        ) -> palisade_core::Result<()> {
+            use palisade_core::FencedStore;
+            self.endpoint.answer(status, body);
+            self.rt.block_on(async {
+                match fence {
+                    Some(f) => self.store.apply(&self.resource, f, batch).await,
+                    None => self.store.apply_unfenced(batch).await,
+                }
+            })
         }
     }
 }

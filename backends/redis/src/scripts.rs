@@ -96,8 +96,8 @@ pub enum AcquireReply {
 }
 
 impl AcquireReply {
-    /// Decodes an [`ACQUIRE`] reply: `{1, fence}` with a fence from 1 to 2⁶⁴−1, or
-    /// `{0, pttl}` with an integer pttl, each a decimal string (or an integer). Anything else
+    /// Decodes an [`ACQUIRE`] reply: an array of an integer flag and a bulk string, `{1, fence}`
+    /// with a decimal fence from 1 to 2⁶⁴−1, or `{0, pttl}` with a decimal pttl. Anything else
     /// (another shape, a flag other than 0 or 1, a fence that is not a positive integer) is a
     /// [`ErrorKind::Backend`] error naming `fence_key`: never a grant, never "held".
     pub fn decode(reply: &Value, fence_key: &str) -> Result<Self> {
