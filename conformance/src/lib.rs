@@ -52,6 +52,8 @@
 //! | – | [`dropped_client_lets_go`](lock::dropped_client_lets_go) | lock | a client dropped while holding lets the lock go within TTL + margin: nothing keeps renewing it |
 //! | – | [`fast_client_clock_takes_nothing_early`](lock::fast_client_clock_takes_nothing_early) | lock | a client whose clock runs ten TTLs ahead cannot take a held lock |
 //! | – | [`dead_waiter_is_never_granted`](lock::dead_waiter_is_never_granted) | lock | a waiter cut off past its session neither blocks the lock nor comes back holding it |
+//! | – | [`repair_keeps_the_holder`](lock::repair_keeps_the_holder) | lock | a repair (`advance_fence`) while the lock is held leaves the holder holding, extending and releasing it |
+//! | – | [`waits_are_bounded`](lock::waits_are_bounded) | lock | on a held lock a zero wait answers within a few round trips, a 300 ms wait soon after 300 ms |
 //! | – | [`fences_survive_restart_or_are_repaired`](lock::fences_survive_restart_or_are_repaired) | restart | fences grow across a restart with data when declared; after a data loss `lock_checked` moves the counter on or refuses |
 //! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted from the same grant, refused from another; higher raises the watermark; lower refused; data untouched |
 //! | 9 | [`concurrent_interleaved_fences`](store::concurrent_interleaved_fences) | store | concurrent scrambled fences: exactly the writes ≥ the watermark land |
@@ -111,6 +113,7 @@ mod factory;
 mod fn_factory;
 pub mod frozen;
 pub mod harness;
+pub mod liveness;
 pub mod lock;
 pub mod memory;
 pub mod netns;
@@ -220,7 +223,9 @@ macro_rules! __lock_scenarios {
             quorum_faults_never_grant_a_minority,
             dropped_client_lets_go,
             fast_client_clock_takes_nothing_early,
-            dead_waiter_is_never_granted
+            dead_waiter_is_never_granted,
+            repair_keeps_the_holder,
+            waits_are_bounded
         );
     };
 }

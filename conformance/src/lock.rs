@@ -13,6 +13,9 @@ use tokio::time::Instant;
 use crate::harness::{Ctx, Failure, Outcome};
 use crate::{FaultyClient, FencingOf, LockServiceFactory, Namespace, attempt, ensure};
 
+// The liveness scenarios, in the registry with the rest (`$crate::lock::$name`).
+pub use crate::liveness::{repair_keeps_the_holder, waits_are_bounded};
+
 type Service<F> = <F as LockServiceFactory>::Service;
 
 pub(crate) async fn client<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Result<Arc<Service<F>>, Failure> {

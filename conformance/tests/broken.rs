@@ -69,6 +69,12 @@ enum LockFlaw {
     /// A zero-wait `acquire` that finds the lock held answers `Timeout` but leaves its ticket in
     /// the queue (a queue node created and not deleted when giving up at once).
     ZeroWaitStaysQueued,
+    /// A repair (`advance_fence`) while the lock is held moves the holder's own fence, so the
+    /// holder can no longer extend or release it (the SQL services' repair once did this).
+    RepairStrandsTheHolder,
+    /// A non-zero wait lasts until the lock is granted, whatever its bound (a statement that
+    /// waits on a row lock inside the server).
+    WaitIgnoresItsBound,
 }
 
 #[derive(Default)]
@@ -78,6 +84,8 @@ struct Slot {
     /// Tickets of the waiters in `acquire`, in arrival order.
     waiters: Vec<u64>,
     next_ticket: u64,
+    /// The holder's own fence was moved by a repair (`RepairStrandsTheHolder`).
+    stranded: bool,
 }
 
 type Slots = Arc<Mutex<HashMap<ResourceKey, Slot>>>;
@@ -125,6 +133,7 @@ impl LockService for BrokenLock {
                 .ok_or_else(|| palisade_core::spi::timeout_error("broken", key, wait));
         }
         palisade_core::spi::validate_wait(wait)?;
+        let wait = if self.flaw == LockFlaw::WaitIgnoresItsBound && !wait.is_zero() { Duration::MAX / 4 } else { wait };
         let give_up = Instant::now() + wait;
         let ticket = {
             let mut slots = self.slots.lock().unwrap();
@@ -171,6 +180,9 @@ impl LockService for BrokenLock {
             slot.holder = Some((grant.token(), now + ttl.get()));
             return Ok(ttl);
         }
+        if slots.get(grant.key()).is_some_and(|s| s.stranded) {
+            return Err(Error::new(ErrorKind::NotHolder, "broken", "the row's fence is not the grant's"));
+        }
         match slots.get_mut(grant.key()).and_then(|s| s.holder.as_mut()) {
             Some((token, expires))
                 if *token == grant.token() && (*expires > now || self.flaw == LockFlaw::ExtendResurrects) =>
@@ -188,6 +200,7 @@ impl LockService for BrokenLock {
         let mut slots = self.slots.lock().unwrap();
         let slot = slots.entry(key.clone()).or_default();
         slot.last_fence = slot.last_fence.max(floor.get());
+        slot.stranded = self.flaw == LockFlaw::RepairStrandsTheHolder && slot.holder.is_some();
         Ok(())
     }
 
@@ -197,7 +210,7 @@ impl LockService for BrokenLock {
         let Some(slot) = slots.get_mut(grant.key()) else {
             return Err(Error::new(ErrorKind::NotHolder, "broken", "not held"));
         };
-        let ours = slot.holder.is_some_and(|(t, e)| t == grant.token() && e > now);
+        let ours = slot.holder.is_some_and(|(t, e)| t == grant.token() && e > now) && !slot.stranded;
         if ours || (self.flaw == LockFlaw::ReleaseIgnoresToken && slot.holder.is_some()) {
             slot.holder = None;
             if self.flaw == LockFlaw::CounterDeletedWithLock {
@@ -268,6 +281,7 @@ impl BrokenLock {
         let expires =
             if self.flaw == LockFlaw::NeverExpires { now + Duration::from_secs(3600) } else { now + ttl.get() };
         slot.holder = Some((token, expires));
+        slot.stranded = false;
         if self.flaw == LockFlaw::RenewsForever {
             let (slots, key) = (Arc::clone(&self.slots), key.clone());
             tokio::spawn(async move {
@@ -591,8 +605,10 @@ async fn no_exclusion_fails_mutual_exclusion() {
             ("cut_connections_keep_the_grant_or_report_it", "another client got its lock"),
             ("partitioned_holder_loses_before_anyone_gains", "two holders"),
             ("keys_are_independent", "not re-entrant"),
+            ("repair_keeps_the_holder", "another client got the lock its holder still holds"),
         ],
         &[
+            "waits_are_bounded",
             "expiry_and_takeover",
             "wait_and_handoff",
             "cancelled_acquires_leave_no_residue",
@@ -1039,8 +1055,30 @@ async fn a_counter_deleted_with_the_lock_fails_fence_monotonicity() {
             ("fence_monotonicity", "not strictly increasing"),
             ("keys_are_independent", "not increasing"),
             ("lost_replies_leave_one_live_grant", "not increasing"),
+            ("repair_keeps_the_holder", "is not above the repair's floor"),
         ],
         &[],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_repair_that_moves_the_holders_fence_fails_the_repair_scenario() {
+    lock_flaw_fails(
+        LockFlaw::RepairStrandsTheHolder,
+        &[("repair_keeps_the_holder", "the repair stranded the holder: its extend after advance_fence gave")],
+        &[],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_wait_that_ignores_its_bound_fails_the_bounded_wait_scenario() {
+    lock_flaw_fails(
+        LockFlaw::WaitIgnoresItsBound,
+        &[("waits_are_bounded", "it ignored its wait")],
+        // wait_and_handoff checks a wait that runs out as well.
+        &["wait_and_handoff", "cancelled_acquires_leave_no_residue", "with_lock_releases_on_every_path", "bad_input"],
     )
     .await;
 }

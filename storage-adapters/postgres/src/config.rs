@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use palisade_core::{Error, ErrorKind, Result};
 
-use crate::store::BACKEND;
+use crate::db::{BACKEND, quote_ident};
 
 /// Where and how to connect.
 #[derive(Clone)]
@@ -25,8 +25,10 @@ pub struct PostgresConfig {
     pub locks_table: String,
     /// Every fenced write also requires the writer's lock to be live in this database's
     /// [`PostgresLockService`] (its `locks_table`): the row must show the writer's grant and fence,
-    /// unexpired by the server's clock, and stays locked (`FOR SHARE`) until the write commits,
-    /// so no other holder can be granted the lock before then. A write that fails it is
+    /// unexpired by the server's clock, and stays locked (`FOR KEY SHARE`) until the write
+    /// commits, so no other holder can be granted the lock before then. The lock service never
+    /// waits for that row lock: while it is held the lock reads as held (a zero-wait try
+    /// answers at once), and the holder itself can still extend and release. A write that fails it is
     /// [`ErrorKind::NotHolder`], nothing written. Only for locks taken from this database's lock
     /// service: a lease from Redis, etcd or ZooKeeper has no row here and every write is
     /// refused. Applies to the record API, [`begin_fenced`](crate::PostgresStore::begin_fenced)
@@ -86,12 +88,7 @@ impl PostgresConfig {
     /// and expiry so its fence counter never goes back; `waiting` tells a release whether to
     /// wake anyone.
     pub fn locks_schema_sql(&self) -> Result<String> {
-        let l = quote_ident(&self.locks_table)?;
-        Ok(format!(
-            "CREATE TABLE IF NOT EXISTS {l} (resource TEXT PRIMARY KEY, grant_id BYTEA, \
-             expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL, waiting BOOLEAN NOT NULL DEFAULT false);\n\
-             ALTER TABLE {l} ADD COLUMN IF NOT EXISTS waiting BOOLEAN NOT NULL DEFAULT false;"
-        ))
+        crate::lock_table::schema_sql(&self.locks_table)
     }
 
     /// The DDL that creates the store's tables (idempotent), for your own migration tool;
@@ -104,8 +101,9 @@ impl PostgresConfig {
         Ok(locks
             + &format!(
                 "CREATE TABLE IF NOT EXISTS {f} (resource TEXT PRIMARY KEY, fence BIGINT NOT NULL, grant_id BYTEA);\n\
-             ALTER TABLE {f} ADD COLUMN IF NOT EXISTS grant_id BYTEA;\n\
+             {}\n\
              CREATE TABLE IF NOT EXISTS {r} (key TEXT PRIMARY KEY, value BYTEA NOT NULL, fence BIGINT);\n{}",
+                crate::db::add_column_sql(&f, "grant_id", "BYTEA"),
                 apply_function_sql(&apply, &f, &r)
             ))
     }
@@ -220,11 +218,6 @@ impl fmt::Debug for PostgresConfig {
             .field("migrate", &self.migrate)
             .finish()
     }
-}
-
-/// Checks an identifier and returns it double-quoted.
-pub(crate) fn quote_ident(name: &str) -> Result<String> {
-    palisade_core::spi::quote_sql_identifier(BACKEND, name)
 }
 
 #[cfg(test)]

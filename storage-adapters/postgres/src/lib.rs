@@ -59,14 +59,17 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod db;
 mod lock;
+mod lock_table;
 mod store;
 mod transaction;
 
 pub use config::PostgresConfig;
+pub use db::map_err;
 pub use lock::PostgresLockService;
 pub use palisade_core::FencedRow;
-pub use store::{PostgresStore, RowKey, RowWatermark, map_err};
+pub use store::{PostgresStore, RowKey, RowWatermark};
 pub use transaction::PgFencedTransaction;
 
 /// The pure parts that the fuzz targets (`fuzz/`) check: reachable only in a `cargo fuzz` build.

@@ -18,72 +18,19 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::config::{PostgresConfig, quote_ident};
-use crate::store::{BACKEND, PostgresStore, map_err};
+use crate::config::PostgresConfig;
+use crate::db::{BACKEND, map_err, reply_lost};
+use crate::lock_table::LockStatements;
+use crate::store::PostgresStore;
 
 /// The longest a waiter sleeps without a notification before it tries again: the bound on a
-/// handoff when a notification is lost (the listener's connection dropped and came back).
+/// handoff when a notification is lost (the listener's connection dropped and came back), and
+/// on how late a waiter notices that the last holder's fenced transaction has ended.
 const MAX_STEP: Duration = Duration::from_millis(250);
 
-#[derive(Debug)]
-struct LockStatements {
-    schema: String,
-    /// The channel releases are announced on (the table's name), payload the resource.
-    channel: String,
-    // Shared, not copied, into every query (the hot path).
-    acquire: Arc<str>,
-    extend: Arc<str>,
-    release: Arc<str>,
-    advance: Arc<str>,
-}
-
-impl LockStatements {
-    fn new(config: &PostgresConfig) -> Result<Self> {
-        let l = quote_ident(&config.locks_table)?;
-        let ms = "$3::float8 * interval '1 millisecond'";
-        Ok(LockStatements {
-            schema: config.locks_schema_sql()?,
-            channel: config.locks_table.clone(),
-            // Takes a free or expired lock and issues the next fence; otherwise no fence, and
-            // the holder's time left (a hint for the waiter). A lock the statement's snapshot
-            // shows held is answered from the read alone: woken waiters that lose the race do
-            // not queue on the row's lock ahead of the holder's release. A waiter (`$4`) that
-            // finds it held marks the row `waiting`, once, so that its release sends a `NOTIFY`;
-            // a grant clears the mark (the waiters still waiting set it again on their next
-            // attempt, which the release that made the grant possible woke them for).
-            acquire: format!(
-                "WITH held AS (SELECT expires_at, waiting FROM {l} \
-                 WHERE resource = $1 AND grant_id IS NOT NULL AND expires_at > clock_timestamp()), \
-                 taken AS (INSERT INTO {l} AS l (resource, grant_id, expires_at, fence) \
-                 SELECT $1, $2, clock_timestamp() + {ms}, 1 WHERE NOT EXISTS (SELECT 1 FROM held) \
-                 ON CONFLICT (resource) DO UPDATE SET grant_id = EXCLUDED.grant_id, \
-                 expires_at = clock_timestamp() + {ms}, fence = l.fence + 1, waiting = false \
-                 WHERE l.grant_id IS NULL OR l.expires_at <= clock_timestamp() RETURNING l.fence), \
-                 marked AS (UPDATE {l} SET waiting = true WHERE resource = $1 AND $4 AND NOT waiting \
-                 AND EXISTS (SELECT 1 FROM held WHERE NOT held.waiting)) \
-                 SELECT (SELECT fence FROM taken), \
-                 (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::BIGINT FROM held)"
-            ).into(),
-            extend: format!(
-                "UPDATE {l} SET expires_at = clock_timestamp() + {ms} \
-                 WHERE resource = $1 AND grant_id = $2 AND fence = $4 AND expires_at > clock_timestamp() RETURNING 1"
-            ).into(),
-            // The notification, only when a waiter marked the row, is delivered when the
-            // statement commits: waiters wake to a free row. (PostgreSQL serialises notifying
-            // commits, so an uncontended release sends none.) One row back: released.
-            release: format!(
-                "WITH released AS (UPDATE {l} SET grant_id = NULL, expires_at = clock_timestamp() \
-                 WHERE resource = $1 AND grant_id = $2 AND fence = $4 AND expires_at > clock_timestamp() \
-                 RETURNING resource, waiting) \
-                 SELECT CASE WHEN waiting THEN pg_notify($3, resource) END FROM released"
-            ).into(),
-            advance: format!(
-                "INSERT INTO {l} AS l (resource, grant_id, expires_at, fence) VALUES ($1, NULL, clock_timestamp(), $2) \
-                 ON CONFLICT (resource) DO UPDATE SET fence = greatest(l.fence, EXCLUDED.fence)"
-            ).into(),
-        })
-    }
-}
+/// How often a request whose reply was lost (the connection broke after it was sent) is sent
+/// again, with the same grant id, before the caller is told the outcome is unknown.
+const RESENDS: usize = 2;
 
 /// A fenced lock service in a PostgreSQL database: for teams whose only server is PostgreSQL.
 ///
@@ -97,6 +44,18 @@ impl LockStatements {
 /// - **Fences from a per-resource counter** in the lock's row (`palisade_locks`, one row per
 ///   resource ever locked, kept after release and expiry): it never goes back, has no gaps,
 ///   and is as durable as the database.
+/// - **Answers within its wait**: no statement ever waits on a row lock. A lock whose row a
+///   fenced transaction of the last holder still locks (a store with `require_live_lock`)
+///   reads as held until that transaction ends, however long ago the lock expired — and that
+///   transaction ends at most one TTL after its client went silent (see
+///   [`PostgresStore::begin_fenced`]). The holder can extend and release during it.
+/// - **Lost replies**: acquire is idempotent per grant, so a request whose reply was lost is
+///   sent again (twice at most) and answers with the grant it made; if no send gets a reply,
+///   the grant it may have made is released in the background and the caller gets a retryable
+///   `Unavailable`. Extend and release are resent the same way (a resent release that finds
+///   the grant gone reports success, as [`LockService::release`] says).
+/// - **Repairs**: [`advance_fence`](LockService::advance_fence) moves the counter's floor, not
+///   the holder's fence: the holder keeps, extends and releases its lock as before.
 /// - **Waiting**: a waiter that finds the lock held marks its row, and the release of a marked
 ///   row sends `NOTIFY` on the table's channel with the resource (an uncontended release sends
 ///   none: PostgreSQL serialises notifying commits); waiters listen (one connection per
@@ -164,16 +123,19 @@ impl PostgresLockService {
         PostgresLockService::new(&PostgresStore::connect(url).await?).await
     }
 
-    /// The lock service on `store`'s database and pool, with the store's `locks_table`
-    /// (default), creating the table if missing.
+    /// The lock service on `store`'s database and pool, with the store's lock table (its
+    /// config's `locks_table`: the table its `require_live_lock` check reads), creating the
+    /// table if missing.
     pub async fn new(store: &PostgresStore) -> Result<Self> {
-        PostgresLockService::with_config(store.pool().clone(), &PostgresConfig::new(String::new())).await
+        let config =
+            PostgresConfig { locks_table: store.locks_table().to_string(), ..PostgresConfig::new(String::new()) };
+        PostgresLockService::with_config(store.pool().clone(), &config).await
     }
 
     /// The lock service on a pool your application already has, with `config`'s `locks_table`
     /// and `migrate` setting (its URL and pool settings are not used).
     pub async fn with_config(pool: PgPool, config: &PostgresConfig) -> Result<Self> {
-        let statements = LockStatements::new(config)?;
+        let statements = LockStatements::new(&config.locks_table)?;
         if config.migrate {
             let mut tx = pool.begin().await.map_err(map_err)?;
             // The store's migration lock: concurrent CREATE TABLE IF NOT EXISTS collide.
@@ -191,8 +153,15 @@ impl PostgresLockService {
         })
     }
 
-    /// One acquire statement: the fence if granted, else the holder's time left.
+    /// One acquire attempt: the fence if granted, else the holder's time left.
     /// `waiting`: the caller will wait for a release (it listens), so a held lock is marked.
+    ///
+    /// The statement is idempotent per grant (`token`), so a request whose reply was lost is
+    /// sent again with the same token and answers with the grant the first one made, if it
+    /// made one. When no send gets a reply, the grant (if any) is released in the background
+    /// and the caller gets a retryable [`ErrorKind::Unavailable`] with no grant: nothing is
+    /// left holding the lock that nobody can release (at worst, if the clean-up fails too,
+    /// until the TTL).
     async fn attempt(
         &self,
         key: &ResourceKey,
@@ -200,16 +169,38 @@ impl PostgresLockService {
         token: OwnerToken,
         waiting: bool,
     ) -> Result<AttemptOutcome<Grant<Fenced>>> {
+        // The first send's time: a resend's reply may carry the expiry the first one set.
         let requested_at = Instant::now();
-        let (fence, left): (Option<i64>, Option<i64>) =
-            sqlx::query_as(AssertSqlSafe(Arc::clone(&self.inner.statements.acquire)))
+        let grant_id = GrantId::of(&token);
+        let mut sends = 0;
+        let (fence, left, locked): (Option<i64>, Option<i64>, bool) = loop {
+            let sent = sqlx::query_as(AssertSqlSafe(Arc::clone(&self.inner.statements.acquire)))
                 .bind(key.to_string())
-                .bind(&GrantId::of(&token).as_bytes()[..])
+                .bind(&grant_id.as_bytes()[..])
                 .bind(millis(ttl.get()))
                 .bind(waiting)
                 .fetch_one(&self.inner.pool)
-                .await
-                .map_err(map_err)?;
+                .await;
+            match sent {
+                Ok(row) => break row,
+                Err(e) if reply_lost(&e) && sends < RESENDS => {
+                    sends += 1;
+                    debug!(key = %key, error = %e, "acquire reply lost; sending it again with the same grant");
+                }
+                Err(e) if reply_lost(&e) => {
+                    self.release_orphan(key, grant_id);
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        BACKEND,
+                        format!(
+                            "no reply to the acquire of {key}: not granted (a grant it may have made is being released)"
+                        ),
+                    )
+                    .with_source(e));
+                }
+                Err(e) => return Err(map_err(e)),
+            }
+        };
         match fence {
             Some(fence) => {
                 let fence = u64::try_from(fence).map_err(|_| {
@@ -217,11 +208,33 @@ impl PostgresLockService {
                 })?;
                 Ok(AttemptOutcome::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
             }
+            // Free, but a transaction keeps the row locked: the last holder's live-lock write
+            // has not ended. Held until it does; its end sends no notification, so look again.
+            None if locked => Ok(AttemptOutcome::Held { remaining: MAX_STEP }),
             // No row in the statement's snapshot: a grant committed meanwhile; look again soon.
             None => Ok(AttemptOutcome::Held {
                 remaining: Duration::from_millis(left.and_then(|l| u64::try_from(l).ok()).unwrap_or(0)),
             }),
         }
+    }
+
+    /// Releases whatever `grant_id` holds on `key`, in the background: the clean-up of an
+    /// acquire none of whose sends got a reply. Best effort: if it fails too, the grant it may
+    /// have made expires with its TTL.
+    fn release_orphan(&self, key: &ResourceKey, grant_id: GrantId) {
+        let inner = Arc::clone(&self.inner);
+        let resource = key.to_string();
+        tokio::spawn(async move {
+            let released = sqlx::query(AssertSqlSafe(Arc::clone(&inner.statements.release_grant)))
+                .bind(&resource)
+                .bind(&grant_id.as_bytes()[..])
+                .bind(&inner.statements.channel)
+                .fetch_all(&inner.pool)
+                .await;
+            if let Err(e) = released {
+                debug!(resource, error = %e, "could not release the grant of an unconfirmed acquire; it expires with its TTL");
+            }
+        });
     }
 
     /// The notifier of `key`'s waiters, and the listener started if it is not running.
@@ -245,19 +258,30 @@ impl PostgresLockService {
         notify
     }
 
-    /// Runs a statement on `grant`'s row; the number of rows it changed (or returned).
-    async fn on_grant(&self, statement: &Arc<str>, grant: &Grant<Fenced>, third: Option<i64>) -> Result<u64> {
+    /// Runs a statement on `grant`'s row; the number of rows it changed (or returned), and
+    /// whether it was sent again after a lost reply. Extend and release are idempotent on the
+    /// row (an expiry set again, a grant cleared again), so a lost reply is resent.
+    async fn on_grant(&self, statement: &Arc<str>, grant: &Grant<Fenced>, third: Option<i64>) -> Result<(u64, bool)> {
         let grant_id = grant.grant_id();
-        let mut query = sqlx::query(AssertSqlSafe(Arc::clone(statement)))
-            .bind(grant.key().to_string())
-            .bind(&grant_id.as_bytes()[..]);
-        query = match third {
-            Some(ms) => query.bind(ms),
-            None => query.bind(&self.inner.statements.channel),
-        };
-        let rows =
-            query.bind(storable_fence(BACKEND, grant.fence())?).fetch_all(&self.inner.pool).await.map_err(map_err)?;
-        Ok(rows.len() as u64)
+        let fence = storable_fence(BACKEND, grant.fence())?;
+        let mut sends = 0;
+        loop {
+            let mut query = sqlx::query(AssertSqlSafe(Arc::clone(statement)))
+                .bind(grant.key().to_string())
+                .bind(&grant_id.as_bytes()[..]);
+            query = match third {
+                Some(ms) => query.bind(ms),
+                None => query.bind(&self.inner.statements.channel),
+            };
+            match query.bind(fence).fetch_all(&self.inner.pool).await {
+                Ok(rows) => return Ok((rows.len() as u64, sends > 0)),
+                Err(e) if reply_lost(&e) && sends < RESENDS => {
+                    sends += 1;
+                    debug!(key = %grant.key(), error = %e, "reply lost; sending the request again");
+                }
+                Err(e) => return Err(map_err(e)),
+            }
+        }
     }
 
     fn not_holder(grant: &Grant<Fenced>) -> Error {
@@ -370,14 +394,17 @@ impl LockService for PostgresLockService {
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         match self.on_grant(&self.inner.statements.extend, grant, Some(millis(ttl.get()))).await? {
-            1 => Ok(ttl),
+            (1, _) => Ok(ttl),
             _ => Err(Self::not_holder(grant)),
         }
     }
 
     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
         match self.on_grant(&self.inner.statements.release, grant, None).await? {
-            1 => Ok(()),
+            (1, _) => Ok(()),
+            // Resent after a lost reply and the grant is gone: the first send released it
+            // (`LockService::release`).
+            (_, true) => Ok(()),
             _ => Err(Self::not_holder(grant)),
         }
     }

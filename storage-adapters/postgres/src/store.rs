@@ -1,6 +1,7 @@
 //! The PostgreSQL fenced store.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use std::fmt;
@@ -15,47 +16,19 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
 use tracing::debug;
 
-use crate::config::{PostgresConfig, quote_ident};
+use crate::config::PostgresConfig;
+use crate::db::{BACKEND, map_commit_err, map_err, quote_ident};
+use crate::lock_table::live_check_sql;
 use crate::transaction::PgFencedTransaction;
-
-pub(crate) const BACKEND: &str = "postgres";
-
-/// Maps a sqlx error: pool and connection trouble is [`ErrorKind::Unavailable`] (retryable),
-/// serialization failures and deadlocks too; everything else [`ErrorKind::Backend`].
-pub fn map_err(e: sqlx::Error) -> Error {
-    let kind = match &e {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
-            ErrorKind::Unavailable
-        }
-        // 40001 serialization_failure, 40P01 deadlock_detected, 57P01 admin_shutdown.
-        sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01" | "57P01")) => {
-            ErrorKind::Unavailable
-        }
-        _ => ErrorKind::Backend,
-    };
-    Error::new(kind, BACKEND, "PostgreSQL operation failed").with_source(e)
-}
-
-/// A failed COMMIT whose reply never arrived may have committed: say so instead of guessing.
-pub(crate) fn map_commit_err(e: sqlx::Error) -> Error {
-    if matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) {
-        return Error::new(
-            ErrorKind::OutcomeUnknown,
-            BACKEND,
-            "COMMIT was sent but not acknowledged; re-read before retrying",
-        )
-        .with_source(e)
-        .with_retryable(false);
-    }
-    map_err(e)
-}
 
 #[derive(Debug)]
 struct Statements {
     schema: String,
+    /// The lock table a live-lock check reads, and the lock service on this store uses.
+    locks_table: String,
     apply: String,
     /// `apply` under the live-lock check (`require_live_lock`): called only if the writer's
-    /// lock row is live, after locking it `FOR SHARE`.
+    /// lock row is live, after locking it `FOR KEY SHARE`.
     apply_held: Option<String>,
     read_watermark: String,
     read: String,
@@ -63,28 +36,25 @@ struct Statements {
     list: String,
 }
 
+/// Bounds an open fenced transaction (`$7`, milliseconds as text; NULL: a statement in a
+/// transaction of its own, nothing to bound): if its client goes silent for that long (frozen,
+/// cut off), PostgreSQL ends its session, and with it the row locks it holds.
+const IDLE_BOUND: &str = ", (SELECT set_config('idle_in_transaction_session_timeout', $7, true) WHERE $7 IS NOT NULL)";
+
 impl Statements {
     fn new(config: &PostgresConfig) -> Result<Self> {
         let f = quote_ident(&config.fences_table)?;
         let r = quote_ident(&config.records_table)?;
         let apply = format!("{}($1, $2, $3, $4, $5, $6)", config.apply_function()?);
         let apply_held = match config.require_live_lock {
-            // MATERIALIZED: the lock row is locked before the function runs, never after.
             // Refused: the lock row's fence and grant, to say why (a newer grant: StaleFence).
-            true => {
-                let l = quote_ident(&config.locks_table)?;
-                Some(format!(
-                    "WITH held AS MATERIALIZED (SELECT 1 FROM {l} WHERE resource = $1 AND grant_id = $3 AND fence = $2 \
-                     AND expires_at > clock_timestamp() FOR SHARE), applied AS MATERIALIZED (SELECT {apply} FROM held) \
-                     SELECT (SELECT count(*) FROM applied), l.fence, l.grant_id \
-                     FROM (SELECT 1) AS one LEFT JOIN {l} AS l ON l.resource = $1"
-                ))
-            }
+            true => Some(live_check_sql(&config.locks_table, &apply, IDLE_BOUND)?),
             false => None,
         };
         Ok(Statements {
             schema: config.schema_sql()?,
-            apply: format!("SELECT {apply}"),
+            locks_table: config.locks_table.clone(),
+            apply: format!("SELECT {apply}{IDLE_BOUND}"),
             apply_held,
             read_watermark: format!("SELECT fence, grant_id FROM {f} WHERE resource = $1"),
             read: format!("SELECT value, fence FROM {r} WHERE key = $1"),
@@ -221,20 +191,45 @@ impl PostgresStore {
     /// - Nothing is written unless you call [`PgFencedTransaction::commit`].
     /// - Only a fenced lease can be passed: a lease of an efficiency lock (Redlock) has no fence.
     ///
+    /// - **Bounded**: if the transaction then sits idle (no statement running) for the lease's
+    ///   TTL, PostgreSQL ends its session (`idle_in_transaction_session_timeout`, set for this
+    ///   transaction only) and nothing of it commits. A holder frozen or cut off inside it
+    ///   therefore keeps the rows it locked (the watermark's, and under `require_live_lock` the
+    ///   lock's) at most one TTL after its last statement. Keep statements flowing, or keep the
+    ///   transaction shorter than the TTL.
+    /// - While it is open the holder may [`extend`](palisade_core::Lease::extend) (and renew)
+    ///   and even release its lease on another connection: the live-lock check's row lock does
+    ///   not block them.
+    ///
     /// Already in a transaction of your own? Use [`check_fence_in`](Self::check_fence_in).
     pub async fn begin_fenced<S>(&self, lease: &Lease<S>) -> Result<PgFencedTransaction>
     where
         S: LockService<Fencing = Fenced> + ?Sized,
     {
-        self.begin_with_fence(lease.key(), lease.grant_fence()).await
+        self.begin(lease.key(), lease.grant_fence(), lease.ttl().get()).await
     }
 
     /// [`begin_fenced`](Self::begin_fenced) for a fence without its lease (handed over from
-    /// another process, for example): the same checks, under `fence` for `resource`.
+    /// another process, for example): the same checks, under `fence` for `resource`. Without
+    /// the lease its TTL is unknown, so the idle bound is 30 s.
     pub async fn begin_with_fence(&self, resource: &ResourceKey, fence: GrantFence) -> Result<PgFencedTransaction> {
+        self.begin(resource, fence, DEFAULT_IDLE_BOUND).await
+    }
+
+    async fn begin(
+        &self,
+        resource: &ResourceKey,
+        fence: GrantFence,
+        idle_bound: Duration,
+    ) -> Result<PgFencedTransaction> {
         let mut tx = self.pool.begin().await.map_err(map_err)?;
-        raise_watermark(&mut tx, &self.statements, resource, fence).await?;
+        raise_watermark(&mut tx, &self.statements, resource, fence, idle_bound).await?;
         Ok(PgFencedTransaction::new(tx, resource.clone(), fence.fence()))
+    }
+
+    /// The lock table this store's live-lock check reads (its config's `locks_table`).
+    pub(crate) fn locks_table(&self) -> &str {
+        &self.statements.locks_table
     }
 
     /// Runs the fence check inside a transaction you already opened (a `sqlx::Transaction`
@@ -246,8 +241,11 @@ impl PostgresStore {
     ///   locked until your transaction ends, so no other fence can be accepted for the resource
     ///   before you commit or roll back. Your commit makes your writes and the raise durable
     ///   together; your rollback undoes both.
-    /// - Refused: [`ErrorKind::StaleFence`] or [`ErrorKind::DuplicateFence`], and PostgreSQL has
-    ///   aborted your transaction (the check raises an error): roll it back. Nothing was written.
+    /// - Refused: [`ErrorKind::StaleFence`], [`ErrorKind::DuplicateFence`], or (with
+    ///   `require_live_lock`) [`ErrorKind::NotHolder`], and your transaction is aborted, always:
+    ///   every later statement fails and its commit writes nothing. Roll it back.
+    /// - Bounded as [`begin_fenced`](Self::begin_fenced)'s: idle for the lease's TTL, the
+    ///   transaction's session is ended by the server.
     /// - Run it before your writes (the earlier the row is locked, the less work a stale holder
     ///   wastes); it is correct anywhere before the commit.
     /// - Outside a transaction block `conn` runs it as a transaction of its own: the watermark
@@ -269,7 +267,7 @@ impl PostgresStore {
     where
         S: LockService<Fencing = Fenced> + ?Sized,
     {
-        raise_watermark(conn, &self.statements, lease.key(), lease.grant_fence()).await
+        raise_watermark(conn, &self.statements, lease.key(), lease.grant_fence(), lease.ttl().get()).await
     }
 
     /// The seed's single-statement form, on a row of your own table that carries its own fence
@@ -347,18 +345,20 @@ impl PostgresStore {
     /// watermark, checks, writes, or raises and undoes it all.
     async fn apply_batch(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
         batch.validate()?;
-        call_apply(&self.pool, &self.statements, fence, batch.ops(), true).await
+        call_apply(&self.pool, &self.statements, fence, batch.ops(), None).await
     }
 }
 
 /// Calls the batch function with `ops` (none: only the watermark rule) on `exec`: on the pool
-/// (`own_transaction`) the call is a transaction of its own, in a transaction one statement of it.
+/// (`idle_bound` None) the call is a transaction of its own; in an open transaction
+/// (`idle_bound` Some) one statement of it, which also bounds how long the transaction may
+/// then sit idle (see `IDLE_BOUND`).
 async fn call_apply<'c, E>(
     exec: E,
     s: &Statements,
     fence: Option<(&ResourceKey, GrantFence)>,
     ops: &[WriteOp],
-    own_transaction: bool,
+    idle_bound: Option<Duration>,
 ) -> Result<()>
 where
     E: sqlx::Executor<'c, Database = Postgres>,
@@ -376,6 +376,7 @@ where
         .bind(&kinds)
         .bind(&keys)
         .bind(&values)
+        .bind(idle_bound.map(|d| d.as_millis().clamp(1, i64::MAX as u128).to_string()))
         .fetch_one(exec)
         .await;
     let e = match called {
@@ -411,7 +412,7 @@ where
             None => Err(map_err(e)),
         },
         // Its own transaction: a reply lost on the way may have committed.
-        _ if own_transaction => Err(map_commit_err(e)),
+        _ if idle_bound.is_none() => Err(map_commit_err(e)),
         _ => Err(map_err(e)),
     }
 }
@@ -500,22 +501,38 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
 }
 
 /// Checks and raises the watermark as the first statement of `conn`'s transaction (the
-/// watermark row stays locked until it ends).
+/// watermark row, and under `require_live_lock` the lock row, stay locked until it ends), and
+/// bounds how long the transaction may then sit idle to `idle_bound`.
+///
+/// A refusal always aborts the transaction: a raised refusal aborts it by itself, and a
+/// live-lock refusal (answered as a row, so that it can say why) is followed by a statement
+/// that raises, so that no caller can go on to commit writes that no fence check covers.
 async fn raise_watermark(
     conn: &mut PgConnection,
     s: &Statements,
     resource: &ResourceKey,
     fence: GrantFence,
+    idle_bound: Duration,
 ) -> Result<()> {
-    let checked = call_apply(conn, s, Some((resource, fence)), &[], false).await;
+    let checked = call_apply(&mut *conn, s, Some((resource, fence)), &[], Some(idle_bound)).await;
     // These native paths bypass `FencedStoreExt`, so they count their own rejections.
     if let Err(e) = &checked
         && matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. } | ErrorKind::NotHolder)
     {
         palisade_core::metrics::record_fence_rejected(BACKEND);
+        // Its own error is the point: the transaction is aborted (or already was).
+        let _ = sqlx::raw_sql(sql(ABORT)).execute(&mut *conn).await;
     }
     checked
 }
+
+/// A statement that fails on purpose, to abort the transaction it runs in.
+const ABORT: &str =
+    "DO $$BEGIN RAISE EXCEPTION 'fence check refused: this transaction is aborted' USING ERRCODE = 'PF003'; END$$";
+
+/// How long a fenced transaction may sit idle when its lease's TTL is not known (a fence
+/// handed over without its lease): the default TTL of the examples and the README.
+pub(crate) const DEFAULT_IDLE_BOUND: Duration = Duration::from_secs(30);
 
 fn fence_from(v: Option<i64>) -> Option<Fence> {
     v.and_then(|v| u64::try_from(v).ok()).map(Fence::new)

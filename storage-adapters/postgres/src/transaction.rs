@@ -3,7 +3,7 @@
 use palisade_core::{Error, ErrorKind, Fence, ResourceKey, Result};
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use crate::store::{BACKEND, map_commit_err, map_err};
+use crate::db::{BACKEND, map_commit_err, map_err};
 
 /// An open PostgreSQL transaction whose first statement accepted the fence (and holds the
 /// resource's watermark row locked until it ends).

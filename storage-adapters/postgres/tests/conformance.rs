@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_conformance::memory::MemoryLockFactory;
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade_conformance::{
+    FaultyClient, FencedStoreFactory, LockServiceFactory, Timing, lock_factory, proxy, require_env, store_factory,
+};
 use palisade_postgres::{PostgresConfig, PostgresLockService, PostgresStore};
 
 fn config() -> PostgresConfig {
@@ -46,6 +48,12 @@ fn postgres_locks() -> impl LockServiceFactory<Service = PostgresLockService> {
             .await
             .map_err(palisade_postgres::map_err)?;
         Ok(())
+    })
+    // A client whose connections (its pool's and its listener's) pass through a fault proxy.
+    .with_faulty_client(|| async {
+        let (url, proxies) = proxy::proxy_url(&require_env("PALISADE_POSTGRES_URL")).await?;
+        let store = PostgresStore::open(PostgresConfig { max_connections: 4, ..PostgresConfig::new(url) }).await?;
+        Ok(FaultyClient::new(Arc::new(PostgresLockService::new(&store).await?), proxies))
     })
 }
 

@@ -489,8 +489,9 @@ async fn a_live_lock_transaction_commits_before_the_lock_is_granted_again() {
         let ttl = Duration::from_millis(300);
         let lease = locks.lock(&key, LockOptions::ttl(ttl)).await.unwrap();
         let mut tx = store.begin_fenced(&lease).await.unwrap();
-        sqlx::query("SELECT 1").execute(tx.conn()).await.unwrap();
-        tokio::time::sleep(ttl * 2).await; // expired while the transaction is open
+        // Expired while the transaction is open and busy (not silent: a transaction silent
+        // for a TTL is ended by the server, see a_frozen_holders_transaction_ends_…).
+        sqlx::query("SELECT pg_sleep(0.6)").execute(tx.conn()).await.unwrap();
         let contender = {
             let (locks, key) = (std::sync::Arc::clone(&locks), key.clone());
             tokio::spawn(async move {
@@ -500,14 +501,18 @@ async fn a_live_lock_transaction_commits_before_the_lock_is_granted_again() {
                 granted
             })
         };
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        sqlx::query("SELECT pg_sleep(2)").execute(tx.conn()).await.unwrap();
         let committing = Instant::now();
         tx.commit().await.unwrap();
         let granted = contender.await.unwrap();
         if require {
             assert!(granted > committing, "granted {:?} before the holder's commit", committing - granted);
         } else {
-            assert!(granted < committing, "without the option the contender waits for nothing");
+            assert!(
+                granted < committing,
+                "without the option the contender waits for nothing: granted {:?} after the commit",
+                granted - committing
+            );
         }
     }
 }
@@ -541,4 +546,168 @@ async fn a_live_lock_check_refuses_expired_and_foreign_leases() {
     let mut tx = plain.pool().begin().await.unwrap();
     plain.check_fence_in(&mut tx, &lease).await.unwrap();
     tx.rollback().await.unwrap();
+}
+
+/// A fenced transaction under `require_live_lock` keeps its lock's row locked until it ends.
+/// Every lock operation still answers within its wait meanwhile: a contender's zero-wait try
+/// at once ("held"), a 300 ms wait as `Timeout` soon after 300 ms, and the holder's own extend
+/// and release on other connections of its pool (they used to wait on the row inside one
+/// statement, with no bound, and the holder's own renewal deadlocked with its transaction).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_operations_answer_within_their_wait_while_a_fenced_transaction_is_open() {
+    use palisade_core::LockServiceExt;
+    use std::time::{Duration, Instant};
+    let (store, locks) = one_database(true).await;
+    let (_, contender) = one_database(true).await;
+    let key = ResourceKey::new("live", unique("bounded")).unwrap();
+    let ttl = Duration::from_secs(3);
+    let bound = Duration::from_secs(1);
+    let never = Duration::from_secs(10);
+    let lease = locks.lock(&key, LockOptions::ttl(ttl)).await.unwrap();
+    let mut tx = store.begin_fenced(&lease).await.unwrap();
+    sqlx::query("SELECT 1").execute(tx.conn()).await.unwrap();
+
+    let started = Instant::now();
+    let tried = tokio::time::timeout(never, contender.try_lock(&key, ttl)).await;
+    let took = started.elapsed();
+    let tried = tried.unwrap_or_else(|_| panic!("a zero-wait try_lock did not answer in {never:?}"));
+    assert!(tried.unwrap().is_none(), "granted while the holder holds the lock");
+    assert!(took < bound, "a zero-wait try_lock took {took:?}");
+
+    let wait = Duration::from_millis(300);
+    let started = Instant::now();
+    let waited = tokio::time::timeout(never, contender.lock(&key, LockOptions::ttl(ttl).wait(wait))).await;
+    let took = started.elapsed();
+    let err = waited.unwrap_or_else(|_| panic!("a {wait:?} wait did not answer in {never:?}")).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(took < wait + bound, "a {wait:?} wait took {took:?}");
+
+    let renewed = tokio::time::timeout(never, lease.extend(ttl)).await;
+    renewed
+        .unwrap_or_else(|_| panic!("the holder's extend during its own transaction did not answer in {never:?}"))
+        .unwrap();
+    sqlx::query("SELECT 1").execute(tx.conn()).await.unwrap();
+    tx.commit().await.unwrap();
+    tokio::time::timeout(never, lease.release()).await.expect("release did not answer").unwrap();
+    let next = contender.try_lock(&key, ttl).await.unwrap().expect("free after the release");
+    next.release().await.unwrap();
+}
+
+/// A holder frozen (or cut off) inside its fenced transaction cannot keep the lock's row
+/// locked for long: the transaction's idle bound is the lease's TTL, so PostgreSQL ends its
+/// session at most one TTL after its last statement. A contender waiting meanwhile is granted
+/// within TTL (expiry) + TTL (idle bound) + the polling step and a margin, and only once the
+/// frozen transaction is over (its commit then fails: nothing it wrote lands).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_holders_transaction_ends_within_its_ttl_of_silence() {
+    use palisade_core::LockServiceExt;
+    use std::time::{Duration, Instant};
+    let (store, locks) = one_database(true).await;
+    let (_, contender) = one_database(true).await;
+    let key = ResourceKey::new("live", unique("frozen")).unwrap();
+    let ttl = Duration::from_secs(1);
+    let lease = locks.lock(&key, LockOptions::ttl(ttl)).await.unwrap();
+    let mut tx = store.begin_fenced(&lease).await.unwrap();
+    sqlx::query("SELECT 1").execute(tx.conn()).await.unwrap();
+    let frozen_at = Instant::now();
+    // The holder is frozen from here on: its transaction stays open, silent.
+    let granted = tokio::time::timeout(
+        Duration::from_secs(20),
+        contender.lock(&key, LockOptions::ttl(ttl).wait(Duration::from_secs(15))),
+    )
+    .await
+    .expect("the contender was never granted while the frozen holder's transaction stayed open")
+    .unwrap();
+    let waited = frozen_at.elapsed();
+    assert!(waited < ttl * 2 + Duration::from_millis(1500), "granted {waited:?} after the holder froze");
+    assert!(waited >= ttl, "granted {waited:?} after the holder froze: before its TTL");
+    let late = tx.commit().await;
+    assert!(late.is_err(), "the frozen holder's transaction still committed after the lock was granted again");
+    granted.release().await.unwrap();
+}
+
+/// A refused check in the caller's own transaction aborts it, always: a caller that logs the
+/// error and carries on cannot commit writes that no fence check covered (the live-lock
+/// refusal used to answer as a row, leaving the transaction usable).
+#[tokio::test]
+async fn a_refused_check_aborts_the_callers_transaction() {
+    use palisade_core::LockServiceExt;
+    use std::time::Duration;
+    let (store, locks) = one_database(true).await;
+    let table = unique("aborted");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY)")))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let key = ResourceKey::new("live", table.clone()).unwrap();
+    let lease = locks.lock(&key, LockOptions::ttl(Duration::from_millis(100))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await; // expired: not live any more
+    for refused_by in ["live-lock check", "stale fence"] {
+        if refused_by == "stale fence" {
+            let newer = locks.lock(&key, LockOptions::ttl(Duration::from_secs(5))).await.unwrap();
+            let tx = store.begin_fenced(&newer).await.unwrap();
+            tx.commit().await.unwrap();
+            newer.release().await.unwrap();
+        }
+        let mut tx = store.pool().begin().await.unwrap();
+        let err = store.check_fence_in(&mut tx, &lease).await.unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::NotHolder | ErrorKind::StaleFence { .. }), "{err}");
+        // The caller ignores the refusal and goes on.
+        let insert =
+            sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {table} VALUES (1)"))).execute(&mut *tx).await;
+        let _ = tx.commit().await;
+        let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(rows, 0, "after a {refused_by} refusal the caller's insert ({insert:?}) committed");
+    }
+}
+
+/// `PostgresLockService::new(&store)` uses the store's lock table: with a lock table of its
+/// own and `require_live_lock`, the store's writes under the service's leases are accepted.
+#[tokio::test]
+async fn the_lock_service_of_a_store_uses_its_lock_table() {
+    use palisade_core::{FencedStoreExt, LockServiceExt, WriteBatch};
+    use std::time::Duration;
+    let config = PostgresConfig {
+        require_live_lock: true,
+        locks_table: unique("locks"),
+        ..PostgresConfig::from_url(&require_env("PALISADE_POSTGRES_URL")).unwrap()
+    };
+    let store = PostgresStore::open(config).await.unwrap();
+    let locks = std::sync::Arc::new(palisade_postgres::PostgresLockService::new(&store).await.unwrap());
+    let key = ResourceKey::new("live", unique("own-table")).unwrap();
+    let lease = locks.lock(&key, LockOptions::ttl(Duration::from_secs(5))).await.unwrap();
+    store.write(&lease, &WriteBatch::new().put(format!("{}/r", unique("rec")), b"1".to_vec())).await.unwrap();
+    lease.release().await.unwrap();
+}
+
+/// A client that connects (and migrates) while a fenced transaction is open stalls nobody:
+/// its migration used `ALTER TABLE … ADD COLUMN IF NOT EXISTS`, which queues for the table's
+/// exclusive lock behind the open transaction even when the column exists, and every later
+/// statement on the lock table then queued behind it: one process starting during a long (or
+/// frozen) fenced transaction stopped every lock of the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_during_a_fenced_transaction_stalls_no_lock() {
+    use palisade_core::LockServiceExt;
+    use std::time::{Duration, Instant};
+    let (store, locks) = one_database(true).await;
+    let key = ResourceKey::new("live", unique("migrating")).unwrap();
+    let ttl = Duration::from_secs(5);
+    let lease = locks.lock(&key, LockOptions::ttl(ttl)).await.unwrap();
+    let mut tx = store.begin_fenced(&lease).await.unwrap();
+    sqlx::query("SELECT 1").execute(tx.conn()).await.unwrap();
+    let never = Duration::from_secs(4);
+    let (opened, others) = tokio::time::timeout(never, one_database(true))
+        .await
+        .expect("a new client could not connect while a fenced transaction was open");
+    let other = ResourceKey::new("live", unique("elsewhere")).unwrap();
+    let started = Instant::now();
+    let tried = tokio::time::timeout(never, others.try_lock(&other, ttl)).await.expect("a lock elsewhere stalled");
+    assert!(started.elapsed() < Duration::from_secs(1), "a lock elsewhere took {:?}", started.elapsed());
+    tried.unwrap().expect("a free key").release().await.unwrap();
+    tx.commit().await.unwrap();
+    lease.release().await.unwrap();
+    drop(opened);
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use palisade_core::{Error, ErrorKind, Result};
 
-use crate::store::BACKEND;
+use crate::db::BACKEND;
 
 /// How hard SQLite syncs commits to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

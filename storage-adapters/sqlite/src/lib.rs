@@ -59,7 +59,9 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod db;
 mod lock;
+mod lock_table;
 mod store;
 mod transaction;
 

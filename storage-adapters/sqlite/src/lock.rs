@@ -1,6 +1,6 @@
 //! The SQLite lock service: locks and their fence counters in the same file as the data.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::spi::{Backoff, poll_acquire, storable_fence};
@@ -11,40 +11,15 @@ use palisade_core::{
 use sqlx::Row;
 use tokio::time::Instant;
 
-use crate::store::{SqliteStore, map_err};
+use crate::db::map_err;
+use crate::lock_table::{ACQUIRE, ADVANCE, EXTEND, RELEASE, migrate, now_ms};
+use crate::store::SqliteStore;
 
-const BACKEND: &str = "sqlite";
+use crate::db::BACKEND;
 
-/// One row per resource ever locked; the row (and with it the fence counter) stays after
-/// release and expiry, so fences never go back. `owner` is the holder's grant id (what a
-/// store sees of a grant), so a store in the same file can check that a writer's lock is live.
-pub(crate) const CREATE_LOCKS: &str = "CREATE TABLE IF NOT EXISTS palisade_locks (\
-     resource TEXT PRIMARY KEY NOT NULL, owner BLOB, expires_at_ms INTEGER NOT NULL, fence INTEGER NOT NULL\
-     ) WITHOUT ROWID";
-
-/// The store's live-lock check (`require_live_lock`): the row shows this grant, unexpired.
-pub(crate) const LIVE: &str =
-    "SELECT 1 FROM palisade_locks WHERE resource = ?1 AND owner = ?2 AND fence = ?3 AND expires_at_ms > ?4";
-
-/// The lock's current fence and grant, to explain a refused write.
-pub(crate) const LOCK_ROW: &str = "SELECT fence, owner FROM palisade_locks WHERE resource = ?1";
-
-/// Takes a free or expired lock and issues the next fence, in one statement: no row comes back
-/// when somebody else holds it.
-const ACQUIRE: &str = "INSERT INTO palisade_locks (resource, owner, expires_at_ms, fence) VALUES (?1, ?2, ?3 + ?4, 1) \
-     ON CONFLICT (resource) DO UPDATE SET owner = excluded.owner, expires_at_ms = excluded.expires_at_ms, \
-     fence = palisade_locks.fence + 1 \
-     WHERE palisade_locks.owner IS NULL OR palisade_locks.expires_at_ms <= ?3 \
-     RETURNING fence";
-
-const EXTEND: &str = "UPDATE palisade_locks SET expires_at_ms = ?3 + ?4 \
-     WHERE resource = ?1 AND owner = ?2 AND fence = ?5 AND expires_at_ms > ?3";
-
-const RELEASE: &str = "UPDATE palisade_locks SET owner = NULL, expires_at_ms = 0 \
-     WHERE resource = ?1 AND owner = ?2 AND fence = ?5 AND expires_at_ms > ?3";
-
-const ADVANCE: &str = "INSERT INTO palisade_locks (resource, owner, expires_at_ms, fence) VALUES (?1, NULL, 0, ?2) \
-     ON CONFLICT (resource) DO UPDATE SET fence = max(palisade_locks.fence, excluded.fence)";
+/// How long one acquire attempt waits for this process's other writers: a few ordinary
+/// statements' worth, not the busy timeout.
+const ONE_ATTEMPT: Duration = Duration::from_millis(100);
 
 /// A fenced lock service in a SQLite database file: the embedded default's locks.
 ///
@@ -60,6 +35,19 @@ const ADVANCE: &str = "INSERT INTO palisade_locks (resource, owner, expires_at_m
 /// check still refuses a stale holder's write. Waiting polls with backoff (2 ms doubling to
 /// 250 ms). A file shared over a network file system is not supported (SQLite's own locking is
 /// unreliable there).
+///
+/// **One writer at a time.** SQLite lets one transaction write the file at a time, and every
+/// acquire, extend and release writes. So while a fenced transaction ([`SqliteStore::begin_fenced`],
+/// [`SqliteStore::begin`]) is open, nobody can take, renew or release any lock of the file — its
+/// own holder included: keep fenced transactions well inside the TTL (renew before, not during).
+/// Each operation stays bounded meanwhile: one acquire attempt waits at most 100 ms for this
+/// process's other writers and then reads as "held" (a zero wait answers at once; a longer wait
+/// tries again until it runs out); extend and release wait at most the busy timeout (5 s by
+/// default) and then fail as `Unavailable` (retryable). Another process is held back by
+/// SQLite's busy timeout the same way.
+///
+/// **Repairs** ([`advance_fence`](LockService::advance_fence)) move the counter's floor, never
+/// the holder's fence: the holder keeps, extends and releases its lock as before.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -100,7 +88,9 @@ impl SqliteLockService {
     pub async fn new(store: &SqliteStore) -> Result<Self> {
         let service = SqliteLockService { store: store.clone() };
         let _writer = service.store.writer().await?;
-        sqlx::query(CREATE_LOCKS).execute(service.store.pool()).await.map_err(map_err)?;
+        let mut tx = service.store.pool().begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
+        migrate(&mut tx).await?;
+        tx.commit().await.map_err(map_err)?;
         Ok(service)
     }
 
@@ -122,12 +112,6 @@ impl SqliteLockService {
     fn not_holder(grant: &Grant<Fenced>) -> Error {
         Error::new(ErrorKind::NotHolder, BACKEND, format!("lock {} is not held by this owner token", grant.key()))
     }
-}
-
-/// Milliseconds since the Unix epoch by the wall clock, the one clock every process on the
-/// machine shares.
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn millis(d: Duration) -> i64 {
@@ -156,7 +140,10 @@ impl LockService for SqliteLockService {
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
         let token = OwnerToken::generate()?;
         let requested_at = Instant::now();
-        let _writer = self.store.writer().await?;
+        // One attempt answers at once: a writer of this process that keeps the file longer
+        // (an open fenced transaction, whose holder most likely holds this very lock) reads as
+        // "held", and the caller's own wait decides whether to try again.
+        let Some(_writer) = self.store.writer_within(ONE_ATTEMPT).await else { return Ok(None) };
         let row = sqlx::query(ACQUIRE)
             .bind(key.to_string())
             .bind(GrantId::of(&token).as_bytes().as_slice())

@@ -18,25 +18,9 @@ use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteConnection, SqlitePool};
 use tracing::debug;
 
 use crate::config::{SqliteConfig, Synchronous, quote_ident, shown_path};
+use crate::db::BACKEND;
+pub use crate::db::map_err;
 use crate::transaction::{FencedTransaction, WriteTransaction};
-
-pub(crate) const BACKEND: &str = "sqlite";
-
-/// Maps a sqlx error to a Palisade error: busy/locked databases and pool timeouts are
-/// [`ErrorKind::Unavailable`] (retryable), everything else [`ErrorKind::Backend`].
-pub fn map_err(e: sqlx::Error) -> Error {
-    let kind = match &e {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => ErrorKind::Unavailable,
-        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
-        sqlx::Error::Database(db)
-            if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6)) =>
-        {
-            ErrorKind::Unavailable
-        }
-        _ => ErrorKind::Backend,
-    };
-    Error::new(kind, BACKEND, "SQLite operation failed").with_source(e)
-}
 
 /// The SQL for a configured pair of tables, built once.
 #[derive(Debug)]
@@ -52,7 +36,7 @@ pub(crate) struct Statements {
     pub(crate) read_watermark: String,
     /// With `require_live_lock`: the lock table's DDL, and the check that the writer's lock is
     /// live (`?1` resource, `?2` grant id, `?3` fence, `?4` now in ms).
-    live_lock: Option<(&'static str, &'static str)>,
+    live_lock: Option<&'static str>,
     put: String,
     create: String,
     delete: String,
@@ -83,7 +67,7 @@ impl Statements {
                    AND ({f}.grant_id IS NULL OR {f}.grant_id = excluded.grant_id))"
             ),
             read_watermark: format!("SELECT fence, grant_id FROM {f} WHERE resource = ?1"),
-            live_lock: require_live_lock.then_some((crate::lock::CREATE_LOCKS, crate::lock::LIVE)),
+            live_lock: require_live_lock.then_some(crate::lock_table::LIVE),
             put: format!(
                 "INSERT INTO {r} (key, value, fence) VALUES (?1, ?2, ?3) \
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value, fence = excluded.fence"
@@ -224,8 +208,8 @@ impl SqliteStore {
             sqlx::query(sql(&self.statements.add_grant_column)).execute(&mut *tx).await.map_err(map_err)?;
         }
         sqlx::query(sql(&self.statements.create_records)).execute(&mut *tx).await.map_err(map_err)?;
-        if let Some((create_locks, _)) = self.statements.live_lock {
-            sqlx::query(create_locks).execute(&mut *tx).await.map_err(map_err)?;
+        if self.statements.live_lock.is_some() {
+            crate::lock_table::migrate(&mut tx).await?;
         }
         tx.commit().await.map_err(map_err)
     }
@@ -245,6 +229,12 @@ impl SqliteStore {
         };
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// This process's turn to write if it comes within `bound`; `None` if another writer of
+    /// the process (an open transaction) keeps it longer.
+    pub(crate) async fn writer_within(&self, bound: Duration) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        tokio::time::timeout(bound, Arc::clone(&self.writers).lock_owned()).await.ok()
     }
 
     /// Waits for this process's turn to write, as long as the busy timeout allows (a
@@ -469,14 +459,14 @@ pub(crate) async fn raise_watermark(
     fence: GrantFence,
 ) -> Result<()> {
     let fence_i64 = storable_fence(BACKEND, fence.fence())?;
-    if let Some((_, live)) = statements.live_lock {
+    if let Some(live) = statements.live_lock {
         // Inside the write transaction, which holds the file's write lock: no grant can be
         // made between this check and the commit.
         let live: Option<i64> = sqlx::query_scalar(live)
             .bind(resource.to_string())
             .bind(fence.grant().as_bytes().as_slice())
             .bind(fence_i64)
-            .bind(crate::lock::now_ms())
+            .bind(crate::lock_table::now_ms())
             .fetch_optional(&mut *conn)
             .await
             .map_err(map_err)?;
@@ -509,7 +499,7 @@ pub(crate) async fn raise_watermark(
 async fn not_live(conn: &mut SqliteConnection, resource: &ResourceKey, fence: GrantFence) -> Error {
     type LockRow = (i64, Option<Vec<u8>>);
     let lock: Option<LockRow> =
-        match sqlx::query_as(crate::lock::LOCK_ROW).bind(resource.to_string()).fetch_optional(&mut *conn).await {
+        match sqlx::query_as(crate::lock_table::LOCK_ROW).bind(resource.to_string()).fetch_optional(&mut *conn).await {
             Ok(lock) => lock,
             Err(e) => return map_err(e),
         };

@@ -4,7 +4,7 @@ use palisade_core::{Fence, ResourceKey, Result};
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 use tokio::sync::OwnedMutexGuard;
 
-use crate::store::map_err;
+use crate::db::map_err;
 
 /// An open SQLite transaction whose first statement accepted the fence.
 ///

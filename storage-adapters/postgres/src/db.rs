@@ -1,0 +1,63 @@
+//! What every module of this crate stands on: the backend's name and how a driver error becomes
+//! a Palisade error. The lock service, the store and the transaction all map errors here, so a
+//! retryable failure means the same in each.
+
+use palisade_core::{Error, ErrorKind, Result};
+
+/// The name every error and metric of this crate carries.
+pub(crate) const BACKEND: &str = "postgres";
+
+/// Maps a sqlx error: pool and connection trouble is [`ErrorKind::Unavailable`] (retryable),
+/// serialization failures and deadlocks too; everything else [`ErrorKind::Backend`].
+pub fn map_err(e: sqlx::Error) -> Error {
+    let kind = match &e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => {
+            ErrorKind::Unavailable
+        }
+        // 40001 serialization_failure, 40P01 deadlock_detected, 57P01 admin_shutdown.
+        sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01" | "57P01")) => {
+            ErrorKind::Unavailable
+        }
+        _ => ErrorKind::Backend,
+    };
+    Error::new(kind, BACKEND, "PostgreSQL operation failed").with_source(e)
+}
+
+/// Whether the request may have reached the server and been applied although no reply came
+/// back: the connection broke (or spoke nonsense) after the request was sent.
+pub(crate) fn reply_lost(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_))
+}
+
+/// A failed COMMIT whose reply never arrived may have committed: say so instead of guessing.
+pub(crate) fn map_commit_err(e: sqlx::Error) -> Error {
+    if reply_lost(&e) {
+        return Error::new(
+            ErrorKind::OutcomeUnknown,
+            BACKEND,
+            "COMMIT was sent but not acknowledged; re-read before retrying",
+        )
+        .with_source(e)
+        .with_retryable(false);
+    }
+    map_err(e)
+}
+
+/// Checks an identifier and returns it double-quoted.
+pub(crate) fn quote_ident(name: &str) -> Result<String> {
+    palisade_core::spi::quote_sql_identifier(BACKEND, name)
+}
+
+/// DDL that adds a column to `table` (quoted) only if it is missing.
+///
+/// Not `ALTER TABLE … ADD COLUMN IF NOT EXISTS`: that takes the table's `ACCESS EXCLUSIVE` lock
+/// even when the column exists, so a client connecting (and migrating) behind any open
+/// transaction on the table — a fenced transaction holding its lock row — would queue every
+/// later statement on the table behind itself until that transaction ends.
+pub(crate) fn add_column_sql(table: &str, column: &str, definition: &str) -> String {
+    format!(
+        "DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{table}') \
+         AND attname = '{column}' AND NOT attisdropped) THEN ALTER TABLE {table} ADD COLUMN {column} {definition}; \
+         END IF; END$$;"
+    )
+}

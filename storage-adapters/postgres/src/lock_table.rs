@@ -1,0 +1,135 @@
+//! The lock table: its schema and every statement that reads or writes it. The lock service
+//! issues grants from it and the store's live-lock check (`require_live_lock`) reads it, so
+//! both stand on this module and neither on the other.
+//!
+//! Row locks are what keeps the two live together:
+//! - A fenced write that requires a live lock takes the lock's row `FOR KEY SHARE` until its
+//!   transaction ends. That conflicts only with `FOR UPDATE`.
+//! - A grant takes the row `FOR UPDATE SKIP LOCKED` before it may replace the holder: while
+//!   any fenced transaction of the old holder is open the row reads as held, so nobody is
+//!   granted the lock before that transaction has ended, and nobody waits for it inside a
+//!   statement either (an acquire answers at once; the waiter's own wait decides how long).
+//! - Extend, release and the counter's repair change no key column, so they take the weaker
+//!   `FOR NO KEY UPDATE`, which a `KEY SHARE` does not block: the holder can renew and release
+//!   while its own fenced transaction is open.
+
+use std::sync::Arc;
+
+use palisade_core::Result;
+
+use crate::db::{add_column_sql, quote_ident};
+
+/// The DDL of the lock table `table` (idempotent, with the columns later versions added).
+pub(crate) fn schema_sql(table: &str) -> Result<String> {
+    let l = quote_ident(table)?;
+    Ok(format!(
+        "CREATE TABLE IF NOT EXISTS {l} (resource TEXT PRIMARY KEY, grant_id BYTEA, \
+         expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL, waiting BOOLEAN NOT NULL DEFAULT false, \
+         fence_floor BIGINT NOT NULL DEFAULT 0);\n{}\n{}",
+        add_column_sql(&l, "waiting", "BOOLEAN NOT NULL DEFAULT false"),
+        add_column_sql(&l, "fence_floor", "BIGINT NOT NULL DEFAULT 0"),
+    ))
+}
+
+/// The store's live-lock check around a call of the batch function `apply` (`$1` resource,
+/// `$2` fence, `$3` grant): the function runs only if the row shows this grant and fence,
+/// unexpired, and the row stays locked `FOR KEY SHARE` until the transaction ends. Returns
+/// how many times it ran (0 or 1) and the row's fence and grant, to say why when refused.
+pub(crate) fn live_check_sql(table: &str, apply: &str, extra: &str) -> Result<String> {
+    let l = quote_ident(table)?;
+    // MATERIALIZED: the lock row is locked before the function runs, never after.
+    Ok(format!(
+        "WITH held AS MATERIALIZED (SELECT 1 FROM {l} WHERE resource = $1 AND grant_id = $3 AND fence = $2 \
+         AND expires_at > clock_timestamp() FOR KEY SHARE), applied AS MATERIALIZED (SELECT {apply} FROM held) \
+         SELECT (SELECT count(*) FROM applied), l.fence, l.grant_id{extra} \
+         FROM (SELECT 1) AS one LEFT JOIN {l} AS l ON l.resource = $1"
+    ))
+}
+
+/// The lock service's statements on one lock table.
+#[derive(Debug)]
+pub(crate) struct LockStatements {
+    pub(crate) schema: String,
+    /// The channel releases are announced on (the table's name), payload the resource.
+    pub(crate) channel: String,
+    // Shared, not copied, into every query (the hot path).
+    pub(crate) acquire: Arc<str>,
+    pub(crate) extend: Arc<str>,
+    pub(crate) release: Arc<str>,
+    /// Release by grant id alone: clean-up after an acquire whose outcome is unknown.
+    pub(crate) release_grant: Arc<str>,
+    pub(crate) advance: Arc<str>,
+}
+
+impl LockStatements {
+    pub(crate) fn new(table: &str) -> Result<Self> {
+        let l = quote_ident(table)?;
+        let ms = "$3::float8 * interval '1 millisecond'";
+        let live = "grant_id IS NOT NULL AND expires_at > clock_timestamp()";
+        Ok(LockStatements {
+            schema: schema_sql(table)?,
+            channel: table.to_string(),
+            // Takes a free or expired lock and issues the next fence (above the repair's
+            // floor); otherwise no fence, the holder's time left (a hint for the waiter), and
+            // whether a transaction keeps the row locked (a live-lock write of the last holder
+            // still open: held until it ends, however long ago the lock expired).
+            // - Idempotent per grant (`$2`): a row that already shows this grant answers with
+            //   its fence, so a request resent after its reply was lost gets the grant it made.
+            // - A lock the statement's snapshot shows held is answered from the read alone, and
+            //   a free row is taken only once locked `FOR UPDATE SKIP LOCKED`: the statement
+            //   never waits on a row lock (a woken waiter that loses the race does not queue
+            //   behind the holder's release, and a fenced transaction blocks no acquire).
+            // - A waiter (`$4`) that finds it held marks the row `waiting`, once, so that its
+            //   release sends a `NOTIFY`; a grant clears the mark (the waiters still waiting set
+            //   it again on their next attempt, which the release that made the grant possible
+            //   woke them for).
+            acquire: format!(
+                "WITH cur AS (SELECT grant_id, fence, expires_at, waiting, {live} AS live FROM {l} WHERE resource = $1), \
+                 held AS (SELECT expires_at, waiting FROM cur WHERE live AND grant_id <> $2), \
+                 free AS (SELECT 1 FROM {l} WHERE resource = $1 AND (grant_id IS NULL OR expires_at <= clock_timestamp()) \
+                 FOR UPDATE SKIP LOCKED), \
+                 taken AS (INSERT INTO {l} AS l (resource, grant_id, expires_at, fence) \
+                 SELECT $1, $2, clock_timestamp() + {ms}, 1 \
+                 WHERE NOT EXISTS (SELECT 1 FROM cur) OR (NOT EXISTS (SELECT 1 FROM cur WHERE live) AND EXISTS (SELECT 1 FROM free)) \
+                 ON CONFLICT (resource) DO UPDATE SET grant_id = EXCLUDED.grant_id, \
+                 expires_at = clock_timestamp() + {ms}, fence = greatest(l.fence, l.fence_floor) + 1, waiting = false \
+                 WHERE l.grant_id IS NULL OR l.expires_at <= clock_timestamp() RETURNING l.fence), \
+                 marked AS (UPDATE {l} SET waiting = true WHERE resource = $1 AND $4 AND NOT waiting \
+                 AND EXISTS (SELECT 1 FROM held WHERE NOT held.waiting)) \
+                 SELECT coalesce((SELECT fence FROM taken), (SELECT fence FROM cur WHERE live AND grant_id = $2)), \
+                 (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::BIGINT FROM held), \
+                 EXISTS (SELECT 1 FROM cur WHERE NOT live) AND NOT EXISTS (SELECT 1 FROM free)"
+            )
+            .into(),
+            extend: format!(
+                "UPDATE {l} SET expires_at = clock_timestamp() + {ms} \
+                 WHERE resource = $1 AND grant_id = $2 AND fence = $4 AND expires_at > clock_timestamp() RETURNING 1"
+            )
+            .into(),
+            // The notification, only when a waiter marked the row, is delivered when the
+            // statement commits: waiters wake to a free row. (PostgreSQL serialises notifying
+            // commits, so an uncontended release sends none.) One row back: released.
+            release: format!(
+                "WITH released AS (UPDATE {l} SET grant_id = NULL, expires_at = clock_timestamp() \
+                 WHERE resource = $1 AND grant_id = $2 AND fence = $4 AND expires_at > clock_timestamp() \
+                 RETURNING resource, waiting) \
+                 SELECT CASE WHEN waiting THEN pg_notify($3, resource) END FROM released"
+            )
+            .into(),
+            release_grant: format!(
+                "WITH released AS (UPDATE {l} SET grant_id = NULL, expires_at = clock_timestamp() \
+                 WHERE resource = $1 AND grant_id = $2 AND expires_at > clock_timestamp() RETURNING resource, waiting) \
+                 SELECT CASE WHEN waiting THEN pg_notify($3, resource) END FROM released"
+            )
+            .into(),
+            // The floor, not the fence: the row's fence is its holder's, which extend, release
+            // and the live-lock check match, so a repair never strands whoever holds the lock.
+            advance: format!(
+                "INSERT INTO {l} AS l (resource, grant_id, expires_at, fence, fence_floor) \
+                 VALUES ($1, NULL, clock_timestamp(), 0, $2) \
+                 ON CONFLICT (resource) DO UPDATE SET fence_floor = greatest(l.fence_floor, EXCLUDED.fence_floor)"
+            )
+            .into(),
+        })
+    }
+}

@@ -1,0 +1,23 @@
+//! What every module of this crate stands on: the backend's name and how a driver error becomes
+//! a Palisade error, the same for the lock service, the store and the transactions.
+
+use palisade_core::{Error, ErrorKind};
+
+/// The name every error and metric of this crate carries.
+pub(crate) const BACKEND: &str = "sqlite";
+
+/// Maps a sqlx error to a Palisade error: busy/locked databases and pool timeouts are
+/// [`ErrorKind::Unavailable`] (retryable), everything else [`ErrorKind::Backend`].
+pub fn map_err(e: sqlx::Error) -> Error {
+    let kind = match &e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => ErrorKind::Unavailable,
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+        sqlx::Error::Database(db)
+            if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6)) =>
+        {
+            ErrorKind::Unavailable
+        }
+        _ => ErrorKind::Backend,
+    };
+    Error::new(kind, BACKEND, "SQLite operation failed").with_source(e)
+}
