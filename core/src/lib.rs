@@ -79,6 +79,8 @@ mod row;
 mod rwlock;
 mod semaphore;
 mod service;
+#[cfg(feature = "sql")]
+mod sql;
 mod store;
 mod token;
 mod ttl;
@@ -123,7 +125,8 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 ///   [`validate_record_key`](spi::validate_record_key),
 ///   [`quote_sql_identifier`](spi::quote_sql_identifier);
 /// - URLs: [`ConnectionUrl`](spi::ConnectionUrl);
-/// - [`async_trait`](spi::async_trait), re-exported so implementations name the version core uses.
+/// - [`async_trait`](spi::async_trait), re-exported so implementations name the version core uses;
+/// - with the `sql` feature, `spi::sql`: the SQL stores' row reading, generic over the driver.
 pub mod spi {
     pub use crate::connection_url::{ConnectionUrl, encode_userinfo};
     pub use crate::held::{GiveUp, HeldGrants};
@@ -134,4 +137,10 @@ pub mod spi {
     };
     pub use crate::ttl::validate_wait;
     pub use async_trait::async_trait;
+
+    /// What the SQL stores share, generic over the sqlx driver (feature `sql`).
+    #[cfg(feature = "sql")]
+    pub mod sql {
+        pub use crate::sql::*;
+    }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use std::fmt;
 
+use palisade_core::spi::sql;
 use palisade_core::spi::{conflict_error, explain_refusal, lock_not_live, storable_fence, validate_record_key};
 use palisade_core::{
     Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, Record,
@@ -388,7 +389,8 @@ where
             // The live-lock check found no live lock of this grant, and nothing ran.
             let lock_fence: Option<i64> = row.try_get(1).map_err(map_err)?;
             let lock_grant: Option<Vec<u8>> = row.try_get(2).map_err(map_err)?;
-            let lock = fence_from(lock_fence).map(|f| (f, lock_grant.as_deref().and_then(GrantId::from_slice)));
+            let lock =
+                sql::fence_from_column(lock_fence).map(|f| (f, lock_grant.as_deref().and_then(GrantId::from_slice)));
             return Err(lock_not_live(BACKEND, "this database's lock table", fence, lock));
         }
         Ok(_) => return Ok(()),
@@ -443,7 +445,7 @@ pub fn encode_ops(ops: &[WriteOp]) -> (Vec<i16>, Vec<&str>, Vec<&[u8]>) {
 /// only its explanation is poorer.
 pub fn decode_refusal(message: &str) -> (Fence, Option<GrantId>) {
     let (fence_text, grant_text) = message.split_once(' ').unwrap_or((message, "-"));
-    let current = fence_text.parse::<i64>().ok().and_then(|v| fence_from(Some(v))).unwrap_or_default();
+    let current = fence_text.parse::<i64>().ok().and_then(|v| sql::fence_from_column(Some(v))).unwrap_or_default();
     (current, decode_hex(grant_text).as_deref().and_then(GrantId::from_slice))
 }
 
@@ -488,7 +490,7 @@ async fn row_fence<'q, K: RowKey<'q>>(
         .fetch_optional(conn)
         .await
         .map_err(map_err)?;
-    Ok(current.map(fence_from))
+    Ok(current.map(sql::fence_from_column))
 }
 
 /// Lower-case hex (as PostgreSQL's `encode(…, 'hex')` writes it) to bytes; `None` for `-` or
@@ -534,10 +536,6 @@ const ABORT: &str =
 /// handed over without its lease): the default TTL of the examples and the README.
 pub(crate) const DEFAULT_IDLE_BOUND: Duration = Duration::from_secs(30);
 
-fn fence_from(v: Option<i64>) -> Option<Fence> {
-    v.and_then(|v| u64::try_from(v).ok()).map(Fence::new)
-}
-
 #[async_trait]
 impl FencedStore for PostgresStore {
     fn backend(&self) -> &'static str {
@@ -558,22 +556,11 @@ impl FencedStore for PostgresStore {
     }
 
     async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
-        let v: Option<i64> = sqlx::query_scalar(sql(&self.statements.read_watermark))
-            .bind(resource.to_string())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(fence_from(v))
+        sql::read_watermark(&self.pool, &self.statements.read_watermark, resource, map_err).await
     }
 
     async fn read(&self, key: &str) -> Result<Option<Record>> {
-        validate_record_key(key)?;
-        let row =
-            sqlx::query(sql(&self.statements.read)).bind(key).fetch_optional(&self.pool).await.map_err(map_err)?;
-        row.map(|row| {
-            Ok(Record { value: row.try_get(0).map_err(map_err)?, fence: fence_from(row.try_get(1).map_err(map_err)?) })
-        })
-        .transpose()
+        sql::read_record(&self.pool, &self.statements.read, key, map_err).await
     }
 
     /// One statement for every key.
@@ -586,26 +573,14 @@ impl FencedStore for PostgresStore {
         let mut found = std::collections::HashMap::with_capacity(rows.len());
         for row in rows {
             let key: String = row.try_get(0).map_err(map_err)?;
-            let record =
-                Record { value: row.try_get(1).map_err(map_err)?, fence: fence_from(row.try_get(2).map_err(map_err)?) };
+            let record = sql::record_at(&row, 1, map_err)?;
             found.insert(key, record);
         }
         Ok(keys.iter().map(|k| found.get(*k).cloned()).collect())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
-        let rows = sqlx::query(sql(&self.statements.list)).bind(prefix).fetch_all(&self.pool).await.map_err(map_err)?;
-        rows.into_iter()
-            .map(|row| {
-                Ok((
-                    row.try_get(0).map_err(map_err)?,
-                    Record {
-                        value: row.try_get(1).map_err(map_err)?,
-                        fence: fence_from(row.try_get(2).map_err(map_err)?),
-                    },
-                ))
-            })
-            .collect()
+        sql::list_records(&self.pool, &self.statements.list, prefix, map_err).await
     }
 }
 

@@ -7,14 +7,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::spi::{conflict_error, explain_refusal, lock_not_live, storable_fence, validate_record_key};
+use palisade_core::spi::sql;
+use palisade_core::spi::{conflict_error, explain_refusal, lock_not_live, storable_fence};
 use palisade_core::{
     Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, Record,
     ResourceKey, Result, WriteBatch, WriteOp,
 };
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection, SqlitePool};
 use tracing::debug;
 
 use crate::config::{SqliteConfig, Synchronous, quote_ident, shown_path};
@@ -490,7 +491,7 @@ pub(crate) async fn raise_watermark(
         .fetch_one(&mut *conn)
         .await
         .map_err(map_err)?;
-    let current = fence_from_column(Some(current)).unwrap_or_default();
+    let current = sql::fence_from_column(Some(current)).unwrap_or_default();
     Err(explain_refusal(BACKEND, resource, fence, current, grant.as_deref().and_then(GrantId::from_slice)))
 }
 
@@ -504,7 +505,7 @@ async fn not_live(conn: &mut SqliteConnection, resource: &ResourceKey, fence: Gr
             Err(e) => return map_err(e),
         };
     let lock = lock.and_then(|(current, grant)| {
-        Some((fence_from_column(Some(current))?, grant.as_deref().and_then(GrantId::from_slice)))
+        Some((sql::fence_from_column(Some(current))?, grant.as_deref().and_then(GrantId::from_slice)))
     });
     lock_not_live(BACKEND, "this file's lock table", Some((resource, fence)), lock)
 }
@@ -554,7 +555,7 @@ async fn row_fence<'q, K: RowKey<'q>>(
         .fetch_optional(conn)
         .await
         .map_err(map_err)?;
-    Ok(current.map(fence_from_column))
+    Ok(current.map(sql::fence_from_column))
 }
 
 /// The single-row fenced update on `conn`, and on zero rows the reason (stale or missing).
@@ -612,10 +613,6 @@ async fn apply_op(conn: &mut SqliteConnection, s: &Statements, op: &WriteOp, fen
     Ok(())
 }
 
-fn fence_from_column(v: Option<i64>) -> Option<Fence> {
-    v.and_then(|v| u64::try_from(v).ok()).map(Fence::new)
-}
-
 #[async_trait]
 impl FencedStore for SqliteStore {
     fn backend(&self) -> &'static str {
@@ -636,39 +633,14 @@ impl FencedStore for SqliteStore {
     }
 
     async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
-        let v: Option<i64> = sqlx::query_scalar(sql(&self.statements.read_watermark))
-            .bind(resource.to_string())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(fence_from_column(v))
+        sql::read_watermark(&self.pool, &self.statements.read_watermark, resource, map_err).await
     }
 
     async fn read(&self, key: &str) -> Result<Option<Record>> {
-        validate_record_key(key)?;
-        let row =
-            sqlx::query(sql(&self.statements.read)).bind(key).fetch_optional(&self.pool).await.map_err(map_err)?;
-        row.map(|row| {
-            Ok(Record {
-                value: row.try_get(0).map_err(map_err)?,
-                fence: fence_from_column(row.try_get(1).map_err(map_err)?),
-            })
-        })
-        .transpose()
+        sql::read_record(&self.pool, &self.statements.read, key, map_err).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
-        let rows = sqlx::query(sql(&self.statements.list)).bind(prefix).fetch_all(&self.pool).await.map_err(map_err)?;
-        rows.into_iter()
-            .map(|row| {
-                Ok((
-                    row.try_get(0).map_err(map_err)?,
-                    Record {
-                        value: row.try_get(1).map_err(map_err)?,
-                        fence: fence_from_column(row.try_get(2).map_err(map_err)?),
-                    },
-                ))
-            })
-            .collect()
+        sql::list_records(&self.pool, &self.statements.list, prefix, map_err).await
     }
 }
