@@ -9,10 +9,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::require_env;
 use palisade_conformance::servers::RedisSentinels;
-use palisade_core::{ErrorKind, LockOptions, LockService, LockServiceExt, ResourceKey};
-use palisade_redis::RedisLockService;
+use palisade_conformance::{FaultProxy, require_env};
+use palisade_core::{ErrorKind, LockOptions, LockService, LockServiceExt, ResourceKey, Ttl};
+use palisade_redis::{RedisConfig, RedisLockService};
 
 fn sentinels() -> RedisSentinels {
     RedisSentinels::start(&require_env("PALISADE_REDIS_SERVER")).expect("master, replica and three sentinels")
@@ -49,6 +49,64 @@ async fn replica_acknowledgement_is_waited_for_and_reported_when_missing() {
     let again = one.lock(&key, options).await.expect("the unacknowledged grant was released");
     again.release().await.unwrap();
     assert_eq!(two.backend(), "redis");
+}
+
+/// A process frozen with `SIGSTOP` until the guard is dropped.
+struct Frozen(u32);
+
+impl Frozen {
+    fn stop(pid: u32) -> Frozen {
+        let status = std::process::Command::new("kill").args(["-STOP", &pid.to_string()]).status().unwrap();
+        assert!(status.success(), "SIGSTOP {pid}");
+        Frozen(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill").args(["-CONT", &self.0.to_string()]).status();
+    }
+}
+
+/// `WAIT` counts the replicas that acknowledged the writes of *the connection it is sent on*;
+/// on a connection that never wrote it answers at once. The replica is frozen (`SIGSTOP`): it
+/// stays connected but acknowledges nothing new, so no grant can be acknowledged. The
+/// acquire's reply is lost (the proxy in front of the master drops it and closes the
+/// connection): the script is resent on a new connection, where it finds its own grant.
+/// That grant must not be counted as acknowledged (issue 33, item 8: `WAIT` measured a
+/// connection that never carried the grant and answered 1 at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_count_the_connection_that_carried_the_grant() {
+    let group = sentinels();
+    let (master, replica) = group.servers();
+    let proxy = FaultProxy::start(master.addr()).await.unwrap();
+    let config = RedisConfig::new(format!("redis://{}", proxy.addr())).with_replica_acks(1, Duration::from_millis(300));
+    let svc = RedisLockService::connect_with(config).await.unwrap();
+    let key = ResourceKey::new("sentinel", "acked").unwrap();
+    let ttl = Ttl::from_millis(30_000).unwrap();
+    let grant = svc.try_acquire(&key, ttl).await.unwrap().expect("acknowledged while the replica runs");
+    svc.release(&grant).await.unwrap();
+
+    let frozen = Frozen::stop(replica.pid().unwrap());
+    let e = svc.try_acquire(&key, ttl).await.unwrap_err();
+    assert!(e.to_string().contains("reached 0 of 1 replicas"), "a frozen replica acknowledges nothing: {e}");
+
+    proxy.lose_next_reply();
+    let resent = svc.try_acquire(&key, ttl).await;
+    assert_eq!(proxy.lost_replies(), 1, "the acquire's reply was lost");
+    match resent {
+        Ok(grant) => panic!(
+            "a grant no replica acknowledged was returned as acknowledged (fence {:?}): WAIT ran on a \
+             connection that never carried it",
+            grant.map(|g| g.fence())
+        ),
+        Err(e) => assert!(e.to_string().contains("reached 0 of 1 replicas"), "{e}"),
+    }
+    drop(frozen);
+    // The unacknowledged grant was released: the lock is free at once.
+    let plain = RedisLockService::connect(&master.redis_url()).await.unwrap();
+    let again = plain.try_acquire(&key, ttl).await.unwrap().expect("the unacknowledged grant was released");
+    plain.release(&again).await.unwrap();
 }
 
 /// What a failover can lose: the replica, cut off from the master by a network partition
