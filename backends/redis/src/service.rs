@@ -19,7 +19,7 @@ use crate::connection::{ClusterTarget, Conn};
 use crate::errors::map;
 use crate::scripts::{ACQUIRE, ADVANCE_FENCE, AcquireReply, EXTEND, RELEASE, decode_done};
 use crate::sentinel::SentinelTarget;
-use crate::waiters::Waiters;
+use crate::waiters::{Patience, Source, Waiters};
 
 pub(crate) const BACKEND: &str = "redis";
 
@@ -66,7 +66,7 @@ impl RedisLockService {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let mut config = config;
-        let (conn, notifications, sentinel) = if config.url.starts_with("redis+sentinel://") {
+        let (conn, source, sentinel) = if config.url.starts_with("redis+sentinel://") {
             let target = SentinelTarget::parse(&config.url)?;
             if config.replica_acks.is_none() {
                 config.replica_acks = target.replica_acks;
@@ -81,20 +81,22 @@ impl RedisLockService {
                 .with_source(e)
             })?;
             let conn = Conn::Server(manage(&client, &config).await?);
+            let source = Source::Sentinel(target.clone());
             let following = Following { target, master: Mutex::new(master), asking: tokio::sync::Mutex::new(()) };
-            (conn, client, Some(following))
+            (conn, source, Some(following))
         } else if config.url.starts_with("redis+cluster://") {
             let target = ClusterTarget::parse(&config.url)?;
-            (Conn::Cluster(target.connect(&config).await?), target.notification_client()?, None)
+            (Conn::Cluster(target.connect(&config).await?), Source::Cluster(target.notification_clients()?), None)
         } else {
             let client = open_client(&config).map_err(|e| {
                 Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis URL {}", config.redacted_url()))
                     .with_source(e)
             })?;
-            (Conn::Server(manage(&client, &config).await?), client, None)
+            (Conn::Server(manage(&client, &config).await?), Source::Server(client), None)
         };
-        let service =
-            RedisLockService { waiters: Waiters::new(notifications), conn: RwLock::new(conn), config, sentinel };
+        let patience = Patience { connect: config.connect_timeout, ping: config.response_timeout };
+        let waiters = Waiters::new(source, patience);
+        let service = RedisLockService { waiters, conn: RwLock::new(conn), config, sentinel };
         service.check_eviction_policy().await?;
         debug!(url = %service.config.redacted_url(), "redis lock service connected");
         Ok(service)
@@ -192,6 +194,8 @@ impl RedisLockService {
                 let mut current = following.master.lock().unwrap_or_else(PoisonError::into_inner);
                 warn!(from = %current, to = %master, name = %following.target.master_name, "followed a failover to a new master");
                 *current = master;
+                drop(current);
+                self.waiters.moved();
             }
             Err(e) => debug!(master = %master, error = %e, "the new master does not answer yet"),
         }

@@ -109,6 +109,62 @@ async fn replica_acks_count_the_connection_that_carried_the_grant() {
     plain.release(&again).await.unwrap();
 }
 
+/// Release notifications follow the master (issue 33, item 9). After a failover the waiter's
+/// service subscribes on the promoted replica, and a contended acquire does not wait for a
+/// subscription to the old master's address, which is now a black hole (it accepts
+/// connections and never answers): the subscription used to stay on the first master, and
+/// every contended acquire then waited up to 1 s for it to come up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_notifications_follow_the_master_after_a_failover() {
+    let mut group = sentinels();
+    let old_master = group.servers().0.addr();
+    let holder = RedisLockService::connect(&group.url()).await.unwrap();
+    let waiter = Arc::new(RedisLockService::connect(&group.url()).await.unwrap());
+    let key = ResourceKey::new("sentinel", "handoff").unwrap();
+    common::handoff(&holder, &waiter, &key).await; // the waiter's service subscribes on the first master
+
+    group.kill_master();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while group.master_port().is_none_or(|port| port == old_master.port()) {
+        assert!(tokio::time::Instant::now() < deadline, "no promotion in 30 s:\n{}", group.sentinel_logs(30));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let new_master = group.master_port().unwrap();
+    // Both services follow the failover.
+    for svc in [&holder, &*waiter] {
+        loop {
+            match svc.try_acquire(&key, Ttl::from_millis(5_000).unwrap()).await {
+                Ok(Some(grant)) => break svc.release(&grant).await.unwrap(),
+                Ok(None) => panic!("{key} is held"),
+                Err(e) => assert!(tokio::time::Instant::now() < deadline, "no grant after the failover: {e}"),
+            }
+        }
+    }
+    let hole = common::black_hole(old_master).await;
+
+    let mut handoffs = Vec::new();
+    for _ in 0..3 {
+        handoffs.push(common::handoff(&holder, &waiter, &key).await);
+    }
+    let client = redis::Client::open(format!("redis://127.0.0.1:{new_master}")).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let patterns: i64 = redis::cmd("PUBSUB").arg("NUMPAT").query_async(&mut conn).await.unwrap();
+    // The subscription stays: it answers the listener's PINGs, it is not made again each time.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut conn).await.unwrap();
+    let subscriber = clients.lines().find(|c| c.contains(" psub=1 ")).expect("a pattern subscriber");
+    let age: u64 = subscriber.split(" age=").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    hole.abort();
+    assert!(age >= 2 && subscriber.contains(" cmd=ping "), "the subscriber: {subscriber}");
+    println!("after the failover: handoffs took {handoffs:?} from release to grant");
+    assert_eq!(patterns, 1, "the waiter's release subscription is not on the promoted master");
+    let total: Duration = handoffs.iter().sum();
+    assert!(
+        total < Duration::from_millis(1500),
+        "three handoffs after the failover took {handoffs:?} from release to grant"
+    );
+}
+
 /// What a failover can lose: the replica, cut off from the master by a network partition
 /// (and its replication link closed, so that no retransmission brings it back), misses the
 /// last grants; the master dies; the Sentinels promote the replica, whose fence
