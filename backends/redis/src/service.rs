@@ -28,7 +28,8 @@ pub(crate) const BACKEND: &str = "redis";
 /// The longest a waiter sleeps between attempts when no release notification arrives.
 const MAX_WAIT_STEP: Duration = Duration::from_millis(250);
 /// How long a waiter waits for the release subscription to go live before it waits anyway
-/// (and polls every `MAX_WAIT_STEP`).
+/// (and polls every `MAX_WAIT_STEP`). Only while the first subscription on a server expected
+/// to answer is being made: never for a subscription that is down (see `Waiters::ready`).
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(1);
 
 /// A lock service on one Redis server, on the master a group of Sentinels names
@@ -336,7 +337,8 @@ impl LockService for RedisLockService {
             return Err(palisade_core::spi::timeout_error(BACKEND, key, wait));
         }
         // Held: wait on the release notifications only once they are live, or a release in
-        // the meantime goes unheard until the next poll (a conformance test caught 250 ms).
+        // the meantime goes unheard until the next poll (a conformance test caught 250 ms);
+        // when they are down (a dead or black-holed server), poll at once instead.
         self.waiters.ready(wait.min(SUBSCRIBE_WAIT)).await;
         let left = give_up.saturating_duration_since(Instant::now());
         if left.is_zero() {
