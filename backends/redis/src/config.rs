@@ -34,8 +34,13 @@ pub struct RedisConfig {
     pub replica_acks: Option<ReplicaAcks>,
 }
 
-/// Replica acknowledgement of grants: after the acquire script, `WAIT replicas timeout`. A
-/// grant acknowledged by fewer replicas is released and the acquire fails with
+/// Replica acknowledgement of grants: `WAIT replicas timeout` right behind the acquire
+/// script, in one pipeline on one connection (one round trip; `WAIT` counts what its own
+/// connection wrote, so it must travel with the script, or after a failover followed in
+/// between it would measure another master). It is sent behind every acquire attempt, also
+/// one that finds the lock held (its answer is then ignored): while fewer replicas than
+/// `replicas` are connected, every attempt takes up to `timeout`. A grant acknowledged by
+/// fewer replicas is released and the acquire fails with
 /// [`ErrorKind::Unavailable`] (retryable), naming how many acknowledged: a failover to a
 /// replica that had not received it would hand out its fence again (a regression the store
 /// catches and `lock_checked` repairs). Acknowledgement narrows that window; it does not make

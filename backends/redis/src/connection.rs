@@ -121,15 +121,21 @@ impl ClusterTarget {
         })
     }
 
-    /// A client for the first seed with the cluster's credentials: release notifications are
-    /// published cluster-wide, so one node's subscription hears them all.
-    pub(crate) fn notification_client(&self) -> Result<redis::Client> {
+    /// A client for each seed with the cluster's credentials: release notifications are
+    /// published cluster-wide, so one node's subscription hears them all, and the seeds are
+    /// tried in turn when the one subscribed to dies.
+    pub(crate) fn notification_clients(&self) -> Result<Vec<redis::Client>> {
         let userinfo = encode_userinfo(self.user.as_deref(), self.password.as_deref());
-        let first = self.seeds.first().map(|s| s.trim_start_matches("redis://")).unwrap_or_default();
-        redis::Client::open(format!("redis://{userinfo}{first}").as_str()).map_err(|e| {
-            Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis Cluster URL {}", self.redacted))
-                .with_source(e)
-        })
+        self.seeds
+            .iter()
+            .map(|seed| {
+                let address = seed.trim_start_matches("redis://");
+                redis::Client::open(format!("redis://{userinfo}{address}").as_str()).map_err(|e| {
+                    Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis Cluster URL {}", self.redacted))
+                        .with_source(e)
+                })
+            })
+            .collect()
     }
 }
 

@@ -53,8 +53,17 @@
 //! service asks the Sentinels in order for the master, and again whenever a command fails
 //! without an answer or the old master answers `READONLY` (demoted to a replica): after a
 //! failover it moves to the promoted replica within the Sentinels' failover time, resending
-//! the idempotent scripts as it does for a lost reply. Release notifications keep flowing from
-//! the first master's subscription only while it lives; waiters poll every 250 ms meanwhile.
+//! the idempotent scripts as it does for a lost reply.
+//!
+//! **Release notifications** follow the master too: the subscription is made on the master
+//! the Sentinels name at that moment, made again on the new master as soon as the service
+//! follows a failover, and left when its server stops answering (a `PING` every second,
+//! answered within the response timeout). What remains: between the old master's death and
+//! the new subscription (the Sentinels' failover time, then one connection), releases are not
+//! heard and waiters poll every 250 ms; a contended acquire waits for a subscription at most
+//! `min(wait, 1 s)`, and only while the first subscription on a master the service has just
+//! connected to is being made (bounded by the connect timeout); while no subscription can be
+//! made (the Sentinels name an address that does not answer) it does not wait for one at all.
 //!
 //! **What a failover can lose.** Replication is asynchronous: a replica promoted before it
 //! received the last grants hands their fences out again, and locks granted on the old master
@@ -74,7 +83,11 @@
 //! and `ASK` when slots move and when a replica is promoted. A primary's failover can lose
 //! what it had not replicated, exactly as behind Sentinel: the store refuses the regression,
 //! `lock_checked` repairs it. Release notifications are published cluster-wide and heard
-//! through one seed node's subscription. Tested against three primaries with a replica each,
+//! through one node's subscription: the first seed that accepts it, the next seed when it dies
+//! or stops answering `PING`. What remains: until then (and while no seed answers) waiters
+//! poll every 250 ms, and no acquire waits for a subscription to a dead seed. Nodes the
+//! client learned that are not seeds are not used for notifications: list more than one seed.
+//! Tested against three primaries with a replica each,
 //! the lock suite through the cluster and a resource's primary killed mid-workload
 //! (`tests/cluster.rs`).
 

@@ -1,6 +1,7 @@
 //! The Redis lock service.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
     Ttl, Waiting,
 };
+use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -19,14 +21,15 @@ use crate::connection::{ClusterTarget, Conn};
 use crate::errors::map;
 use crate::scripts::{ACQUIRE, ADVANCE_FENCE, AcquireReply, EXTEND, RELEASE, decode_done};
 use crate::sentinel::SentinelTarget;
-use crate::waiters::Waiters;
+use crate::waiters::{Patience, Source, Waiters};
 
 pub(crate) const BACKEND: &str = "redis";
 
 /// The longest a waiter sleeps between attempts when no release notification arrives.
 const MAX_WAIT_STEP: Duration = Duration::from_millis(250);
 /// How long a waiter waits for the release subscription to go live before it waits anyway
-/// (and polls every `MAX_WAIT_STEP`).
+/// (and polls every `MAX_WAIT_STEP`). Only while the first subscription on a server expected
+/// to answer is being made: never for a subscription that is down (see `Waiters::ready`).
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(1);
 
 /// A lock service on one Redis server, on the master a group of Sentinels names
@@ -66,7 +69,7 @@ impl RedisLockService {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let mut config = config;
-        let (conn, notifications, sentinel) = if config.url.starts_with("redis+sentinel://") {
+        let (conn, source, sentinel) = if config.url.starts_with("redis+sentinel://") {
             let target = SentinelTarget::parse(&config.url)?;
             if config.replica_acks.is_none() {
                 config.replica_acks = target.replica_acks;
@@ -81,20 +84,22 @@ impl RedisLockService {
                 .with_source(e)
             })?;
             let conn = Conn::Server(manage(&client, &config).await?);
+            let source = Source::Sentinel(target.clone());
             let following = Following { target, master: Mutex::new(master), asking: tokio::sync::Mutex::new(()) };
-            (conn, client, Some(following))
+            (conn, source, Some(following))
         } else if config.url.starts_with("redis+cluster://") {
             let target = ClusterTarget::parse(&config.url)?;
-            (Conn::Cluster(target.connect(&config).await?), target.notification_client()?, None)
+            (Conn::Cluster(target.connect(&config).await?), Source::Cluster(target.notification_clients()?), None)
         } else {
             let client = open_client(&config).map_err(|e| {
                 Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad Redis URL {}", config.redacted_url()))
                     .with_source(e)
             })?;
-            (Conn::Server(manage(&client, &config).await?), client, None)
+            (Conn::Server(manage(&client, &config).await?), Source::Server(client), None)
         };
-        let service =
-            RedisLockService { waiters: Waiters::new(notifications), conn: RwLock::new(conn), config, sentinel };
+        let patience = Patience { connect: config.connect_timeout, ping: config.response_timeout };
+        let waiters = Waiters::new(source, patience);
+        let service = RedisLockService { waiters, conn: RwLock::new(conn), config, sentinel };
         service.check_eviction_policy().await?;
         debug!(url = %service.config.redacted_url(), "redis lock service connected");
         Ok(service)
@@ -128,24 +133,23 @@ impl RedisLockService {
         ))
     }
 
-    /// Runs a script, sending it again while its outcome is unknown (a reply lost with its
-    /// connection, a connection cut before the request went out) for up to the response
-    /// timeout from the first failure. Safe because every script is idempotent for its owner
-    /// token: a resent acquire gets its own grant back, a resent extend extends again, a
-    /// resent release finds the lock gone. Returns the reply and whether an earlier send's
-    /// outcome was unknown.
-    async fn invoke<T: redis::FromRedisValue>(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-        what: &str,
-    ) -> Result<(T, bool)> {
+    /// Runs a script (`send` sends it on the connection it is given), sending it again while
+    /// its outcome is unknown (a reply lost with its connection, a connection cut before the
+    /// request went out) for up to the response timeout from the first failure. Safe because
+    /// every script is idempotent for its owner token: a resent acquire gets its own grant
+    /// back, a resent extend extends again, a resent release finds the lock gone. Returns the
+    /// reply and whether an earlier send's outcome was unknown.
+    async fn invoke<T, F, Sent>(&self, send: F, what: &str) -> Result<(T, bool)>
+    where
+        F: Fn(Conn) -> Sent,
+        Sent: Future<Output = redis::RedisResult<T>>,
+    {
         // The clock is read only once something failed: the happy path stays one round trip.
         let mut give_up = None;
         let mut pause = Duration::from_millis(5);
         let mut unknown = false;
         loop {
-            let mut conn = self.conn();
-            match invocation.invoke_async(&mut conn).await {
+            match send(self.conn()).await {
                 Ok(reply) => return Ok((reply, unknown)),
                 Err(e) => {
                     let e = map(e, what);
@@ -163,6 +167,11 @@ impl RedisLockService {
                 }
             }
         }
+    }
+
+    /// [`invoke`](Self::invoke) for a prepared script.
+    async fn invoke_script(&self, invocation: &redis::ScriptInvocation<'_>, what: &str) -> Result<(Value, bool)> {
+        self.invoke(|mut conn| async move { invocation.invoke_async(&mut conn).await }, what).await
     }
 
     /// The connection in use (a cheap handle on the multiplexed connection).
@@ -192,21 +201,27 @@ impl RedisLockService {
                 let mut current = following.master.lock().unwrap_or_else(PoisonError::into_inner);
                 warn!(from = %current, to = %master, name = %following.target.master_name, "followed a failover to a new master");
                 *current = master;
+                drop(current);
+                self.waiters.moved();
             }
             Err(e) => debug!(master = %master, error = %e, "the new master does not answer yet"),
         }
     }
 
-    /// With [`RedisConfig::replica_acks`]: waits for the replicas to acknowledge `grant`; when
-    /// too few do, releases it and fails.
-    async fn acknowledged(&self, grant: Grant<Fenced>) -> Result<Grant<Fenced>> {
-        let Some(acks) = self.config.replica_acks else { return Ok(grant) };
-        let mut conn = self.conn();
-        let millis = u64::try_from(acks.timeout.as_millis()).unwrap_or(u64::MAX).max(1);
-        let waited: redis::RedisResult<i64> =
-            redis::cmd("WAIT").arg(acks.replicas).arg(millis).query_async(&mut conn).await;
+    /// With [`RedisConfig::replica_acks`]: whether the replicas acknowledged `grant`, from the
+    /// reply of the `WAIT` sent right behind its script; when too few did, releases it and fails.
+    async fn acknowledged(
+        &self,
+        grant: Grant<Fenced>,
+        waited: Option<redis::RedisResult<Value>>,
+    ) -> Result<Grant<Fenced>> {
+        let (Some(acks), Some(waited)) = (self.config.replica_acks, waited) else { return Ok(grant) };
         let acked = match waited {
-            Ok(n) => n,
+            Ok(Value::Int(n)) => n,
+            Ok(other) => {
+                let _ = self.release(&grant).await;
+                return Err(Error::new(ErrorKind::Backend, BACKEND, format!("unexpected WAIT reply: {other:?}")));
+            }
             Err(e) => {
                 let _ = self.release(&grant).await;
                 return Err(map(e, "wait for replicas"));
@@ -233,16 +248,55 @@ impl RedisLockService {
     async fn attempt(&self, key: &ResourceKey, ttl: Ttl) -> Result<AttemptOutcome<Grant<Fenced>>> {
         let token = OwnerToken::generate()?;
         let requested_at = Instant::now();
-        let mut acquire = ACQUIRE.key(key.lock_key());
-        acquire.key(key.fence_key()).arg(&token.to_hex()[..]).arg(ttl.as_millis_ceil());
-        let (reply, _): (redis::Value, bool) = self.invoke(&acquire, "acquire").await?;
+        let mut script = redis::cmd("EVALSHA");
+        script.arg(ACQUIRE.get_hash()).arg(2).arg(key.lock_key()).arg(key.fence_key());
+        script.arg(&token.to_hex()[..]).arg(ttl.as_millis_ceil());
+        let mut pipe = redis::pipe();
+        pipe.add_command(script);
+        if let Some(acks) = self.config.replica_acks {
+            let millis = u64::try_from(acks.timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+            pipe.cmd("WAIT").arg(acks.replicas).arg(millis);
+        }
+        pipe.ignore_errors();
+        let pipe = &pipe;
+        let ((reply, waited), _) = self.invoke(move |conn| acquire_then_wait(conn, pipe), "acquire").await?;
         match AcquireReply::decode(&reply, &key.fence_key())? {
             AcquireReply::Granted(fence) => {
                 let grant = Grant::new(key.clone(), token, fence, ttl, requested_at);
-                Ok(AttemptOutcome::Granted(self.acknowledged(grant).await?))
+                Ok(AttemptOutcome::Granted(self.acknowledged(grant, waited).await?))
             }
             AcquireReply::Held { remaining } => Ok(AttemptOutcome::Held { remaining }),
         }
+    }
+}
+
+/// Sends `pipe`: the acquire script and, with replica acks, `WAIT` right behind it, in one
+/// round trip on one connection. `WAIT` counts the replicas that acknowledged what *its*
+/// connection wrote: sent on its own after the script's reply, on the service's connection
+/// of that moment, it measured another master whenever another task had followed a failover
+/// in between, and acknowledged a grant that master never carried. Loads the script where it
+/// is missing (a replica promoted since) and sends again. Returns the script's reply and
+/// `WAIT`'s, if sent.
+async fn acquire_then_wait(
+    mut conn: Conn,
+    pipe: &redis::Pipeline,
+) -> redis::RedisResult<(Value, Option<redis::RedisResult<Value>>)> {
+    async fn send(
+        conn: &mut Conn,
+        pipe: &redis::Pipeline,
+    ) -> redis::RedisResult<(Value, Option<redis::RedisResult<Value>>)> {
+        let mut replies: Vec<redis::RedisResult<Value>> = pipe.query_async(conn).await?;
+        let waited = if replies.len() > 1 { replies.pop() } else { None };
+        let script =
+            replies.pop().unwrap_or_else(|| Err((redis::ErrorKind::Parse, "no reply to the acquire script").into()));
+        Ok((script?, waited))
+    }
+    match send(&mut conn, pipe).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            ACQUIRE.load_async(&mut conn).await?;
+            send(&mut conn, pipe).await
+        }
+        sent => sent,
     }
 }
 
@@ -283,7 +337,8 @@ impl LockService for RedisLockService {
             return Err(palisade_core::spi::timeout_error(BACKEND, key, wait));
         }
         // Held: wait on the release notifications only once they are live, or a release in
-        // the meantime goes unheard until the next poll (a conformance test caught 250 ms).
+        // the meantime goes unheard until the next poll (a conformance test caught 250 ms);
+        // when they are down (a dead or black-holed server), poll at once instead.
         self.waiters.ready(wait.min(SUBSCRIBE_WAIT)).await;
         let left = give_up.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -298,7 +353,7 @@ impl LockService for RedisLockService {
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         let mut extend = EXTEND.key(grant.key().lock_key());
         extend.arg(&grant.token().to_hex()[..]).arg(ttl.as_millis_ceil());
-        let (reply, _): (redis::Value, bool) = self.invoke(&extend, "extend").await?;
+        let (reply, _) = self.invoke_script(&extend, "extend").await?;
         if decode_done(&reply, "extend")? {
             Ok(ttl)
         } else {
@@ -317,7 +372,7 @@ impl LockService for RedisLockService {
         let lock_key = grant.key().lock_key();
         let mut release = RELEASE.key(&lock_key);
         release.arg(&grant.token().to_hex()[..]).arg(Waiters::channel(&lock_key));
-        let (reply, resent): (redis::Value, bool) = self.invoke(&release, "release").await?;
+        let (reply, resent) = self.invoke_script(&release, "release").await?;
         if decode_done(&reply, "release")? || resent {
             Ok(())
         } else {

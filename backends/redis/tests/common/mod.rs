@@ -1,4 +1,5 @@
-//! What the Sentinel and Cluster tests share: a workload through a failover.
+//! What the Sentinel and Cluster tests share: a workload through a failover, a handoff from
+//! holder to waiter, a black-holed address.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, dead_code)] // tests
 
@@ -7,7 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use palisade_core::{
-    ErrorKind, FencedStore, FencedStoreExt, LockOptions, LockServiceExt, MemoryFencedStore, ResourceKey, WriteBatch,
+    ErrorKind, FencedStore, FencedStoreExt, LockOptions, LockService, LockServiceExt, MemoryFencedStore, ResourceKey,
+    Ttl, WriteBatch,
 };
 use palisade_redis::RedisLockService;
 use tokio::time::Instant;
@@ -111,4 +113,45 @@ pub async fn allocations_survive(url: &str, key: &ResourceKey, kill: impl FnOnce
     );
     assert!(recovered < Duration::from_secs(30), "recovery took {recovered:?}");
     recovered
+}
+
+/// `holder` takes `key`, `waiter` starts waiting for it, and `holder` releases it 200 ms
+/// later: returns how long after the release `waiter` was granted the lock. Retries the
+/// holder's acquire while no master answers (a failover in progress).
+pub async fn handoff(holder: &RedisLockService, waiter: &Arc<RedisLockService>, key: &ResourceKey) -> Duration {
+    let ttl = Ttl::from_millis(30_000).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let held = loop {
+        match holder.try_acquire(key, ttl).await {
+            Ok(Some(grant)) => break grant,
+            Ok(None) => panic!("{key} is held by someone else"),
+            Err(e) => assert!(tokio::time::Instant::now() < deadline, "no master answers: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let waiting = {
+        let (waiter, key) = (Arc::clone(waiter), key.clone());
+        tokio::spawn(async move { waiter.acquire(&key, ttl, Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = tokio::time::Instant::now();
+    holder.release(&held).await.unwrap();
+    let granted = waiting.await.unwrap().expect("the waiter gets the released lock");
+    let took = released.elapsed();
+    waiter.release(&granted).await.unwrap();
+    took
+}
+
+/// A listener on `addr` that accepts connections and never answers: a black-holed address.
+pub async fn black_hole(addr: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind(addr).unwrap();
+    let listener = socket.listen(64).unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = listener.accept().await {
+            held.push(connection);
+        }
+    })
 }
