@@ -193,7 +193,7 @@ impl PostgresStore {
     /// - Only a fenced lease can be passed: a lease of an efficiency lock (Redlock) has no fence.
     ///
     /// - **Bounded**: if the transaction then sits idle (no statement running) for the lease's
-    ///   TTL, PostgreSQL ends its session (`idle_in_transaction_session_timeout`, set for this
+    ///   TTL (at least 1 s), PostgreSQL ends its session (`idle_in_transaction_session_timeout`, set for this
     ///   transaction only) and nothing of it commits. A holder frozen or cut off inside it
     ///   therefore keeps the rows it locked (the watermark's, and under `require_live_lock` the
     ///   lock's) at most one TTL after its last statement. Keep statements flowing, or keep the
@@ -207,7 +207,7 @@ impl PostgresStore {
     where
         S: LockService<Fencing = Fenced> + ?Sized,
     {
-        self.begin(lease.key(), lease.grant_fence(), lease.ttl().get()).await
+        self.begin(lease.key(), lease.grant_fence(), idle_bound(lease.ttl().get())).await
     }
 
     /// [`begin_fenced`](Self::begin_fenced) for a fence without its lease (handed over from
@@ -268,7 +268,7 @@ impl PostgresStore {
     where
         S: LockService<Fencing = Fenced> + ?Sized,
     {
-        raise_watermark(conn, &self.statements, lease.key(), lease.grant_fence(), lease.ttl().get()).await
+        raise_watermark(conn, &self.statements, lease.key(), lease.grant_fence(), idle_bound(lease.ttl().get())).await
     }
 
     /// The seed's single-statement form, on a row of your own table that carries its own fence
@@ -535,6 +535,13 @@ const ABORT: &str =
 /// How long a fenced transaction may sit idle when its lease's TTL is not known (a fence
 /// handed over without its lease): the default TTL of the examples and the README.
 pub(crate) const DEFAULT_IDLE_BOUND: Duration = Duration::from_secs(30);
+
+/// How long a fenced transaction under a lease of `ttl` may sit idle: the TTL, so that a
+/// frozen holder keeps its rows at most one TTL past its last statement, but never under a
+/// second (a sub-second TTL would end transactions between two ordinary statements).
+fn idle_bound(ttl: Duration) -> Duration {
+    ttl.max(Duration::from_secs(1))
+}
 
 #[async_trait]
 impl FencedStore for PostgresStore {
