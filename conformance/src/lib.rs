@@ -52,6 +52,7 @@
 //! | – | [`dropped_client_lets_go`](lock::dropped_client_lets_go) | lock | a client dropped while holding lets the lock go within TTL + margin: nothing keeps renewing it |
 //! | – | [`fast_client_clock_takes_nothing_early`](lock::fast_client_clock_takes_nothing_early) | lock | a client whose clock runs ten TTLs ahead cannot take a held lock |
 //! | – | [`dead_waiter_is_never_granted`](lock::dead_waiter_is_never_granted) | lock | a waiter cut off past its session neither blocks the lock nor comes back holding it |
+//! | – | [`primitives_enter_over_a_slow_service`](primitives::primitives_enter_over_a_slow_service) | rwlock | over a [`slow::SlowLockService`] (5 ms per operation, 128 slots): RwLock write/read, Semaphore plain/queued and Election enter within a bound derived from their operations |
 //! | – | [`fences_survive_restart_or_are_repaired`](lock::fences_survive_restart_or_are_repaired) | restart | fences grow across a restart with data when declared; after a data loss `lock_checked` moves the counter on or refuses |
 //! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted from the same grant, refused from another; higher raises the watermark; lower refused; data untouched |
 //! | 9 | [`concurrent_interleaved_fences`](store::concurrent_interleaved_fences) | store | concurrent scrambled fences: exactly the writes ≥ the watermark land |
@@ -115,11 +116,13 @@ pub mod lock;
 pub mod memory;
 pub mod netns;
 pub mod partition;
+pub mod primitives;
 pub mod proxy;
 pub mod relay;
 pub mod rwlock;
 pub mod semaphore;
 pub mod servers;
+pub mod slow;
 pub mod store;
 
 pub use e2e::LoadSettings;
@@ -397,7 +400,8 @@ macro_rules! election_suite {
 }
 
 /// Stamps out the read-write lock scenarios ([`rwlock::rwlock_readers_share_writers_exclude`],
-/// [`rwlock::rwlock_stale_holders_refused`]) for a **fenced** lock service factory and a store
+/// [`rwlock::rwlock_stale_holders_refused`]) and the slow-service scenario of every primitive
+/// ([`primitives::primitives_enter_over_a_slow_service`]) for a **fenced** lock service factory and a store
 /// factory, in a module (`rwlock_conformance`, or the name given first).
 #[macro_export]
 macro_rules! rwlock_suite {
@@ -410,6 +414,7 @@ macro_rules! rwlock_suite {
             use super::*;
             $crate::__scenario_test!(rwlock, rwlock_readers_share_writers_exclude, ($lock, $store));
             $crate::__scenario_test!(rwlock, rwlock_stale_holders_refused, ($lock, $store));
+            $crate::__scenario_test!(primitives, primitives_enter_over_a_slow_service, ($lock, $store));
         }
     };
 }

@@ -315,7 +315,23 @@ impl<S: LockService + ?Sized> Lease<S> {
     pub fn renew_on_progress_every(&self, progress: &Progress, every: Duration) -> Renewal {
         // A stalled renewal loses the lease at its deadline: that needs the watchdog.
         self.shared.watch();
-        Renewal::start(Arc::clone(&self.shared), progress.clone(), every)
+        Renewal::start(Arc::clone(&self.shared), Some(progress.clone()), every)
+    }
+
+    /// Keeps the lease alive on a timer: extends it every third of its TTL for as long as the
+    /// returned [`Renewal`] runs (stopped, dropped, the lease released or lost), whatever the
+    /// holder does meanwhile. A failed extension fires the lost signal, as for
+    /// [`renew_on_progress`](Lease::renew_on_progress).
+    ///
+    /// Not for users' work (that renews on progress, so a hung handler loses its lease): for
+    /// the primitives' own locks, held while their runtime does a bounded series of lock
+    /// operations (a read-write lock's gate while the writer drains the readers, a queued
+    /// semaphore's head while it polls the permits, a leader's lead while its runtime runs).
+    /// The task runs on the holder's runtime: a frozen process stops renewing.
+    pub(crate) fn keep_alive(&self) -> Renewal {
+        self.shared.watch();
+        let every = (self.shared.requested_ttl().get() / 3).max(Duration::from_millis(1));
+        Renewal::start(Arc::clone(&self.shared), None, every)
     }
 }
 

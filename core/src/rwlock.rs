@@ -52,7 +52,9 @@ use crate::{
 /// reading); what it writes elsewhere takes a lock of its own.
 ///
 /// Cost: a read entry is 4 lock operations (gate, slot, confirm, gate release) and one store
-/// write; a write entry is 2 + 2 × `max_readers` lock operations and one store write. Every
+/// write; a write entry is 2 + 2 × `max_readers` lock operations and one store write, plus one
+/// extension of the gate per third of its TTL the entry lasts (the gate is renewed on a timer
+/// while the writer drains the slots, so a drain longer than the TTL keeps it). Every
 /// client of the lock must use the same `key`, store and `max_readers`, and take `key` only
 /// through the `RwLock`.
 ///
@@ -198,17 +200,18 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> RwLock<S> {
 
     /// Drains the readers and records the entry; `Ok(false)` when the gate was lost meanwhile.
     async fn enter_as_writer(&self, gate: &Lease<S>, ttl: Duration, give_up: Instant) -> Result<bool> {
+        // Kept alive by time while the slots drain: 2 × max_readers operations may well
+        // outlast the TTL even when none of them waits.
+        let held = gate::Held::new(gate, ttl);
         for i in 0..self.readers.permits() {
             let Some(slot) = self.readers.slot(i) else { continue };
-            let taken = gate::while_holding(gate, ttl, give_up, |wait| {
-                self.service.lock(slot, LockOptions::ttl(ttl).wait(wait))
-            })
-            .await?;
+            let taken =
+                held.wait_for(give_up, |wait| self.service.lock(slot, LockOptions::ttl(ttl).wait(wait))).await?;
             let Some(drained) = taken else { return Ok(false) };
             // Released at once: no reader can enter while the gate is ours.
             let _ = drained.release().await;
         }
-        if !gate::keep(gate, ttl).await? {
+        if !held.confirm().await? {
             return Ok(false);
         }
         let entry = WriteBatch::new().put(self.record(), gate.fence().get().to_string().into_bytes());
@@ -223,11 +226,10 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> RwLock<S> {
     /// Takes a reader slot, confirms the gate, records the entry; `Ok(None)` when the gate was
     /// lost meanwhile (a writer may have drained the slots before this reader took its own).
     async fn enter_as_reader(&self, gate: &Lease<S>, ttl: Duration, give_up: Instant) -> Result<Option<Lease<S>>> {
-        let taken =
-            gate::while_holding(gate, ttl, give_up, |wait| self.readers.acquire(LockOptions::ttl(ttl).wait(wait)))
-                .await?;
+        let held = gate::Held::new(gate, ttl);
+        let taken = held.wait_for(give_up, |wait| self.readers.acquire(LockOptions::ttl(ttl).wait(wait))).await?;
         let Some(slot) = taken else { return Ok(None) };
-        let recorded = match gate::keep(gate, ttl).await {
+        let recorded = match held.confirm().await {
             Ok(true) => self.store.write(gate, &WriteBatch::new()).await.map(|()| true),
             other => other,
         };

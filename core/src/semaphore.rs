@@ -125,6 +125,11 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
         u32::try_from(self.slots.len()).unwrap_or(MAX_PERMITS)
     }
 
+    /// The waiters' queue lock when [`queued`](Semaphore::queued), `None` otherwise.
+    pub fn queue(&self) -> Option<&ResourceKey> {
+        self.queue.as_ref()
+    }
+
     /// The slot resource of permit `i` (what a permit's writes are judged under).
     pub fn slot(&self, i: u32) -> Option<&ResourceKey> {
         self.slots.get(usize::try_from(i).ok()?)
@@ -155,10 +160,10 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
             let left = give_up.saturating_duration_since(Instant::now());
             // The head of the queue; the service's waiting order decides who is next.
             let head = self.service.lock(queue, LockOptions::ttl(options.ttl).wait(left)).await?;
-            let polled = gate::while_holding(&head, options.ttl, give_up, |wait| {
-                self.poll(options.ttl, Instant::now() + wait, wait)
-            })
-            .await;
+            // Kept alive by time while it polls: one round over many slots may outlast the TTL.
+            let held = gate::Held::new(&head, options.ttl);
+            let polled = held.wait_for(give_up, |wait| self.poll(options.ttl, Instant::now() + wait, wait)).await;
+            held.stop().await;
             let _ = head.release().await;
             match polled {
                 Ok(Some(permit)) => return Ok(permit),
