@@ -52,7 +52,7 @@
 //! | – | [`dropped_client_lets_go`](lock::dropped_client_lets_go) | lock | a client dropped while holding lets the lock go within TTL + margin: nothing keeps renewing it |
 //! | – | [`fast_client_clock_takes_nothing_early`](lock::fast_client_clock_takes_nothing_early) | lock | a client whose clock runs ten TTLs ahead cannot take a held lock |
 //! | – | [`dead_waiter_is_never_granted`](lock::dead_waiter_is_never_granted) | lock | a waiter cut off past its session neither blocks the lock nor comes back holding it |
-//! | – | [`primitives_enter_over_a_slow_service`](primitives::primitives_enter_over_a_slow_service) | rwlock | over a [`slow::SlowLockService`] (5 ms per operation, 128 slots): RwLock write/read, Semaphore plain/queued and Election enter within a bound derived from their operations |
+//! | – | [`primitives_enter_over_a_slow_service`](primitives::primitives_enter_over_a_slow_service) | rwlock | over a [`latency::SlowLockService`] (5 ms per operation, 128 slots): RwLock write/read, Semaphore plain/queued and Election enter within a bound derived from their operations |
 //! | – | [`fences_survive_restart_or_are_repaired`](lock::fences_survive_restart_or_are_repaired) | restart | fences grow across a restart with data when declared; after a data loss `lock_checked` moves the counter on or refuses |
 //! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted from the same grant, refused from another; higher raises the watermark; lower refused; data untouched |
 //! | 9 | [`concurrent_interleaved_fences`](store::concurrent_interleaved_fences) | store | concurrent scrambled fences: exactly the writes ≥ the watermark land |
@@ -112,6 +112,7 @@ mod factory;
 mod fn_factory;
 pub mod frozen;
 pub mod harness;
+pub mod latency;
 pub mod lock;
 pub mod memory;
 pub mod netns;
@@ -122,7 +123,6 @@ pub mod relay;
 pub mod rwlock;
 pub mod semaphore;
 pub mod servers;
-pub mod slow;
 pub mod store;
 
 pub use e2e::LoadSettings;

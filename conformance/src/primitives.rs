@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::harness::{Ctx, Outcome};
 use crate::lock::{client, key};
-use crate::slow::SlowLockService;
+use crate::latency::SlowLockService;
 use crate::store::store_client;
 use crate::{FencedStoreFactory, LockServiceFactory, Namespace, attempt, ensure};
 

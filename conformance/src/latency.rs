@@ -14,7 +14,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use palisade_conformance::slow::SlowLockService;
+//! use palisade_conformance::latency::SlowLockService;
 //! use palisade_core::{LockServiceExt, MemoryLockService, ResourceKey};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
