@@ -52,6 +52,7 @@
 //! | – | [`dropped_client_lets_go`](lock::dropped_client_lets_go) | lock | a client dropped while holding lets the lock go within TTL + margin: nothing keeps renewing it |
 //! | – | [`fast_client_clock_takes_nothing_early`](lock::fast_client_clock_takes_nothing_early) | lock | a client whose clock runs ten TTLs ahead cannot take a held lock |
 //! | – | [`dead_waiter_is_never_granted`](lock::dead_waiter_is_never_granted) | lock | a waiter cut off past its session neither blocks the lock nor comes back holding it |
+//! | – | [`primitive_keys_are_their_own`](semaphore::primitive_keys_are_their_own) | semaphore | a semaphore's slots and queue and a read-write lock's reader slots are keys no user can name: user mutexes on `<id>.queue`, `<id>.permit-0` block nothing |
 //! | – | [`primitives_enter_over_a_slow_service`](primitives::primitives_enter_over_a_slow_service) | rwlock | over a [`latency::SlowLockService`] (5 ms per operation, 128 slots): RwLock write/read, Semaphore plain/queued and Election enter within a bound derived from their operations |
 //! | – | [`fences_survive_restart_or_are_repaired`](lock::fences_survive_restart_or_are_repaired) | restart | fences grow across a restart with data when declared; after a data loss `lock_checked` moves the counter on or refuses |
 //! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted from the same grant, refused from another; higher raises the watermark; lower refused; data untouched |
@@ -363,7 +364,8 @@ macro_rules! end_to_end_suite {
 }
 
 /// Stamps out the semaphore scenarios ([`semaphore::semaphore_count_limit`],
-/// [`semaphore::semaphore_stale_permit_refused`], [`semaphore::semaphore_fifo_when_declared`]) for a **fenced** lock service factory and a
+/// [`semaphore::semaphore_stale_permit_refused`], [`semaphore::semaphore_fifo_when_declared`],
+/// [`semaphore::primitive_keys_are_their_own`]) for a **fenced** lock service factory and a
 /// store factory, in a module (`semaphore_conformance`, or the name given first). An unfenced
 /// service (Redlock) has no semaphore: `Semaphore` requires `LockService<Fencing = Fenced>`.
 #[macro_export]
@@ -378,6 +380,7 @@ macro_rules! semaphore_suite {
             $crate::__scenario_test!(semaphore, semaphore_count_limit, ($lock));
             $crate::__scenario_test!(semaphore, semaphore_stale_permit_refused, ($lock, $store));
             $crate::__scenario_test!(semaphore, semaphore_fifo_when_declared, ($lock));
+            $crate::__scenario_test!(semaphore, primitive_keys_are_their_own, ($lock, $store));
         }
     };
 }

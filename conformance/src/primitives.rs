@@ -10,8 +10,8 @@ use palisade_core::{
 use tokio::time::Instant;
 
 use crate::harness::{Ctx, Outcome};
-use crate::lock::{client, key};
 use crate::latency::SlowLockService;
+use crate::lock::{client, key};
 use crate::store::store_client;
 use crate::{FencedStoreFactory, LockServiceFactory, Namespace, attempt, ensure};
 

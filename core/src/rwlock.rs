@@ -23,7 +23,8 @@ use crate::{
 ///   reader holds it only for the moment it enters. Every entry, read or write, takes one
 ///   grant of the gate, so readers and writers draw their fences from **one sequence**, in
 ///   the order they entered: the fence is the entry's **generation**.
-/// - `max_readers` **reader slots** (a [`Semaphore`] on `key` with `.rw-read` appended): a
+/// - `max_readers` **reader slots** (a [`Semaphore`] on `key` with `~rw-read` appended, a
+///   key no user can name: [`SUB_KEY_SEPARATOR`](crate::SUB_KEY_SEPARATOR)): a
 ///   reader holds a slot for as long as it reads.
 /// - A writer, once it holds the gate, takes and releases every reader slot in turn: it waits
 ///   for the readers inside to leave, and none can enter, as entering needs the gate. A
@@ -119,7 +120,7 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> RwLock<S> {
     /// range is [`ErrorKind::InvalidArgument`]; a key too long for its slot keys is
     /// [`ErrorKind::InvalidKey`].
     pub fn new(service: Arc<S>, store: Arc<dyn FencedStore>, key: ResourceKey, max_readers: u32) -> Result<Self> {
-        let slots = ResourceKey::new(key.domain(), format!("{}.rw-read", key.id()))?;
+        let slots = key.sub_key("rw-read")?;
         let readers = Semaphore::new(Arc::clone(&service), slots, max_readers)?;
         Ok(RwLock { service, store, key, readers })
     }
