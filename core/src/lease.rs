@@ -283,14 +283,19 @@ impl<S: LockService + ?Sized> Lease<S> {
     /// Releases the lock and waits for the backend to confirm.
     ///
     /// Returns [`ErrorKind::NotHolder`] if the lock was no longer ours (it expired and maybe
-    /// was taken over): whatever the lease protected may have been done by someone else.
+    /// was taken over): whatever the lease protected may have been done by someone else. A
+    /// failed release is counted in `palisade_lock_release_failed_total`.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         self.shared.check_lost();
         self.shared.done.cancel();
         let backend = self.shared.service.backend();
         let span = tracing::debug_span!("lock.release", backend, key = %self.key());
-        self.shared.service.release(&self.shared.grant).instrument(span).await
+        let released = self.shared.service.release(&self.shared.grant).instrument(span).await;
+        if released.is_err() {
+            metrics::record_release_failed(backend);
+        }
+        released
     }
 
     /// Keeps the lease alive while `progress` keeps moving: the seed's "extend only when a
