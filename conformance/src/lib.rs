@@ -54,6 +54,8 @@
 //! | – | [`dead_waiter_is_never_granted`](lock::dead_waiter_is_never_granted) | lock | a waiter cut off past its session neither blocks the lock nor comes back holding it |
 //! | – | [`repair_keeps_the_holder`](lock::repair_keeps_the_holder) | lock | a repair (`advance_fence`) while the lock is held leaves the holder holding, extending and releasing it |
 //! | – | [`waits_are_bounded`](lock::waits_are_bounded) | lock | on a held lock a zero wait answers within a few round trips, a 300 ms wait soon after 300 ms |
+//! | – | [`primitive_keys_are_their_own`](semaphore::primitive_keys_are_their_own) | semaphore | a semaphore's slots and queue and a read-write lock's reader slots are keys no user can name: user mutexes on `<id>.queue`, `<id>.permit-0` block nothing |
+//! | – | [`primitives_enter_over_a_slow_service`](primitives::primitives_enter_over_a_slow_service) | rwlock | over a [`latency::SlowLockService`] (5 ms per operation, 128 slots): RwLock write/read, Semaphore plain/queued and Election enter within a bound derived from their operations |
 //! | – | [`fences_survive_restart_or_are_repaired`](lock::fences_survive_restart_or_are_repaired) | restart | fences grow across a restart with data when declared; after a data loss `lock_checked` moves the counter on or refuses |
 //! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted from the same grant, refused from another; higher raises the watermark; lower refused; data untouched |
 //! | 9 | [`concurrent_interleaved_fences`](store::concurrent_interleaved_fences) | store | concurrent scrambled fences: exactly the writes ≥ the watermark land |
@@ -113,11 +115,13 @@ mod factory;
 mod fn_factory;
 pub mod frozen;
 pub mod harness;
+pub mod latency;
 pub mod liveness;
 pub mod lock;
 pub mod memory;
 pub mod netns;
 pub mod partition;
+pub mod primitives;
 pub mod proxy;
 pub mod relay;
 pub mod rwlock;
@@ -365,7 +369,8 @@ macro_rules! end_to_end_suite {
 }
 
 /// Stamps out the semaphore scenarios ([`semaphore::semaphore_count_limit`],
-/// [`semaphore::semaphore_stale_permit_refused`], [`semaphore::semaphore_fifo_when_declared`]) for a **fenced** lock service factory and a
+/// [`semaphore::semaphore_stale_permit_refused`], [`semaphore::semaphore_fifo_when_declared`],
+/// [`semaphore::primitive_keys_are_their_own`]) for a **fenced** lock service factory and a
 /// store factory, in a module (`semaphore_conformance`, or the name given first). An unfenced
 /// service (Redlock) has no semaphore: `Semaphore` requires `LockService<Fencing = Fenced>`.
 #[macro_export]
@@ -380,6 +385,7 @@ macro_rules! semaphore_suite {
             $crate::__scenario_test!(semaphore, semaphore_count_limit, ($lock));
             $crate::__scenario_test!(semaphore, semaphore_stale_permit_refused, ($lock, $store));
             $crate::__scenario_test!(semaphore, semaphore_fifo_when_declared, ($lock));
+            $crate::__scenario_test!(semaphore, primitive_keys_are_their_own, ($lock, $store));
         }
     };
 }
@@ -402,7 +408,8 @@ macro_rules! election_suite {
 }
 
 /// Stamps out the read-write lock scenarios ([`rwlock::rwlock_readers_share_writers_exclude`],
-/// [`rwlock::rwlock_stale_holders_refused`]) for a **fenced** lock service factory and a store
+/// [`rwlock::rwlock_stale_holders_refused`]) and the slow-service scenario of every primitive
+/// ([`primitives::primitives_enter_over_a_slow_service`]) for a **fenced** lock service factory and a store
 /// factory, in a module (`rwlock_conformance`, or the name given first).
 #[macro_export]
 macro_rules! rwlock_suite {
@@ -415,6 +422,7 @@ macro_rules! rwlock_suite {
             use super::*;
             $crate::__scenario_test!(rwlock, rwlock_readers_share_writers_exclude, ($lock, $store));
             $crate::__scenario_test!(rwlock, rwlock_stale_holders_refused, ($lock, $store));
+            $crate::__scenario_test!(primitives, primitives_enter_over_a_slow_service, ($lock, $store));
         }
     };
 }

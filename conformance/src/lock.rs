@@ -422,7 +422,8 @@ pub async fn zero_wait_is_one_attempt<F: LockServiceFactory>(ctx: &Ctx, factory:
 /// releases after its work succeeds and after it fails (another client then takes the lock at
 /// once); inside the work, taking the same key from the same service is `Reentrant` at once,
 /// not a wait on ourselves; and when the lease is lost under the work (a TTL with no
-/// extension), the work is cancelled at its next await and the result is `LeaseLost`.
+/// extension), the work is cancelled at its next await and the result is `WorkCancelled`, not
+/// retryable (what the work did before may have taken effect).
 pub async fn with_lock_releases_on_every_path<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
     let ns = Namespace::new();
     let key = key(ctx, &ns, "scoped")?;
@@ -485,8 +486,12 @@ pub async fn with_lock_releases_on_every_path<F: LockServiceFactory>(ctx: &Ctx, 
             })
         })
         .await;
-    let kind = lost.err().map(|e| e.kind());
-    ensure!(ctx, kind == Some(ErrorKind::LeaseLost), "work outliving its lease gave {kind:?}, expected LeaseLost");
+    let (kind, retryable) = lost.err().map_or((None, false), |e| (Some(e.kind()), e.is_retryable()));
+    ensure!(
+        ctx,
+        kind == Some(ErrorKind::WorkCancelled) && !retryable,
+        "work outliving its lease gave {kind:?} (retryable: {retryable}), expected WorkCancelled, not retryable"
+    );
     ensure!(
         ctx,
         !finished.load(std::sync::atomic::Ordering::SeqCst),

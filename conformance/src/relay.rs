@@ -163,7 +163,7 @@ async fn serve_connection<S: LockService>(service: Arc<S>, cache: Arc<StdMutex<R
 }
 
 fn grant_from<F: Fencing>(key: &str, token: &str, fence: &str, ttl: Ttl) -> Result<Grant<F>> {
-    let key = ResourceKey::parse(key)?;
+    let key = palisade_core::spi::parse_any_resource_key(key)?;
     let token = OwnerToken::parse_hex(token)?;
     let fence = F::token_from(parse_fence(fence)?).ok_or_else(|| proto_err("missing fence"))?;
     Ok(Grant::new(key, token, fence, ttl, Instant::now()))
@@ -173,7 +173,7 @@ async fn handle<S: LockService>(service: &S, line: &str) -> Result<String> {
     let parts: Vec<&str> = line.split(' ').collect();
     match parts.as_slice() {
         ["TRY", key, ttl] => {
-            let key = ResourceKey::parse(key)?;
+            let key = palisade_core::spi::parse_any_resource_key(key)?;
             Ok(match service.try_acquire(&key, parse_ttl(ttl)?).await? {
                 Some(g) => {
                     format!("GRANT {} {} {}", g.token(), fence_text(g.fence_if_any()), g.ttl().get().as_micros())

@@ -4,7 +4,10 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use palisade_core::{ErrorKind, Fenced, FencedStore, FencedStoreExt, LockOptions, LockService, Semaphore, WriteBatch};
+use palisade_core::{
+    ErrorKind, Fenced, FencedStore, FencedStoreExt, LockOptions, LockService, LockServiceExt, ResourceKey, RwLock,
+    Semaphore, WriteBatch,
+};
 use tokio::time::Instant;
 
 use crate::harness::{Ctx, Outcome};
@@ -206,5 +209,55 @@ where
         );
     }
     ctx.note(format!("waiters served in the order {order:?} (FIFO declared: {fifo})"));
+    Ok(ctx.report())
+}
+
+/// **A primitive's own locks are not the user's keys** (`Semaphore`, `RwLock`): the locks a
+/// primitive takes besides its resource (a semaphore's permit slots and queue, a read-write
+/// lock's reader slots) live where no user key can be. A user's mutexes on `<id>.queue`,
+/// `<id>.permit-0` and `<rw>.rw-read.permit-0` (the names those locks once had), held for the
+/// whole scenario, block nothing: a queued semaphore of 1 permit on `<id>` takes its permit
+/// with a zero wait, and the read-write lock on `<rw>` lets its writer in at once. The
+/// primitive's own keys (`Semaphore::slot`, `Semaphore::queue`) are refused as user keys by
+/// `ResourceKey::new`, and the backend takes locks on them (its key encoding accepts them).
+pub async fn primitive_keys_are_their_own<L, S>(ctx: &Ctx, lf: &L, sf: &S) -> Outcome
+where
+    L: LockServiceFactory,
+    L::Service: LockService<Fencing = Fenced>,
+    S: FencedStoreFactory,
+{
+    let ns = Namespace::new();
+    let ttl = (lf.timing().ttl * 10).max(Duration::from_secs(2));
+    let user = client(ctx, lf).await?;
+    let mut mutexes = Vec::new();
+    for id in ["jobs.queue", "jobs.permit-0", "prices.rw-read.permit-0"] {
+        let taken = attempt!(ctx, user.try_lock(&key(ctx, &ns, id)?, ttl).await, format!("a user's mutex on {id}"));
+        mutexes.push(taken.ok_or_else(|| ctx.fail(format!("a user's mutex on a fresh key {id} was busy")))?);
+    }
+    let sem = Semaphore::new(client(ctx, lf).await?, key(ctx, &ns, "jobs")?, 1).and_then(Semaphore::queued);
+    let sem = attempt!(ctx, sem, "semaphore");
+    let permit = sem.acquire(LockOptions::ttl(ttl).wait(Duration::ZERO)).await;
+    let permit = attempt!(
+        ctx,
+        permit,
+        "a queued semaphore on `jobs`, whose only permit is free, while a user holds mutexes on jobs.queue and jobs.permit-0"
+    );
+    let store = store_client(ctx, sf).await?;
+    let rw = attempt!(ctx, RwLock::new(client(ctx, lf).await?, store, key(ctx, &ns, "prices")?, 1), "rwlock");
+    let writer = rw.write(LockOptions::ttl(ttl).wait(Duration::ZERO)).await;
+    let writer = attempt!(
+        ctx,
+        writer,
+        "the writer of a free read-write lock on `prices` while a user holds a mutex on prices.rw-read.permit-0"
+    );
+    let _ = writer.release().await;
+    let _ = permit.release().await;
+    for own in sem.queue().into_iter().chain(sem.slot(0)) {
+        let typed = ResourceKey::new(own.domain(), own.id());
+        ensure!(ctx, typed.is_err(), "the semaphore's own key {own} is a key a user can name");
+    }
+    for m in mutexes {
+        let _ = m.release().await;
+    }
     Ok(ctx.report())
 }

@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::error::Result;
 use crate::{
@@ -15,7 +14,7 @@ use crate::{
 /// A leader election on resource `key`, on any fenced lock service.
 ///
 /// - [`campaign`](Election::campaign) waits to lead and returns a [`Leadership`]: the lock on
-///   `key`, kept alive by a heartbeat of the leader's own runtime (renewed every third of the
+///   `key`, kept alive on a timer of the leader's own runtime (renewed every third of the
 ///   TTL while the runtime runs: a frozen or killed leader stops renewing and loses the lead
 ///   within a TTL).
 /// - The **term** is the leadership lease's fence: it grows with every new leader. Writes the
@@ -88,7 +87,7 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Election<S> {
     /// if another leader kept the lead that long.
     pub async fn campaign(&self, wait: Duration) -> Result<Leadership<S>> {
         let lease = self.service.lock(&self.key, LockOptions::ttl(self.ttl).wait(wait)).await?;
-        Ok(Leadership::start(lease, self.ttl, self.record(), None))
+        Ok(Leadership::start(lease, self.record(), None))
     }
 
     /// [`campaign`](Election::campaign), with the lead renewed only while `progress` moves
@@ -96,7 +95,7 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Election<S> {
     /// within a TTL. Tick `progress` as the leader's work advances.
     pub async fn campaign_on_progress(&self, wait: Duration, progress: &Progress) -> Result<Leadership<S>> {
         let lease = self.service.lock(&self.key, LockOptions::ttl(self.ttl).wait(wait)).await?;
-        Ok(Leadership::start(lease, self.ttl, self.record(), Some(progress.clone())))
+        Ok(Leadership::start(lease, self.record(), Some(progress.clone())))
     }
 
     /// Follows the leader `store` knows: every `every`, reads the proclaimed record and sends it
@@ -137,41 +136,18 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Election<S> {
 pub struct Leadership<S: LockService<Fencing = Fenced> + ?Sized> {
     lease: Lease<S>,
     renewal: Renewal,
-    heartbeat: Option<Heartbeat>,
     record: String,
 }
 
-/// The heartbeat task, stopped when the leadership ends however it ends.
-#[derive(Debug)]
-struct Heartbeat(JoinHandle<()>);
-
-impl Drop for Heartbeat {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 impl<S: LockService<Fencing = Fenced> + ?Sized> Leadership<S> {
-    fn start(lease: Lease<S>, ttl: Duration, record: String, gated: Option<Progress>) -> Self {
-        let (progress, heartbeat) = match gated {
-            Some(progress) => (progress, None),
-            // The heartbeat proves the leader's runtime runs: a frozen process stops it, and
-            // with it the renewal.
-            None => {
-                let progress = Progress::new();
-                let every = (ttl / 6).max(Duration::from_millis(1));
-                let ticking = progress.clone();
-                let task = tokio::spawn(async move {
-                    loop {
-                        ticking.tick();
-                        tokio::time::sleep(every).await;
-                    }
-                });
-                (progress, Some(Heartbeat(task)))
-            }
+    fn start(lease: Lease<S>, record: String, gated: Option<Progress>) -> Self {
+        let renewal = match gated {
+            Some(progress) => lease.renew_on_progress(&progress),
+            // Renewed on a timer of the leader's own runtime: a frozen process stops it, and
+            // loses the lead within a TTL.
+            None => lease.keep_alive(),
         };
-        let renewal = lease.renew_on_progress(&progress);
-        Leadership { lease, renewal, heartbeat, record }
+        Leadership { lease, renewal, record }
     }
 
     /// The term: the lease's fence, higher for every newer leader.
@@ -203,8 +179,7 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Leadership<S> {
     /// Gives up the lead: stops renewing and releases the lock, so the next campaigner leads at
     /// once. `NotHolder` if the lead had already been lost.
     pub async fn resign(self) -> Result<()> {
-        let Leadership { lease, renewal, heartbeat, .. } = self;
-        drop(heartbeat);
+        let Leadership { lease, renewal, .. } = self;
         renewal.stop().await;
         lease.release().await
     }

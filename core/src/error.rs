@@ -72,6 +72,12 @@ pub enum ErrorKind {
     /// re-entrant, and waiting for ourselves would only end when the wait ran out. Nothing was
     /// sent to the backend.
     Reentrant,
+    /// [`with_lock`](crate::LockServiceExt::with_lock)'s lease was lost while its work ran,
+    /// and the work was cancelled at its next await. **What the work did before may have
+    /// taken effect**: its fenced writes were judged by the store (those after a newer holder
+    /// wrote are refused), anything else may have committed. Not retryable as such: find out
+    /// what the work did (read back its records) before running it again.
+    WorkCancelled,
     /// Any other failure reported by the backend.
     Backend,
 }
@@ -101,6 +107,7 @@ impl ErrorKind {
             ErrorKind::FenceRegression => "fence_regression",
             ErrorKind::OutcomeUnknown => "outcome_unknown",
             ErrorKind::Reentrant => "reentrant",
+            ErrorKind::WorkCancelled => "work_cancelled",
             ErrorKind::Backend => "backend",
         }
     }

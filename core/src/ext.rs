@@ -66,14 +66,28 @@ pub trait LockServiceExt {
     /// `|lease| Box::pin(async move { … })`. As there, the future may borrow only the lease:
     /// move in what else it uses (an `Arc` of the store, owned values).
     ///
-    /// Behavior:
-    /// - `work`'s error is returned after the release; a release that fails after `work`
-    ///   succeeded is returned as the error (with [`ErrorKind::NotHolder`] the lock expired
-    ///   under `work`: its fenced writes were judged by the store, anything else it did may
-    ///   have overlapped another holder).
+    /// Behavior — what it returns tells whether `work` ran, and nothing it returns after
+    /// `work` may have taken effect invites a retry:
+    ///
+    /// | what happened | returns | did `work` run? |
+    /// |---|---|---|
+    /// | the lock was not taken (held past the wait, bad input, backend down, re-entry) | `Err` of the lock's error ([`ErrorKind::Timeout`], [`ErrorKind::Unavailable`], …; retryable as marked) | no, never started |
+    /// | `work` returned `Ok(v)`; released | `Ok(v)` | yes, to its end |
+    /// | `work` returned `Ok(v)`; the release failed | `Ok(v)` all the same; the failure is logged and counted (below) | yes, to its end |
+    /// | `work` returned `Err(e)` | `Err(e)`, unchanged, after the release | as `work`'s own error says |
+    /// | the lease was lost while `work` ran | `Err` of [`ErrorKind::WorkCancelled`], not retryable | partly: cancelled at an await, what it did before may have taken effect |
+    ///
+    /// - A release that fails never replaces the work's result: the work is done, and an
+    ///   error there (a retryable `Unavailable` from a dropped connection) would invite a retry
+    ///   that does it twice. The lock is freed at its TTL at the latest. The failure is logged
+    ///   (at error level when it is [`ErrorKind::NotHolder`]: the lock was gone before `work`
+    ///   finished, so its fenced writes were judged by the store and anything else it did may
+    ///   have overlapped another holder) and counted in `palisade_lock_release_failed_total`.
+    ///   To act on the release yourself, use [`lock`](LockServiceExt::lock) and
+    ///   [`Lease::release`].
     /// - When the lease is lost while `work` runs (its TTL passed without an extension, the
     ///   backend reported the loss), `work` is cancelled (its future dropped at its next
-    ///   await) and the result is [`ErrorKind::LeaseLost`]. Extend from inside `work`
+    ///   await) and the result is [`ErrorKind::WorkCancelled`]. Extend from inside `work`
     ///   ([`Lease::extend`], [`Lease::renew_on_progress`]) to run longer than the TTL.
     /// - Inside `work`, taking the same key from the same service again is
     ///   [`ErrorKind::Reentrant`], not a wait on ourselves. Tasks `work` spawns are other
@@ -226,26 +240,26 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
                 result = SCOPED.scope(held, work(&lease)) => Some(result),
             }
         };
+        // A failed release never replaces the outcome: the work's result (or error) stands,
+        // and the lock is freed at its TTL at the latest.
+        let released = lease.release().await;
         match outcome {
-            Some(Ok(value)) => {
-                lease.release().await?;
-                Ok(value)
+            Some(result) => {
+                if let Err(e) = released {
+                    report_failed_release(self.backend(), key, &e, result.is_ok());
+                }
+                result
             }
-            Some(Err(e)) => {
-                // The work's error is the one to report; a failed release only delays the
-                // next holder until the TTL.
-                let _ = lease.release().await;
-                Err(e)
-            }
-            None => {
-                let _ = lease.release().await;
-                Err(Error::new(
-                    ErrorKind::LeaseLost,
-                    self.backend(),
-                    format!("the lease on {key} was lost while the work ran; the work was cancelled"),
-                )
-                .into())
-            }
+            None => Err(Error::new(
+                ErrorKind::WorkCancelled,
+                self.backend(),
+                format!(
+                    "the lease on {key} was lost while the work ran; the work was cancelled at its next await, \
+                     and what it did before may have taken effect"
+                ),
+            )
+            .with_retryable(false)
+            .into()),
         }
     }
 
@@ -266,6 +280,28 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
         S: LockService<Fencing = Fenced>,
     {
         checked(self, store, key, || self.try_lock(key, ttl)).await
+    }
+}
+
+/// Logs a release that failed after `with_lock`'s work ended (counted by [`Lease::release`]).
+fn report_failed_release(backend: &'static str, key: &ResourceKey, e: &Error, work_succeeded: bool) {
+    if e.kind() == ErrorKind::NotHolder {
+        error!(
+            backend,
+            key = %key,
+            work_succeeded,
+            error = %e.report(),
+            "the lock was no longer held when with_lock's work ended: its fenced writes were judged by the \
+             store, anything else it did may have overlapped another holder"
+        );
+    } else {
+        warn!(
+            backend,
+            key = %key,
+            work_succeeded,
+            error = %e.report(),
+            "with_lock's release failed after its work ended; the lock is freed at its TTL"
+        );
     }
 }
 
@@ -647,9 +683,64 @@ mod tests {
                 })
             })
             .await;
-        assert_eq!(result.unwrap_err().kind(), ErrorKind::LeaseLost);
+        let cancelled = result.unwrap_err();
+        assert_eq!(
+            cancelled.kind(),
+            ErrorKind::WorkCancelled,
+            "work cancelled midway (its effects may have committed) was reported as {:?}: {cancelled}",
+            cancelled.kind()
+        );
+        assert!(!cancelled.is_retryable(), "cancelled work whose effects may have committed is not retryable");
         tokio::time::sleep(Duration::from_millis(350)).await;
         assert!(!finished.load(std::sync::atomic::Ordering::SeqCst), "the work went on after the loss");
+    }
+
+    /// A memory service whose releases fail with a retryable `Unavailable` (a connection that
+    /// dropped at the wrong moment).
+    struct ReleaseFails(MemoryLockService);
+
+    #[async_trait]
+    impl LockService for ReleaseFails {
+        type Fencing = Fenced;
+        fn backend(&self) -> &'static str {
+            "release-fails"
+        }
+        fn capabilities(&self) -> crate::Capabilities {
+            self.0.capabilities()
+        }
+        async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<crate::Grant<Fenced>>> {
+            self.0.try_acquire(key, ttl).await
+        }
+        async fn extend(&self, grant: &crate::Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
+            self.0.extend(grant, ttl).await
+        }
+        async fn release(&self, _: &crate::Grant<Fenced>) -> Result<()> {
+            Err(Error::new(ErrorKind::Unavailable, "release-fails", "connection reset"))
+        }
+    }
+
+    #[tokio::test]
+    async fn with_lock_returns_the_work_result_when_only_the_release_failed() {
+        let locks = Arc::new(ReleaseFails(MemoryLockService::new()));
+        let key = ResourceKey::new("scoped", "release").unwrap();
+        let ttl = Duration::from_secs(30);
+        let committed = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let count = Arc::clone(&committed);
+        let result = locks
+            .with_lock(&key, opts(ttl, ttl), |_| {
+                Box::pin(async move { Ok::<_, Error>(count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1) })
+            })
+            .await;
+        assert_eq!(committed.load(std::sync::atomic::Ordering::SeqCst), 1);
+        match result {
+            Ok(number) => assert_eq!(number, 1, "the work's own result"),
+            Err(e) => panic!(
+                "the work committed, only the release failed, yet with_lock returned {:?} (retryable: {}): \
+                 a retry would do the work twice",
+                e.kind(),
+                e.is_retryable()
+            ),
+        }
     }
 
     #[tokio::test]

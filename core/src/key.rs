@@ -9,6 +9,17 @@ pub const MAX_DOMAIN_LEN: usize = 64;
 /// The longest id a [`ResourceKey`] accepts, in bytes.
 pub const MAX_ID_LEN: usize = 192;
 
+/// What separates a primitive's own lock from its resource in a key's id: a semaphore on
+/// `quota:api` takes its permits on `quota:api~permit-0` … and queues its waiters on
+/// `quota:api~queue`; a read-write lock on `catalogue:prices` keeps its reader slots on
+/// `catalogue:prices~rw-read~permit-0` ….
+///
+/// [`ResourceKey::new`] and [`ResourceKey::parse`] refuse it, so no user key is ever one of
+/// those locks: a mutex on `quota:api.queue` is a lock of its own. Every backend's key
+/// encoding accepts it (Redis keys, etcd keys, ZooKeeper node names, SQL text columns and
+/// DynamoDB string attributes take it as it is).
+pub const SUB_KEY_SEPARATOR: char = '~';
+
 /// The name of a resource a lock protects: a domain (the kind of thing, `alloc`) and an id (which
 /// one, `WH-01`).
 ///
@@ -16,7 +27,8 @@ pub const MAX_ID_LEN: usize = 192;
 /// [`MAX_ID_LEN`] bytes, and only ASCII letters, digits, `-`, `_` and `.`. The character set
 /// keeps keys safe in every backend's key space: no `:` (our separator), no `{`/`}` (Redis
 /// Cluster hash tags), no `/` (etcd and ZooKeeper paths), no whitespace or control characters
-/// an operator could not type into `redis-cli`.
+/// an operator could not type into `redis-cli`, and no `~` ([`SUB_KEY_SEPARATOR`]: the
+/// coordination primitives' own locks, which no user key may name).
 ///
 /// ```
 /// use palisade_core::ResourceKey;
@@ -44,16 +56,23 @@ impl ResourceKey {
         Ok(ResourceKey { domain, id })
     }
 
-    /// Parses the `domain:id` form that [`Display`](fmt::Display) prints.
+    /// Parses the `domain:id` form that [`Display`](fmt::Display) prints, validated as
+    /// [`new`](ResourceKey::new) does: a primitive's own key (`domain:id~queue`) is refused.
+    /// Backends that carry keys as text and read them back use
+    /// [`spi::parse_any_resource_key`](crate::spi::parse_any_resource_key).
     pub fn parse(s: &str) -> Result<Self> {
-        match s.split_once(':') {
-            Some((domain, id)) => ResourceKey::new(domain, id),
-            None => Err(Error::new(
-                ErrorKind::InvalidKey,
-                "core",
-                format!("resource key {:?} is not of the form domain:id", truncate(s)),
-            )),
-        }
+        let (domain, id) = split(s)?;
+        ResourceKey::new(domain, id)
+    }
+
+    /// A primitive's own key under this resource: the id followed by [`SUB_KEY_SEPARATOR`] and
+    /// `name` (`jobs` → `jobs~queue`). [`ErrorKind::InvalidKey`] when `name` is not a valid id
+    /// or the id grows past [`MAX_ID_LEN`].
+    pub(crate) fn sub_key(&self, name: &str) -> Result<Self> {
+        validate_part("sub-key name", name, MAX_ID_LEN)?;
+        let id = format!("{}{SUB_KEY_SEPARATOR}{name}", self.id);
+        validate_any_id(&id)?;
+        Ok(ResourceKey { domain: self.domain.clone(), id })
     }
 
     /// The kind of resource (`alloc`).
@@ -93,6 +112,39 @@ impl ResourceKey {
     }
 }
 
+/// Parses any key [`Display`](fmt::Display) prints, a primitive's own keys included
+/// (`domain:id~queue`, `domain:id~permit-3`): for a backend or relay that carries keys as text
+/// and reads them back. Users parse with [`ResourceKey::parse`], which refuses those keys.
+pub fn parse_any_resource_key(s: &str) -> Result<ResourceKey> {
+    let (domain, id) = split(s)?;
+    validate_part("domain", domain, MAX_DOMAIN_LEN)?;
+    validate_any_id(id)?;
+    Ok(ResourceKey { domain: domain.to_owned(), id: id.to_owned() })
+}
+
+fn split(s: &str) -> Result<(&str, &str)> {
+    s.split_once(':').ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidKey,
+            "core",
+            format!("resource key {:?} is not of the form domain:id", truncate(s)),
+        )
+    })
+}
+
+/// An id, or a primitive's own id: valid parts joined by [`SUB_KEY_SEPARATOR`], at most
+/// [`MAX_ID_LEN`] bytes in all.
+fn validate_any_id(id: &str) -> Result<()> {
+    if id.len() > MAX_ID_LEN {
+        return Err(Error::new(
+            ErrorKind::InvalidKey,
+            "core",
+            format!("resource key id is {} bytes long; at most {MAX_ID_LEN} are allowed", id.len()),
+        ));
+    }
+    id.split(SUB_KEY_SEPARATOR).try_for_each(|part| validate_part("id", part, MAX_ID_LEN))
+}
+
 fn truncate(s: &str) -> String {
     s.chars().take(80).collect()
 }
@@ -106,8 +158,9 @@ fn validate_part(what: &str, value: &str, max: usize) -> Result<()> {
         return invalid(format!("resource key {what} is {} bytes long; at most {max} are allowed", value.len()));
     }
     if let Some(bad) = value.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
+        let reserved = if bad == SUB_KEY_SEPARATOR { " ('~' is reserved for the primitives' own locks)" } else { "" };
         return invalid(format!(
-            "resource key {what} {:?} contains {bad:?}; only ASCII letters, digits, '-', '_' and '.' are allowed",
+            "resource key {what} {:?} contains {bad:?}; only ASCII letters, digits, '-', '_' and '.' are allowed{reserved}",
             truncate(value)
         ));
     }
@@ -168,6 +221,25 @@ mod tests {
             assert_eq!(err.kind(), ErrorKind::InvalidKey, "{d:?}/{i:?}");
         }
         assert_eq!(ResourceKey::parse("nocolon").unwrap_err().kind(), ErrorKind::InvalidKey);
+    }
+
+    #[test]
+    fn sub_keys_are_keys_no_user_can_name() {
+        let jobs = ResourceKey::new("q", "jobs").unwrap();
+        let queue = jobs.sub_key("queue").unwrap();
+        assert_eq!(queue.to_string(), "q:jobs~queue");
+        assert_ne!(queue, ResourceKey::new("q", "jobs.queue").unwrap());
+        assert_eq!(ResourceKey::new("q", "jobs~queue").unwrap_err().kind(), ErrorKind::InvalidKey);
+        assert_eq!(ResourceKey::parse("q:jobs~queue").unwrap_err().kind(), ErrorKind::InvalidKey);
+        let slot = jobs.sub_key("rw-read").unwrap().sub_key("permit-7").unwrap();
+        assert_eq!(parse_any_resource_key(&slot.to_string()).unwrap(), slot);
+        for bad in ["q:jobs~", "q:~queue", "q:jobs~~queue", "q:jobs~a/b", "q~x:jobs"] {
+            assert_eq!(parse_any_resource_key(bad).unwrap_err().kind(), ErrorKind::InvalidKey, "{bad}");
+        }
+        assert_eq!(jobs.sub_key("a:b").unwrap_err().kind(), ErrorKind::InvalidKey);
+        let long = ResourceKey::new("q", "x".repeat(MAX_ID_LEN - 2)).unwrap();
+        assert_eq!(long.sub_key("ab").unwrap_err().kind(), ErrorKind::InvalidKey);
+        assert!(long.sub_key("a").is_ok());
     }
 
     #[test]

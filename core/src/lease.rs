@@ -283,14 +283,19 @@ impl<S: LockService + ?Sized> Lease<S> {
     /// Releases the lock and waits for the backend to confirm.
     ///
     /// Returns [`ErrorKind::NotHolder`] if the lock was no longer ours (it expired and maybe
-    /// was taken over): whatever the lease protected may have been done by someone else.
+    /// was taken over): whatever the lease protected may have been done by someone else. A
+    /// failed release is counted in `palisade_lock_release_failed_total`.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         self.shared.check_lost();
         self.shared.done.cancel();
         let backend = self.shared.service.backend();
         let span = tracing::debug_span!("lock.release", backend, key = %self.key());
-        self.shared.service.release(&self.shared.grant).instrument(span).await
+        let released = self.shared.service.release(&self.shared.grant).instrument(span).await;
+        if released.is_err() {
+            metrics::record_release_failed(backend);
+        }
+        released
     }
 
     /// Keeps the lease alive while `progress` keeps moving: the seed's "extend only when a
@@ -315,7 +320,23 @@ impl<S: LockService + ?Sized> Lease<S> {
     pub fn renew_on_progress_every(&self, progress: &Progress, every: Duration) -> Renewal {
         // A stalled renewal loses the lease at its deadline: that needs the watchdog.
         self.shared.watch();
-        Renewal::start(Arc::clone(&self.shared), progress.clone(), every)
+        Renewal::start(Arc::clone(&self.shared), Some(progress.clone()), every)
+    }
+
+    /// Keeps the lease alive on a timer: extends it every third of its TTL for as long as the
+    /// returned [`Renewal`] runs (stopped, dropped, the lease released or lost), whatever the
+    /// holder does meanwhile. A failed extension fires the lost signal, as for
+    /// [`renew_on_progress`](Lease::renew_on_progress).
+    ///
+    /// Not for users' work (that renews on progress, so a hung handler loses its lease): for
+    /// the primitives' own locks, held while their runtime does a bounded series of lock
+    /// operations (a read-write lock's gate while the writer drains the readers, a queued
+    /// semaphore's head while it polls the permits, a leader's lead while its runtime runs).
+    /// The task runs on the holder's runtime: a frozen process stops renewing.
+    pub(crate) fn keep_alive(&self) -> Renewal {
+        self.shared.watch();
+        let every = (self.shared.requested_ttl().get() / 3).max(Duration::from_millis(1));
+        Renewal::start(Arc::clone(&self.shared), None, every)
     }
 }
 

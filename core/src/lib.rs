@@ -92,7 +92,7 @@ pub use error::{BoxError, Error, ErrorKind, Result};
 pub use ext::{FencedStoreExt, LockServiceExt, REGRESSION_GAP};
 pub use fence::{Fence, GrantFence, GrantId};
 pub use grant::{Fenced, Fencing, Grant, Unfenced};
-pub use key::{MAX_DOMAIN_LEN, MAX_ID_LEN, ResourceKey};
+pub use key::{MAX_DOMAIN_LEN, MAX_ID_LEN, ResourceKey, SUB_KEY_SEPARATOR};
 pub use lease::Lease;
 pub use memory::{MemoryFencedStore, MemoryLockService};
 pub use options::LockOptions;
@@ -130,6 +130,7 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 pub mod spi {
     pub use crate::connection_url::{ConnectionUrl, encode_userinfo};
     pub use crate::held::{GiveUp, HeldGrants};
+    pub use crate::key::parse_any_resource_key;
     pub use crate::service::{AttemptOutcome, Backoff, poll_acquire, timeout_error, wait_for_release};
     pub use crate::store::{
         conflict_error, explain_refusal, fence_refusal, lock_not_live, quote_sql_identifier, storable_fence,

@@ -9,7 +9,8 @@
 //! | `palisade_lock_acquire_duration_seconds` | histogram | `backend` | time to a grant (successful acquisitions) |
 //! | `palisade_lock_fence_rejected_total` | counter | `store` | writes refused for a stale fence: a holder outlived its lease |
 //! | `palisade_lock_lost_total` | counter | `backend` | leases lost before release (deadline, backend report, failed renewal) |
-//! | `palisade_lock_renew_failed_total` | counter | `backend` | progress-gated renewals that failed |
+//! | `palisade_lock_renew_failed_total` | counter | `backend` | background renewals that failed (progress-gated, and the timer renewals of a leader and of the primitives' gates) |
+//! | `palisade_lock_release_failed_total` | counter | `backend` | releases that failed (`with_lock` returns its work's result all the same: this is where those show) |
 //! | `palisade_lock_fence_regression_total` | counter | `backend` | grants below a store's watermark: the service lost its counter |
 //!
 //! A sustained non-zero rate of `palisade_lock_fence_rejected_total` in steady state means TTLs are too
@@ -25,8 +26,11 @@ pub const LOCK_ACQUIRE_DURATION_SECONDS: &str = "palisade_lock_acquire_duration_
 pub const LOCK_FENCE_REJECTED_TOTAL: &str = "palisade_lock_fence_rejected_total";
 /// Counter of leases lost before release, by `backend`.
 pub const LOCK_LOST_TOTAL: &str = "palisade_lock_lost_total";
-/// Counter of failed progress-gated renewals, by `backend`.
+/// Counter of failed background renewals (progress-gated or on a timer), by `backend`.
 pub const LOCK_RENEW_FAILED_TOTAL: &str = "palisade_lock_renew_failed_total";
+
+/// Counter of failed releases ([`Lease::release`](crate::Lease::release)), by `backend`.
+pub const LOCK_RELEASE_FAILED_TOTAL: &str = "palisade_lock_release_failed_total";
 
 /// Counter of grants found below a store's watermark, by `backend`.
 pub const LOCK_FENCE_REGRESSION_TOTAL: &str = "palisade_lock_fence_regression_total";
@@ -52,6 +56,11 @@ pub fn record_fence_rejected(store: &'static str) {
 /// Records a lease lost before release.
 pub fn record_lost(backend: &'static str) {
     metrics::counter!(LOCK_LOST_TOTAL, "backend" => backend).increment(1);
+}
+
+/// Records a failed release.
+pub fn record_release_failed(backend: &'static str) {
+    metrics::counter!(LOCK_RELEASE_FAILED_TOTAL, "backend" => backend).increment(1);
 }
 
 /// Records a failed renewal.

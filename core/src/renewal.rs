@@ -50,9 +50,13 @@ pub struct Renewal {
 }
 
 impl Renewal {
+    /// Starts the renewal task: every `every` (at most a third of the TTL last granted) it
+    /// extends the lease if `progress` moved since the last check, or always when `progress`
+    /// is `None` (a renewal on a timer, kept only for the primitives' own locks, which their
+    /// runtime holds while it runs: a frozen process stops the task with it).
     pub(crate) fn start<S: LockService + ?Sized>(
         shared: Arc<LeaseShared<S>>,
-        progress: Progress,
+        progress: Option<Progress>,
         every: Duration,
     ) -> Self {
         let stop = CancellationToken::new();
@@ -82,12 +86,12 @@ impl Drop for Renewal {
 
 async fn run<S: LockService + ?Sized>(
     shared: Arc<LeaseShared<S>>,
-    progress: Progress,
+    progress: Option<Progress>,
     every: Duration,
     stop: CancellationToken,
 ) {
     let backend = shared.service.backend();
-    let mut seen = progress.get();
+    let mut seen = progress.as_ref().map(Progress::get);
     loop {
         // Within a third of what was last granted: a backend that capped an extension must not
         // see the next one only after the capped TTL ran out.
@@ -98,8 +102,8 @@ async fn run<S: LockService + ?Sized>(
             _ = shared.lost_token().cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
-        let now = progress.get();
-        if now == seen {
+        let now = progress.as_ref().map(Progress::get);
+        if now.is_some() && now == seen {
             // A hung handler must lose the lease: that is the whole point of gating on progress.
             info!(backend, key = %shared.grant.key(), "no progress since the last check; not renewing");
             continue;

@@ -23,7 +23,8 @@ use crate::{
 ///   reader holds it only for the moment it enters. Every entry, read or write, takes one
 ///   grant of the gate, so readers and writers draw their fences from **one sequence**, in
 ///   the order they entered: the fence is the entry's **generation**.
-/// - `max_readers` **reader slots** (a [`Semaphore`] on `key` with `.rw-read` appended): a
+/// - `max_readers` **reader slots** (a [`Semaphore`] on `key` with `~rw-read` appended, a
+///   key no user can name: [`SUB_KEY_SEPARATOR`](crate::SUB_KEY_SEPARATOR)): a
 ///   reader holds a slot for as long as it reads.
 /// - A writer, once it holds the gate, takes and releases every reader slot in turn: it waits
 ///   for the readers inside to leave, and none can enter, as entering needs the gate. A
@@ -52,7 +53,9 @@ use crate::{
 /// reading); what it writes elsewhere takes a lock of its own.
 ///
 /// Cost: a read entry is 4 lock operations (gate, slot, confirm, gate release) and one store
-/// write; a write entry is 2 + 2 × `max_readers` lock operations and one store write. Every
+/// write; a write entry is 2 + 2 × `max_readers` lock operations and one store write, plus one
+/// extension of the gate per third of its TTL the entry lasts (the gate is renewed on a timer
+/// while the writer drains the slots, so a drain longer than the TTL keeps it). Every
 /// client of the lock must use the same `key`, store and `max_readers`, and take `key` only
 /// through the `RwLock`.
 ///
@@ -117,7 +120,7 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> RwLock<S> {
     /// range is [`ErrorKind::InvalidArgument`]; a key too long for its slot keys is
     /// [`ErrorKind::InvalidKey`].
     pub fn new(service: Arc<S>, store: Arc<dyn FencedStore>, key: ResourceKey, max_readers: u32) -> Result<Self> {
-        let slots = ResourceKey::new(key.domain(), format!("{}.rw-read", key.id()))?;
+        let slots = key.sub_key("rw-read")?;
         let readers = Semaphore::new(Arc::clone(&service), slots, max_readers)?;
         Ok(RwLock { service, store, key, readers })
     }
@@ -198,17 +201,18 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> RwLock<S> {
 
     /// Drains the readers and records the entry; `Ok(false)` when the gate was lost meanwhile.
     async fn enter_as_writer(&self, gate: &Lease<S>, ttl: Duration, give_up: Instant) -> Result<bool> {
+        // Kept alive by time while the slots drain: 2 × max_readers operations may well
+        // outlast the TTL even when none of them waits.
+        let held = gate::Held::new(gate, ttl);
         for i in 0..self.readers.permits() {
             let Some(slot) = self.readers.slot(i) else { continue };
-            let taken = gate::while_holding(gate, ttl, give_up, |wait| {
-                self.service.lock(slot, LockOptions::ttl(ttl).wait(wait))
-            })
-            .await?;
+            let taken =
+                held.wait_for(give_up, |wait| self.service.lock(slot, LockOptions::ttl(ttl).wait(wait))).await?;
             let Some(drained) = taken else { return Ok(false) };
             // Released at once: no reader can enter while the gate is ours.
             let _ = drained.release().await;
         }
-        if !gate::keep(gate, ttl).await? {
+        if !held.confirm().await? {
             return Ok(false);
         }
         let entry = WriteBatch::new().put(self.record(), gate.fence().get().to_string().into_bytes());
@@ -223,11 +227,10 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> RwLock<S> {
     /// Takes a reader slot, confirms the gate, records the entry; `Ok(None)` when the gate was
     /// lost meanwhile (a writer may have drained the slots before this reader took its own).
     async fn enter_as_reader(&self, gate: &Lease<S>, ttl: Duration, give_up: Instant) -> Result<Option<Lease<S>>> {
-        let taken =
-            gate::while_holding(gate, ttl, give_up, |wait| self.readers.acquire(LockOptions::ttl(ttl).wait(wait)))
-                .await?;
+        let held = gate::Held::new(gate, ttl);
+        let taken = held.wait_for(give_up, |wait| self.readers.acquire(LockOptions::ttl(ttl).wait(wait))).await?;
         let Some(slot) = taken else { return Ok(None) };
-        let recorded = match gate::keep(gate, ttl).await {
+        let recorded = match held.confirm().await {
             Ok(true) => self.store.write(gate, &WriteBatch::new()).await.map(|()| true),
             other => other,
         };

@@ -19,7 +19,8 @@ pub const MAX_PERMITS: u32 = 1024;
 /// A counting semaphore with `permits` permits on resource `key`, on any fenced lock service.
 ///
 /// **How it works.** Permit `i` is the lock on its own **slot** resource, `key` with
-/// `.permit-i` appended to its id. Taking a permit takes the lock of a free slot (trying the
+/// `~permit-i` appended to its id ([`SUB_KEY_SEPARATOR`](crate::SUB_KEY_SEPARATOR): no user key
+/// can name a slot, so a user's lock on `key.permit-0` is a lock of its own). Taking a permit takes the lock of a free slot (trying the
 /// slots from a start drawn at random, so contenders spread out); at most `permits` slots are held at
 /// once because each slot is a lock. Every guarantee of the lock service holds per slot: a
 /// permit expires with its TTL, is extended and released like a lease, and fires its lost
@@ -36,7 +37,7 @@ pub const MAX_PERMITS: u32 = 1024;
 ///
 /// **Waiting** polls every slot with backoff (2 ms doubling to 250 ms): no order among
 /// waiters. [`queued`](Semaphore::queued) puts waiters in a queue first: the lock on `key` with
-/// `.queue` appended, whose holder alone polls the slots, so waiters are served in the queue
+/// `~queue` appended, whose holder alone polls the slots, so waiters are served in the queue
 /// lock's order: **arrival order** on services that queue waiters
 /// ([`Capabilities::fifo`](crate::Capabilities::fifo): etcd, ZooKeeper), at the cost of two
 /// more lock operations per wait. [`try_acquire`](Semaphore::try_acquire) never queues. A
@@ -86,7 +87,8 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Clone for Semaphore<S> {
 }
 
 impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
-    /// A semaphore of `permits` permits (1 to [`MAX_PERMITS`]) on `key`. Every client that
+    /// A semaphore of `permits` permits (1 to [`MAX_PERMITS`]) on `key` (a user key, or a
+    /// primitive's own: a read-write lock's reader slots are a semaphore). Every client that
     /// shares the semaphore must use the same `key` and the same `permits`. A count out of
     /// range is [`ErrorKind::InvalidArgument`]; slot keys that do not fit a [`ResourceKey`] (an
     /// id near the length limit) are [`ErrorKind::InvalidKey`].
@@ -98,20 +100,18 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
                 format!("a semaphore has 1 to {MAX_PERMITS} permits, not {permits}"),
             ));
         }
-        let slots = (0..permits)
-            .map(|i| ResourceKey::new(key.domain(), format!("{}.permit-{i}", key.id())))
-            .collect::<Result<Vec<_>>>()?;
+        let slots = (0..permits).map(|i| key.sub_key(&format!("permit-{i}"))).collect::<Result<Vec<_>>>()?;
         Ok(Semaphore { service, key, slots, queue: None, next_start: Arc::new(AtomicUsize::new(random_start())) })
     }
 
     /// The same semaphore with waiters served in order: [`acquire`](Semaphore::acquire) first
-    /// takes its place in a queue (the lock on `key` with `.queue` appended), and only the head
+    /// takes its place in a queue (the lock on `key` with `~queue` appended), and only the head
     /// of the queue polls the permit slots. Arrival order on a service that queues waiters
     /// (etcd, ZooKeeper); elsewhere the queue lock's own waiting order. Every waiter must use a
     /// queued semaphore for the order to hold. A key too long for the queue's key is
     /// [`ErrorKind::InvalidKey`].
     pub fn queued(mut self) -> Result<Self> {
-        self.queue = Some(ResourceKey::new(self.key.domain(), format!("{}.queue", self.key.id()))?);
+        self.queue = Some(self.key.sub_key("queue")?);
         Ok(self)
     }
 
@@ -123,6 +123,11 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
     /// How many permits it has.
     pub fn permits(&self) -> u32 {
         u32::try_from(self.slots.len()).unwrap_or(MAX_PERMITS)
+    }
+
+    /// The waiters' queue lock when [`queued`](Semaphore::queued), `None` otherwise.
+    pub fn queue(&self) -> Option<&ResourceKey> {
+        self.queue.as_ref()
     }
 
     /// The slot resource of permit `i` (what a permit's writes are judged under).
@@ -155,10 +160,10 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
             let left = give_up.saturating_duration_since(Instant::now());
             // The head of the queue; the service's waiting order decides who is next.
             let head = self.service.lock(queue, LockOptions::ttl(options.ttl).wait(left)).await?;
-            let polled = gate::while_holding(&head, options.ttl, give_up, |wait| {
-                self.poll(options.ttl, Instant::now() + wait, wait)
-            })
-            .await;
+            // Kept alive by time while it polls: one round over many slots may outlast the TTL.
+            let held = gate::Held::new(&head, options.ttl);
+            let polled = held.wait_for(give_up, |wait| self.poll(options.ttl, Instant::now() + wait, wait)).await;
+            held.stop().await;
             let _ = head.release().await;
             match polled {
                 Ok(Some(permit)) => return Ok(permit),
@@ -247,7 +252,7 @@ mod tests {
             tokio::spawn(async move { sem.acquire(LockOptions::ttl(ttl).wait(Duration::from_secs(5))).await })
         };
         tokio::time::sleep(Duration::from_millis(30)).await;
-        let queue = ResourceKey::new("sem", "q.queue").unwrap();
+        let queue = sem.queue().unwrap().clone();
         assert!(locks.try_lock(&queue, ttl).await.unwrap().is_none(), "the waiter heads the queue");
         held.release().await.unwrap();
         let next = waiter.await.unwrap().unwrap();
