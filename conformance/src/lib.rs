@@ -52,6 +52,7 @@
 //! | – | [`dropped_client_lets_go`](lock::dropped_client_lets_go) | lock | a client dropped while holding lets the lock go within TTL + margin: nothing keeps renewing it |
 //! | – | [`fast_client_clock_takes_nothing_early`](lock::fast_client_clock_takes_nothing_early) | lock | a client whose clock runs ten TTLs ahead cannot take a held lock |
 //! | – | [`dead_waiter_is_never_granted`](lock::dead_waiter_is_never_granted) | lock | a waiter cut off past its session neither blocks the lock nor comes back holding it |
+//! | – | [`slow_replies_still_complete`](slow::slow_replies_still_complete) | lock | with every reply 1.5 s late, acquire, extend and release succeed (a resend never turns a release into `NotHolder`) and the lock is free at once |
 //! | – | [`fences_survive_restart_or_are_repaired`](lock::fences_survive_restart_or_are_repaired) | restart | fences grow across a restart with data when declared; after a data loss `lock_checked` moves the counter on or refuses |
 //! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted from the same grant, refused from another; higher raises the watermark; lower refused; data untouched |
 //! | 9 | [`concurrent_interleaved_fences`](store::concurrent_interleaved_fences) | store | concurrent scrambled fences: exactly the writes ≥ the watermark land |
@@ -120,6 +121,7 @@ pub mod relay;
 pub mod rwlock;
 pub mod semaphore;
 pub mod servers;
+pub mod slow;
 pub mod store;
 
 pub use e2e::LoadSettings;
@@ -220,7 +222,8 @@ macro_rules! __lock_scenarios {
             quorum_faults_never_grant_a_minority,
             dropped_client_lets_go,
             fast_client_clock_takes_nothing_early,
-            dead_waiter_is_never_granted
+            dead_waiter_is_never_granted,
+            slow_replies_still_complete
         );
     };
 }

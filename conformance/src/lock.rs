@@ -749,7 +749,7 @@ impl Drop for Ticking {
 const ACQUIRE_ROUND_TRIPS: usize = 4;
 
 /// The factory's client behind fault proxies, or `None` (noted in the report) if it has none.
-async fn faulty_client<F: LockServiceFactory>(
+pub(crate) async fn faulty_client<F: LockServiceFactory>(
     ctx: &Ctx,
     factory: &F,
 ) -> Result<Option<FaultyClient<FencingOf<F>>>, Failure> {
@@ -1451,3 +1451,5 @@ impl<L: LockService<Fencing = Fenced> + ?Sized> KeptAlive<L> {
         let _ = self.lease.release().await;
     }
 }
+
+pub use crate::slow::slow_replies_still_complete;
