@@ -40,8 +40,8 @@ fn deadline<G: Fencing>(grant: &Grant<G>) -> Instant {
 ///
 /// A service that does not grant at all through replies this slow (a per-request timeout
 /// below the delay, as Redlock's node timeout) is noted, once a fresh client has shown the
-/// attempt left no orphan (with replies quick again, the lock is free well before its TTL). A factory without a faulty
-/// client is noted, not checked.
+/// attempt left no orphan (with replies quick again, the lock is free well before its TTL).
+/// A factory without a faulty client is noted, not checked.
 ///
 /// [`FaultProxy::delay_replies`]: crate::FaultProxy::delay_replies
 pub async fn slow_replies_still_complete<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {

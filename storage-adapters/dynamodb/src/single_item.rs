@@ -56,7 +56,10 @@ pub(crate) trait SingleItemRequest: Sized {
 }
 
 macro_rules! single_item_request {
-    ($builder:ty, $output:ty, $error:ident, $helper:literal, |$request:ident, $fence:ident, $grant:ident| $written:expr) => {
+    (
+        $builder:ty, $output:ty, $error:ident, $helper:literal,
+        |$request:ident, $fence:ident, $grant:ident| $written:expr
+    ) => {
         impl SingleItemRequest for $builder {
             type Output = $output;
             type Error = $error;
