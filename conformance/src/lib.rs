@@ -56,6 +56,7 @@
 //! | – | [`waits_are_bounded`](lock::waits_are_bounded) | lock | on a held lock a zero wait answers within a few round trips, a 300 ms wait soon after 300 ms |
 //! | – | [`primitive_keys_are_their_own`](semaphore::primitive_keys_are_their_own) | semaphore | a semaphore's slots and queue and a read-write lock's reader slots are keys no user can name: user mutexes on `<id>.queue`, `<id>.permit-0` block nothing |
 //! | – | [`primitives_enter_over_a_slow_service`](primitives::primitives_enter_over_a_slow_service) | rwlock | over a [`latency::SlowLockService`] (5 ms per operation, 128 slots): RwLock write/read, Semaphore plain/queued and Election enter within a bound derived from their operations |
+//! | – | [`slow_replies_still_complete`](lock::slow_replies_still_complete) | lock | with every reply 1.5 s late, acquire, extend and release succeed (a resend never turns a release into `NotHolder`) and the lock is free at once |
 //! | – | [`fences_survive_restart_or_are_repaired`](lock::fences_survive_restart_or_are_repaired) | restart | fences grow across a restart with data when declared; after a data loss `lock_checked` moves the counter on or refuses |
 //! | 8 | [`equal_higher_lower`](store::equal_higher_lower) | store | equal fence accepted from the same grant, refused from another; higher raises the watermark; lower refused; data untouched |
 //! | 9 | [`concurrent_interleaved_fences`](store::concurrent_interleaved_fences) | store | concurrent scrambled fences: exactly the writes ≥ the watermark land |
@@ -229,7 +230,8 @@ macro_rules! __lock_scenarios {
             fast_client_clock_takes_nothing_early,
             dead_waiter_is_never_granted,
             repair_keeps_the_holder,
-            waits_are_bounded
+            waits_are_bounded,
+            slow_replies_still_complete
         );
     };
 }

@@ -14,7 +14,7 @@ use crate::harness::{Ctx, Failure, Outcome};
 use crate::{FaultyClient, FencingOf, LockServiceFactory, Namespace, attempt, ensure};
 
 // The liveness scenarios, in the registry with the rest (`$crate::lock::$name`).
-pub use crate::liveness::{repair_keeps_the_holder, waits_are_bounded};
+pub use crate::liveness::{repair_keeps_the_holder, slow_replies_still_complete, waits_are_bounded};
 
 type Service<F> = <F as LockServiceFactory>::Service;
 
@@ -757,7 +757,7 @@ impl Drop for Ticking {
 const ACQUIRE_ROUND_TRIPS: usize = 4;
 
 /// The factory's client behind fault proxies, or `None` (noted in the report) if it has none.
-async fn faulty_client<F: LockServiceFactory>(
+pub(crate) async fn faulty_client<F: LockServiceFactory>(
     ctx: &Ctx,
     factory: &F,
 ) -> Result<Option<FaultyClient<FencingOf<F>>>, Failure> {

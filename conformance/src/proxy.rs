@@ -17,6 +17,15 @@
 //!   either way and new connections hang; bytes already sent are held and delivered on heal,
 //!   as TCP's retransmissions would.
 //! - **delay** ([`FaultProxy::set_delay`]): every chunk waits that long in each direction.
+//! - **slow replies** ([`FaultProxy::delay_replies`] until [`FaultProxy::no_delay`]): every
+//!   request reaches the server at once and is applied, and its reply reaches the client that
+//!   long later (a loaded server, a slow fsync, a long path back). A client that gives up on a
+//!   request sooner and sends it again sees its first attempt's effect in the second one's
+//!   answer.
+//!
+//! A delay is latency, not bandwidth: each chunk is held for the delay from the moment the
+//! proxy read it, chunks keep their order, and chunks read close together arrive close
+//! together (what many requests multiplexed on one connection need).
 //!
 //! [`LockServiceFactory::faulty_client`]: crate::LockServiceFactory::faulty_client
 
@@ -29,8 +38,9 @@ use palisade_core::{Error, ErrorKind, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// Whether traffic may flow, and which generation of connections is still wanted.
 #[derive(Debug, Clone, Copy, Default)]
@@ -46,7 +56,10 @@ struct Shared {
     /// Armed: how many requests to let through before the one whose reply is lost.
     lose_reply: std::sync::Mutex<Option<usize>>,
     lost_replies: AtomicUsize,
-    delay_us: AtomicU64,
+    /// Latency added to client-to-server chunks, in microseconds.
+    up_delay_us: AtomicU64,
+    /// Latency added to server-to-client chunks, in microseconds.
+    down_delay_us: AtomicU64,
     connections: AtomicUsize,
 }
 
@@ -69,7 +82,8 @@ impl FaultProxy {
             gate: watch::Sender::new(Gate::default()),
             lose_reply: std::sync::Mutex::new(None),
             lost_replies: AtomicUsize::new(0),
-            delay_us: AtomicU64::new(0),
+            up_delay_us: AtomicU64::new(0),
+            down_delay_us: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
         });
         let task = {
@@ -137,9 +151,25 @@ impl FaultProxy {
         self.shared.gate.send_modify(|g| g.partitioned = false);
     }
 
-    /// Delays every chunk of bytes by `delay` in each direction (zero: no delay).
+    /// Delays every chunk of bytes by `delay` in each direction (zero: no delay), from the
+    /// moment the proxy reads it; chunks already read keep the delay they were read with.
     pub fn set_delay(&self, delay: Duration) {
-        self.shared.delay_us.store(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX), Ordering::SeqCst);
+        self.shared.up_delay_us.store(micros(delay), Ordering::SeqCst);
+        self.shared.down_delay_us.store(micros(delay), Ordering::SeqCst);
+    }
+
+    /// Delays every reply (server-to-client chunk) by `delay`, requests going through at once:
+    /// each request is applied on time and its answer arrives `delay` late. Replaces the reply
+    /// delay of [`set_delay`](Self::set_delay) and keeps its request delay; chunks already read
+    /// keep the delay they were read with.
+    pub fn delay_replies(&self, delay: Duration) {
+        self.shared.down_delay_us.store(micros(delay), Ordering::SeqCst);
+    }
+
+    /// Ends every delay ([`set_delay`](Self::set_delay), [`delay_replies`](Self::delay_replies))
+    /// for the chunks read from now on; chunks already held are still delivered when due.
+    pub fn no_delay(&self) {
+        self.set_delay(Duration::ZERO);
     }
 }
 
@@ -188,6 +218,10 @@ pub async fn proxy_url(url: &str) -> Result<(String, Vec<FaultProxy>)> {
         proxies.push(proxy);
     }
     Ok((format!("{scheme}://{userinfo}{}{tail}", dialed.join(",")), proxies))
+}
+
+fn micros(delay: Duration) -> u64 {
+    u64::try_from(delay.as_micros()).unwrap_or(u64::MAX)
 }
 
 fn io_err(e: std::io::Error) -> Error {
@@ -244,6 +278,10 @@ enum Direction {
     Down,
 }
 
+/// Forwards one direction of a connection until its source ends (then delivers what is still
+/// held) or a fault ends it. A reader takes chunks as they come and stamps each with when it
+/// is due; the writer delivers them in order at that time, so a delay adds latency without
+/// slowing the chunks behind it.
 async fn pump(
     shared: &Shared,
     mut gate: watch::Receiver<Gate>,
@@ -253,43 +291,62 @@ async fn pump(
     doomed: &AtomicBool,
 ) {
     let generation = gate.borrow().generation;
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if !open(&mut gate, generation).await {
-            return;
+    let delay_us = match direction {
+        Direction::Up => &shared.up_delay_us,
+        Direction::Down => &shared.down_delay_us,
+    };
+    let (held, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let at = Instant::now() + Duration::from_micros(delay_us.load(Ordering::SeqCst));
+            if held.send((at, buf[..n].to_vec())).is_err() {
+                break;
+            }
         }
-        let delay = shared.delay_us.load(Ordering::SeqCst);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_micros(delay)).await;
-        }
-        match direction {
-            Direction::Up => {
-                let mut armed = shared.lose_reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                match *armed {
-                    Some(0) => {
-                        *armed = None;
-                        doomed.store(true, Ordering::SeqCst);
+        // The source ended: the writer delivers what is held, then ends the connection.
+        drop(held);
+        std::future::pending::<()>().await;
+    };
+    let write = async {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if !open(&mut gate, generation).await {
+                return;
+            }
+            match direction {
+                Direction::Up => {
+                    let mut armed = shared.lose_reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    match *armed {
+                        Some(0) => {
+                            *armed = None;
+                            doomed.store(true, Ordering::SeqCst);
+                        }
+                        Some(n) => *armed = Some(n - 1),
+                        None => {}
                     }
-                    Some(n) => *armed = Some(n - 1),
-                    None => {}
+                }
+                Direction::Down => {
+                    if doomed.load(Ordering::SeqCst) {
+                        // The request was applied (the server answered): lose the answer and
+                        // end the connection, so the client never learns the outcome.
+                        shared.lost_replies.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
                 }
             }
-            Direction::Down => {
-                if doomed.load(Ordering::SeqCst) {
-                    // The request was applied (the server answered): lose the answer and end
-                    // the connection, so the client never learns the outcome.
-                    shared.lost_replies.fetch_add(1, Ordering::SeqCst);
-                    return;
-                }
+            if to.write_all(&chunk).await.is_err() {
+                return;
             }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
+    };
+    tokio::select! {
+        () = read => {}
+        () = write => {}
     }
 }
 
@@ -379,5 +436,36 @@ mod tests {
         let mut b = TcpStream::connect(proxy.addr()).await.unwrap();
         assert_eq!(roundtrip(&mut b, b"new").await.unwrap(), b"new");
         assert_eq!(proxy.connections(), 2);
+    }
+
+    #[tokio::test]
+    async fn delayed_replies_arrive_late_after_the_request_was_applied_without_queueing() {
+        let (server, seen) = echo().await;
+        let proxy = FaultProxy::start(server).await.unwrap();
+        let mut a = TcpStream::connect(proxy.addr()).await.unwrap();
+        a.set_nodelay(true).unwrap();
+        assert_eq!(roundtrip(&mut a, b"warm").await.unwrap(), b"warm");
+        let delay = Duration::from_secs(2);
+        proxy.delay_replies(delay);
+        let sent = Instant::now();
+        // Three requests in a row on one connection: a delay held per chunk in turn would
+        // answer the last after three delays; latency answers all after about one.
+        for msg in [b"one", b"two", b"six"] {
+            a.write_all(msg).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The client may coalesce the small writes: count that they arrived, not how many reads.
+        assert!(seen.load(Ordering::SeqCst) > 1, "the requests did not reach the server at once");
+        let mut replies = [0u8; 9];
+        a.read_exact(&mut replies).await.unwrap();
+        let took = sent.elapsed();
+        assert_eq!(&replies, b"onetwosix");
+        assert!(took >= delay, "the replies came back after {took:?}, before the {delay:?} delay");
+        assert!(took < delay * 2, "three replies took {took:?}: the delay queued them one after another");
+        proxy.no_delay();
+        let sent = Instant::now();
+        assert_eq!(roundtrip(&mut a, b"fast").await.unwrap(), b"fast");
+        assert!(sent.elapsed() < delay, "no_delay left the replies delayed");
     }
 }

@@ -74,55 +74,128 @@ pub(crate) fn never_sent(e: &EtcdError) -> bool {
     }
 }
 
-/// How long an attempt of an idempotent request waits before it is sent again. A member cut
-/// off by a partition answers nothing and resets nothing, and until the connection's keepalive
-/// gives up on it the balancer still routes requests there; sent again, the request most
-/// likely reaches a live member.
+/// How long an attempt of an idempotent request goes unanswered before another one is sent
+/// beside it. A member cut off by a partition answers nothing and resets nothing, and until the
+/// connection's keepalive gives up on it the balancer still routes requests there; sent again,
+/// the request most likely reaches a live member.
 const RESEND_IDEMPOTENT_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The answer to a request sent by [`with_failover`].
+pub(crate) struct Answer<T> {
+    /// What the server answered.
+    pub(crate) value: T,
+    /// Whether another attempt of the same request may have reached the server too. A resend
+    /// answers after the first attempt's effect: a delete resent after a first one that
+    /// committed finds nothing to delete.
+    pub(crate) resent: bool,
+}
 
 /// Runs one request within `request_timeout`, sending it again (the balancer picks another
 /// member) while it fails without having left this process: a dead member must not fail a
 /// request that a live one can serve. An `idempotent` request (a read, the delete of a key
-/// named by our own token) is also sent again when an attempt goes unanswered for
+/// named by our own token) is also sent again whenever its attempts go unanswered for
 /// [`RESEND_IDEMPOTENT_AFTER`]: repeating it changes nothing, and a silent member must not hold
 /// it for the whole request timeout.
+///
+/// A resend never cancels the attempts before it: the first answer of any attempt is the
+/// answer. A cluster slower than the resend interval (a loaded leader, a slow fsync) still
+/// answers the first attempt, where cancelling it for each resend would leave every request
+/// unanswered until the timeout (issue 33: with answers 1.5 s late, every read and release
+/// failed and every renewed lease was lost).
 pub(crate) async fn with_failover<T, F, Fut>(
     request_timeout: std::time::Duration,
     what: &str,
     writes: bool,
     idempotent: bool,
-    mut send: F,
+    send: F,
 ) -> palisade_core::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, EtcdError>>,
 {
-    use tokio::time::Instant;
+    Ok(send_until_answered(request_timeout, what, writes, idempotent, send).await?.value)
+}
+
+/// [`with_failover`], saying whether the answer may follow another attempt's effect.
+pub(crate) async fn send_until_answered<T, F, Fut>(
+    request_timeout: std::time::Duration,
+    what: &str,
+    writes: bool,
+    idempotent: bool,
+    mut send: F,
+) -> palisade_core::Result<Answer<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, EtcdError>>,
+{
+    use std::pin::Pin;
+    use std::task::Poll;
+    use tokio::time::{Instant, sleep_until};
+
+    enum Event<T> {
+        Answered(usize, Result<T, EtcdError>),
+        Send,
+        GiveUp,
+    }
+
     let give_up = Instant::now() + request_timeout;
     let mut backoff = palisade_core::spi::Backoff::with_bounds(
         std::time::Duration::from_millis(5),
         std::time::Duration::from_millis(100),
     );
+    let resend_at = || idempotent.then(|| Instant::now() + RESEND_IDEMPOTENT_AFTER);
+    let mut in_flight: Vec<Pin<Box<Fut>>> = vec![Box::pin(send())];
+    // Attempts that may have reached a server: every one sent, but those refused before
+    // they left this process.
+    let mut reached = 1usize;
+    let mut next_send = resend_at();
     loop {
-        let attempt_until = if idempotent { give_up.min(Instant::now() + RESEND_IDEMPOTENT_AFTER) } else { give_up };
-        let result = match tokio::time::timeout_at(attempt_until, send()).await {
-            Ok(result) => result,
-            Err(_) if Instant::now() < give_up => {
-                debug!(what, "no answer within {RESEND_IDEMPOTENT_AFTER:?}; sending the idempotent request again");
-                continue;
-            }
-            Err(_) => return Err(timed_out(what, writes)),
-        };
-        match result {
-            Ok(value) => return Ok(value),
-            Err(e) if never_sent(&e) => {
-                let delay = backoff.next_delay();
-                if Instant::now() + delay >= give_up {
-                    return Err(map(e, what, writes));
+        let event = {
+            let answered = std::future::poll_fn(|cx| {
+                for (i, attempt) in in_flight.iter_mut().enumerate() {
+                    if let Poll::Ready(result) = attempt.as_mut().poll(cx) {
+                        return Poll::Ready((i, result));
+                    }
                 }
-                tokio::time::sleep(delay).await;
+                Poll::Pending
+            });
+            let send_at = next_send.unwrap_or(give_up);
+            tokio::select! {
+                biased;
+                (i, result) = answered => Event::Answered(i, result),
+                () = sleep_until(give_up) => Event::GiveUp,
+                () = sleep_until(send_at), if next_send.is_some() => Event::Send,
             }
-            Err(e) => return Err(map(e, what, writes)),
+        };
+        match event {
+            Event::GiveUp => return Err(timed_out(what, writes)),
+            Event::Send => {
+                if !in_flight.is_empty() {
+                    debug!(what, "no answer within {RESEND_IDEMPOTENT_AFTER:?}; sending the idempotent request again");
+                }
+                in_flight.push(Box::pin(send()));
+                reached += 1;
+                next_send = resend_at();
+            }
+            Event::Answered(i, result) => {
+                drop(in_flight.swap_remove(i));
+                match result {
+                    Ok(value) => return Ok(Answer { value, resent: reached > 1 }),
+                    Err(e) if never_sent(&e) => {
+                        reached -= 1;
+                        let retry = Instant::now() + backoff.next_delay();
+                        if retry >= give_up {
+                            return Err(map(e, what, writes));
+                        }
+                        next_send = Some(next_send.map_or(retry, |at| at.min(retry)));
+                    }
+                    // Another attempt may still answer.
+                    Err(e) if !in_flight.is_empty() => {
+                        debug!(what, error = %e, "an attempt failed; waiting for the others");
+                    }
+                    Err(e) => return Err(map(e, what, writes)),
+                }
+            }
         }
     }
 }

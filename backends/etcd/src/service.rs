@@ -19,7 +19,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::errors::{map, never_sent, timed_out, with_failover};
+use crate::errors::{map, never_sent, send_until_answered, timed_out, with_failover};
 use crate::reply::TxnReply;
 use crate::session::Session;
 use crate::{BACKEND, EtcdConfig};
@@ -249,18 +249,24 @@ impl Inner {
         });
     }
 
-    /// Deletes a contender key; true if it existed. A plain delete is the owner check: the
-    /// key's name carries the grant's owner token, fresh for every grant, so a key of that name
-    /// is this grant's or nobody's (the compare on its create revision this replaced, sent as
-    /// a txn, checked nothing more).
-    async fn delete_own(&self, etcd_key: &[u8]) -> Result<bool> {
-        let resp = with_failover(self.config.request_timeout, "release", true, true, || {
+    /// Deletes a contender key. A plain delete is the owner check: the key's name carries the
+    /// grant's owner token, fresh for every grant, so a key of that name is this grant's or
+    /// nobody's (the compare on its create revision this replaced, sent as a txn, checked
+    /// nothing more).
+    async fn delete_own(&self, etcd_key: &[u8]) -> Result<Deleted> {
+        let answer = send_until_answered(self.config.request_timeout, "release", true, true, || {
             let mut kv = self.client.kv_client();
             let key = etcd_key.to_vec();
             async move { kv.delete(key, None).await }
         })
         .await?;
-        Ok(resp.deleted() > 0)
+        Ok(if answer.value.deleted() > 0 {
+            Deleted::Now
+        } else if answer.resent {
+            Deleted::GoneAfterResend
+        } else {
+            Deleted::WasGone
+        })
     }
 
     /// The TTL a grant requested at `sent_at` may claim: `ttl`, capped at what the session is
@@ -311,6 +317,16 @@ impl Inner {
         );
         Ok(grant)
     }
+}
+
+/// What a delete of our own key found.
+enum Deleted {
+    /// It deleted the key.
+    Now,
+    /// The key was gone, and an earlier attempt of the same delete may have deleted it.
+    GoneAfterResend,
+    /// The key was gone before the delete.
+    WasGone,
 }
 
 /// Deletes a waiter's key if the wait ends without the lock (timeout, error, or the acquire
@@ -514,6 +530,7 @@ impl LockService for EtcdLockService {
     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
         let inner = &self.inner;
         let id = self.contender_key(grant.key(), grant.token());
+        let held = inner.held.holds(&id, grant.fence().get());
         inner.held.forget(&id, grant.fence().get());
         let etcd_key = id.into_bytes();
         let deleted = match inner.delete_own(&etcd_key).await {
@@ -526,10 +543,17 @@ impl LockService for EtcdLockService {
                 return Err(e);
             }
         };
-        if deleted {
-            Ok(())
-        } else {
-            Err(Error::new(ErrorKind::NotHolder, BACKEND, format!("{} was not held by this grant", grant.key())))
+        match deleted {
+            Deleted::Now => Ok(()),
+            // `LockService::release`: a resend that finds the lock freed by the first send
+            // reports success. The key was ours and live when the release began (its local
+            // deadline, never later than the server's, had not passed), and from then on
+            // only this release deletes it (or the session's expiry, later still): the grant
+            // held the lock until this release let it go.
+            Deleted::GoneAfterResend if held => Ok(()),
+            Deleted::GoneAfterResend | Deleted::WasGone => {
+                Err(Error::new(ErrorKind::NotHolder, BACKEND, format!("{} was not held by this grant", grant.key())))
+            }
         }
     }
 }

@@ -58,6 +58,7 @@
 
 mod config;
 mod errors;
+mod single_item;
 mod store;
 
 pub use aws_sdk_dynamodb;

@@ -30,6 +30,7 @@ use palisade_core::{
 use tracing::{debug, warn};
 
 use crate::errors::map;
+use crate::single_item::send_fenced;
 use crate::{BACKEND, DynamoConfig};
 
 /// The partition key attribute of the store's table (a string).
@@ -48,11 +49,11 @@ const FENCE_PREFIX: &str = "fence#";
 const RECORD_PREFIX: &str = "rec#";
 /// The condition every fenced write carries: no fence yet, one below ours, or ours from the
 /// same grant (or from an item written before grants were recorded).
-const FENCE_CONDITION: &str = "(attribute_not_exists(#palisade_fence) OR #palisade_fence < :palisade_fence \
+pub(crate) const FENCE_CONDITION: &str = "(attribute_not_exists(#palisade_fence) OR #palisade_fence < :palisade_fence \
      OR (#palisade_fence = :palisade_fence \
          AND (attribute_not_exists(#palisade_grant) OR #palisade_grant = :palisade_grant)))";
 /// What a fenced write sets besides the caller's own attributes.
-const FENCE_ASSIGNMENT: &str = "#palisade_fence = :palisade_fence, #palisade_grant = :palisade_grant";
+pub(crate) const FENCE_ASSIGNMENT: &str = "#palisade_fence = :palisade_fence, #palisade_grant = :palisade_grant";
 
 /// A fenced store in a DynamoDB table.
 ///
@@ -237,7 +238,9 @@ impl DynamoStore {
     /// Errors: a higher fence on the item → [`ErrorKind::StaleFence`] with the item's fence
     /// (read from the old item DynamoDB returns with the failure); the same fence from another
     /// grant → [`ErrorKind::DuplicateFence`]; your own condition failing →
-    /// [`ErrorKind::Conflict`].
+    /// [`ErrorKind::Conflict`]. Every refused fence (stale or duplicate) counts once in
+    /// `palisade_lock_fence_rejected_total{store="dynamodb"}`, as a refused
+    /// [`FencedStoreExt::write`](palisade_core::FencedStoreExt::write) does.
     ///
     /// These helpers never raise the store's watermark for a resource: check a fresh grant
     /// against the item itself with [`item_watermark`](Self::item_watermark).
@@ -252,23 +255,7 @@ impl DynamoStore {
         update: UpdateItemFluentBuilder,
         fence: impl Into<GrantFence> + Send,
     ) -> Result<UpdateItemOutput> {
-        let fence = fence.into();
-        let f = storable_fence(BACKEND, fence.fence())?;
-        let expression = add_set_clause(update.get_update_expression().as_deref().unwrap_or(""), FENCE_ASSIGNMENT);
-        let condition = with_fence_condition(update.get_condition_expression().as_deref());
-        let sent = update
-            .update_expression(expression)
-            .condition_expression(condition)
-            .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
-            .expression_attribute_names("#palisade_grant", GRANT_ATTRIBUTE)
-            .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
-            .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .customize()
-            .config_override(one_attempt())
-            .send()
-            .await;
-        sent.map_err(|e| single_item_error(e, fence, "update_item_fenced"))
+        send_fenced(update, fence.into()).await
     }
 
     /// Your own `PutItem`, fenced: the item gets `fence = :f` and `fence_grant = :g`, and the
@@ -279,23 +266,7 @@ impl DynamoStore {
         put: PutItemFluentBuilder,
         fence: impl Into<GrantFence> + Send,
     ) -> Result<PutItemOutput> {
-        let fence = fence.into();
-        let f = storable_fence(BACKEND, fence.fence())?;
-        let condition = with_fence_condition(put.get_condition_expression().as_deref());
-        let sent = put
-            .item(FENCE_ATTRIBUTE, AttributeValue::N(f.to_string()))
-            .item(GRANT_ATTRIBUTE, grant_value(fence.grant()))
-            .condition_expression(condition)
-            .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
-            .expression_attribute_names("#palisade_grant", GRANT_ATTRIBUTE)
-            .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
-            .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .customize()
-            .config_override(one_attempt())
-            .send()
-            .await;
-        sent.map_err(|e| single_item_error(e, fence, "put_item_fenced"))
+        send_fenced(put, fence.into()).await
     }
 
     /// Your own `DeleteItem`, fenced: deleted only if the fence condition holds. Errors as for
@@ -305,21 +276,7 @@ impl DynamoStore {
         delete: DeleteItemFluentBuilder,
         fence: impl Into<GrantFence> + Send,
     ) -> Result<DeleteItemOutput> {
-        let fence = fence.into();
-        let f = storable_fence(BACKEND, fence.fence())?;
-        let condition = with_fence_condition(delete.get_condition_expression().as_deref());
-        let sent = delete
-            .condition_expression(condition)
-            .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
-            .expression_attribute_names("#palisade_grant", GRANT_ATTRIBUTE)
-            .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
-            .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .customize()
-            .config_override(one_attempt())
-            .send()
-            .await;
-        sent.map_err(|e| single_item_error(e, fence, "delete_item_fenced"))
+        send_fenced(delete, fence.into()).await
     }
 
     fn fence_item_key(resource: &ResourceKey) -> AttributeValue {
@@ -617,15 +574,7 @@ fn fence_of(item: &HashMap<String, AttributeValue>) -> Option<Fence> {
     }
 }
 
-/// The SDK's retries for a single-item fenced request: none. A fenced update is not idempotent
-/// (the same fence from the same grant passes again, so `SET qty = qty - :d` would apply once
-/// per attempt), and these requests carry no idempotency token; an attempt that times out after
-/// the request left is reported as `OutcomeUnknown` instead of being sent again.
-fn one_attempt() -> aws_sdk_dynamodb::config::Builder {
-    aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled())
-}
-
-fn grant_value(grant: GrantId) -> AttributeValue {
+pub(crate) fn grant_value(grant: GrantId) -> AttributeValue {
     AttributeValue::B(Blob::new(grant.as_bytes().to_vec()))
 }
 
@@ -638,73 +587,10 @@ fn grant_of(item: &HashMap<String, AttributeValue>) -> Option<GrantId> {
 
 /// Why the fence condition refused `presented` on the item `old` (as it was when refused), or
 /// `None` if the fence condition holds there (then it was another condition that failed).
-fn refusal_of(old: Option<&HashMap<String, AttributeValue>>, presented: GrantFence) -> Option<Error> {
+pub(crate) fn refusal_of(old: Option<&HashMap<String, AttributeValue>>, presented: GrantFence) -> Option<Error> {
     let old = old?;
     fence_refusal(BACKEND, presented, fence_of(old)?, grant_of(old))
 }
-
-/// `(fence condition) AND (yours)`.
-fn with_fence_condition(user: Option<&str>) -> String {
-    match user {
-        Some(c) if !c.trim().is_empty() => format!("{FENCE_CONDITION} AND ({c})"),
-        _ => FENCE_CONDITION.to_string(),
-    }
-}
-
-/// Adds `assignment` to the `SET` clause of an update expression (DynamoDB allows each clause
-/// once), or appends a `SET` clause if there is none. `SET` is a reserved word, so a bare
-/// `SET` token can only be the clause keyword.
-pub(crate) fn add_set_clause(expression: &str, assignment: &str) -> String {
-    let bytes = expression.as_bytes();
-    let is_word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'#' || b == b':';
-    let mut i = 0;
-    while i + 3 <= bytes.len() {
-        let before_ok = i == 0 || !is_word(bytes[i - 1]);
-        let after_ok = i + 3 == bytes.len() || !is_word(bytes[i + 3]);
-        if before_ok && after_ok && expression[i..i + 3].eq_ignore_ascii_case("SET") {
-            return format!("{} {assignment},{}", &expression[..i + 3], &expression[i + 3..]);
-        }
-        i += 1;
-    }
-    if expression.trim().is_empty() { format!("SET {assignment}") } else { format!("{expression} SET {assignment}") }
-}
-
-/// Maps the failure of a single-item fenced request: the condition failing because of the
-/// fence is `StaleFence` or `DuplicateFence`, because of the caller's own condition `Conflict`.
-fn single_item_error<E, R>(e: SdkError<E, R>, fence: GrantFence, what: &str) -> Error
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static + ConditionFailure,
-    R: std::fmt::Debug + Send + Sync + 'static,
-{
-    if let SdkError::ServiceError(s) = &e
-        && let Some(old) = s.err().condition_failure()
-    {
-        return refusal_of(old, fence).unwrap_or_else(|| {
-            Error::new(ErrorKind::Conflict, BACKEND, format!("{what}: your condition on the item does not hold"))
-        });
-    }
-    map(e, what, true)
-}
-
-/// The old item of a `ConditionalCheckFailedException` (outer `None`: another error).
-trait ConditionFailure {
-    fn condition_failure(&self) -> Option<Option<&HashMap<String, AttributeValue>>>;
-}
-
-macro_rules! condition_failure {
-    ($($module:ident::$error:ident),*) => {$(
-        impl ConditionFailure for aws_sdk_dynamodb::operation::$module::$error {
-            fn condition_failure(&self) -> Option<Option<&HashMap<String, AttributeValue>>> {
-                use aws_sdk_dynamodb::operation::$module::$error as E;
-                match self {
-                    E::ConditionalCheckFailedException(c) => Some(c.item()),
-                    _ => None,
-                }
-            }
-        }
-    )*};
-}
-condition_failure!(update_item::UpdateItemError, put_item::PutItemError, delete_item::DeleteItemError);
 
 #[async_trait]
 impl FencedStore for DynamoStore {
@@ -814,22 +700,5 @@ mod tests {
         assert_eq!(read_cancellation(&["None", ccf], false, &[true]), Cancellation::Other);
         assert_eq!(read_cancellation(&["None", "None", ccf], true, &[true, true]), Cancellation::Other);
         assert_eq!(read_cancellation(&["None", ccf], true, &[true, false]), Cancellation::Other);
-    }
-
-    #[test]
-    fn fence_joins_the_set_clause() {
-        let a = "#palisade_fence = :palisade_fence";
-        assert_eq!(add_set_clause("", a), format!("SET {a}"));
-        assert_eq!(add_set_clause("SET qty = qty - :d", a), format!("SET {a}, qty = qty - :d"));
-        assert_eq!(add_set_clause("set qty = :q REMOVE old", a), format!("set {a}, qty = :q REMOVE old"));
-        assert_eq!(add_set_clause("REMOVE old", a), format!("REMOVE old SET {a}"));
-        assert_eq!(add_set_clause("ADD #SET :set", a), format!("ADD #SET :set SET {a}"));
-        assert_eq!(add_set_clause("REMOVE settings", a), format!("REMOVE settings SET {a}"));
-    }
-
-    #[test]
-    fn user_conditions_are_anded() {
-        assert_eq!(with_fence_condition(None), FENCE_CONDITION);
-        assert_eq!(with_fence_condition(Some("qty >= :d")), format!("{FENCE_CONDITION} AND (qty >= :d)"));
     }
 }

@@ -119,6 +119,73 @@ async fn update_put_and_delete_of_your_own_items_are_fenced_in_one_request() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
 }
 
+/// Every fence the single-item helpers refuse, stale or duplicate, through an update, a put or
+/// a delete, counts once in `palisade_lock_fence_rejected_total{store="dynamodb"}`: they bypass
+/// `FencedStoreExt`, which counts the refusals of `apply`. Accepted writes and the caller's own
+/// failed condition count nothing.
+#[test]
+fn every_fence_the_helpers_refuse_is_counted_once() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let store = DynamoStore::open(config("counted")).await.unwrap();
+            let table = store.config().table.clone();
+            let key = || AttributeValue::S("SKU-9".into());
+            let update = || {
+                store
+                    .client()
+                    .update_item()
+                    .table_name(&table)
+                    .key("pk", key())
+                    .update_expression("SET qty = qty - :one")
+                    .condition_expression("qty >= :one")
+                    .expression_attribute_values(":one", n(1))
+            };
+            let put = || store.client().put_item().table_name(&table).item("pk", key()).item("qty", n(1));
+            let delete = || store.client().delete_item().table_name(&table).key("pk", key());
+            store.put_item_fenced(put(), gf(7)).await.unwrap();
+            store.update_item_fenced(update(), gf(7)).await.unwrap();
+            // The caller's own condition (stock 0) failing is a Conflict, not a refused fence.
+            let err = store.update_item_fenced(update(), gf(7)).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Conflict, "{err:?}");
+
+            let other = GrantFence::new(Fence::new(7), GrantId::from_bytes([0xb2; 16]));
+            for fence in [gf(3), other] {
+                let refusals = [
+                    store.update_item_fenced(update(), fence).await.unwrap_err(),
+                    store.put_item_fenced(put(), fence).await.unwrap_err(),
+                    store.delete_item_fenced(delete(), fence).await.unwrap_err(),
+                ];
+                for err in refusals {
+                    assert!(
+                        matches!(err.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. }),
+                        "{err:?}"
+                    );
+                }
+            }
+            store.delete_item_fenced(delete(), gf(7)).await.unwrap();
+        });
+    });
+    let counted: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, _, _, _)| {
+            k.key().name() == palisade_core::metrics::LOCK_FENCE_REJECTED_TOTAL
+                && k.key().labels().any(|l| l.key() == "store" && l.value() == palisade_dynamodb::BACKEND)
+        })
+        .map(|(_, _, _, v)| match v {
+            DebugValue::Counter(c) => c,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(counted, 6, "six refused fences (stale and duplicate × update, put, delete) counted {counted} times");
+}
+
 /// What a test proxy does to requests for one DynamoDB operation (matched on `X-Amz-Target`).
 #[derive(Clone, Copy)]
 enum Fault {
