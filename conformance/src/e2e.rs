@@ -17,6 +17,9 @@ use crate::harness::{Ctx, Failure, Outcome};
 use crate::lock::{client, key, patience};
 use crate::relay::{Relay, RelayLockService};
 use crate::store::store_client;
+
+// The liveness scenario with a store, in the end-to-end registry with the rest.
+pub use crate::liveness::waits_are_bounded_while_a_fenced_transaction_is_open;
 use crate::{FencedStoreFactory, LockServiceFactory, Namespace, ProcessAccess, attempt, ensure};
 
 /// Writes under a lease: fenced if the service issues fences, the naive unfenced path if not

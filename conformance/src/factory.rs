@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::{FencedStore, LockService, ResourceKey, Result};
+use palisade_core::{FencedStore, GrantFence, LockService, ResourceKey, Result};
 
 use crate::e2e::LoadSettings;
 use crate::proxy::FaultProxy;
@@ -233,7 +233,28 @@ pub trait FencedStoreFactory: Send + Sync + 'static {
     fn load(&self) -> LoadSettings {
         LoadSettings::from_env()
     }
+
+    /// Opens a fenced transaction of the store's own API under `fence` for `resource` (what a
+    /// holder's `begin_fenced` does: the fence check first, whatever it locks kept locked until
+    /// the transaction ends) and keeps it open, idle, until the returned guard is dropped
+    /// (which rolls it back). The suite checks that lock operations keep their bounds
+    /// meanwhile. Default: [`ErrorKind::Unsupported`] (a store without transactions of its
+    /// own; the scenario then says so).
+    ///
+    /// [`ErrorKind::Unsupported`]: palisade_core::ErrorKind::Unsupported
+    async fn hold_transaction(&self, resource: &ResourceKey, fence: GrantFence) -> Result<HeldTransaction> {
+        let _ = (resource, fence);
+        Err(palisade_core::Error::new(
+            palisade_core::ErrorKind::Unsupported,
+            "conformance",
+            "this factory cannot hold a fenced transaction of the store open",
+        ))
+    }
 }
+
+/// An open fenced transaction (and whatever keeps it alive), from
+/// [`FencedStoreFactory::hold_transaction`]; dropping it rolls the transaction back.
+pub type HeldTransaction = Box<dyn std::any::Any + Send>;
 
 /// A fresh random namespace: scenarios never see each other's keys, records or fences.
 #[derive(Debug, Clone)]

@@ -5,9 +5,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use palisade_core::{FencedStore, Fencing, LockService, ResourceKey, Result};
+use palisade_core::{FencedStore, Fencing, GrantFence, LockService, ResourceKey, Result};
 
-use crate::{FaultyClient, FencedStoreFactory, LoadSettings, LockServiceFactory, ProcessAccess, Timing};
+use crate::{
+    FaultyClient, FencedStoreFactory, HeldTransaction, LoadSettings, LockServiceFactory, ProcessAccess, Timing,
+};
 
 /// What [`FnLockFactory::with_break_lock`] calls.
 type BreakLock = Arc<dyn Fn(ResourceKey) -> Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send + Sync>;
@@ -117,16 +119,32 @@ where
     }
 }
 
+/// What [`FnStoreFactory::with_held_transaction`] calls.
+type HoldFn =
+    Arc<dyn Fn(ResourceKey, GrantFence) -> Pin<Box<dyn Future<Output = Result<HeldTransaction>> + Send>> + Send + Sync>;
+
 /// A [`FencedStoreFactory`] that calls a closure for each client.
 pub struct FnStoreFactory<F> {
     make: F,
     load: Option<LoadSettings>,
+    hold: Option<HoldFn>,
 }
 
 impl<F> FnStoreFactory<F> {
     /// Declares the load this store's test server takes (see [`FencedStoreFactory::load`]).
     pub fn with_load(mut self, load: LoadSettings) -> Self {
         self.load = Some(load);
+        self
+    }
+
+    /// Provides [`FencedStoreFactory::hold_transaction`]: `hold` opens a fenced transaction
+    /// (on a client of its own) and returns it, with whatever keeps it alive, as the guard.
+    pub fn with_held_transaction<H, HFut>(mut self, hold: H) -> Self
+    where
+        H: Fn(ResourceKey, GrantFence) -> HFut + Send + Sync + 'static,
+        HFut: Future<Output = Result<HeldTransaction>> + Send + 'static,
+    {
+        self.hold = Some(Arc::new(move |resource, fence| Box::pin(hold(resource, fence))));
         self
     }
 }
@@ -138,7 +156,7 @@ where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Arc<S>>> + Send,
 {
-    FnStoreFactory { make, load: None }
+    FnStoreFactory { make, load: None, hold: None }
 }
 
 #[async_trait]
@@ -154,5 +172,15 @@ where
     }
     fn load(&self) -> LoadSettings {
         self.load.unwrap_or_else(LoadSettings::from_env)
+    }
+    async fn hold_transaction(&self, resource: &ResourceKey, fence: GrantFence) -> Result<HeldTransaction> {
+        match &self.hold {
+            Some(hold) => hold(resource.clone(), fence).await,
+            None => Err(palisade_core::Error::new(
+                palisade_core::ErrorKind::Unsupported,
+                "conformance",
+                "this factory cannot hold a fenced transaction of the store open",
+            )),
+        }
     }
 }

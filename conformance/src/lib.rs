@@ -70,6 +70,7 @@
 //! | 11b | [`paused_holder_process`](e2e::paused_holder_process) | end to end | the same with a real process frozen by `SIGSTOP` and thawed by `SIGCONT` |
 //! | 12 | [`killed_holder`](e2e::killed_holder) | end to end | after `SIGKILL` of the holder the next one proceeds within TTL + margin |
 //! | – | [`stale_write_before_new_holder_writes`](e2e::stale_write_before_new_holder_writes) | end to end | fencing rule 3: a fence orders writes, the "done" check in the write stops the job running twice |
+//! | – | [`waits_are_bounded_while_a_fenced_transaction_is_open`](e2e::waits_are_bounded_while_a_fenced_transaction_is_open) | end to end | with the holder's fenced transaction held open ([`FencedStoreFactory::hold_transaction`]), a zero wait and a 300 ms wait answer within their bound |
 //! | 13 | [`load`](e2e::load) | end to end | sustained rate across keys: no overlapping holds with accepted writes; every job once; fences gap-free if declared |
 //!
 //! ## Servers of a test's own
@@ -132,8 +133,8 @@ pub mod store;
 
 pub use e2e::LoadSettings;
 pub use factory::{
-    ClusterFactory, FaultyClient, FencedStoreFactory, FencingOf, LockServiceFactory, Namespace, ProcessAccess,
-    RestartableFactory, Timing,
+    ClusterFactory, FaultyClient, FencedStoreFactory, FencingOf, HeldTransaction, LockServiceFactory, Namespace,
+    ProcessAccess, RestartableFactory, Timing,
 };
 pub use fn_factory::{FnLockFactory, FnStoreFactory, lock_factory, store_factory};
 pub use harness::{Ctx, Failure, Outcome, Report, require_env};
@@ -365,6 +366,7 @@ macro_rules! end_to_end_suite {
             $crate::__scenario_test!(e2e, killed_holder, ($lock, $store));
             $crate::__scenario_test!(e2e, stale_write_before_new_holder_writes, ($lock, $store));
             $crate::__scenario_test!(e2e, live_lock_when_declared, ($lock, $store));
+            $crate::__scenario_test!(e2e, waits_are_bounded_while_a_fenced_transaction_is_open, ($lock, $store));
             $crate::__scenario_test!(e2e, load, ($lock, $store));
         }
     };

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::harness::{Ctx, Failure, Outcome};
 use crate::lock::{client, faulty_client, key};
-use crate::{FaultProxy, LockServiceFactory, Namespace, attempt, ensure};
+use crate::{FaultProxy, FencedStoreFactory, LockServiceFactory, Namespace, attempt, ensure};
 
 /// The allowance for "answers at once": a few round trips, scaled from this client's own
 /// uncontended round trip (`round_trip`, an acquire plus a release), and never under a second
@@ -347,4 +347,113 @@ where
         }
     }
     Ok(())
+}
+
+/// **Waits are bounded while a fenced transaction is open** (end to end; a store with
+/// transactions of its own, [`FencedStoreFactory::hold_transaction`]). A holder takes the lock
+/// (TTL 4 × the factory's, at least 3 s) and opens a fenced transaction under its fence, which
+/// stays open and idle — a holder busy elsewhere, or frozen. Meanwhile, from another client:
+/// - `try_acquire` answers within the allowance (ten uncontended round trips, at least 1 s):
+///   "held", or a retryable error; never a grant while the holder's transaction is open;
+/// - `acquire` with a 300 ms wait answers within 300 ms plus the allowance: `Timeout`, or the
+///   retryable refusal of its last attempt.
+///
+/// Then the transaction ends, the holder releases, and the other client gets the lock within
+/// the expiry bound. (Whether the holder can renew inside its own transaction is the store's
+/// to document: SQLite, one writer at a time, cannot.)
+///
+/// [`FencedStoreFactory::hold_transaction`]: crate::FencedStoreFactory::hold_transaction
+pub async fn waits_are_bounded_while_a_fenced_transaction_is_open<L: LockServiceFactory, S: FencedStoreFactory>(
+    ctx: &Ctx,
+    lf: &L,
+    sf: &S,
+) -> Outcome {
+    let ns = Namespace::new();
+    let k = key(ctx, &ns, "bounded-in-tx")?;
+    let timing = lf.timing();
+    let ttl = attempt!(ctx, Ttl::new((timing.ttl * 4).max(Duration::from_secs(3))), "ttl");
+    let (holder, other) = (client(ctx, lf).await?, client(ctx, lf).await?);
+
+    let probe = key(ctx, &ns, "round-trip")?;
+    let mut round_trip = Duration::ZERO;
+    for _ in 0..2 {
+        let started = Instant::now();
+        let Some(g) = attempt!(ctx, other.try_acquire(&probe, ttl).await, "uncontended try_acquire") else {
+            return Err(ctx.fail("a fresh key was reported busy"));
+        };
+        attempt!(ctx, other.release(&g).await, "release");
+        round_trip = started.elapsed();
+    }
+    let allowed = allowance(round_trip);
+
+    let Some(grant) = attempt!(ctx, holder.try_acquire(&k, ttl).await, "the holder's try_acquire") else {
+        return Err(ctx.fail("a fresh key was reported busy"));
+    };
+    let Some(fence) = grant.fence_if_any() else {
+        attempt!(ctx, holder.release(&grant).await, "release");
+        ctx.note("unfenced service: no fenced transaction to open");
+        return Ok(ctx.report());
+    };
+    let held = match sf.hold_transaction(&k, palisade_core::GrantFence::new(fence, grant.grant_id())).await {
+        Ok(held) => held,
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            attempt!(ctx, holder.release(&grant).await, "release");
+            ctx.note(format!("not checked: {e}"));
+            return Ok(ctx.report());
+        }
+        Err(e) => return Err(ctx.fail(format!("the store factory could not open a fenced transaction: {e}"))),
+    };
+
+    let started = Instant::now();
+    let tried = tokio::time::timeout(ttl.get(), other.try_acquire(&k, ttl)).await;
+    let took = started.elapsed();
+    let Ok(tried) = tried else {
+        return Err(ctx.fail(format!(
+            "try_acquire while the holder's fenced transaction was open did not answer within the TTL ({ttl:?})"
+        )));
+    };
+    match &tried {
+        Ok(None) => {}
+        Err(e) if e.is_retryable() => ctx.note(format!("try_acquire meanwhile: {e}")),
+        Ok(Some(_)) => return Err(ctx.fail("granted while the holder held the lock with a fenced transaction open")),
+        Err(e) => return Err(ctx.fail(format!("try_acquire while a fenced transaction was open: {e}"))),
+    }
+    ensure!(
+        ctx,
+        took <= allowed,
+        "try_acquire while the holder's fenced transaction was open took {took:?}, allowed {allowed:?}: it waited for the transaction"
+    );
+
+    let wait = Duration::from_millis(300);
+    let started = Instant::now();
+    let waited = tokio::time::timeout(ttl.get(), other.acquire(&k, ttl, wait)).await;
+    let took = started.elapsed();
+    let Ok(waited) = waited else {
+        return Err(ctx.fail(format!(
+            "acquire with a {wait:?} wait while a fenced transaction was open did not answer within the TTL: it ignored its wait"
+        )));
+    };
+    ensure!(
+        ctx,
+        took <= wait + allowed,
+        "acquire with a {wait:?} wait while a fenced transaction was open took {took:?}, allowed {:?}: it ignored its wait",
+        wait + allowed
+    );
+    match &waited {
+        Err(e) if e.kind() == ErrorKind::Timeout => {}
+        // The last attempt's own refusal (a store busy with the transaction) may stand for
+        // the timeout: it says why the wait ran out.
+        Err(e) if e.is_retryable() => ctx.note(format!("acquire with a {wait:?} wait meanwhile: {e}")),
+        other => {
+            let kind = other.as_ref().err().map(|e| e.kind());
+            return Err(ctx.fail(format!("acquire with a {wait:?} wait on a held lock gave {kind:?}")));
+        }
+    }
+
+    drop(held);
+    attempt!(ctx, holder.release(&grant).await, "the holder's release after its transaction ended");
+    let next = attempt!(ctx, other.acquire(&k, ttl, timing.expiry_bound()).await, "the lock after the release");
+    attempt!(ctx, other.release(&next).await, "release");
+    ctx.note(format!("allowance {:.0} ms", allowed.as_secs_f64() * 1e3));
+    Ok(ctx.report())
 }

@@ -39,21 +39,26 @@ const RESENDS: usize = 2;
 ///   clocks are never compared with it (a grant's client-side deadline starts before the
 ///   statement ran, so it ends no later than the server's). The statements read
 ///   `clock_timestamp()`, not `now()`: `now()` is the time the statement *started*, and one
-///   that waited on the row's lock (behind a release, or a write holding a live lock) would
-///   grant an expiry already partly spent, or judge a lock by a moment long gone.
+///   that waited on the row's lock (behind another operation's statement on the same row)
+///   would grant an expiry already partly spent, or judge a lock by a moment long gone.
 /// - **Fences from a per-resource counter** in the lock's row (`palisade_locks`, one row per
 ///   resource ever locked, kept after release and expiry): it never goes back, has no gaps,
 ///   and is as durable as the database.
-/// - **Answers within its wait**: no statement ever waits on a row lock. A lock whose row a
-///   fenced transaction of the last holder still locks (a store with `require_live_lock`)
-///   reads as held until that transaction ends, however long ago the lock expired — and that
-///   transaction ends at most one TTL after its client went silent (see
-///   [`PostgresStore::begin_fenced`]). The holder can extend and release during it.
+/// - **Answers within its wait**: no statement ever waits for a fenced transaction (only, at
+///   most, for another lock statement on the same row to finish). A lock whose row a fenced
+///   transaction of the last holder still locks (a store with `require_live_lock`) reads as
+///   held until that transaction ends, however long ago the lock expired — and the server ends
+///   that transaction once it has sat idle for its lease's TTL, at least 1 s (30 s when opened
+///   with a bare fence; see [`PostgresStore::begin_fenced`]). The holder can extend and
+///   release during it. (A server that cannot be reached at all is bounded by the pool's
+///   acquire timeout and TCP's, not by the wait.)
 /// - **Lost replies**: acquire is idempotent per grant, so a request whose reply was lost is
-///   sent again (twice at most) and answers with the grant it made; if no send gets a reply,
-///   the grant it may have made is released in the background and the caller gets a retryable
+///   sent again (twice at most) and answers with the grant it made; when a resend does not end
+///   in that grant, the grant the first send may have made is released in the background
+///   (retried until it would have expired anyway) and the caller gets "held" or a retryable
 ///   `Unavailable`. Extend and release are resent the same way (a resent release that finds
-///   the grant gone reports success, as [`LockService::release`] says).
+///   the grant gone reports success, as [`LockService::release`] says, even if the first send
+///   came too late to release anything).
 /// - **Repairs**: [`advance_fence`](LockService::advance_fence) moves the counter's floor, not
 ///   the holder's fence: the holder keeps, extends and releases its lock as before.
 /// - **Waiting**: a waiter that finds the lock held marks its row, and the release of a marked
@@ -153,22 +158,19 @@ impl PostgresLockService {
         })
     }
 
-    /// One acquire attempt: the fence if granted, else the holder's time left.
-    /// `waiting`: the caller will wait for a release (it listens), so a held lock is marked.
+    /// One acquire attempt, under a grant id of its own: the fence if granted, else the
+    /// holder's time left. `waiting`: the caller will wait for a release (it listens), so a
+    /// held lock is marked.
     ///
-    /// The statement is idempotent per grant (`token`), so a request whose reply was lost is
-    /// sent again with the same token and answers with the grant the first one made, if it
-    /// made one. When no send gets a reply, the grant (if any) is released in the background
-    /// and the caller gets a retryable [`ErrorKind::Unavailable`] with no grant: nothing is
-    /// left holding the lock that nobody can release (at worst, if the clean-up fails too,
-    /// until the TTL).
-    async fn attempt(
-        &self,
-        key: &ResourceKey,
-        ttl: Ttl,
-        token: OwnerToken,
-        waiting: bool,
-    ) -> Result<AttemptOutcome<Grant<Fenced>>> {
+    /// The statement is idempotent per grant, so a request whose reply was lost is sent again
+    /// with the same grant id and answers with the grant the first one made, if it made one.
+    /// Whenever a resend does not end in that grant (it answered "held" — the first send may
+    /// still have been running, its row locked — or it failed), the grant the first send may
+    /// have made is released in the background, and the caller gets no grant: "held", or a
+    /// retryable [`ErrorKind::Unavailable`]. Every attempt has a grant id of its own, so that
+    /// clean-up can never release a later attempt's grant.
+    async fn attempt(&self, key: &ResourceKey, ttl: Ttl, waiting: bool) -> Result<AttemptOutcome<Grant<Fenced>>> {
+        let token = OwnerToken::generate()?;
         // The first send's time: a resend's reply may carry the expiry the first one set.
         let requested_at = Instant::now();
         let grant_id = GrantId::of(&token);
@@ -187,8 +189,8 @@ impl PostgresLockService {
                     sends += 1;
                     debug!(key = %key, error = %e, "acquire reply lost; sending it again with the same grant");
                 }
-                Err(e) if reply_lost(&e) => {
-                    self.release_orphan(key, grant_id);
+                Err(e) if sends > 0 || reply_lost(&e) => {
+                    self.release_orphan(key, grant_id, ttl, requested_at);
                     return Err(Error::new(
                         ErrorKind::Unavailable,
                         BACKEND,
@@ -201,6 +203,9 @@ impl PostgresLockService {
                 Err(e) => return Err(map_err(e)),
             }
         };
+        if fence.is_none() && sends > 0 {
+            self.release_orphan(key, grant_id, ttl, requested_at);
+        }
         match fence {
             Some(fence) => {
                 let fence = u64::try_from(fence).map_err(|_| {
@@ -219,20 +224,31 @@ impl PostgresLockService {
     }
 
     /// Releases whatever `grant_id` holds on `key`, in the background: the clean-up of an
-    /// acquire none of whose sends got a reply. Best effort: if it fails too, the grant it may
-    /// have made expires with its TTL.
-    fn release_orphan(&self, key: &ResourceKey, grant_id: GrantId) {
+    /// acquire whose sends never confirmed a grant. Its statement waits for a first send still
+    /// running (the row lock), and it is tried again with backoff while the server cannot be
+    /// reached, until the grant it may have made has expired by itself (its `ttl` from
+    /// `requested_at`).
+    fn release_orphan(&self, key: &ResourceKey, grant_id: GrantId, ttl: Ttl, requested_at: Instant) {
         let inner = Arc::clone(&self.inner);
         let resource = key.to_string();
+        let expired = requested_at + ttl.get();
         tokio::spawn(async move {
-            let released = sqlx::query(AssertSqlSafe(Arc::clone(&inner.statements.release_grant)))
-                .bind(&resource)
-                .bind(&grant_id.as_bytes()[..])
-                .bind(&inner.statements.channel)
-                .fetch_all(&inner.pool)
-                .await;
-            if let Err(e) = released {
-                debug!(resource, error = %e, "could not release the grant of an unconfirmed acquire; it expires with its TTL");
+            let mut backoff = Backoff::with_bounds(Duration::from_millis(50), Duration::from_secs(2));
+            loop {
+                let released = sqlx::query(AssertSqlSafe(Arc::clone(&inner.statements.release_grant)))
+                    .bind(&resource)
+                    .bind(&grant_id.as_bytes()[..])
+                    .bind(&inner.statements.channel)
+                    .fetch_all(&inner.pool)
+                    .await;
+                let Err(e) = released else { return };
+                let delay = backoff.next_delay();
+                if Instant::now() + delay >= expired {
+                    debug!(resource, error = %e, "gave up releasing the grant of an unconfirmed acquire: it expires with its TTL");
+                    return;
+                }
+                debug!(resource, error = %e, "could not release the grant of an unconfirmed acquire yet");
+                tokio::time::sleep(delay).await;
             }
         });
     }
@@ -373,14 +389,13 @@ impl LockService for PostgresLockService {
     }
 
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
-        match self.attempt(key, ttl, OwnerToken::generate()?, false).await? {
+        match self.attempt(key, ttl, false).await? {
             AttemptOutcome::Granted(grant) => Ok(Some(grant)),
             AttemptOutcome::Held { .. } => Ok(None),
         }
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
-        let token = OwnerToken::generate()?;
         // The first attempt runs bare; once it found the lock held, the waiter listens and
         // every later attempt marks the row.
         let listening = std::sync::atomic::AtomicBool::new(false);
@@ -388,7 +403,7 @@ impl LockService for PostgresLockService {
             listening.store(true, std::sync::atomic::Ordering::Relaxed);
             self.notifier(key)
         };
-        let attempt = || self.attempt(key, ttl, token, listening.load(std::sync::atomic::Ordering::Relaxed));
+        let attempt = || self.attempt(key, ttl, listening.load(std::sync::atomic::Ordering::Relaxed));
         wait_for_release(BACKEND, key, wait, notifier, Some(MAX_STEP), attempt).await
     }
 

@@ -76,9 +76,16 @@ impl LockStatements {
             // - Idempotent per grant (`$2`): a row that already shows this grant answers with
             //   its fence, so a request resent after its reply was lost gets the grant it made.
             // - A lock the statement's snapshot shows held is answered from the read alone, and
-            //   a free row is taken only once locked `FOR UPDATE SKIP LOCKED`: the statement
-            //   never waits on a row lock (a woken waiter that loses the race does not queue
-            //   behind the holder's release, and a fenced transaction blocks no acquire).
+            //   an existing row is taken over only once locked `FOR UPDATE SKIP LOCKED` (the
+            //   update then owns the row lock it needs): the statement never waits for a fenced
+            //   transaction (a `KEY SHARE` makes the row read as locked, hence held), nor for
+            //   the holder's release (a woken waiter that loses the race does not queue).
+            // - A row missing from the snapshot is only ever inserted, never taken over: when
+            //   another acquire inserted it meanwhile the insert does nothing, and the caller
+            //   looks again (an `ON CONFLICT DO UPDATE` would lock the row `FOR NO KEY UPDATE`,
+            //   which a fenced transaction's `KEY SHARE` does not block).
+            // - Only a row the snapshot shows free is taken over, so the take-over and the
+            //   waiter's mark never update one row twice in one statement.
             // - A waiter (`$4`) that finds it held marks the row `waiting`, once, so that its
             //   release sends a `NOTIFY`; a grant clears the mark (the waiters still waiting set
             //   it again on their next attempt, which the release that made the grant possible
@@ -88,15 +95,17 @@ impl LockStatements {
                  held AS (SELECT expires_at, waiting FROM cur WHERE live AND grant_id <> $2), \
                  free AS (SELECT 1 FROM {l} WHERE resource = $1 AND (grant_id IS NULL OR expires_at <= clock_timestamp()) \
                  FOR UPDATE SKIP LOCKED), \
-                 taken AS (INSERT INTO {l} AS l (resource, grant_id, expires_at, fence) \
-                 SELECT $1, $2, clock_timestamp() + {ms}, 1 \
-                 WHERE NOT EXISTS (SELECT 1 FROM cur) OR (NOT EXISTS (SELECT 1 FROM cur WHERE live) AND EXISTS (SELECT 1 FROM free)) \
-                 ON CONFLICT (resource) DO UPDATE SET grant_id = EXCLUDED.grant_id, \
-                 expires_at = clock_timestamp() + {ms}, fence = greatest(l.fence, l.fence_floor) + 1, waiting = false \
-                 WHERE l.grant_id IS NULL OR l.expires_at <= clock_timestamp() RETURNING l.fence), \
+                 inserted AS (INSERT INTO {l} (resource, grant_id, expires_at, fence) \
+                 SELECT $1, $2, clock_timestamp() + {ms}, 1 WHERE NOT EXISTS (SELECT 1 FROM cur) \
+                 ON CONFLICT (resource) DO NOTHING RETURNING fence), \
+                 updated AS (UPDATE {l} AS l SET grant_id = $2, expires_at = clock_timestamp() + {ms}, \
+                 fence = greatest(l.fence, l.fence_floor) + 1, waiting = false \
+                 WHERE l.resource = $1 AND NOT EXISTS (SELECT 1 FROM cur WHERE live) AND EXISTS (SELECT 1 FROM free) \
+                 AND (l.grant_id IS NULL OR l.expires_at <= clock_timestamp()) RETURNING l.fence), \
                  marked AS (UPDATE {l} SET waiting = true WHERE resource = $1 AND $4 AND NOT waiting \
                  AND EXISTS (SELECT 1 FROM held WHERE NOT held.waiting)) \
-                 SELECT coalesce((SELECT fence FROM taken), (SELECT fence FROM cur WHERE live AND grant_id = $2)), \
+                 SELECT coalesce((SELECT fence FROM inserted), (SELECT fence FROM updated), \
+                 (SELECT fence FROM cur WHERE live AND grant_id = $2)), \
                  (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::BIGINT FROM held), \
                  EXISTS (SELECT 1 FROM cur WHERE NOT live) AND NOT EXISTS (SELECT 1 FROM free)"
             )

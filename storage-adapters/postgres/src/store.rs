@@ -191,7 +191,6 @@ impl PostgresStore {
     ///   your statements run.
     /// - Nothing is written unless you call [`PgFencedTransaction::commit`].
     /// - Only a fenced lease can be passed: a lease of an efficiency lock (Redlock) has no fence.
-    ///
     /// - **Bounded**: if the transaction then sits idle (no statement running) for the lease's
     ///   TTL (at least 1 s), PostgreSQL ends its session (`idle_in_transaction_session_timeout`, set for this
     ///   transaction only) and nothing of it commits. A holder frozen or cut off inside it
@@ -243,8 +242,11 @@ impl PostgresStore {
     ///   before you commit or roll back. Your commit makes your writes and the raise durable
     ///   together; your rollback undoes both.
     /// - Refused: [`ErrorKind::StaleFence`], [`ErrorKind::DuplicateFence`], or (with
-    ///   `require_live_lock`) [`ErrorKind::NotHolder`], and your transaction is aborted, always:
-    ///   every later statement fails and its commit writes nothing. Roll it back.
+    ///   `require_live_lock`) [`ErrorKind::NotHolder`], and your transaction is aborted, always
+    ///   (any other error of the check too): every later statement fails and its commit writes
+    ///   nothing. Roll it back. Inside a savepoint (a nested `sqlx` transaction) it is the
+    ///   savepoint that is aborted: roll back the outer transaction too, or your other
+    ///   statements commit without a fence check.
     /// - Bounded as [`begin_fenced`](Self::begin_fenced)'s: idle for the lease's TTL, the
     ///   transaction's session is ended by the server.
     /// - Run it before your writes (the earlier the row is locked, the less work a stale holder
@@ -517,12 +519,13 @@ async fn raise_watermark(
     idle_bound: Duration,
 ) -> Result<()> {
     let checked = call_apply(&mut *conn, s, Some((resource, fence)), &[], Some(idle_bound)).await;
-    // These native paths bypass `FencedStoreExt`, so they count their own rejections.
-    if let Err(e) = &checked
-        && matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. } | ErrorKind::NotHolder)
-    {
-        palisade_core::metrics::record_fence_rejected(BACKEND);
-        // Its own error is the point: the transaction is aborted (or already was).
+    if let Err(e) = &checked {
+        // These native paths bypass `FencedStoreExt`, so they count their own rejections.
+        if matches!(e.kind(), ErrorKind::StaleFence { .. } | ErrorKind::DuplicateFence { .. } | ErrorKind::NotHolder) {
+            palisade_core::metrics::record_fence_rejected(BACKEND);
+        }
+        // Whatever failed (a refusal, a reply that could not be read), nothing may commit
+        // unchecked. Its own error is the point: the transaction is aborted (or already was).
         let _ = sqlx::raw_sql(sql(ABORT)).execute(&mut *conn).await;
     }
     checked

@@ -11,24 +11,39 @@ use std::time::Duration;
 
 use palisade_conformance::memory::MemoryLockFactory;
 use palisade_conformance::{
-    FaultyClient, FencedStoreFactory, LockServiceFactory, Timing, lock_factory, proxy, require_env, store_factory,
+    FaultyClient, FencedStoreFactory, HeldTransaction, LockServiceFactory, Timing, lock_factory, proxy, require_env,
+    store_factory,
 };
+use palisade_core::{GrantFence, ResourceKey};
 use palisade_postgres::{PostgresConfig, PostgresLockService, PostgresStore};
 
 fn config() -> PostgresConfig {
     PostgresConfig { max_connections: 4, ..PostgresConfig::new(require_env("PALISADE_POSTGRES_URL")) }
 }
 
-/// Each client is its own small pool.
+/// Each client is its own small pool; a held fenced transaction is `begin_with_fence` on a
+/// client of its own.
 fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
     store_factory(|| async { Ok(Arc::new(PostgresStore::open(config()).await?)) })
+        .with_held_transaction(|resource, fence| hold(config(), resource, fence))
 }
 
 /// A store whose every fenced write also requires its lock to be live in the database.
 fn postgres_live() -> impl FencedStoreFactory<Store = PostgresStore> {
-    store_factory(|| async {
-        Ok(Arc::new(PostgresStore::open(PostgresConfig { require_live_lock: true, ..config() }).await?))
-    })
+    let live = || PostgresConfig { require_live_lock: true, ..config() };
+    store_factory(move || async move { Ok(Arc::new(PostgresStore::open(live()).await?)) })
+        .with_held_transaction(move |resource, fence| hold(live(), resource, fence))
+}
+
+/// A fenced transaction opened and left open (the store is kept with it).
+async fn hold(
+    config: PostgresConfig,
+    resource: ResourceKey,
+    fence: GrantFence,
+) -> palisade_core::Result<HeldTransaction> {
+    let store = PostgresStore::open(config).await?;
+    let tx = store.begin_with_fence(&resource, fence).await?;
+    Ok(Box::new((tx, store)))
 }
 
 /// Lock clients, each with its own pool, as separate processes would have. The margin covers

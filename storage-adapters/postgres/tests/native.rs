@@ -560,7 +560,7 @@ async fn lock_operations_answer_within_their_wait_while_a_fenced_transaction_is_
     let (store, locks) = one_database(true).await;
     let (_, contender) = one_database(true).await;
     let key = ResourceKey::new("live", unique("bounded")).unwrap();
-    let ttl = Duration::from_secs(3);
+    let ttl = Duration::from_secs(10); // also the idle bound: well above the test's pauses
     let bound = Duration::from_secs(1);
     let never = Duration::from_secs(10);
     let lease = locks.lock(&key, LockOptions::ttl(ttl)).await.unwrap();
@@ -608,8 +608,9 @@ async fn a_frozen_holders_transaction_ends_within_its_ttl_of_silence() {
     let ttl = Duration::from_secs(1);
     let lease = locks.lock(&key, LockOptions::ttl(ttl)).await.unwrap();
     let mut tx = store.begin_fenced(&lease).await.unwrap();
-    sqlx::query("SELECT 1").execute(tx.conn()).await.unwrap();
+    // Before the last statement is sent: the server's idle clock starts when it has answered.
     let frozen_at = Instant::now();
+    sqlx::query("SELECT 1").execute(tx.conn()).await.unwrap();
     // The holder is frozen from here on: its transaction stays open, silent.
     let granted = tokio::time::timeout(
         Duration::from_secs(20),
@@ -642,7 +643,10 @@ async fn a_refused_check_aborts_the_callers_transaction() {
     let key = ResourceKey::new("live", table.clone()).unwrap();
     let lease = locks.lock(&key, LockOptions::ttl(Duration::from_millis(100))).await.unwrap();
     tokio::time::sleep(Duration::from_millis(250)).await; // expired: not live any more
-    for refused_by in ["live-lock check", "stale fence"] {
+    // The live-lock check answers a refusal as a row; the plain store's watermark check raises
+    // it (PF001): both must leave the transaction aborted.
+    let (plain, _) = one_database(false).await;
+    for (refused_by, store) in [("live-lock check", &store), ("stale fence", &plain)] {
         if refused_by == "stale fence" {
             let newer = locks.lock(&key, LockOptions::ttl(Duration::from_secs(5))).await.unwrap();
             let tx = store.begin_fenced(&newer).await.unwrap();
@@ -651,7 +655,12 @@ async fn a_refused_check_aborts_the_callers_transaction() {
         }
         let mut tx = store.pool().begin().await.unwrap();
         let err = store.check_fence_in(&mut tx, &lease).await.unwrap_err();
-        assert!(matches!(err.kind(), ErrorKind::NotHolder | ErrorKind::StaleFence { .. }), "{err}");
+        let expected = if refused_by == "stale fence" {
+            matches!(err.kind(), ErrorKind::StaleFence { .. })
+        } else {
+            err.kind() == ErrorKind::NotHolder
+        };
+        assert!(expected, "{refused_by}: {err}");
         // The caller ignores the refusal and goes on.
         let insert =
             sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {table} VALUES (1)"))).execute(&mut *tx).await;
@@ -694,7 +703,7 @@ async fn connecting_during_a_fenced_transaction_stalls_no_lock() {
     use std::time::{Duration, Instant};
     let (store, locks) = one_database(true).await;
     let key = ResourceKey::new("live", unique("migrating")).unwrap();
-    let ttl = Duration::from_secs(5);
+    let ttl = Duration::from_secs(30); // also the idle bound: longer than the test
     let lease = locks.lock(&key, LockOptions::ttl(ttl)).await.unwrap();
     let mut tx = store.begin_fenced(&lease).await.unwrap();
     sqlx::query("SELECT 1").execute(tx.conn()).await.unwrap();

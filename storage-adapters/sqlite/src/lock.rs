@@ -41,9 +41,9 @@ const ONE_ATTEMPT: Duration = Duration::from_millis(100);
 /// [`SqliteStore::begin`]) is open, nobody can take, renew or release any lock of the file — its
 /// own holder included: keep fenced transactions well inside the TTL (renew before, not during).
 /// Each operation stays bounded meanwhile: one acquire attempt waits at most 100 ms for this
-/// process's other writers and then reads as "held" (a zero wait answers at once; a longer wait
-/// tries again until it runs out); extend and release wait at most the busy timeout (5 s by
-/// default) and then fail as `Unavailable` (retryable). Another process is held back by
+/// process's other writers and then fails as `Unavailable` (retryable: a zero wait answers at
+/// once; a longer wait tries again until it runs out, then `Timeout`); extend and release wait
+/// at most the busy timeout (5 s by default) and then fail as `Unavailable` (retryable). Another process is held back by
 /// SQLite's busy timeout the same way.
 ///
 /// **Repairs** ([`advance_fence`](LockService::advance_fence)) move the counter's floor, never
@@ -140,10 +140,19 @@ impl LockService for SqliteLockService {
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
         let token = OwnerToken::generate()?;
         let requested_at = Instant::now();
-        // One attempt answers at once: a writer of this process that keeps the file longer
-        // (an open fenced transaction, whose holder most likely holds this very lock) reads as
-        // "held", and the caller's own wait decides whether to try again.
-        let Some(_writer) = self.store.writer_within(ONE_ATTEMPT).await else { return Ok(None) };
+        // One attempt answers at once: a writer of this process that keeps the file longer (an
+        // open fenced transaction) makes it a retryable refusal, not "held" (the key may well be
+        // free), and the caller's own wait decides whether to try again.
+        let Some(_writer) = self.store.writer_within(ONE_ATTEMPT).await else {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                BACKEND,
+                format!(
+                    "the database is busy: another writer of this process (an open transaction) kept it for over {ONE_ATTEMPT:?}"
+                ),
+            )
+            .with_retryable(true));
+        };
         let row = sqlx::query(ACQUIRE)
             .bind(key.to_string())
             .bind(GrantId::of(&token).as_bytes().as_slice())

@@ -357,8 +357,9 @@ async fn fenced_writes_join_the_callers_transaction_on_the_callers_pool() {
 }
 
 /// A fenced transaction holds the file's only write lock (and this process's writer queue)
-/// until it ends. A zero-wait `try_lock` meanwhile answers "held" at once instead of queueing
-/// for the whole busy timeout; a 300 ms wait answers `Timeout` soon after 300 ms. (The holder
+/// until it ends. A zero-wait `try_lock` meanwhile answers at once (a retryable `Unavailable`:
+/// the key itself is free) instead of queueing for the whole busy timeout; a 300 ms wait
+/// answers `Timeout` soon after 300 ms. (The holder
 /// cannot renew inside its own transaction on SQLite: one writer at a time; see the crate
 /// docs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,17 +377,15 @@ async fn lock_operations_answer_within_their_wait_while_a_fenced_transaction_is_
     let started = Instant::now();
     let tried = locks.try_lock(&other, Duration::from_secs(30)).await;
     let took = started.elapsed();
-    assert!(
-        matches!(tried, Ok(None)),
-        "a zero-wait try_lock behind an open transaction gave {:?}",
-        tried.map(|l| l.is_some())
-    );
+    let err = tried.map(|l| l.is_some()).expect_err("a zero-wait try_lock behind an open transaction");
+    assert!(err.kind() == ErrorKind::Unavailable && err.is_retryable(), "{err}");
     assert!(took < Duration::from_secs(1), "a zero-wait try_lock took {took:?}");
     let wait = Duration::from_millis(300);
     let started = Instant::now();
     let err = locks.lock(&other, LockOptions::ttl(Duration::from_secs(30)).wait(wait)).await.unwrap_err();
     let took = started.elapsed();
-    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    // Timeout, or the busy database's refusal that made each attempt fail (it says why).
+    assert!(err.kind() == ErrorKind::Timeout || err.is_retryable(), "{err}");
     assert!(took < wait + Duration::from_secs(1), "a {wait:?} wait took {took:?}");
     tx.commit().await.unwrap();
     lease.release().await.unwrap();
