@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_core::{
-    Election, Fenced, FencedStore, LockOptions, LockService, LockServiceExt, ResourceKey, RwLock, Semaphore,
+    Election, Fenced, FencedStore, LockOptions, LockService, LockServiceExt, Progress, ResourceKey, RwLock, Semaphore,
 };
 use tokio::time::Instant;
 
@@ -164,6 +164,20 @@ where
         let permit = attempt!(ctx, holder.try_acquire(ttl * 30).await, "a permit of a fresh semaphore");
         held.push(permit.ok_or_else(|| ctx.fail("a permit of a fresh semaphore was not free"))?);
     }
+    // The held permits stay held: renewed, since a service whose locks live in a session
+    // caps each grant at what the session has left, however long a TTL was asked for.
+    let progress = Progress::new();
+    let _renewals: Vec<_> = held.iter().map(|permit| permit.renew_on_progress(&progress)).collect();
+    let ticker = {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            loop {
+                progress.tick();
+                tokio::time::sleep(ttl / 10).await;
+            }
+        })
+    };
+    let _ticker = AbortOnDrop(ticker);
     let a = Semaphore::new(Arc::clone(slow), sem_key, QUEUED_SLOTS).and_then(Semaphore::queued);
     let a = attempt!(ctx, a, "semaphore");
     let a = tokio::spawn(async move { a.acquire(LockOptions::ttl(ttl).wait(ttl * 3 + bound * 2)).await });
@@ -198,6 +212,15 @@ where
         Ok(Ok(Err(e))) => Err(ctx.fail(format!("the head of the queue, A, failed: {e}"))),
         Ok(Err(e)) => Err(ctx.fail(format!("A panicked: {e}"))),
         Err(_) => Err(ctx.fail(format!("A, the head of the queue, did not get the permit freed {bound:.2?} ago"))),
+    }
+}
+
+/// Aborts a task when dropped (on every path out of the scenario).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
