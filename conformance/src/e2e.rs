@@ -183,7 +183,7 @@ fn parse_fence(s: &str) -> Option<Fence> {
     s.parse().ok().map(Fence::new)
 }
 
-/// **11b. Paused holder past TTL, a real process frozen with SIGSTOP** (the seed's chaos
+/// **11b. Paused holder past TTL, a real process frozen with SIGSTOP** (the incident's chaos
 /// test). The holder runs in a child process (this test binary re-executed in the holder
 /// role), acquires (fa), and is frozen with `SIGSTOP` for TTL + margin: its timers and
 /// renewals freeze with it. B acquires (fb > fa) and writes; the holder is thawed with

@@ -6,18 +6,33 @@
 
 use std::time::Duration;
 
-use palisade_core::{ErrorKind, Fence, Fencing, Grant, LockService, REGRESSION_GAP, Ttl};
+use palisade_core::{ErrorKind, Fence, Fencing, Grant, LockService, REGRESSION_GAP, ResourceKey, Ttl};
 use tokio::time::Instant;
 
 use crate::harness::{Ctx, Failure, Outcome};
 use crate::lock::{client, faulty_client, key};
 use crate::{FaultProxy, FencedStoreFactory, LockServiceFactory, Namespace, attempt, ensure};
 
-/// The allowance for "answers at once": a few round trips, scaled from this client's own
-/// uncontended round trip (`round_trip`, an acquire plus a release), and never under a second
-/// (two cores shared by clients, servers and other scenarios).
-fn allowance(round_trip: Duration) -> Duration {
-    (round_trip * 10).max(Duration::from_secs(1))
+/// The allowance for "answers at once": ten of `service`'s own uncontended round trips (an
+/// acquire plus a release of the free key `free`, the second of two: connections are warm),
+/// and never under a second (two cores shared by clients, servers and other scenarios).
+/// Returns the round trip and the allowance.
+async fn measured_allowance<S: LockService + ?Sized>(
+    ctx: &Ctx,
+    service: &S,
+    free: &ResourceKey,
+    ttl: Ttl,
+) -> Result<(Duration, Duration), Failure> {
+    let mut round_trip = Duration::ZERO;
+    for _ in 0..2 {
+        let started = Instant::now();
+        let Some(g) = attempt!(ctx, service.try_acquire(free, ttl).await, "uncontended try_acquire") else {
+            return Err(ctx.fail("a fresh key was reported busy"));
+        };
+        attempt!(ctx, service.release(&g).await, "release");
+        round_trip = started.elapsed();
+    }
+    Ok((round_trip, (round_trip * 10).max(Duration::from_secs(1))))
 }
 
 /// **A repair keeps the holder** (`LockService::advance_fence`; fencing rule 5's repair, issue
@@ -92,17 +107,7 @@ pub async fn waits_are_bounded<F: LockServiceFactory>(ctx: &Ctx, factory: &F) ->
     let ttl = attempt!(ctx, Ttl::new((timing.ttl * 4).max(Duration::from_secs(2))), "ttl");
     let (holder, waiter) = (client(ctx, factory).await?, client(ctx, factory).await?);
 
-    // This client's round trip, uncontended (the second of two: connections are warm).
-    let mut round_trip = Duration::ZERO;
-    for _ in 0..2 {
-        let started = Instant::now();
-        let Some(g) = attempt!(ctx, waiter.try_acquire(&k, ttl).await, "uncontended try_acquire") else {
-            return Err(ctx.fail("a fresh key was reported busy"));
-        };
-        attempt!(ctx, waiter.release(&g).await, "release");
-        round_trip = started.elapsed();
-    }
-    let allowed = allowance(round_trip);
+    let (round_trip, allowed) = measured_allowance(ctx, &*waiter, &k, ttl).await?;
 
     let Some(held) = attempt!(ctx, holder.try_acquire(&k, ttl).await, "the holder's try_acquire") else {
         return Err(ctx.fail("the lock was still held after its release"));
@@ -374,17 +379,7 @@ pub async fn waits_are_bounded_while_a_fenced_transaction_is_open<L: LockService
     let ttl = attempt!(ctx, Ttl::new((timing.ttl * 4).max(Duration::from_secs(3))), "ttl");
     let (holder, other) = (client(ctx, lf).await?, client(ctx, lf).await?);
 
-    let probe = key(ctx, &ns, "round-trip")?;
-    let mut round_trip = Duration::ZERO;
-    for _ in 0..2 {
-        let started = Instant::now();
-        let Some(g) = attempt!(ctx, other.try_acquire(&probe, ttl).await, "uncontended try_acquire") else {
-            return Err(ctx.fail("a fresh key was reported busy"));
-        };
-        attempt!(ctx, other.release(&g).await, "release");
-        round_trip = started.elapsed();
-    }
-    let allowed = allowance(round_trip);
+    let (_, allowed) = measured_allowance(ctx, &*other, &key(ctx, &ns, "round-trip")?, ttl).await?;
 
     let Some(grant) = attempt!(ctx, holder.try_acquire(&k, ttl).await, "the holder's try_acquire") else {
         return Err(ctx.fail("a fresh key was reported busy"));

@@ -378,7 +378,7 @@ enum StoreFlaw {
     AcceptsLowerFence,
     /// Applies operations one by one and stops at a failed condition, keeping what it wrote.
     PartialBatch,
-    /// Reports a stale write as success (the seed's "zero rows updated" bug).
+    /// Reports a stale write as success (the incident's "zero rows updated" bug).
     SilentRejection,
     /// Does not validate batches.
     NoValidation,

@@ -91,7 +91,7 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Election<S> {
     }
 
     /// [`campaign`](Election::campaign), with the lead renewed only while `progress` moves
-    /// (the seed's rule): a leader whose work hangs, though its process runs, loses the lead
+    /// (the incident's rule): a leader whose work hangs, though its process runs, loses the lead
     /// within a TTL. Tick `progress` as the leader's work advances.
     pub async fn campaign_on_progress(&self, wait: Duration, progress: &Progress) -> Result<Leadership<S>> {
         let lease = self.service.lock(&self.key, LockOptions::ttl(self.ttl).wait(wait)).await?;

@@ -298,7 +298,7 @@ impl<S: LockService + ?Sized> Lease<S> {
         released
     }
 
-    /// Keeps the lease alive while `progress` keeps moving: the seed's "extend only when a
+    /// Keeps the lease alive while `progress` keeps moving: the incident's "extend only when a
     /// heartbeat proves forward progress; never renew on a timer alone".
     ///
     /// Every third of the TTL the renewal task compares `progress` with what it saw last time.

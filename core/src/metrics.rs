@@ -14,7 +14,7 @@
 //! | `palisade_lock_fence_regression_total` | counter | `backend` | grants below a store's watermark: the service lost its counter |
 //!
 //! A sustained non-zero rate of `palisade_lock_fence_rejected_total` in steady state means TTLs are too
-//! tight or handlers got slower: alert on it, as the seed advises.
+//! tight or handlers got slower: alert on it, as the incident's write-up advises.
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! # palisade-redis
 //!
-//! Palisade's Redis lock service: the seed's engineered approach, done atomically.
+//! Palisade's Redis lock service: the incident's fix (a fenced lock), done atomically.
 //!
 //! - **Acquire is one round trip**: one Lua script checks that `lock:{d:id}` is absent, then runs
 //!   `INCR fence:{d:id}` and `SET lock:{d:id} TOKEN PX ttl`, returning the fence as the key's

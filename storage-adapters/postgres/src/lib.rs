@@ -20,7 +20,7 @@
 //! - your **own statements** in a [`PgFencedTransaction`] from [`PostgresStore::begin_fenced`]
 //!   (`&lease`), or the same check in **a transaction you already have**,
 //!   [`PostgresStore::check_fence_in`];
-//! - the seed's **single-statement** form on a row that carries its own fence column,
+//! - the incident's **single-statement** form on a row that carries its own fence column,
 //!   [`PostgresStore::update_row_fenced`] (its own transaction) or
 //!   [`PostgresStore::update_row_fenced_in`] (yours): `UPDATE t SET …, fence = $f WHERE key = $k
 //!   AND fence <= $f`, zero rows mapped to `StaleFence`, the key of any type sqlx binds.

@@ -273,7 +273,7 @@ impl PostgresStore {
         raise_watermark(conn, &self.statements, lease.key(), lease.grant_fence(), idle_bound(lease.ttl().get())).await
     }
 
-    /// The seed's single-statement form, on a row of your own table that carries its own fence
+    /// The incident's single-statement form, on a row of your own table that carries its own fence
     /// column, in a transaction of its own:
     ///
     /// ```sql

@@ -1,5 +1,5 @@
 //! The PostgreSQL store's native APIs: your own statements in a fenced transaction, and the
-//! seed's single-statement form on your own rows.
+//! incident's single-statement form on your own rows.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
@@ -69,12 +69,12 @@ async fn inventory_table(s: &PostgresStore, tag: &str, fence_column: &str) -> St
 }
 
 #[tokio::test]
-async fn the_seeds_single_statement_form_accepts_equal_and_refuses_lower() {
+async fn the_incidents_single_statement_form_accepts_equal_and_refuses_lower() {
     let s = store().await;
     let table = inventory_table(&s, "rows", "fence BIGINT NOT NULL DEFAULT 0").await;
     let row = FencedRow { table: &table, key_column: "sku", fence_column: "fence" };
     for _ in 0..2 {
-        // Equal fences: one grant writes twice (the seed's `fence < @fence` would refuse the second).
+        // Equal fences: one grant writes twice (the incident's `fence < @fence` would refuse the second).
         s.update_row_fenced(&row, "S1", Fence::new(42), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap();
     }
     let err = s.update_row_fenced(&row, "S1", Fence::new(41), "qty = qty + $3", |q| q.bind(-1i64)).await.unwrap_err();

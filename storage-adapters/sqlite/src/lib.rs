@@ -15,7 +15,7 @@
 //!   [`SqliteStore::begin_fenced`]: the transaction starts by checking and raising the
 //!   resource's watermark, then runs whatever you run, and commits only what you commit;
 //!   or in your own write transaction ([`SqliteStore::begin`], or a pool of yours through
-//!   [`SqliteStore::from_pool`]) with [`SqliteStore::check_fence_in`], or the seed's
+//!   [`SqliteStore::from_pool`]) with [`SqliteStore::check_fence_in`], or the incident's
 //!   single-row statement on a row with a fence column, [`SqliteStore::update_row_fenced_in`].
 //!
 //! ```

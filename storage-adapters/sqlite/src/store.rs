@@ -331,7 +331,7 @@ impl SqliteStore {
         counted(raise_watermark(conn, &self.statements, lease.key(), lease.grant_fence()).await)
     }
 
-    /// The seed's single-statement form on a row of your own table with a fence column, in a
+    /// The incident's single-statement form on a row of your own table with a fence column, in a
     /// transaction of its own (see [`FencedRow`] for the statement):
     /// `UPDATE {table} SET {set}, {fence} = $1 WHERE {key} = $2 AND ({fence} IS NULL OR {fence} <= $1)`.
     ///
