@@ -22,7 +22,7 @@ use palisade_core::{
 use tokio::time::Instant;
 
 use crate::harness::{Ctx, Outcome};
-use crate::{ClusterFactory, FencedStoreFactory, Namespace, attempt};
+use crate::{FencedStoreFactory, LockServiceFactory, Namespace, attempt};
 
 /// How long the scenario runs, and how many keys the clients share.
 #[derive(Debug, Clone, Copy)]
@@ -258,13 +258,13 @@ where
 
 /// **Leader killed under contention** (catalogue C35), as a suite scenario: four clients of
 /// `lf`'s cluster contend for two keys and write through `sf`'s store while the factory kills
-/// the cluster's leader ([`ClusterFactory::kill_leader`]); [`LeaderKillReport::check`] must
+/// the cluster's leader ([`LockServiceFactory::kill_leader`]); [`LeaderKillReport::check`] must
 /// pass: no two holds of a key overlapped, the store accepted no fence that did not increase,
 /// every record ends with its last accepted write, and locks were usable again after the
 /// election.
 pub async fn leader_killed<L, S>(ctx: &Ctx, lf: &L, sf: &S) -> Outcome
 where
-    L: ClusterFactory,
+    L: LockServiceFactory,
     L::Service: LockService<Fencing = Fenced>,
     S: FencedStoreFactory,
 {

@@ -104,7 +104,7 @@ pub async fn paused_holder_in_process<L: LockServiceFactory, S: FencedStoreFacto
             ensure!(ctx, result.is_ok(), "an unfenced stale write failed: {:?}", result.err());
             let data = read_data(ctx, &*store_b, &ns).await?;
             ensure!(ctx, data.as_ref().map(|r| r.value.as_slice()) == Some(b"A"), "data: {data:?}");
-            ctx.note("no fence: the stale holder's write went through (documented: efficiency lock)");
+            ctx.refusal_checked("no fence: the stale holder's write went through (documented: efficiency lock)");
         }
     }
     let _ = lease_b.release().await;
@@ -228,7 +228,7 @@ pub async fn paused_holder_process<L: LockServiceFactory, S: FencedStoreFactory>
         _ => {
             ensure!(ctx, wrote.starts_with("ok"), "an unfenced stale write reported `{wrote}`");
             ensure!(ctx, data.as_ref().map(|r| r.value.as_slice()) == Some(b"A"), "data: {data:?}");
-            ctx.note("no fence: the frozen holder's write went through (documented: efficiency lock)");
+            ctx.refusal_checked("no fence: the frozen holder's write went through (documented: efficiency lock)");
         }
     }
     let _ = lease_b.release().await;
@@ -332,7 +332,7 @@ pub async fn stale_write_before_new_holder_writes<L: LockServiceFactory, S: Fenc
         ensure!(ctx, data.as_ref().map(|r| r.value.as_slice()) == Some(b"B"), "data: {data:?}");
     } else {
         ensure!(ctx, again.is_ok(), "an unfenced write failed: {again:?}");
-        ctx.note("no fence: A's later write went through too (documented: efficiency lock)");
+        ctx.refusal_checked("no fence: A's later write went through too (documented: efficiency lock)");
     }
     let _ = lease_b.release().await;
     Ok(ctx.report())
@@ -357,7 +357,7 @@ pub async fn live_lock_when_declared<L: LockServiceFactory, S: FencedStoreFactor
     let store = store_client(ctx, sf).await?;
     let lease_a = attempt!(ctx, a.lock(&key, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl))).await, "A lock");
     if lease_a.fence_if_any().is_none() {
-        ctx.note("no fence: nothing for a store to judge (efficiency lock)");
+        ctx.refusal_checked("no fence: nothing for a store to judge (efficiency lock)");
         return Ok(ctx.report());
     }
     attempt!(

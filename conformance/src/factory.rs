@@ -152,8 +152,8 @@ pub trait LockServiceFactory: Send + Sync + 'static {
 
     /// Deletes `key`'s lock on the server behind its holder's back (what an operator, an
     /// eviction or a failover can do), so the suite can check that the holder learns of the
-    /// loss from the backend, not from its own clock. Default: [`ErrorKind::Unsupported`]
-    /// (the scenario that needs it then says so in its report).
+    /// loss from the backend, not from its own clock. **Required** of every factory:
+    /// certification fails naming this hook without it. Default: [`ErrorKind::Unsupported`].
     ///
     /// [`ErrorKind::Unsupported`]: palisade_core::ErrorKind::Unsupported
     async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
@@ -167,7 +167,10 @@ pub trait LockServiceFactory: Send + Sync + 'static {
     /// A new, independent client whose every connection to the server passes through a
     /// [`FaultProxy`] of its own (start one per server with [`FaultProxy::start`] and dial its
     /// address), so the suite can lose replies, cut connections and partition the client.
-    /// Default: [`ErrorKind::Unsupported`] (the fault scenarios then say so in their report).
+    /// **Required** when the service declares [`Deployment::Network`]: certification fails
+    /// naming this hook without it. Default: [`ErrorKind::Unsupported`].
+    ///
+    /// [`Deployment::Network`]: palisade_core::Deployment::Network
     ///
     /// [`ErrorKind::Unsupported`]: palisade_core::ErrorKind::Unsupported
     async fn faulty_client(&self) -> Result<FaultyClient<FencingOf<Self>>> {
@@ -192,27 +195,42 @@ pub trait LockServiceFactory: Send + Sync + 'static {
             "this factory's clients read no clock of their own",
         ))
     }
-}
 
-/// A lock service whose server(s) belong to the test, so the suite may restart them: a backend
-/// author gets the restart scenario with [`restart_suite!`](crate::restart_suite).
-#[async_trait]
-pub trait RestartableFactory: LockServiceFactory {
-    /// Restarts the server(s), keeping their data (`keep_data`: a restart, a failover to an
-    /// up-to-date replica) or losing it (a restart without persistence, a restore of an old
-    /// backup), and returns once they accept connections again. Clients made before may have
-    /// to reconnect.
-    async fn restart_server(&self, keep_data: bool) -> Result<()>;
-}
+    /// Restarts the service's server(s), keeping their data (`keep_data`: a restart, a
+    /// failover to an up-to-date replica) or losing it (a restart without persistence, a
+    /// restore of an old backup), and returns once they accept connections again; clients
+    /// made before may have to reconnect. Only a factory over a server of the test's own can
+    /// do this (pass it to [`certify!`](crate::certify) as `restartable`).
+    ///
+    /// **Required** when the service declares `fences_survive_restart`: certification fails
+    /// naming this hook otherwise. Default: [`ErrorKind::Unsupported`].
+    ///
+    /// [`ErrorKind::Unsupported`]: palisade_core::ErrorKind::Unsupported
+    async fn restart_server(&self, keep_data: bool) -> Result<()> {
+        let _ = keep_data;
+        Err(palisade_core::Error::new(
+            palisade_core::ErrorKind::Unsupported,
+            "conformance",
+            "this factory cannot restart its server",
+        ))
+    }
 
-/// A lock service that runs as a cluster of the test's own, whose leader the suite may kill: a
-/// backend author with a replicated service gets the leader-kill scenario with
-/// [`cluster_suite!`](crate::cluster_suite).
-#[async_trait]
-pub trait ClusterFactory: LockServiceFactory {
-    /// Kills the cluster's current leader (waiting for one to be elected if need be) and
-    /// returns its name, for the report.
-    async fn kill_leader(&self) -> Result<String>;
+    /// Kills the service's current leader (waiting for one to be elected if need be) and
+    /// returns its name, for the report. Only a factory over a cluster of the test's own can
+    /// do this (pass it to [`certify!`](crate::certify) as `cluster`).
+    ///
+    /// **Required** when the service declares [`Replication::LeaderQuorum`]: certification
+    /// fails naming this hook otherwise. Default: [`ErrorKind::Unsupported`].
+    ///
+    /// [`Replication::LeaderQuorum`]: palisade_core::Replication::LeaderQuorum
+    /// [`ErrorKind::Unsupported`]: palisade_core::ErrorKind::Unsupported
+    async fn kill_leader(&self) -> Result<String> {
+        Err(palisade_core::Error::new(
+            palisade_core::ErrorKind::Unsupported,
+            "conformance",
+            "this factory has no leader to kill",
+        ))
+    }
 }
 
 /// Hands out independent clients of one fenced store.
@@ -232,6 +250,14 @@ pub trait FencedStoreFactory: Send + Sync + 'static {
     /// reports the rate it reached either way. Default: [`LoadSettings::from_env`].
     fn load(&self) -> LoadSettings {
         LoadSettings::from_env()
+    }
+
+    /// Whether another process can reach the same store through this factory (a server, a
+    /// file): the process-level scenarios (a holder frozen with `SIGSTOP`, killed with
+    /// `SIGKILL`) need it, and are reported as not applicable to a store that lives in one
+    /// process's memory. Default: true.
+    fn shared_across_processes(&self) -> bool {
+        true
     }
 
     /// Opens a fenced transaction of the store's own API under `fence` for `resource` (what a

@@ -17,6 +17,33 @@ pub struct Report {
     pub elapsed: Duration,
     /// Figures worth reading (handoff latency, achieved rate, …).
     pub notes: Vec<String>,
+    /// What the pass means: the guarantee checked, its documented refusal checked, or
+    /// nothing to check for what the service and store declare.
+    pub status: Status,
+}
+
+/// What a passing scenario checked, for the certification report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Status {
+    /// The guarantee was checked and holds.
+    #[default]
+    Checked,
+    /// The service does not declare the guarantee; its documented refusal was checked instead.
+    RefusalChecked,
+    /// Nothing to check for what was declared (a store that lives in one process has no
+    /// process-level scenario; a service without FIFO has no order to check).
+    NotApplicable,
+}
+
+impl Status {
+    /// The status's name in reports (`checked`, `refusal checked`, `not applicable`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Checked => "checked",
+            Status::RefusalChecked => "refusal checked",
+            Status::NotApplicable => "not applicable",
+        }
+    }
 }
 
 /// A broken guarantee: which scenario, and what was observed.
@@ -67,7 +94,21 @@ pub struct Ctx {
     test_name: String,
     started: Instant,
     notes: Mutex<Vec<String>>,
+    status: Mutex<Status>,
+    declared: Mutex<Declared>,
     metrics: Option<Snapshotter>,
+}
+
+/// What a scenario learned about what it certifies: the backends' names and declarations, and
+/// which hooks the factories provided.
+#[derive(Debug, Clone, Default)]
+pub struct Declared {
+    /// The lock service's backend name and its `Capabilities` (debug form), once a client was made.
+    pub service: Option<(String, String)>,
+    /// The store's backend name, once a client was made.
+    pub store: Option<String>,
+    /// Each hook the scenario asked for, and whether the factory provided it.
+    pub hooks: Vec<(&'static str, bool)>,
 }
 
 impl Ctx {
@@ -79,6 +120,8 @@ impl Ctx {
             test_name: test_name.into(),
             started: Instant::now(),
             notes: Mutex::new(Vec::new()),
+            status: Mutex::new(Status::Checked),
+            declared: Mutex::new(Declared::default()),
             metrics: None,
         }
     }
@@ -108,12 +151,56 @@ impl Ctx {
         self.notes.lock().unwrap_or_else(PoisonError::into_inner).push(note.into());
     }
 
+    /// Records that the guarantee is not declared and its documented refusal was checked
+    /// (`what` says which refusal), for the certification report.
+    pub fn refusal_checked(&self, what: impl Into<String>) {
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = Status::RefusalChecked;
+        self.note(what);
+    }
+
+    /// Records that nothing applies to what was declared (`why` says what), for the
+    /// certification report.
+    pub fn not_applicable(&self, why: impl Into<String>) {
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = Status::NotApplicable;
+        self.note(why);
+    }
+
+    /// Records the lock service under test (its backend name and declarations).
+    pub fn saw_service(&self, backend: &str, capabilities: &palisade_core::Capabilities) {
+        let mut declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
+        if declared.service.is_none() {
+            declared.service = Some((backend.to_string(), format!("{capabilities:?}")));
+        }
+    }
+
+    /// Records the store under test.
+    pub fn saw_store(&self, backend: &str) {
+        let mut declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
+        if declared.store.is_none() {
+            declared.store = Some(backend.to_string());
+        }
+    }
+
+    /// Records that the scenario asked the factory for `hook` and whether it was provided.
+    pub fn saw_hook(&self, hook: &'static str, provided: bool) {
+        let mut declared = self.declared.lock().unwrap_or_else(PoisonError::into_inner);
+        if !declared.hooks.iter().any(|(h, _)| *h == hook) {
+            declared.hooks.push((hook, provided));
+        }
+    }
+
+    /// What the scenario learned about what it certifies.
+    pub fn declared(&self) -> Declared {
+        self.declared.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
     /// The scenario's report so far.
     pub fn report(&self) -> Report {
         Report {
             scenario: self.scenario,
             elapsed: self.started.elapsed(),
             notes: self.notes.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            status: *self.status.lock().unwrap_or_else(PoisonError::into_inner),
         }
     }
 
@@ -141,6 +228,27 @@ where
     F: FnOnce(Arc<Ctx>) -> Fut,
     Fut: Future<Output = Outcome>,
 {
+    let (outcome, _) = run_outcome(scenario, test_name, make);
+    match outcome {
+        Ok(report) => {
+            let notes = if report.notes.is_empty() { String::new() } else { format!(" [{}]", report.notes.join("; ")) };
+            println!(
+                "conformance: {scenario} {} in {:.3} s{notes}",
+                report.status.name(),
+                report.elapsed.as_secs_f64()
+            );
+        }
+        Err(failure) => panic!("{failure}"),
+    }
+}
+
+/// Runs one scenario like [`run`] and returns its outcome and what it learned about what it
+/// certifies, instead of printing and panicking.
+pub fn run_outcome<F, Fut>(scenario: &'static str, test_name: &str, make: F) -> (Outcome, Declared)
+where
+    F: FnOnce(Arc<Ctx>) -> Fut,
+    Fut: Future<Output = Outcome>,
+{
     let recorder = DebuggingRecorder::new();
     let ctx = Arc::new(Ctx::new(scenario, test_name).with_metrics(recorder.snapshotter()));
     let outcome = metrics::with_local_recorder(&recorder, || {
@@ -152,13 +260,7 @@ where
         };
         runtime.block_on(make(Arc::clone(&ctx)))
     });
-    match outcome {
-        Ok(report) => {
-            let notes = if report.notes.is_empty() { String::new() } else { format!(" [{}]", report.notes.join("; ")) };
-            println!("conformance: {scenario} ok in {:.3} s{notes}", report.elapsed.as_secs_f64());
-        }
-        Err(failure) => panic!("{failure}"),
-    }
+    (outcome, ctx.declared())
 }
 
 /// The libtest name of a test generated at `module_path` (which starts with the crate name,

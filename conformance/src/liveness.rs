@@ -57,7 +57,7 @@ pub async fn repair_keeps_the_holder<F: LockServiceFactory>(ctx: &Ctx, factory: 
     };
     let Some(fence) = grant.fence_if_any() else {
         attempt!(ctx, holder.release(&grant).await, "release");
-        ctx.note("unfenced service: no counter to repair");
+        ctx.refusal_checked("unfenced service: no counter to repair");
         return Ok(ctx.report());
     };
     let floor = Fence::new(fence.get().saturating_add(REGRESSION_GAP));
@@ -386,14 +386,14 @@ pub async fn waits_are_bounded_while_a_fenced_transaction_is_open<L: LockService
     };
     let Some(fence) = grant.fence_if_any() else {
         attempt!(ctx, holder.release(&grant).await, "release");
-        ctx.note("unfenced service: no fenced transaction to open");
+        ctx.refusal_checked("unfenced service: no fenced transaction to open");
         return Ok(ctx.report());
     };
     let held = match sf.hold_transaction(&k, palisade_core::GrantFence::new(fence, grant.grant_id())).await {
         Ok(held) => held,
         Err(e) if e.kind() == ErrorKind::Unsupported => {
             attempt!(ctx, holder.release(&grant).await, "release");
-            ctx.note(format!("not checked: {e}"));
+            ctx.not_applicable(format!("the store holds no transaction of its own: {e}"));
             return Ok(ctx.report());
         }
         Err(e) => return Err(ctx.fail(format!("the store factory could not open a fenced transaction: {e}"))),

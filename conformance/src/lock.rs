@@ -19,7 +19,9 @@ pub use crate::liveness::{repair_keeps_the_holder, slow_replies_still_complete, 
 type Service<F> = <F as LockServiceFactory>::Service;
 
 pub(crate) async fn client<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Result<Arc<Service<F>>, Failure> {
-    factory.client().await.map_err(|e| ctx.fail(format!("factory could not make a client: {e}")))
+    let svc = factory.client().await.map_err(|e| ctx.fail(format!("factory could not make a client: {e}")))?;
+    ctx.saw_service(svc.backend(), &svc.capabilities());
+    Ok(svc)
 }
 
 pub(crate) fn key(ctx: &Ctx, ns: &Namespace, id: &str) -> Result<ResourceKey, Failure> {
@@ -221,7 +223,7 @@ pub async fn fence_monotonicity<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -
     }
     if !issues {
         ensure!(ctx, fences.iter().all(Option::is_none), "an unfenced service handed out a fence");
-        ctx.note("no fences, as declared (efficiency lock)");
+        ctx.refusal_checked("no fences, as declared (efficiency lock)");
         return Ok(ctx.report());
     }
     let fences: Vec<u64> = fences.into_iter().map(|f| f.map_or(0, |f| f.get())).collect();
@@ -617,7 +619,7 @@ pub async fn fifo_when_declared<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -
     let timing = factory.timing();
     let holder = client(ctx, factory).await?;
     if holder.capabilities().waiting != palisade_core::Waiting::NativeFifo {
-        ctx.note("FIFO not declared: not checked");
+        ctx.not_applicable("FIFO not declared: no order to check");
         return Ok(ctx.report());
     }
     let long = timing.ttl * 4;
@@ -701,11 +703,17 @@ pub async fn lost_signal_from_the_backend<F: LockServiceFactory>(ctx: &Ctx, fact
     let _renewal = lease.renew_on_progress(&progress);
     match factory.break_lock(&key).await {
         Err(e) if e.kind() == ErrorKind::Unsupported => {
-            ctx.note("the factory cannot break a lock on the server: loss from the backend not checked");
+            ctx.saw_hook("break_lock", false);
             let _ = lease.release().await;
-            return Ok(ctx.report());
+            return Err(ctx.fail(
+                "the factory provides no `break_lock`, which every certification requires: the suite cannot \
+                 check that the holder learns of a lost lock from the backend",
+            ));
         }
-        other => attempt!(ctx, other, "break_lock"),
+        other => {
+            ctx.saw_hook("break_lock", true);
+            attempt!(ctx, other, "break_lock")
+        }
     }
     let broken = Instant::now();
     // Renewal runs every third of the granted TTL (a session-based backend may cap it below
@@ -763,9 +771,22 @@ pub(crate) async fn faulty_client<F: LockServiceFactory>(
 ) -> Result<Option<FaultyClient<FencingOf<F>>>, Failure> {
     match factory.faulty_client().await {
         Ok(c) if c.proxies.is_empty() => Err(ctx.fail("the factory's faulty client has no fault proxy")),
-        Ok(c) => Ok(Some(c)),
+        Ok(c) => {
+            ctx.saw_hook("faulty_client", true);
+            Ok(Some(c))
+        }
         Err(e) if e.kind() == ErrorKind::Unsupported => {
-            ctx.note("the factory has no client behind a fault proxy (LockServiceFactory::faulty_client): not checked");
+            ctx.saw_hook("faulty_client", false);
+            let deployment = client(ctx, factory).await?.capabilities().deployment;
+            if deployment == palisade_core::Deployment::Network {
+                return Err(ctx.fail(
+                    "declares `Deployment::Network` but provides no `faulty_client`: a networked service must be \
+                     certified against lost replies, cut connections and partitions",
+                ));
+            }
+            ctx.not_applicable(format!(
+                "{deployment:?} deployment and no client behind a fault proxy: no network to fault"
+            ));
             Ok(None)
         }
         Err(e) => Err(ctx.fail(format!("factory could not make a faulty client: {e}"))),
@@ -1092,7 +1113,14 @@ pub async fn quorum_faults_never_grant_a_minority<F: LockServiceFactory>(ctx: &C
     let Some(first) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
     let n = first.proxies.len();
     if n < 3 {
-        ctx.note(format!("{n} server(s) behind the faulty client: no quorum to fault"));
+        let replication = first.service.capabilities().replication;
+        ensure!(
+            ctx,
+            replication != palisade_core::Replication::ClientMajority,
+            "declares `Replication::ClientMajority` but its faulty client has {n} fault prox(ies): a majority of \
+             independent servers needs at least three, each behind a proxy of its own"
+        );
+        ctx.not_applicable(format!("{n} server(s) behind the faulty client: no quorum to fault"));
         return Ok(ctx.report());
     }
     let Some(second) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
@@ -1187,7 +1215,8 @@ pub async fn fast_client_clock_takes_nothing_early<F: LockServiceFactory>(ctx: &
     let skewed = match factory.skewed_client(ahead).await {
         Ok(c) => c,
         Err(e) if e.kind() == ErrorKind::Unsupported => {
-            ctx.note("the factory has no client with a skewed clock (expiry judged by the server): not checked");
+            ctx.saw_hook("skewed_client", false);
+            ctx.not_applicable("no client with a skewed clock: expiry is judged by one clock (the server's or this machine's)");
             return Ok(ctx.report());
         }
         Err(e) => return Err(ctx.fail(format!("factory could not make a skewed client: {e}"))),
@@ -1304,18 +1333,17 @@ impl palisade_core::WatermarkSource for SeenFence {
 }
 
 /// **Fences survive a restart when declared, and are repaired when not** (catalogue C20; bug
-/// class 4), for a fenced service over a server of the test's own ([`RestartableFactory`]).
+/// class 4), for a fenced service over a server of the test's own
+/// ([`LockServiceFactory::restart_server`]).
 /// After the server restarts with its data, a service declaring `fences_survive_restart`
 /// issues a fence above every earlier one. After it restarts without its data its counter is
 /// gone, and `lock_checked` against a store that saw the last fence must give a lease whose
 /// fence is above it (the service moved its counter on, `LockService::advance_fence`) or
 /// refuse with `FenceRegression` (a service that cannot move it): a regression is never
 /// silent.
-///
-/// [`RestartableFactory`]: crate::RestartableFactory
 pub async fn fences_survive_restart_or_are_repaired<F>(ctx: &Ctx, factory: &F) -> Outcome
 where
-    F: crate::RestartableFactory,
+    F: LockServiceFactory,
     F::Service: LockService<Fencing = palisade_core::Fenced>,
 {
     let ns = Namespace::new();

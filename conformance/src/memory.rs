@@ -73,4 +73,9 @@ impl FencedStoreFactory for MemoryStoreFactory {
     async fn client(&self) -> Result<Arc<MemoryFencedStore>> {
         Ok(Arc::clone(&self.store))
     }
+
+    /// The store is this process's memory: no child process can write to it.
+    fn shared_across_processes(&self) -> bool {
+        false
+    }
 }

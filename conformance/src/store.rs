@@ -25,7 +25,9 @@ use crate::harness::{Ctx, Failure, Outcome};
 use crate::{FencedStoreFactory, Namespace, attempt, ensure};
 
 pub(crate) async fn store_client<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> Result<Arc<F::Store>, Failure> {
-    factory.client().await.map_err(|e| ctx.fail(format!("factory could not make a store client: {e}")))
+    let store = factory.client().await.map_err(|e| ctx.fail(format!("factory could not make a store client: {e}")))?;
+    ctx.saw_store(store.backend());
+    Ok(store)
 }
 
 async fn snapshot<S: FencedStore + ?Sized>(

@@ -348,12 +348,8 @@ impl LockServiceFactory for BrokenLockFactory {
         let client = RelayLockService::<Fenced>::connect_with(proxy.addr(), self.0.capabilities(), self.1).await?;
         Ok(FaultyClient::new(Arc::new(client), vec![proxy]).keeping(relay))
     }
-}
-
-/// A restart keeps the state (the counters are durable) unless data is lost, or the flaw keeps
-/// them in memory.
-#[async_trait]
-impl palisade_conformance::RestartableFactory for BrokenLockFactory {
+    /// A restart keeps the state (the counters are durable) unless data is lost, or the flaw
+    /// keeps them in memory.
     async fn restart_server(&self, keep_data: bool) -> Result<()> {
         let mut slots = self.0.slots.lock().unwrap();
         if keep_data && self.0.flaw != LockFlaw::CounterNotDurable {
@@ -1104,7 +1100,7 @@ async fn expiry_by_the_client_clock_fails_the_clock_scenario() {
         .await;
 }
 
-/// The restart scenario (stamped by `restart_suite!`, not in `lock_outcomes`) on a broken lock.
+/// The restart scenario (shape `restart`, not in `lock_outcomes`) on a broken lock.
 async fn restart_outcome(flaw: LockFlaw) -> Outcome {
     let name = "fences_survive_restart_or_are_repaired";
     palisade_conformance::lock::fences_survive_restart_or_are_repaired(&ctx(name), &BrokenLockFactory::new(flaw)).await

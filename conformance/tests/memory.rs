@@ -4,11 +4,21 @@
 
 use palisade_conformance::memory::{MemoryLockFactory, MemoryStoreFactory};
 
-palisade_conformance::lock_service_suite!(MemoryLockFactory::new());
-palisade_conformance::fenced_store_suite!(MemoryStoreFactory::new());
-palisade_conformance::semaphore_suite!(MemoryLockFactory::new(), MemoryStoreFactory::new());
-palisade_conformance::election_suite!(MemoryLockFactory::new(), MemoryStoreFactory::new());
-palisade_conformance::rwlock_suite!(MemoryLockFactory::new(), MemoryStoreFactory::new());
+palisade_conformance::certify!(memory: lock_service = MemoryLockFactory::new(), store = sqlite_file());
+palisade_conformance::certify!(memory_store: fenced_store = MemoryStoreFactory::new(), lock_service = MemoryLockFactory::new());
+
+/// A SQLite file of this test process's own: the store the memory service's process-level
+/// scenarios write through (the memory store lives in one process; a holder in a child process
+/// reaches the memory service over the loopback relay, and this file directly).
+fn sqlite_file() -> impl palisade_conformance::FencedStoreFactory {
+    palisade_conformance::store_factory(|| async {
+        let url = format!(
+            "sqlite://{}/palisade-memory-certification.db?synchronous=normal&busy_timeout_ms=30000",
+            env!("CARGO_TARGET_TMPDIR")
+        );
+        Ok(std::sync::Arc::new(palisade_sqlite::SqliteStore::connect(&url).await?))
+    })
+}
 
 /// The plain-function entry points run the same scenarios.
 #[tokio::test]

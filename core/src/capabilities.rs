@@ -64,6 +64,15 @@ pub struct Capabilities {
     /// zero where the server expires the lock at its TTL. The conformance suite refuses a test
     /// timing whose expiry margin this does not explain. Default: zero.
     pub expiry_delay: std::time::Duration,
+    /// Where the service runs, which decides the faults it must be tested against: a
+    /// networked service must survive lost replies, cut connections and partitions (its
+    /// certification needs a client behind a fault proxy). Default: [`Deployment::Network`],
+    /// the strictest.
+    pub deployment: Deployment,
+    /// How the service is replicated, which decides the failures it must be tested against:
+    /// a leader-based quorum must keep its promises when its leader dies (its certification
+    /// needs a cluster whose leader it can kill). Default: [`Replication::None`].
+    pub replication: Replication,
 }
 
 impl Capabilities {
@@ -105,4 +114,36 @@ pub enum Primitive {
     ReadWriteLock,
     /// One leader, its term the fence ([`Election`](crate::Election)).
     Election,
+}
+
+/// Where a lock service runs ([`Capabilities::deployment`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Deployment {
+    /// In the application's own memory: nothing between the client and the state can fail on
+    /// its own (the in-memory service).
+    InProcess,
+    /// A file on this machine that every process opens itself (SQLite): no network between a
+    /// client and the state.
+    Embedded,
+    /// One or more servers reached over the network: replies can be lost, connections cut,
+    /// clients partitioned.
+    #[default]
+    Network,
+}
+
+/// How a lock service's state is replicated ([`Capabilities::replication`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Replication {
+    /// One copy (one server, one file), or copies the service does not rely on for its
+    /// promises (Redis replicas, which replicate asynchronously).
+    #[default]
+    None,
+    /// A consensus cluster with a leader (etcd's Raft, ZooKeeper's Zab): grants survive the
+    /// loss of the leader or of any minority.
+    LeaderQuorum,
+    /// Independent servers the client itself asks for a majority (Redlock): a grant needs a
+    /// majority, so a minority down or partitioned still grants.
+    ClientMajority,
 }

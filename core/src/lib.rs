@@ -85,7 +85,7 @@ mod store;
 mod token;
 mod ttl;
 
-pub use capabilities::{Capabilities, FenceSource, Primitive, Waiting};
+pub use capabilities::{Capabilities, Deployment, FenceSource, Primitive, Replication, Waiting};
 pub use connection_url::redact_url;
 pub use election::{Election, Leadership, Observed};
 pub use error::{BoxError, Error, ErrorKind, Result};

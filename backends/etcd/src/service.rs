@@ -11,7 +11,7 @@ use etcd_client::{
 };
 use palisade_core::spi::{GiveUp, HeldGrants};
 use palisade_core::spi::{timeout_error, validate_wait};
-use palisade_core::{
+use palisade_core::{Deployment, Replication, 
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
     Ttl, Waiting,
 };
@@ -377,6 +377,9 @@ impl LockService for EtcdLockService {
             waiting: Waiting::NativeFifo,
             // A stopped holder's key lives on its session lease until the lease expires.
             expiry_delay: self.inner.config.session_ttl,
+            deployment: Deployment::Network,
+            // Raft: a grant is a key committed by a quorum of the cluster.
+            replication: Replication::LeaderQuorum,
         }
     }
 

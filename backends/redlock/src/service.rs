@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use palisade_core::spi::{Backoff, poll_acquire};
-use palisade_core::{
+use palisade_core::{Deployment, Replication, 
     Capabilities, Error, ErrorKind, FenceSource, Grant, LockService, OwnerToken, ResourceKey, Result, Ttl, Unfenced,
     Waiting,
 };
@@ -218,7 +218,14 @@ impl LockService for RedlockService {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { fence_source: FenceSource::None, waiting: Waiting::Polling, ..Capabilities::default() }
+        Capabilities {
+            fence_source: FenceSource::None,
+            waiting: Waiting::Polling,
+            deployment: Deployment::Network,
+            // One master is the degenerate case: a majority of one.
+            replication: if self.nodes.len() > 1 { Replication::ClientMajority } else { Replication::None },
+            ..Capabilities::default()
+        }
     }
 
     /// One round: `SET NX PX` on every master at once; granted when a majority said yes and

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use palisade_core::spi::HeldGrants;
 use palisade_core::spi::{timeout_error, validate_wait};
-use palisade_core::{
+use palisade_core::{Deployment, Replication, 
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
     Ttl, Waiting,
 };
@@ -548,6 +548,9 @@ impl LockService for ZkLockService {
             waiting: Waiting::NativeFifo,
             // A stopped holder's node lives until the ensemble expires its session.
             expiry_delay: self.inner.config.session_timeout,
+            deployment: Deployment::Network,
+            // Zab: a grant is a node committed by a quorum of the ensemble.
+            replication: Replication::LeaderQuorum,
         }
     }
 

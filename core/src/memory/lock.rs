@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::spi::{AttemptOutcome, wait_for_release};
-use crate::{Capabilities, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting};
+use crate::{Capabilities, Deployment, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting};
 
 const BACKEND: &str = "memory";
 
@@ -132,6 +132,7 @@ impl LockService for MemoryLockService {
             fences_survive_restart: false,
             gap_free: true,
             waiting: Waiting::Native,
+            deployment: Deployment::InProcess,
             ..Capabilities::default()
         }
     }

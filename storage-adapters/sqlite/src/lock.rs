@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::spi::{Backoff, poll_acquire, storable_fence};
-use palisade_core::{
+use palisade_core::{Deployment, 
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, OwnerToken, ResourceKey,
     Result, Ttl, Waiting,
 };
@@ -133,6 +133,8 @@ impl LockService for SqliteLockService {
             fences_survive_restart: true,
             gap_free: true,
             waiting: Waiting::Polling,
+            // One file, opened by every process on this machine: no network in between.
+            deployment: Deployment::Embedded,
             ..Capabilities::default()
         }
     }

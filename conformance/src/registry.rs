@@ -1,0 +1,192 @@
+//! The one list of scenarios: what [`certify!`](crate::certify) stamps, what the broken twins
+//! run, and what the scenario tables in the README and the crate docs are checked against.
+//!
+//! Each entry names the scenario's module and function, its **shape** (which factories it
+//! needs and what it asks of them) and the guarantee it checks. A certification stamps every
+//! entry whose shape its arguments cover; whether the scenario then checks the guarantee, the
+//! documented refusal of an undeclared one, or fails for a missing hook is decided at run time
+//! from what the service and store declare ([`Capabilities`](palisade_core::Capabilities),
+//! [`FencedStoreFactory::shared_across_processes`](crate::FencedStoreFactory::shared_across_processes)),
+//! never by the author.
+
+/// Which factories a scenario needs, and what of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Shape {
+    /// A lock service alone.
+    Lock,
+    /// A fenced store alone.
+    Store,
+    /// A lock service and a store, in this process.
+    Pair,
+    /// A lock service and a store another process can reach (a holder in a process of its
+    /// own, frozen with `SIGSTOP` or killed).
+    Process,
+    /// A fenced lock service's coordination primitives, with a store.
+    Primitive,
+    /// The same, with the primitive's holder in a process of its own.
+    FrozenPrimitive,
+    /// A fenced service whose server the suite may restart (`restartable`).
+    Restart,
+    /// A fenced service over a cluster whose leader the suite may kill (`cluster`), with a store.
+    Cluster,
+}
+
+impl Shape {
+    /// The shape's name in reports and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Lock => "lock",
+            Shape::Store => "store",
+            Shape::Pair => "pair",
+            Shape::Process => "process",
+            Shape::Primitive => "primitive",
+            Shape::FrozenPrimitive => "frozen primitive",
+            Shape::Restart => "restart",
+            Shape::Cluster => "cluster",
+        }
+    }
+
+    /// Whether a certification of a lock service (`certify!(name: lock_service = …, store = …)`)
+    /// runs scenarios of this shape.
+    pub fn certifies_lock_services(self) -> bool {
+        !matches!(self, Shape::Store)
+    }
+
+    /// Whether a certification of a fenced store (`certify!(name: fenced_store = …,
+    /// lock_service = …)`) runs scenarios of this shape.
+    pub fn certifies_stores(self) -> bool {
+        matches!(self, Shape::Store | Shape::Pair | Shape::Process)
+    }
+
+    /// Whether a pairing (`certify!(name: pairing, lock_service = …, store = …)`) runs scenarios
+    /// of this shape.
+    pub fn certifies_pairings(self) -> bool {
+        matches!(self, Shape::Pair | Shape::Process)
+    }
+}
+
+/// One scenario of the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scenario {
+    /// The scenario's function name (also its test's name).
+    pub name: &'static str,
+    /// The module of this crate it lives in.
+    pub module: &'static str,
+    /// Which factories it needs.
+    pub shape: Shape,
+    /// The guarantee it checks, in one line.
+    pub guarantee: &'static str,
+}
+
+/// Calls `$crate::$callback!` with `$args` and every scenario as
+/// `shape module::name "guarantee";`, in the order they run.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __registry {
+    ($callback:ident $args:tt) => {
+        $crate::$callback! { $args
+            lock lock::mutual_exclusion "one holder at a time, no lost update inside the critical section";
+            lock lock::owner_only_release_and_extend "a foreign owner token can neither release nor extend";
+            lock lock::expiry_and_takeover "a silent holder loses the lock after TTL (+ margin), not before";
+            lock lock::fence_monotonicity "fences strictly increase across release, expiry, takeover (gap-free if declared)";
+            lock lock::progress_gated_renewal "progress keeps a lease alive; a stall loses it within a TTL";
+            lock lock::wait_and_handoff "waiters get released locks within one TTL (the hold is four), `Timeout` otherwise; handoff latency reported";
+            lock lock::bad_input "bad keys, TTLs and waits are typed errors";
+            lock lock::zero_wait_is_one_attempt "a zero wait takes a free lock, answers `Timeout` at once on a held one, and leaves nothing queued";
+            lock lock::with_lock_releases_on_every_path "`with_lock` releases after success and error, refuses re-entry at once, cancels its work when the lease is lost";
+            lock lock::keys_are_independent "keys differing in case, by a prefix or suffix, by where the domain ends, or as long as a key may be do not collide; a holder's second acquire of its key is refused; per-key counters on gap-free services";
+            lock lock::stale_release_and_extend_after_takeover "the service itself refuses release/extend of an expired grant after a takeover (the new holder keeps the lock) and never extends an expired grant back to life";
+            lock lock::cancelled_acquires_leave_no_residue "six waiters cancelled mid-wait leave nothing behind: the next client gets the released lock within TTL + margin";
+            lock lock::fifo_when_declared "a service declaring `Waiting::NativeFifo` grants four waiters in arrival order";
+            lock lock::declared_timing_is_explained "the test factory's expiry margin is explained by the declared `expiry_delay` (+ at most max(TTL, 1 s))";
+            lock lock::lost_signal_from_the_backend "the factory deletes the lock on the server: the renewing holder's lost signal fires well before its local deadline; at once when subscribed after the loss; never after a clean release";
+            lock lock::lost_replies_leave_one_live_grant "a reply lost after the server applied `try_acquire`, `release` or `extend`: the client returns the one live, releasable grant (one fence spent if gap-free) or an error with no orphan left (free within half the TTL); a release repeated after its lost reply is `NotHolder` and leaves the next holder alone";
+            lock lock::cut_connections_keep_the_grant_or_report_it "every connection of a holder cut: it still holds (extend and release work, nobody else got the lock) or is told it lost it; new locks still work";
+            lock lock::partitioned_holder_loses_before_anyone_gains "a renewing holder partitioned from the service: when another client is granted the lock, the holder's `safe_until` has passed and its lost signal fires; after healing its extend is `NotHolder`";
+            lock lock::quorum_faults_never_grant_a_minority "a service over several servers (Redlock): no grant with a majority partitioned, partial grants rolled back (also a `SET` held up by the partition and delivered on heal), a grant with a minority partitioned";
+            lock lock::dropped_client_lets_go "a client dropped while holding: the lock is free within TTL + margin (nothing keeps renewing it)";
+            lock lock::fast_client_clock_takes_nothing_early "a client whose clock runs ten TTLs ahead (`skewed_client`) cannot take a held lock";
+            lock lock::dead_waiter_is_never_granted "a waiter partitioned past its session: a third client gets the released lock and the waiter never comes back holding it (or, without sessions, the waiter got it)";
+            lock liveness::repair_keeps_the_holder "`advance_fence` (the repair of a fence regression) while the lock is held: nobody else gets it, the holder extends and releases as before, the next fence is above the floor";
+            lock liveness::waits_are_bounded "on a held lock: `try_acquire` answers \"held\" within ten round trips (≥ 1 s); `acquire` with a 300 ms wait answers `Timeout` within 300 ms + that; the holder's extend and release answer as fast";
+            lock liveness::slow_replies_still_complete "every reply 1.5 s late (`FaultProxy::delay_replies`): acquire, extend and release succeed, a release is never turned into `NotHolder` by a resend, a fresh client then takes the lock at once; a service that cannot grant through such replies (Redlock's node timeout) must leave no orphan";
+            store store::equal_higher_lower "equal fence accepted from the same grant, refused from another with `DuplicateFence`; lower refused with `StaleFence`; data untouched";
+            store store::concurrent_interleaved_fences "concurrent scrambled fences: exactly the writes ≥ watermark land";
+            store store::atomicity "multi-operation writes are all or nothing";
+            store store::store_bad_input "malformed batches refused";
+            store store::stale_batches_of_every_shape "Delete-only, Create-only, Check-only, mixed and empty stale batches refused (`StaleFence`, or `DuplicateFence` from another grant), nothing changed";
+            store store::fence_comparison_matrix "w−1, w, w+1 × same grant / other grant; the watermark never decreases; fence 0 refused";
+            store store::watermark_scope "watermarks per resource (also for a name that starts with another's), and in the store: a new client refuses the stale fence";
+            store store::read_many_answers_like_read "`read_many` answers each key as `read` does, in the order asked (missing and repeated keys included); an invalid key is `InvalidKey`";
+            store store::store_race "two clients race fences t1 < t2, 40 rounds: the record always ends with t2's value";
+            pair e2e::paused_holder_in_process "a holder paused past its TTL gets `StaleFence`; metric +1; lost signal fired";
+            process e2e::paused_holder_process "the same, with a real holder process frozen by `SIGSTOP` and thawed by `SIGCONT`";
+            process e2e::killed_holder "after `SIGKILL` of the holder, the next one proceeds within TTL + margin";
+            pair e2e::stale_write_before_new_holder_writes "fencing rule 3: the \"done\" check inside the fenced write";
+            pair e2e::live_lock_when_declared "a store that declares it checks the live lock refuses a write whose lock is gone";
+            pair e2e::waits_are_bounded_while_a_fenced_transaction_is_open "a holder's fenced transaction held open (store hook `hold_transaction`): another client's zero wait and 300 ms wait still answer within their bound, never with a grant";
+            pair e2e::load "500 acquisitions/s across 50 keys: no overlapping holds with accepted writes (grant → last moment the holder could act), every job's record exactly once, no fence issued twice (a lease that ran out during an accepted write is counted, not failed)";
+            primitive semaphore::semaphore_count_limit "never more permits held than the count";
+            primitive semaphore::semaphore_stale_permit_refused "a permit holder paused past its TTL gets `StaleFence` from the store";
+            primitive semaphore::semaphore_fifo_when_declared "a queued semaphore serves waiters in arrival order where FIFO is declared";
+            primitive semaphore::primitive_keys_are_their_own "a semaphore's and a read-write lock's internal keys are keys no user can name";
+            primitive rwlock::rwlock_readers_share_writers_exclude "readers share, a writer excludes readers and writers, a waiting writer is not starved";
+            primitive rwlock::rwlock_stale_holders_refused "a reader or writer paused past its TTL gets `StaleFence`";
+            primitive election::election_frozen_leader_is_deposed "a leader paused past its term is deposed; its writes are refused";
+            primitive primitives::primitives_enter_over_a_slow_service "over a service 5 ms slower per operation (128 reader slots and permits, 256 queued permits): every primitive enters within a bound derived from its operations";
+            frozen_primitive frozen::semaphore_permit_holder_sigstop "a permit holder frozen by `SIGSTOP` past its TTL is refused on waking";
+            frozen_primitive frozen::rwlock_reader_sigstop "a reader frozen by `SIGSTOP` past its TTL is refused on waking; a writer enters";
+            frozen_primitive frozen::rwlock_writer_sigstop "a writer frozen by `SIGSTOP` past its TTL is refused on waking; the next writer enters";
+            frozen_primitive frozen::election_leader_sigstop "a leader frozen by `SIGSTOP` past its term is refused on waking; a new leader is elected";
+            restart lock::fences_survive_restart_or_are_repaired "a restart with data keeps fences growing where declared; after a data loss `lock_checked` moves the counter past the store's watermark or refuses with `FenceRegression`";
+            cluster cluster::leader_killed "the cluster's leader killed under contention: no overlapping holds, fences increase, locks usable after the election";
+        }
+    };
+}
+
+/// Builds [`SCENARIOS`] from the registry (a callback of [`__registry!`](crate::__registry)).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __registry_list {
+    ({} $($shape:ident $module:ident :: $name:ident $guarantee:literal;)*) => {
+        /// Every scenario, in the order they run.
+        pub const SCENARIOS: &[$crate::registry::Scenario] = &[
+            $($crate::registry::Scenario {
+                name: stringify!($name),
+                module: stringify!($module),
+                shape: $crate::registry::shape_of(stringify!($shape)),
+                guarantee: $guarantee,
+            },)*
+        ];
+    };
+}
+
+crate::__registry!(__registry_list {});
+
+#[doc(hidden)]
+pub const fn shape_of(shape: &str) -> Shape {
+    match shape.as_bytes() {
+        b"lock" => Shape::Lock,
+        b"store" => Shape::Store,
+        b"pair" => Shape::Pair,
+        b"process" => Shape::Process,
+        b"primitive" => Shape::Primitive,
+        b"frozen_primitive" => Shape::FrozenPrimitive,
+        b"restart" => Shape::Restart,
+        _ => Shape::Cluster,
+    }
+}
+
+/// The scenario named `name`, if the registry has it.
+pub fn scenario(name: &str) -> Option<&'static Scenario> {
+    SCENARIOS.iter().find(|s| s.name == name)
+}
+
+/// The scenario table of the README and the crate docs, generated from the registry.
+pub fn markdown_table() -> String {
+    let mut out = String::from("| scenario | shape | the guarantee it checks |\n|---|---|---|\n");
+    for s in SCENARIOS {
+        out.push_str(&format!("| `{}::{}` | {} | {} |\n", s.module, s.name, s.shape.name(), s.guarantee));
+    }
+    out
+}
