@@ -117,11 +117,13 @@ fn render(backend: &str, certs: &BTreeMap<String, Vec<Value>>) -> (String, Value
         let _ = writeln!(md, "## `{name}`: {kind}\n");
         let _ = writeln!(md, "- service: `{service}`; store: `{store}`");
         let _ = writeln!(md, "- declared: `{caps}`");
-        let hook_list: Vec<String> = hooks
-            .iter()
-            .map(|(h, p)| format!("`{h}` {}", if *p { "provided" } else { "not provided" }))
-            .collect();
-        let _ = writeln!(md, "- hooks asked for: {}", if hook_list.is_empty() { "none".into() } else { hook_list.join(", ") });
+        let hook_list: Vec<String> =
+            hooks.iter().map(|(h, p)| format!("`{h}` {}", if *p { "provided" } else { "not provided" })).collect();
+        let _ = writeln!(
+            md,
+            "- hooks asked for: {}",
+            if hook_list.is_empty() { "none".into() } else { hook_list.join(", ") }
+        );
         let _ = writeln!(
             md,
             "- {} scenarios: {} checked, {} refusal checked, {} not applicable, {} failed; {:.0} s of scenario time\n",
@@ -146,7 +148,9 @@ fn render(backend: &str, certs: &BTreeMap<String, Vec<Value>>) -> (String, Value
             }
             let cell = notes.join("; ").replace('|', "\\|").replace('\n', " ");
             let _ = writeln!(md, "| `{scenario}` | {shape} | {status} | {seconds:.1} | {cell} |");
-            scenarios.push(json!({"scenario": scenario, "shape": shape, "status": status, "seconds": seconds, "notes": notes}));
+            scenarios.push(
+                json!({"scenario": scenario, "shape": shape, "status": status, "seconds": seconds, "notes": notes}),
+            );
         }
         md.push('\n');
         certifications.push(json!({

@@ -45,7 +45,9 @@ impl FencedScenarios for Fenced {
             "semaphore_stale_permit_refused" => Box::pin(semaphore::semaphore_stale_permit_refused(ctx, lf, sf)),
             "semaphore_fifo_when_declared" => Box::pin(semaphore::semaphore_fifo_when_declared(ctx, lf)),
             "primitive_keys_are_their_own" => Box::pin(semaphore::primitive_keys_are_their_own(ctx, lf, sf)),
-            "rwlock_readers_share_writers_exclude" => Box::pin(rwlock::rwlock_readers_share_writers_exclude(ctx, lf, sf)),
+            "rwlock_readers_share_writers_exclude" => {
+                Box::pin(rwlock::rwlock_readers_share_writers_exclude(ctx, lf, sf))
+            }
             "rwlock_stale_holders_refused" => Box::pin(rwlock::rwlock_stale_holders_refused(ctx, lf, sf)),
             "election_frozen_leader_is_deposed" => Box::pin(election::election_frozen_leader_is_deposed(ctx, lf, sf)),
             "primitives_enter_over_a_slow_service" => {
@@ -195,8 +197,7 @@ pub fn run<F, Fut>(
     test_name: &str,
     target_tmpdir: Option<&str>,
     make: F,
-) 
-where
+) where
     F: FnOnce(Arc<Ctx>) -> Fut,
     Fut: Future<Output = Outcome>,
 {
@@ -204,7 +205,9 @@ where
     let dir = record_dir(target_tmpdir).join(certification);
     let record = record_json(kind, certification, scenario, &outcome, &declared);
     // A record that cannot be written costs the report, not the verdict: say so and go on.
-    if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join(format!("{scenario}.json")), record)) {
+    if let Err(e) =
+        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join(format!("{scenario}.json")), record))
+    {
         eprintln!("conformance: cannot write the certification record of {scenario} under {}: {e}", dir.display());
     }
     match outcome {
@@ -242,7 +245,8 @@ fn record_json(kind: Kind, certification: &str, scenario: &str, outcome: &Outcom
         None => out.push_str("\"service\":null,\"capabilities\":null,"),
     }
     let _ = write!(out, "\"store\":{},", declared.store.as_deref().map_or("null".to_string(), json_string));
-    let hooks: Vec<String> = declared.hooks.iter().map(|(h, provided)| format!("[{},{provided}]", json_string(h))).collect();
+    let hooks: Vec<String> =
+        declared.hooks.iter().map(|(h, provided)| format!("[{},{provided}]", json_string(h))).collect();
     let _ = write!(out, "\"hooks\":[{}]", hooks.join(","));
     out.push('}');
     out

@@ -97,8 +97,7 @@ pub mod store;
 
 pub use e2e::LoadSettings;
 pub use factory::{
-    FaultyClient, FencedStoreFactory, FencingOf, HeldTransaction, LockServiceFactory, Namespace, ProcessAccess,
-    Timing,
+    FaultyClient, FencedStoreFactory, FencingOf, HeldTransaction, LockServiceFactory, Namespace, ProcessAccess, Timing,
 };
 pub use fn_factory::{FnLockFactory, FnStoreFactory, lock_factory, store_factory};
 pub use harness::{Ctx, Failure, Outcome, Report, Status, require_env};

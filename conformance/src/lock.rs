@@ -1216,7 +1216,9 @@ pub async fn fast_client_clock_takes_nothing_early<F: LockServiceFactory>(ctx: &
         Ok(c) => c,
         Err(e) if e.kind() == ErrorKind::Unsupported => {
             ctx.saw_hook("skewed_client", false);
-            ctx.not_applicable("no client with a skewed clock: expiry is judged by one clock (the server's or this machine's)");
+            ctx.not_applicable(
+                "no client with a skewed clock: expiry is judged by one clock (the server's or this machine's)",
+            );
             return Ok(ctx.report());
         }
         Err(e) => return Err(ctx.fail(format!("factory could not make a skewed client: {e}"))),

@@ -905,6 +905,37 @@ impl ZkEnsemble {
         Ok(())
     }
 
+    /// Restarts every member (SIGKILL, then the same command), keeping their data
+    /// (`keep_data`: a restart of the whole ensemble) or wiping their snapshots and transaction
+    /// logs first (an ensemble restored empty: every zxid starts again from zero). Waits until
+    /// every member serves again.
+    pub fn restart_all(&mut self, keep_data: bool) -> std::io::Result<()> {
+        for member in &mut self.members {
+            member.kill();
+        }
+        if !keep_data {
+            for member in &self.members {
+                let state = member.dir().join("data").join("version-2");
+                match std::fs::remove_dir_all(&state) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
+        }
+        for member in &mut self.members {
+            member.restart()?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(0..self.members.len()).all(|i| self.serving(i)) {
+            if Instant::now() > deadline {
+                let members: Vec<&LoopbackServer> = self.members.iter().collect();
+                return Err(not_ready("ZooKeeper", "did not come back in 30 s", &members, |_| true));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
     /// The index of the current leader, if one is serving.
     pub fn leader(&self) -> Option<usize> {
         (0..self.members.len()).find(|&i| self.mode(i).as_deref() == Some("leader"))

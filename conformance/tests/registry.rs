@@ -54,7 +54,9 @@ fn the_readme_table_is_the_registry() {
         if bless() {
             std::fs::write(&path, format!("{}{want}{}", &text[..begin], &text[end..])).unwrap();
         } else {
-            panic!("README.md's scenario table differs from the registry: run this test with PALISADE_BLESS=1 and commit");
+            panic!(
+                "README.md's scenario table differs from the registry: run this test with PALISADE_BLESS=1 and commit"
+            );
         }
     }
 }
@@ -89,7 +91,11 @@ fn every_certification_report_matches_the_registry() {
                 assert!(listed.contains(w), "{name}: `{}` does not list `{w}`: regenerate the report", cert["name"]);
             }
             for l in &listed {
-                assert!(want.contains(l), "{name}: `{}` lists `{l}`, which the registry does not have for it", cert["name"]);
+                assert!(
+                    want.contains(l),
+                    "{name}: `{}` lists `{l}`, which the registry does not have for it",
+                    cert["name"]
+                );
             }
             for s in cert["scenarios"].as_array().unwrap() {
                 let status = s["status"].as_str().unwrap();

@@ -57,8 +57,8 @@ fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
     })
 }
 
-palisade_conformance::end_to_end_suite!(redis_dynamodb, redis(), dynamodb("redis"));
-palisade_conformance::end_to_end_suite!(etcd_dynamodb, etcd(), dynamodb("etcd"));
+palisade_conformance::certify!(redis_with_dynamodb: pairing, lock_service = redis(), store = dynamodb("redis"));
+palisade_conformance::certify!(etcd_with_dynamodb: pairing, lock_service = etcd(), store = dynamodb("etcd"));
 
 fn store_url(tag: &str) -> String {
     format!("dynamodb://wh-{tag}-{}?endpoint={}&region=us-east-1", std::process::id(), endpoint())

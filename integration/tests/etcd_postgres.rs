@@ -35,7 +35,7 @@ fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
     })
 }
 
-palisade_conformance::end_to_end_suite!(etcd(), postgres());
+palisade_conformance::certify!(etcd_with_postgres: pairing, lock_service = etcd(), store = postgres());
 
 /// The session TTL the warehouse processes use: how long after a process stops its lock goes.
 const SESSION_S: u64 = 2;

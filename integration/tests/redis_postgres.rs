@@ -34,7 +34,7 @@ fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
     })
 }
 
-palisade_conformance::end_to_end_suite!(redis(), postgres());
+palisade_conformance::certify!(redis_with_postgres: pairing, lock_service = redis(), store = postgres());
 
 fn urls() -> (String, String) {
     (require_env("PALISADE_REDIS_URL"), require_env("PALISADE_POSTGRES_URL"))

@@ -1,6 +1,6 @@
 //! ZooKeeper + PostgreSQL against real servers (started by `scripts/test`): the end-to-end
-//! suite, SIGSTOP and SIGKILL of real `warehouse allocate --lock zk://…` processes, and the
-//! leader of a 3-server ensemble killed while clients hold and contend.
+//! scenarios (a pairing certification) and SIGSTOP and SIGKILL of real `warehouse allocate
+//! --lock zk://…` processes. The leader-kill scenario is ZooKeeper's own certification's.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
@@ -13,10 +13,7 @@ use common::{Allocator, last_json, run, setup_sku, unique_sku};
 use nix::sys::signal::{Signal, kill};
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::zookeeper::{ZkConfig, ZkLockService};
-use palisade_conformance::servers::ZkEnsemble;
-use palisade_conformance::{
-    ClusterFactory, FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory,
-};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
 
 fn zookeeper() -> impl LockServiceFactory<Service = ZkLockService> {
     let url = format!("{}?session_timeout_ms=3000", require_env("PALISADE_ZK_URL"));
@@ -34,7 +31,7 @@ fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
     })
 }
 
-palisade_conformance::end_to_end_suite!(zookeeper(), postgres());
+palisade_conformance::certify!(zookeeper_with_postgres: pairing, lock_service = zookeeper(), store = postgres());
 
 /// The warehouse processes' session timeout: how long after a process stops its lock goes.
 const SESSION_MS: u64 = 2000;
@@ -89,40 +86,3 @@ fn sigkill_holder_is_replaced_within_the_session_timeout() {
     assert_eq!(b.status.code(), Some(0), "{}", String::from_utf8_lossy(&b.stderr));
     assert!(took < Duration::from_millis(SESSION_MS + 500 + 3000), "next holder took {took:?}");
 }
-
-/// Clients of a 3-member ensemble of the factory's own, with 4 s sessions: its leader is
-/// killed while 4 clients contend for 2 keys and write through PostgreSQL
-/// (`palisade_conformance::cluster::leader_killed`, stamped by `cluster_suite!`).
-struct ZkEnsembleFactory {
-    ensemble: tokio::sync::Mutex<ZkEnsemble>,
-    url: String,
-}
-
-fn zookeeper_ensemble() -> ZkEnsembleFactory {
-    let ensemble = ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), 3).unwrap();
-    let url = format!("{}?session_timeout_ms=4000", ensemble.url());
-    ZkEnsembleFactory { ensemble: tokio::sync::Mutex::new(ensemble), url }
-}
-
-#[palisade::spi::async_trait]
-impl LockServiceFactory for ZkEnsembleFactory {
-    type Service = ZkLockService;
-    async fn client(&self) -> palisade::Result<Arc<ZkLockService>> {
-        Ok(Arc::new(ZkLockService::connect(&self.url).await?))
-    }
-    fn timing(&self) -> Timing {
-        Timing::new(Duration::from_secs(1), Duration::from_millis(4500))
-    }
-}
-
-#[palisade::spi::async_trait]
-impl ClusterFactory for ZkEnsembleFactory {
-    async fn kill_leader(&self) -> palisade::Result<String> {
-        let leader = self.ensemble.lock().await.kill_leader(Duration::from_secs(10)).await.map_err(|e| {
-            palisade::Error::new(palisade::ErrorKind::Backend, "test", format!("could not kill the leader: {e}"))
-        })?;
-        Ok(format!("server {}", leader + 1))
-    }
-}
-
-palisade_conformance::cluster_suite!(ensemble, zookeeper_ensemble(), postgres());

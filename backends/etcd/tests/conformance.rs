@@ -61,12 +61,7 @@ fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
     })
 }
 
-palisade_conformance::lock_service_suite!(etcd());
-palisade_conformance::end_to_end_suite!(etcd(), sqlite());
-palisade_conformance::semaphore_suite!(etcd(), sqlite());
-palisade_conformance::election_suite!(etcd(), sqlite());
-palisade_conformance::rwlock_suite!(etcd(), sqlite());
-palisade_conformance::frozen_primitives_suite!(etcd(), sqlite());
+palisade_conformance::certify!(etcd: lock_service = etcd(), store = sqlite(), restartable = OwnEtcd::start(), cluster = etcd_cluster());
 
 /// The slow-replies scenario with the default 10 s session. The suite's 3 s session is capped
 /// too short to renew over replies 1.5 s late (a keep-alive is known only a round trip after it
@@ -106,10 +101,6 @@ impl LockServiceFactory for OwnEtcd {
     fn timing(&self) -> Timing {
         Timing::new(Duration::from_secs(1), Duration::from_millis(3500))
     }
-}
-
-#[palisade_core::spi::async_trait]
-impl palisade_conformance::RestartableFactory for OwnEtcd {
     async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
         let mut server = self.server.lock().unwrap();
         let restarted = server.restart_keeping_data(keep_data);
@@ -119,4 +110,36 @@ impl palisade_conformance::RestartableFactory for OwnEtcd {
     }
 }
 
-palisade_conformance::restart_suite!(OwnEtcd::start());
+/// Clients of a 3-member cluster of the factory's own, with 2 s sessions: what the leader-kill
+/// scenario kills the leader of.
+struct EtcdClusterFactory {
+    cluster: tokio::sync::Mutex<palisade_conformance::servers::EtcdCluster>,
+    url: String,
+}
+
+fn etcd_cluster() -> EtcdClusterFactory {
+    let cluster = palisade_conformance::servers::EtcdCluster::start(&require_env("PALISADE_ETCD_SERVER"), 3).unwrap();
+    let url = format!("{}?session_ttl_s=2", cluster.url());
+    EtcdClusterFactory { cluster: tokio::sync::Mutex::new(cluster), url }
+}
+
+#[palisade_core::spi::async_trait]
+impl LockServiceFactory for EtcdClusterFactory {
+    type Service = EtcdLockService;
+    async fn client(&self) -> palisade_core::Result<Arc<EtcdLockService>> {
+        Ok(Arc::new(EtcdLockService::connect_with(EtcdConfig::from_url(&self.url)?).await?))
+    }
+    fn timing(&self) -> Timing {
+        Timing::new(Duration::from_secs(1), Duration::from_millis(2500))
+    }
+    async fn kill_leader(&self) -> palisade_core::Result<String> {
+        let leader = self
+            .cluster
+            .lock()
+            .await
+            .kill_leader(Duration::from_secs(10))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Backend, "test", format!("could not kill the etcd leader: {e}")))?;
+        Ok(format!("m{leader}"))
+    }
+}

@@ -1,5 +1,6 @@
 //! The Redis lock service against a real Redis (started by `scripts/test`, address in
-//! `PALISADE_REDIS_URL`): the lock suite, and end to end with the SQLite store.
+//! `PALISADE_REDIS_URL`), certified with the SQLite store; the restart scenario on a Redis of
+//! the test's own.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
@@ -48,12 +49,7 @@ fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
     })
 }
 
-palisade_conformance::lock_service_suite!(redis());
-palisade_conformance::end_to_end_suite!(redis(), sqlite());
-palisade_conformance::semaphore_suite!(redis(), sqlite());
-palisade_conformance::election_suite!(redis(), sqlite());
-palisade_conformance::rwlock_suite!(redis(), sqlite());
-palisade_conformance::frozen_primitives_suite!(redis(), sqlite());
+palisade_conformance::certify!(redis_lock_service: lock_service = redis(), store = sqlite(), restartable = OwnRedis::start());
 
 /// A Redis of this test's own, which the restart scenario restarts: with `appendfsync always`
 /// a restart with data keeps the fence counter (the service still does not declare it: it
@@ -84,15 +80,9 @@ impl LockServiceFactory for OwnRedis {
     fn timing(&self) -> Timing {
         Timing::new(Duration::from_millis(200), Duration::from_millis(50))
     }
-}
-
-#[palisade_core::spi::async_trait]
-impl palisade_conformance::RestartableFactory for OwnRedis {
     async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
         let mut server = self.server.lock().unwrap();
         let restarted = server.restart_keeping_data(keep_data);
         restarted.map_err(|e| Error::new(ErrorKind::Unavailable, "test", format!("restarting redis: {e}")))
     }
 }
-
-palisade_conformance::restart_suite!(OwnRedis::start());

@@ -1,6 +1,6 @@
 //! `rediss://` against a real TLS-only Redis that demands client certificates (started by
 //! `scripts/test`: `PALISADE_REDIS_TLS_URL`, a throwaway CA in `PALISADE_REDIS_TLS_CA`, a client
-//! identity in `PALISADE_REDIS_TLS_CLIENT_CERT` / `_KEY`). The whole lock suite runs over TLS,
+//! identity in `PALISADE_REDIS_TLS_CLIENT_CERT` / `_KEY`). The whole certification runs over TLS,
 //! including release notifications, which use a second (pub/sub) connection.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
@@ -29,9 +29,42 @@ fn redis_tls() -> impl LockServiceFactory<Service = RedisLockService> {
         let config = config.clone();
         async move { Ok(Arc::new(RedisLockService::connect_with(config).await?)) }
     })
+    // An operator's `DEL` over TLS, with the same certificates.
+    .with_break_lock(|key| async move {
+        let fail =
+            |e: redis::RedisError| palisade_core::Error::new(ErrorKind::Backend, "test", format!("raw DEL: {e}"));
+        let certificates = redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read("PALISADE_REDIS_TLS_CLIENT_CERT"),
+                client_key: read("PALISADE_REDIS_TLS_CLIENT_KEY"),
+            }),
+            root_cert: Some(read("PALISADE_REDIS_TLS_CA")),
+        };
+        let client =
+            redis::Client::build_with_tls(require_env("PALISADE_REDIS_TLS_URL"), certificates).map_err(fail)?;
+        let mut conn = client.get_multiplexed_async_connection().await.map_err(fail)?;
+        let _: i64 = redis::cmd("DEL").arg(key.lock_key()).query_async(&mut conn).await.map_err(fail)?;
+        Ok(())
+    })
+    // The proxies forward the TLS bytes untouched: the handshake is still with the server.
+    .with_faulty_client(|| async {
+        let (url, proxies) = palisade_conformance::proxy::proxy_url(&require_env("PALISADE_REDIS_TLS_URL")).await?;
+        let config = RedisConfig::new(url)
+            .with_tls_root_cert(read("PALISADE_REDIS_TLS_CA"))
+            .with_tls_client_identity(read("PALISADE_REDIS_TLS_CLIENT_CERT"), read("PALISADE_REDIS_TLS_CLIENT_KEY"));
+        Ok(palisade_conformance::FaultyClient::new(Arc::new(RedisLockService::connect_with(config).await?), proxies))
+    })
 }
 
-palisade_conformance::lock_service_suite!(redis_tls());
+fn sqlite() -> impl palisade_conformance::FencedStoreFactory<Store = palisade_sqlite::SqliteStore> {
+    palisade_conformance::store_factory(|| async {
+        let path = format!("{}/palisade-redis-tls-e2e.db", env!("CARGO_TARGET_TMPDIR"));
+        let url = format!("sqlite://{path}?synchronous=normal&busy_timeout_ms=30000");
+        Ok(Arc::new(palisade_sqlite::SqliteStore::connect(&url).await?))
+    })
+}
+
+palisade_conformance::certify!(redis_tls: lock_service = redis_tls(), store = sqlite());
 
 #[tokio::test]
 async fn a_server_signed_by_an_unknown_ca_is_refused() {

@@ -7,9 +7,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use palisade_core::spi::{Backoff, poll_acquire};
-use palisade_core::{Deployment, Replication, 
-    Capabilities, Error, ErrorKind, FenceSource, Grant, LockService, OwnerToken, ResourceKey, Result, Ttl, Unfenced,
-    Waiting,
+use palisade_core::{
+    Capabilities, Deployment, Error, ErrorKind, FenceSource, Grant, LockService, OwnerToken, Replication, ResourceKey,
+    Result, Ttl, Unfenced, Waiting,
 };
 use redis::Script;
 use tokio::time::Instant;

@@ -64,6 +64,5 @@ fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
     .with_load(LoadSettings { keys: 250, ..LoadSettings::from_env() })
 }
 
-palisade_conformance::lock_service_suite!(single_master, redlock(1));
-palisade_conformance::lock_service_suite!(five_masters, redlock(5));
-palisade_conformance::end_to_end_suite!(five_masters_end_to_end, redlock(5), sqlite());
+palisade_conformance::certify!(redlock_single_master: lock_service = redlock(1), store = sqlite());
+palisade_conformance::certify!(redlock: lock_service = redlock(5), store = sqlite());

@@ -6,9 +6,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use palisade_core::spi::HeldGrants;
 use palisade_core::spi::{timeout_error, validate_wait};
-use palisade_core::{Deployment, Replication, 
-    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
-    Ttl, Waiting,
+use palisade_core::{
+    Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken,
+    Replication, ResourceKey, Result, Ttl, Waiting,
 };
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;

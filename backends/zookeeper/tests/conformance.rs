@@ -62,12 +62,12 @@ fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
     })
 }
 
-palisade_conformance::lock_service_suite!(zookeeper());
-palisade_conformance::end_to_end_suite!(zookeeper(), sqlite());
-palisade_conformance::semaphore_suite!(zookeeper(), sqlite());
-palisade_conformance::election_suite!(zookeeper(), sqlite());
-palisade_conformance::rwlock_suite!(zookeeper(), sqlite());
-palisade_conformance::frozen_primitives_suite!(zookeeper(), sqlite());
+palisade_conformance::certify!(
+    zookeeper: lock_service = zookeeper(),
+    store = sqlite(),
+    restartable = zookeeper_ensemble(1),
+    cluster = zookeeper_ensemble(3),
+);
 
 /// The fence is the node's czxid, not its sequence: deleting the resource's parent between
 /// grants restarts the sequence at 0, and the fence still grows.
@@ -165,4 +165,45 @@ async fn an_expired_session_never_passes_its_node_off_as_a_new_sessions() {
     let again = patient("A after the release").await.expect("free again");
     assert!(again.fence() > waiter_fence);
     a.release(&again).await.unwrap();
+}
+
+/// Clients of an ensemble of the factory's own (4 s sessions): of one server, what the restart
+/// scenario restarts with and without its data; of three, what the leader-kill scenario kills
+/// the leader of.
+struct ZkEnsembleFactory {
+    ensemble: tokio::sync::Mutex<palisade_conformance::servers::ZkEnsemble>,
+    url: String,
+}
+
+fn zookeeper_ensemble(size: usize) -> ZkEnsembleFactory {
+    let ensemble =
+        palisade_conformance::servers::ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), size).unwrap();
+    let url = format!("{}?session_timeout_ms=4000", ensemble.url());
+    ZkEnsembleFactory { ensemble: tokio::sync::Mutex::new(ensemble), url }
+}
+
+#[palisade_core::spi::async_trait]
+impl LockServiceFactory for ZkEnsembleFactory {
+    type Service = ZkLockService;
+    async fn client(&self) -> palisade_core::Result<Arc<ZkLockService>> {
+        Ok(Arc::new(ZkLockService::connect(&self.url).await?))
+    }
+    fn timing(&self) -> Timing {
+        Timing::new(Duration::from_secs(1), Duration::from_millis(4500))
+    }
+    async fn kill_leader(&self) -> palisade_core::Result<String> {
+        let leader = self
+            .ensemble
+            .lock()
+            .await
+            .kill_leader(Duration::from_secs(10))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Backend, "test", format!("could not kill the leader: {e}")))?;
+        Ok(format!("server {}", leader + 1))
+    }
+    async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
+        let mut ensemble = self.ensemble.lock().await;
+        let restarted = ensemble.restart_all(keep_data);
+        restarted.map_err(|e| Error::new(ErrorKind::Unavailable, "test", format!("restarting ZooKeeper: {e}")))
+    }
 }

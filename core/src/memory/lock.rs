@@ -8,7 +8,9 @@ use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::spi::{AttemptOutcome, wait_for_release};
-use crate::{Capabilities, Deployment, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting};
+use crate::{
+    Capabilities, Deployment, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting,
+};
 
 const BACKEND: &str = "memory";
 

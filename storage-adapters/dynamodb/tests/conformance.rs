@@ -32,5 +32,4 @@ fn dynamodb() -> impl FencedStoreFactory<Store = DynamoStore> {
     .with_load(LoadSettings { rate: 25, secs: 4, keys: 10 })
 }
 
-palisade_conformance::fenced_store_suite!(dynamodb());
-palisade_conformance::end_to_end_suite!(MemoryLockFactory::new(), dynamodb());
+palisade_conformance::certify!(dynamodb: fenced_store = dynamodb(), lock_service = MemoryLockFactory::new());

@@ -72,12 +72,48 @@ fn postgres_locks() -> impl LockServiceFactory<Service = PostgresLockService> {
     })
 }
 
-palisade_conformance::fenced_store_suite!(postgres());
-palisade_conformance::end_to_end_suite!(MemoryLockFactory::new(), postgres());
-palisade_conformance::lock_service_suite!(postgres_lock_conformance, postgres_locks());
-palisade_conformance::end_to_end_suite!(one_database_end_to_end, postgres_locks(), postgres());
-palisade_conformance::end_to_end_suite!(live_lock_end_to_end, postgres_locks(), postgres_live());
-palisade_conformance::semaphore_suite!(postgres_locks(), postgres());
-palisade_conformance::election_suite!(postgres_locks(), postgres());
-palisade_conformance::rwlock_suite!(postgres_locks(), postgres());
-palisade_conformance::frozen_primitives_suite!(postgres_locks(), postgres());
+palisade_conformance::certify!(postgres_store: fenced_store = postgres(), lock_service = MemoryLockFactory::new());
+palisade_conformance::certify!(
+    postgres: lock_service = postgres_locks(),
+    store = postgres(),
+    restartable = OwnPostgres::start(),
+);
+palisade_conformance::certify!(postgres_live_lock: pairing, lock_service = postgres_locks(), store = postgres_live());
+
+/// The PostgreSQL lock service on a server of the test's own, which the restart scenario kills
+/// (SIGKILL, crash recovery on the next start) keeping its data, and restarts with a new, empty
+/// database: fences continue after the crash, and `lock_checked` repairs the empty database's
+/// counters.
+struct OwnPostgres {
+    server: std::sync::Mutex<palisade_conformance::servers::PostgresServer>,
+    url: String,
+}
+
+impl OwnPostgres {
+    fn start() -> Self {
+        let server = palisade_conformance::servers::PostgresServer::start().unwrap();
+        let url = server.url();
+        OwnPostgres { server: std::sync::Mutex::new(server), url }
+    }
+}
+
+#[palisade_core::spi::async_trait]
+impl LockServiceFactory for OwnPostgres {
+    type Service = PostgresLockService;
+    async fn client(&self) -> palisade_core::Result<Arc<PostgresLockService>> {
+        Ok(Arc::new(PostgresLockService::connect(&self.url).await?))
+    }
+    fn timing(&self) -> Timing {
+        Timing::new(Duration::from_millis(400), Duration::from_millis(300))
+    }
+    async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
+        let restarted = self.server.lock().unwrap().restart_keeping_data(keep_data);
+        restarted.map_err(|e| {
+            palisade_core::Error::new(
+                palisade_core::ErrorKind::Unavailable,
+                "test",
+                format!("restarting postgres: {e}"),
+            )
+        })
+    }
+}

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::spi::{Backoff, poll_acquire, storable_fence};
-use palisade_core::{Deployment, 
-    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, OwnerToken, ResourceKey,
-    Result, Ttl, Waiting,
+use palisade_core::{
+    Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, OwnerToken,
+    ResourceKey, Result, Ttl, Waiting,
 };
 use sqlx::Row;
 use tokio::time::Instant;

@@ -49,12 +49,54 @@ fn sqlite_locks() -> impl LockServiceFactory<Service = SqliteLockService> {
     })
 }
 
-palisade_conformance::fenced_store_suite!(sqlite());
-palisade_conformance::end_to_end_suite!(MemoryLockFactory::new(), sqlite());
-palisade_conformance::lock_service_suite!(sqlite_lock_conformance, sqlite_locks());
-palisade_conformance::end_to_end_suite!(one_file_end_to_end, sqlite_locks(), sqlite());
-palisade_conformance::end_to_end_suite!(live_lock_end_to_end, sqlite_locks(), sqlite_live());
-palisade_conformance::semaphore_suite!(sqlite_locks(), sqlite());
-palisade_conformance::election_suite!(sqlite_locks(), sqlite());
-palisade_conformance::rwlock_suite!(sqlite_locks(), sqlite());
-palisade_conformance::frozen_primitives_suite!(sqlite_locks(), sqlite());
+palisade_conformance::certify!(sqlite_store: fenced_store = sqlite(), lock_service = MemoryLockFactory::new());
+palisade_conformance::certify!(sqlite: lock_service = sqlite_locks(), store = sqlite(), restartable = OwnFile::new());
+palisade_conformance::certify!(sqlite_live_lock: pairing, lock_service = sqlite_locks(), store = sqlite_live());
+
+/// The SQLite lock service on a database file of the restart scenario's own. Its "server" is
+/// the file: a restart with data is new connections to it, a restart without data is the file
+/// gone (a restore of nothing, a new machine), and the counters with it.
+struct OwnFile {
+    path: std::path::PathBuf,
+}
+
+impl OwnFile {
+    fn new() -> Self {
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("palisade-sqlite-restart-{}.db", palisade_conformance::test_process_id()));
+        OwnFile { path }
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}?synchronous=normal&busy_timeout_ms=30000", self.path.display())
+    }
+}
+
+#[palisade_core::spi::async_trait]
+impl LockServiceFactory for OwnFile {
+    type Service = SqliteLockService;
+    async fn client(&self) -> palisade_core::Result<Arc<SqliteLockService>> {
+        Ok(Arc::new(SqliteLockService::connect(&self.url()).await?))
+    }
+    fn timing(&self) -> Timing {
+        Timing::new(Duration::from_millis(500), Duration::from_millis(300))
+    }
+    async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
+        if !keep_data {
+            for suffix in ["", "-wal", "-shm"] {
+                let file = format!("{}{suffix}", self.path.display());
+                match std::fs::remove_file(&file) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(palisade_core::Error::new(
+                            palisade_core::ErrorKind::Unavailable,
+                            "test",
+                            format!("removing {file}: {e}"),
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}

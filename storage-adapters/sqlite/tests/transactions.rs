@@ -38,20 +38,5 @@ async fn hold(url: String, resource: ResourceKey, fence: GrantFence) -> palisade
     Ok(Box::new((tx, store)))
 }
 
-mod plain {
-    use super::*;
-    palisade_conformance::__scenario_test!(
-        e2e,
-        waits_are_bounded_while_a_fenced_transaction_is_open,
-        (sqlite_locks(), sqlite(false))
-    );
-}
-
-mod live_lock {
-    use super::*;
-    palisade_conformance::__scenario_test!(
-        e2e,
-        waits_are_bounded_while_a_fenced_transaction_is_open,
-        (sqlite_locks(), sqlite(true))
-    );
-}
+palisade_conformance::certify!(sqlite_own_file: pairing, lock_service = sqlite_locks(), store = sqlite(false));
+palisade_conformance::certify!(sqlite_own_file_live_lock: pairing, lock_service = sqlite_locks(), store = sqlite(true));
