@@ -1,14 +1,16 @@
 //! Writes the certification reports from the records a certification run left behind.
 //!
 //! ```text
-//! cargo run -p palisade-conformance --example certification_report -- [RECORDS_DIR] [OUT_DIR]
+//! cargo run -p palisade-conformance --example certification_report -- [--check] [RECORDS_DIR] [OUT_DIR]
 //! ```
 //!
 //! `RECORDS_DIR` defaults to `target/tmp/palisade-certification` (where each test stamped by
 //! `certify!` writes its record), `OUT_DIR` to `docs/conformance`. One Markdown and one JSON
 //! file per backend (`memory.md`, `redis.md`, …): a lock service's certifications go to its
 //! backend's file, a store's and a pairing's to the store's. Only the backends with records
-//! are rewritten.
+//! are rewritten. With `--check` nothing is written: the run's verdicts (not its timings) must
+//! be those of the committed reports, scenario by scenario, or the command fails naming the
+//! differences (what the test command runs after the tests).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -19,9 +21,29 @@ use palisade_conformance::registry;
 use serde_json::{Value, json};
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let check = args.first().is_some_and(|a| a == "--check");
+    if check {
+        args.remove(0);
+    }
+    let mut args = args.into_iter();
     let records = PathBuf::from(args.next().unwrap_or_else(|| "target/tmp/palisade-certification".into()));
     let out = PathBuf::from(args.next().unwrap_or_else(|| "docs/conformance".into()));
+    if check {
+        let scratch = std::env::temp_dir().join(format!("palisade-certification-check-{}", std::process::id()));
+        let result = run(&records, &scratch).and_then(|_| compare(&scratch, &out));
+        let _ = std::fs::remove_dir_all(&scratch);
+        return match result {
+            Ok(n) => {
+                println!("certification_report: {n} reports agree with this run's verdicts");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("certification_report: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run(&records, &out) {
         Ok(written) => {
             for w in written {
@@ -159,4 +181,69 @@ fn render(backend: &str, certs: &BTreeMap<String, Vec<Value>>) -> (String, Value
         }));
     }
     (md, json!({"backend": backend, "certifications": certifications}))
+}
+
+/// The verdicts of a report: certification → scenario → status.
+fn verdicts(report: &Value) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for cert in report["certifications"].as_array().into_iter().flatten() {
+        let name = cert["name"].as_str().unwrap_or("").to_string();
+        let scenarios = cert["scenarios"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| (s["scenario"].as_str().unwrap_or("").to_string(), s["status"].as_str().unwrap_or("").to_string()))
+            .collect();
+        out.insert(name, scenarios);
+    }
+    out
+}
+
+/// Compares the verdicts of every report generated into `fresh` with the committed one in
+/// `committed`; returns how many agreed.
+fn compare(fresh: &std::path::Path, committed: &std::path::Path) -> Result<usize, String> {
+    let mut differences = Vec::new();
+    let mut agreed = 0;
+    for entry in std::fs::read_dir(fresh).map_err(|e| e.to_string())? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let file = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
+        let read = |p: &std::path::Path| -> Result<Value, String> {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+        };
+        let run = verdicts(&read(&path)?);
+        let kept = match read(&committed.join(&file)) {
+            Ok(v) => verdicts(&v),
+            Err(e) => {
+                differences.push(format!("{file}: no committed report ({e})"));
+                continue;
+            }
+        };
+        for (cert, scenarios) in &run {
+            let Some(kept_scenarios) = kept.get(cert) else {
+                differences.push(format!("{file}: certification `{cert}` is not in the committed report"));
+                continue;
+            };
+            for (scenario, status) in scenarios {
+                match kept_scenarios.get(scenario) {
+                    Some(k) if k == status => {}
+                    Some(k) => differences.push(format!("{file}: {cert}::{scenario} is {status}, committed {k}")),
+                    None => differences.push(format!("{file}: {cert}::{scenario} is not in the committed report")),
+                }
+            }
+        }
+        agreed += 1;
+    }
+    if differences.is_empty() {
+        Ok(agreed)
+    } else {
+        Err(format!(
+            "the committed certification reports disagree with this run (regenerate them with \
+             `cargo run -p palisade-conformance --example certification_report` after a full test run):\n  {}",
+            differences.join("\n  ")
+        ))
+    }
 }

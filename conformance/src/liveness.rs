@@ -2,7 +2,7 @@
 //! how long an operation may take, checks that a recovery leaves the holder able to go on, or
 //! that a slow service (every reply late, every request applied on time: a loaded cluster, a
 //! slow fsync, a long way back) still comes to the answer the first attempt earned. They run
-//! in the lock service registry (`lock_service_suite!`).
+//! in the [registry](crate::registry).
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Scenarios over every coordination primitive at once (semaphore, read-write lock, election),
-//! stamped by [`rwlock_suite!`](crate::rwlock_suite).
+//! stamped by [`certify!`](crate::certify) for every fenced lock service.
 
 use std::sync::Arc;
 use std::time::Duration;

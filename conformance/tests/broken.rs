@@ -1288,6 +1288,13 @@ impl LockServiceFactory for QuorumFactory {
     fn process_access(&self) -> ProcessAccess {
         ProcessAccess::Relay
     }
+    /// The lock deleted on every server, as an operator flushing them would.
+    async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
+        for service in &self.services {
+            service.break_lock(key);
+        }
+        Ok(())
+    }
     async fn faulty_client(&self) -> Result<FaultyClient<palisade_core::Unfenced>> {
         let (mut nodes, mut proxies, mut relays) = (Vec::new(), Vec::new(), Vec::new());
         for service in &self.services {
