@@ -109,6 +109,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod bounds;
 mod child;
 pub mod cluster;
 pub mod e2e;
@@ -131,6 +132,7 @@ pub mod semaphore;
 pub mod servers;
 pub mod store;
 
+pub use bounds::{BoundedLockFactory, BoundedStoreFactory, CallBounds};
 pub use e2e::LoadSettings;
 pub use factory::{
     ClusterFactory, FaultyClient, FencedStoreFactory, FencingOf, HeldTransaction, LockServiceFactory, Namespace,
@@ -163,9 +165,13 @@ pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Ve
 /// Runs every in-process lock scenario (each in its own namespace) and returns each outcome by
 /// name, failures included: what a test of a deliberately broken service inspects, to see that
 /// the scenarios of the guarantee it breaks fail, for that reason, and the others pass.
+///
+/// Every call of the scenarios' clients is held to its bound ([`bounds`]): a scenario whose
+/// call outlived it fails, naming the call.
 pub async fn lock_outcomes<F: LockServiceFactory>(factory: &F) -> Vec<(&'static str, Outcome)> {
     let mut outcomes = Vec::new();
-    crate::__lock_scenarios!(__push_outcomes(lock, outcomes, factory));
+    let bound = |ctx: &Ctx| BoundedLockFactory::declared(factory, ctx.bounds());
+    crate::__lock_scenarios!(__push_outcomes(lock, outcomes, bound));
     outcomes
 }
 
@@ -180,7 +186,8 @@ pub async fn run_store_scenarios<F: FencedStoreFactory>(factory: &F) -> Result<V
 /// failures included, like [`lock_outcomes`].
 pub async fn store_outcomes<F: FencedStoreFactory>(factory: &F) -> Vec<(&'static str, Outcome)> {
     let mut outcomes = Vec::new();
-    crate::__store_scenarios!(__push_outcomes(store, outcomes, factory));
+    let bound = |ctx: &Ctx| BoundedStoreFactory::declared(factory, ctx.bounds());
+    crate::__store_scenarios!(__push_outcomes(store, outcomes, bound));
     outcomes
 }
 
@@ -267,17 +274,18 @@ macro_rules! __stamp_tests {
     };
 }
 
-/// Runs each named scenario in turn, pushing `(name, outcome)` onto `$outcomes`.
+/// Runs each named scenario in turn over the factory `$bound` makes from its context (the
+/// caller's, bounded), pushing `(name, outcome)` onto `$outcomes`.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __push_outcomes {
-    (($group:ident, $outcomes:ident, $factory:ident) $($name:ident),*) => {
-        $(
-            $outcomes.push((
-                stringify!($name),
-                $crate::$group::$name(&$crate::Ctx::new(stringify!($name), ""), $factory).await,
-            ));
-        )*
+    (($group:ident, $outcomes:ident, $bound:ident) $($name:ident),*) => {
+        $({
+            let ctx = $crate::Ctx::new(stringify!($name), "");
+            let factory = $bound(&ctx);
+            let outcome = $crate::$group::$name(&ctx, &factory).await;
+            $outcomes.push((stringify!($name), $crate::harness::within_bounds(&ctx, outcome)));
+        })*
     };
 }
 
@@ -296,15 +304,23 @@ macro_rules! __scenario_test {
     };
 }
 
+/// Calls one scenario with its factories wrapped in the bounded ones, logging into the
+/// context's [`CallBounds`] (which [`harness::run`] then judges). A lone factory is a store
+/// factory in the `store` group, a lock service factory everywhere else.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __scenario_call {
+    (store, $name:ident, $ctx:ident, ($factory:expr)) => {{
+        let factory = $crate::BoundedStoreFactory::declared($factory, $ctx.bounds());
+        $crate::store::$name(&$ctx, &factory).await
+    }};
     ($group:ident, $name:ident, $ctx:ident, ($factory:expr)) => {{
-        let factory = $factory;
+        let factory = $crate::BoundedLockFactory::declared($factory, $ctx.bounds());
         $crate::$group::$name(&$ctx, &factory).await
     }};
     ($group:ident, $name:ident, $ctx:ident, ($lock:expr, $store:expr)) => {{
-        let (lock_factory, store_factory) = ($lock, $store);
+        let lock_factory = $crate::BoundedLockFactory::declared($lock, $ctx.bounds());
+        let store_factory = $crate::BoundedStoreFactory::declared($store, $ctx.bounds());
         $crate::$group::$name(&$ctx, &lock_factory, &store_factory).await
     }};
 }
