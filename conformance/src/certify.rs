@@ -1,4 +1,4 @@
-//! Certification: what [`certify!`](crate::certify) runs for each scenario, and the record it
+//! Certification: what [`certify!`](macro@crate::certify) runs for each scenario, and the record it
 //! leaves for the certification report.
 //!
 //! Whether a scenario checks its guarantee, checks the documented refusal of an undeclared
@@ -166,7 +166,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The kind from [`certify!`](crate::certify)'s internal name for it.
+    /// The kind from [`certify!`](macro@crate::certify)'s internal name for it.
     #[doc(hidden)]
     pub fn from_macro(name: &str) -> Kind {
         match name {
@@ -186,7 +186,7 @@ impl Kind {
     }
 }
 
-/// Runs one certified scenario (what each test stamped by [`certify!`](crate::certify) does):
+/// Runs one certified scenario (what each test stamped by [`certify!`](macro@crate::certify) does):
 /// runs it like [`harness::run`], writes its record to
 /// `<record_dir>/<certification>/<scenario>.json` for the certification report, then prints
 /// the report or panics with the failure.

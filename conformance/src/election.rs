@@ -1,5 +1,5 @@
 //! Election scenarios: [`palisade_core::Election`] on a fenced lock service and a store,
-//! stamped by [`certify!`](crate::certify) for every fenced lock service.
+//! stamped by [`certify!`](macro@crate::certify) for every fenced lock service.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -105,12 +105,29 @@ pub struct Timing {
     /// How long after the TTL the backend may take to let another client in (server-side
     /// expiry resolution, session timeouts, polling intervals).
     pub expiry_margin: Duration,
+    round_trip: Duration,
 }
 
 impl Timing {
-    /// Timing with `ttl` and `expiry_margin`.
+    /// Timing with `ttl` and `expiry_margin`, and the default round-trip allowance
+    /// ([`DEFAULT_ROUND_TRIP`](crate::bounds::DEFAULT_ROUND_TRIP), 2 s).
     pub fn new(ttl: Duration, expiry_margin: Duration) -> Self {
-        Timing { ttl, expiry_margin }
+        Timing { ttl, expiry_margin, round_trip: crate::bounds::DEFAULT_ROUND_TRIP }
+    }
+
+    /// The same timing with the round-trip allowance `round_trip`: what one call to the service
+    /// may take beyond its own wait and the declared expiry delay before the suite fails the
+    /// scenario (see [`bounds`](crate::bounds)). Declare more for a service whose test server
+    /// is remote or slow to answer under load; never to cover a call that hangs.
+    pub fn with_round_trip(mut self, round_trip: Duration) -> Self {
+        self.round_trip = round_trip;
+        self
+    }
+
+    /// The round-trip allowance of every call: default 2 s, generous on purpose (CI runs the
+    /// suite on two cores shared with the servers), see [`with_round_trip`](Self::with_round_trip).
+    pub fn round_trip(&self) -> Duration {
+        self.round_trip
     }
 
     /// TTL plus margin: by then a holder that stopped must have lost the lock.
@@ -134,8 +151,10 @@ pub enum ProcessAccess {
 ///
 /// "Independent" means what a separate process would have: its own connection or session, so
 /// one client's pause or crash does not take the others with it.
+///
+/// A factory need not be `'static` (a borrowed factory is one too), but its clients are.
 #[async_trait]
-pub trait LockServiceFactory: Send + Sync + 'static {
+pub trait LockServiceFactory: Send + Sync {
     /// The service type.
     type Service: LockService;
 
@@ -200,7 +219,7 @@ pub trait LockServiceFactory: Send + Sync + 'static {
     /// failover to an up-to-date replica) or losing it (a restart without persistence, a
     /// restore of an old backup), and returns once they accept connections again; clients
     /// made before may have to reconnect. Only a factory over a server of the test's own can
-    /// do this (pass it to [`certify!`](crate::certify) as `restartable`).
+    /// do this (pass it to [`certify!`](macro@crate::certify) as `restartable`).
     ///
     /// **Required** when the service declares `fences_survive_restart`: certification fails
     /// naming this hook otherwise. Default: [`ErrorKind::Unsupported`].
@@ -217,7 +236,7 @@ pub trait LockServiceFactory: Send + Sync + 'static {
 
     /// Kills the service's current leader (waiting for one to be elected if need be) and
     /// returns its name, for the report. Only a factory over a cluster of the test's own can
-    /// do this (pass it to [`certify!`](crate::certify) as `cluster`).
+    /// do this (pass it to [`certify!`](macro@crate::certify) as `cluster`).
     ///
     /// **Required** when the service declares [`Replication::LeaderQuorum`]: certification
     /// fails naming this hook otherwise. Default: [`ErrorKind::Unsupported`].
@@ -238,7 +257,7 @@ pub trait LockServiceFactory: Send + Sync + 'static {
 /// A child process builds its own client with the same factory, so the store must be
 /// reachable from another process (a server, or a file such as SQLite's).
 #[async_trait]
-pub trait FencedStoreFactory: Send + Sync + 'static {
+pub trait FencedStoreFactory: Send + Sync {
     /// The store type.
     type Store: FencedStore;
 
@@ -275,6 +294,15 @@ pub trait FencedStoreFactory: Send + Sync + 'static {
             "conformance",
             "this factory cannot hold a fenced transaction of the store open",
         ))
+    }
+
+    /// What one call to the store may take before the suite fails the scenario (see
+    /// [`bounds`](crate::bounds)): a store call waits for nobody, so this is its whole bound.
+    /// Default: 2 s ([`DEFAULT_ROUND_TRIP`](crate::bounds::DEFAULT_ROUND_TRIP)), generous on
+    /// purpose (CI runs the suite on two cores shared with the servers). Declare more for a
+    /// store whose test server is remote or slow under load; never to cover a call that hangs.
+    fn round_trip(&self) -> Duration {
+        crate::bounds::DEFAULT_ROUND_TRIP
     }
 }
 

@@ -1,6 +1,6 @@
 //! The coordination primitives' holders as real processes frozen with `SIGSTOP`: a permit
 //! holder, a reader, a writer and a leader, stamped by
-//! [`certify!`](crate::certify) for every fenced lock service with a store other processes reach.
+//! [`certify!`](macro@crate::certify) for every fenced lock service with a store other processes reach.
 //!
 //! Each scenario re-executes the test binary as the holder (as [`e2e::paused_holder_process`](
 //! crate::e2e::paused_holder_process) does for a mutex): the holder takes its primitive and

@@ -8,6 +8,8 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::Instant;
 
+use crate::bounds::{CallBounds, DEFAULT_ROUND_TRIP};
+
 /// What a passing scenario measured (timings, counts), for the test log.
 #[derive(Debug, Clone)]
 pub struct Report {
@@ -97,6 +99,7 @@ pub struct Ctx {
     status: Mutex<Status>,
     declared: Mutex<Declared>,
     metrics: Option<Snapshotter>,
+    bounds: CallBounds,
 }
 
 /// What a scenario learned about what it certifies: the backends' names and declarations, and
@@ -123,12 +126,27 @@ impl Ctx {
             status: Mutex::new(Status::Checked),
             declared: Mutex::new(Declared::default()),
             metrics: None,
+            bounds: CallBounds::new(DEFAULT_ROUND_TRIP),
         }
     }
 
     fn with_metrics(mut self, snapshotter: Snapshotter) -> Self {
         self.metrics = Some(snapshotter);
         self
+    }
+
+    fn with_bounds(mut self, bounds: CallBounds) -> Self {
+        self.bounds = bounds;
+        self
+    }
+
+    /// The log of the calls of this scenario's clients that outlived their bounds: the suite
+    /// macros wrap the factories with it ([`BoundedLockFactory::declared`]), and
+    /// [`within_bounds`] fails the scenario on any entry.
+    ///
+    /// [`BoundedLockFactory::declared`]: crate::bounds::BoundedLockFactory::declared
+    pub fn bounds(&self) -> &CallBounds {
+        &self.bounds
     }
 
     /// The scenario's name.
@@ -250,7 +268,10 @@ where
     Fut: Future<Output = Outcome>,
 {
     let recorder = DebuggingRecorder::new();
-    let ctx = Arc::new(Ctx::new(scenario, test_name).with_metrics(recorder.snapshotter()));
+    // The holder process is frozen with SIGSTOP on purpose: its calls are slow because of the
+    // test, and the parent judges what the holder reports.
+    let bounds = if crate::is_child_process() { CallBounds::unenforced() } else { CallBounds::new(DEFAULT_ROUND_TRIP) };
+    let ctx = Arc::new(Ctx::new(scenario, test_name).with_metrics(recorder.snapshotter()).with_bounds(bounds));
     let outcome = metrics::with_local_recorder(&recorder, || {
         // Two workers: tasks race for real (a store's check and write, a waiter and a
         // release). The scenario itself runs on this thread, inside the local recorder.
@@ -260,7 +281,20 @@ where
         };
         runtime.block_on(make(Arc::clone(&ctx)))
     });
-    (outcome, ctx.declared())
+    (within_bounds(&ctx, outcome), ctx.declared())
+}
+
+/// `outcome`, unless a call of the scenario's bounded clients outlived its bound (logged in
+/// [`Ctx::bounds`]): then the scenario fails, even if it passed, naming the first few calls.
+/// The violation is the root cause, so it leads the message; what the scenario failed with
+/// afterwards (often the error the abandoned call answered with) follows it.
+pub fn within_bounds(ctx: &Ctx, outcome: Outcome) -> Outcome {
+    let Some(violations) = ctx.bounds().take_failure() else { return outcome };
+    let message = match outcome {
+        Ok(_) => violations,
+        Err(failure) => format!("{violations} (and then: {})", failure.message),
+    };
+    Err(ctx.fail(message))
 }
 
 /// The libtest name of a test generated at `module_path` (which starts with the crate name,

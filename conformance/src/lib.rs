@@ -71,6 +71,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod bounds;
 pub mod certify;
 mod child;
 pub mod cluster;
@@ -95,6 +96,7 @@ pub mod semaphore;
 pub mod servers;
 pub mod store;
 
+pub use bounds::{BoundedLockFactory, BoundedStoreFactory, CallBounds};
 pub use e2e::LoadSettings;
 pub use factory::{
     FaultyClient, FencedStoreFactory, FencingOf, HeldTransaction, LockServiceFactory, Namespace, ProcessAccess, Timing,
@@ -128,7 +130,8 @@ pub async fn run_lock_scenarios<F: LockServiceFactory>(factory: &F) -> Result<Ve
 /// the scenarios of the guarantee it breaks fail, for that reason, and the others pass.
 pub async fn lock_outcomes<F: LockServiceFactory>(factory: &F) -> Vec<(&'static str, Outcome)> {
     let mut outcomes = Vec::new();
-    crate::__registry!(__push_outcomes(lock, outcomes, factory));
+    let bound = |ctx: &Ctx| BoundedLockFactory::declared(factory, ctx.bounds());
+    crate::__registry!(__push_outcomes(lock, outcomes, bound));
     outcomes
 }
 
@@ -143,7 +146,8 @@ pub async fn run_store_scenarios<F: FencedStoreFactory>(factory: &F) -> Result<V
 /// failures included, like [`lock_outcomes`].
 pub async fn store_outcomes<F: FencedStoreFactory>(factory: &F) -> Vec<(&'static str, Outcome)> {
     let mut outcomes = Vec::new();
-    crate::__registry!(__push_outcomes(store, outcomes, factory));
+    let bound = |ctx: &Ctx| BoundedStoreFactory::declared(factory, ctx.bounds());
+    crate::__registry!(__push_outcomes(store, outcomes, bound));
     outcomes
 }
 
@@ -175,18 +179,18 @@ macro_rules! __push_outcomes {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __push_outcome {
-    (lock lock $module:ident $name:ident $outcomes:ident $factory:ident) => {
-        $outcomes.push((
-            stringify!($name),
-            $crate::$module::$name(&$crate::Ctx::new(stringify!($name), ""), $factory).await,
-        ));
+    (lock lock $module:ident $name:ident $outcomes:ident $bound:ident) => {
+        $crate::__push_outcome!(@run $module $name $outcomes $bound);
     };
-    (store store $module:ident $name:ident $outcomes:ident $factory:ident) => {
-        $outcomes.push((
-            stringify!($name),
-            $crate::$module::$name(&$crate::Ctx::new(stringify!($name), ""), $factory).await,
-        ));
+    (store store $module:ident $name:ident $outcomes:ident $bound:ident) => {
+        $crate::__push_outcome!(@run $module $name $outcomes $bound);
     };
+    (@run $module:ident $name:ident $outcomes:ident $bound:ident) => {{
+        let ctx = $crate::Ctx::new(stringify!($name), "");
+        let factory = $bound(&ctx);
+        let outcome = $crate::$module::$name(&ctx, &factory).await;
+        $outcomes.push((stringify!($name), $crate::harness::within_bounds(&ctx, outcome)));
+    }};
     ($want:ident $shape:ident $module:ident $name:ident $outcomes:ident $factory:ident) => {};
 }
 
@@ -259,20 +263,20 @@ macro_rules! __certify_entry {
     // Lock services: everything but the store scenarios.
     ((service $cert:ident [$lock:expr] $store:tt $restart:tt $cluster:tt) lock $module:ident $name:ident) => {
         $crate::__certify_test!(service $cert $name |ctx| {
-            let lf = $lock;
+            let lf = $crate::BoundedLockFactory::declared($lock, ctx.bounds());
             $crate::$module::$name(&ctx, &lf).await
         });
     };
     ((service $($rest:tt)*) store $module:ident $name:ident) => {};
     ((service $cert:ident [$lock:expr] [$store:expr] $restart:tt $cluster:tt) primitive $module:ident $name:ident) => {
         $crate::__certify_test!(service $cert $name |ctx| {
-            let (lf, sf) = ($lock, $store);
+            let (lf, sf) = ($crate::BoundedLockFactory::declared($lock, ctx.bounds()), $crate::BoundedStoreFactory::declared($store, ctx.bounds()));
             $crate::certify::fenced(stringify!($name), &ctx, &lf, &sf).await
         });
     };
     ((service $cert:ident [$lock:expr] [$store:expr] $restart:tt $cluster:tt) frozen_primitive $module:ident $name:ident) => {
         $crate::__certify_test!(service $cert $name |ctx| {
-            let (lf, sf) = ($lock, $store);
+            let (lf, sf) = ($crate::BoundedLockFactory::declared($lock, ctx.bounds()), $crate::BoundedStoreFactory::declared($store, ctx.bounds()));
             if !$crate::FencedStoreFactory::shared_across_processes(&sf) {
                 return $crate::certify::store_in_one_process(&ctx);
             }
@@ -281,45 +285,45 @@ macro_rules! __certify_entry {
     };
     ((service $cert:ident [$lock:expr] [$store:expr] [$restart:expr] $cluster:tt) restart $module:ident $name:ident) => {
         $crate::__certify_test!(service $cert $name |ctx| {
-            let (rf, sf) = ($restart, $store);
+            let (rf, sf) = ($crate::BoundedLockFactory::declared($restart, ctx.bounds()), $crate::BoundedStoreFactory::declared($store, ctx.bounds()));
             $crate::certify::fenced(stringify!($name), &ctx, &rf, &sf).await
         });
     };
     ((service $cert:ident [$lock:expr] [$store:expr] [] $cluster:tt) restart $module:ident $name:ident) => {
         $crate::__certify_test!(service $cert $name |ctx| {
-            let lf = $lock;
+            let lf = $crate::BoundedLockFactory::declared($lock, ctx.bounds());
             $crate::certify::without_restart_server(&ctx, &lf).await
         });
     };
     ((service $cert:ident [$lock:expr] [$store:expr] $restart:tt [$cluster:expr]) cluster $module:ident $name:ident) => {
         $crate::__certify_test!(service $cert $name |ctx| {
-            let (cf, sf) = ($cluster, $store);
+            let (cf, sf) = ($crate::BoundedLockFactory::declared($cluster, ctx.bounds()), $crate::BoundedStoreFactory::declared($store, ctx.bounds()));
             $crate::certify::fenced(stringify!($name), &ctx, &cf, &sf).await
         });
     };
     ((service $cert:ident [$lock:expr] [$store:expr] $restart:tt []) cluster $module:ident $name:ident) => {
         $crate::__certify_test!(service $cert $name |ctx| {
-            let lf = $lock;
+            let lf = $crate::BoundedLockFactory::declared($lock, ctx.bounds());
             $crate::certify::without_kill_leader(&ctx, &lf).await
         });
     };
     // Stores: the store scenarios.
     ((store $cert:ident $lock:tt [$store:expr] $restart:tt $cluster:tt) store $module:ident $name:ident) => {
         $crate::__certify_test!(store $cert $name |ctx| {
-            let sf = $store;
+            let sf = $crate::BoundedStoreFactory::declared($store, ctx.bounds());
             $crate::$module::$name(&ctx, &sf).await
         });
     };
     // Every kind: the end-to-end scenarios, in process and across processes.
     (($kind:ident $cert:ident [$lock:expr] [$store:expr] $restart:tt $cluster:tt) pair $module:ident $name:ident) => {
         $crate::__certify_test!($kind $cert $name |ctx| {
-            let (lf, sf) = ($lock, $store);
+            let (lf, sf) = ($crate::BoundedLockFactory::declared($lock, ctx.bounds()), $crate::BoundedStoreFactory::declared($store, ctx.bounds()));
             $crate::$module::$name(&ctx, &lf, &sf).await
         });
     };
     (($kind:ident $cert:ident [$lock:expr] [$store:expr] $restart:tt $cluster:tt) process $module:ident $name:ident) => {
         $crate::__certify_test!($kind $cert $name |ctx| {
-            let (lf, sf) = ($lock, $store);
+            let (lf, sf) = ($crate::BoundedLockFactory::declared($lock, ctx.bounds()), $crate::BoundedStoreFactory::declared($store, ctx.bounds()));
             if !$crate::FencedStoreFactory::shared_across_processes(&sf) {
                 return $crate::certify::store_in_one_process(&ctx);
             }

@@ -7,9 +7,9 @@
 //!
 //! ```no_run
 //! # async fn demo<L, S>(lf: std::sync::Arc<L>, sf: std::sync::Arc<S>) -> Result<(), palisade_conformance::Failure>
-//! # where L: palisade_conformance::LockServiceFactory,
+//! # where L: palisade_conformance::LockServiceFactory + 'static,
 //! #       L::Service: palisade_core::LockService<Fencing = palisade_core::Fenced>,
-//! #       S: palisade_conformance::FencedStoreFactory {
+//! #       S: palisade_conformance::FencedStoreFactory + 'static {
 //! use palisade_conformance::{Ctx, netns::Lab, partition};
 //! let lab = Lab::new().expect("root and iproute2");
 //! let host = lab.host().expect("a host");
@@ -55,9 +55,9 @@ pub struct CutOffFigures {
 /// hosts of their own that are not cut).
 pub async fn holder_cut_off<L, S>(ctx: &Ctx, host: &Host, lf: Arc<L>, sf: Arc<S>) -> Outcome
 where
-    L: LockServiceFactory,
+    L: LockServiceFactory + 'static,
     L::Service: LockService<Fencing = Fenced>,
-    S: FencedStoreFactory,
+    S: FencedStoreFactory + 'static,
 {
     holder_cut_off_measured(ctx, host, lf, sf).await.map(|(report, _)| report)
 }
@@ -70,9 +70,9 @@ pub async fn holder_cut_off_measured<L, S>(
     sf: Arc<S>,
 ) -> Result<(crate::Report, CutOffFigures), crate::Failure>
 where
-    L: LockServiceFactory,
+    L: LockServiceFactory + 'static,
     L::Service: LockService<Fencing = Fenced>,
-    S: FencedStoreFactory,
+    S: FencedStoreFactory + 'static,
 {
     let ns = Namespace::new();
     let key = attempt!(ctx, ns.key("cut"), "key");

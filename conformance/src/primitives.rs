@@ -1,5 +1,5 @@
 //! Scenarios over every coordination primitive at once (semaphore, read-write lock, election),
-//! stamped by [`certify!`](crate::certify) for every fenced lock service.
+//! stamped by [`certify!`](macro@crate::certify) for every fenced lock service.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The one list of scenarios: what [`certify!`](crate::certify) stamps, what the broken twins
+//! The one list of scenarios: what [`certify!`](macro@crate::certify) stamps, what the broken twins
 //! run, and what the scenario tables in the README and the crate docs are checked against.
 //!
 //! Each entry names the scenario's module and function, its **shape** (which factories it

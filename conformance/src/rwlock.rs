@@ -1,5 +1,5 @@
 //! Read-write lock scenarios: [`palisade_core::RwLock`] on a fenced lock service and a store,
-//! stamped by [`certify!`](crate::certify) for every fenced lock service.
+//! stamped by [`certify!`](macro@crate::certify) for every fenced lock service.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! Semaphore scenarios: [`palisade_core::Semaphore`] on a fenced lock service and a store,
-//! stamped by [`certify!`](crate::certify) for every fenced lock service.
+//! stamped by [`certify!`](macro@crate::certify) for every fenced lock service.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

@@ -76,7 +76,11 @@ fn not_applicable(outcome: Outcome) {
 #[tokio::test]
 async fn durable_fences_without_restart_server_fail() {
     let f = declaring(|c| c.fences_survive_restart = true);
-    fails_naming(certify::without_restart_server(&ctx("restart"), &f).await, "fences_survive_restart", "restart_server");
+    fails_naming(
+        certify::without_restart_server(&ctx("restart"), &f).await,
+        "fences_survive_restart",
+        "restart_server",
+    );
     let f = declaring(|c| c.fences_survive_restart = false);
     not_applicable(certify::without_restart_server(&ctx("restart"), &f).await);
 }
@@ -101,13 +105,17 @@ async fn a_networked_service_without_a_faulty_client_fails() {
 #[tokio::test]
 async fn a_service_without_break_lock_fails() {
     let f = declaring(|_| {});
-    fails_naming(lock::lost_signal_from_the_backend(&ctx("lost_signal_from_the_backend"), &f).await, "every", "break_lock");
+    fails_naming(
+        lock::lost_signal_from_the_backend(&ctx("lost_signal_from_the_backend"), &f).await,
+        "every",
+        "break_lock",
+    );
 }
 
 #[tokio::test]
 async fn a_client_majority_behind_one_proxy_fails() {
-    use palisade_conformance::{FaultProxy, FaultyClient};
     use palisade_conformance::relay::{Relay, RelayLockService};
+    use palisade_conformance::{FaultProxy, FaultyClient};
     let memory = Arc::new(MemoryLockService::new());
     let mut caps = memory.capabilities();
     caps.replication = Replication::ClientMajority;

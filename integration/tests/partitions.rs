@@ -44,7 +44,7 @@ fn postgres_store(url: String) -> impl FencedStoreFactory<Store = PostgresStore>
 
 async fn run_holder_cut_off<L>(name: &'static str, lab: &Lab, locks: L)
 where
-    L: palisade_conformance::LockServiceFactory,
+    L: palisade_conformance::LockServiceFactory + 'static,
     L::Service: LockService<Fencing = palisade::Fenced>,
 {
     let postgres = PostgresServer::start_at(&Site::address(lab.gateway())).unwrap();
