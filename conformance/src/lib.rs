@@ -232,7 +232,10 @@ macro_rules! __lock_scenarios {
             dead_waiter_is_never_granted,
             repair_keeps_the_holder,
             waits_are_bounded,
-            slow_replies_still_complete
+            slow_replies_still_complete,
+            idle_key_keeps_its_counter,
+            resent_release_never_frees_a_new_grant,
+            acquire_cancelled_as_the_lock_frees
         );
     };
 }
