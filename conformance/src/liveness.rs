@@ -1,8 +1,10 @@
 //! Liveness scenarios of a lock service: a lock that is safe can still be stuck. Each bounds
 //! how long an operation may take, checks that a recovery leaves the holder able to go on, or
 //! that a slow service (every reply late, every request applied on time: a loaded cluster, a
-//! slow fsync, a long way back) still comes to the answer the first attempt earned. They run
-//! in the [registry](crate::registry).
+//! slow fsync, a long way back) still comes to the answer the first attempt earned. Others
+//! follow what an application's own retries and cancellations leave behind: a key left idle
+//! past its TTLs, a release repeated after its reply was lost, an acquire dropped as the lock
+//! frees. They run in the [registry](crate::registry).
 
 use std::time::Duration;
 
@@ -10,7 +12,7 @@ use palisade_core::{ErrorKind, Fence, Fencing, Grant, LockService, REGRESSION_GA
 use tokio::time::Instant;
 
 use crate::harness::{Ctx, Failure, Outcome};
-use crate::lock::{client, faulty_client, key};
+use crate::lock::{client, faulty_client, free_within, fresh, key, patience, settle};
 use crate::{FaultProxy, FencedStoreFactory, LockServiceFactory, Namespace, attempt, ensure};
 
 /// The allowance for "answers at once": ten of `service`'s own uncontended round trips (an
@@ -352,6 +354,209 @@ where
         }
     }
     Ok(())
+}
+
+/// **An idle key keeps its counter** (`Capabilities::fences_survive_release`; fencing rule 5).
+/// A key is acquired and released, then left alone for more than three TTLs plus the expiry
+/// margin: long enough for anything of the key's that carries a TTL of its own (a counter
+/// written with an expiry, a record a cleanup deletes once the lock is free) to be gone. The
+/// next grant of the key must have a fence strictly above the first one's when the service
+/// declares `fences_survive_release`: a counter that starts over once a key has idled hands
+/// out fences that every store which saw the old ones refuses, or worse, that a paused holder
+/// of the old grant shares. A service without fences, or not declaring the guarantee, is
+/// noted.
+pub async fn idle_key_keeps_its_counter<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let k = key(ctx, &ns, "idle")?;
+    let timing = factory.timing();
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
+    let svc = client(ctx, factory).await?;
+    let declared = svc.capabilities().fences_survive_release;
+    let first = fresh(ctx, svc.try_acquire(&k, ttl).await)?;
+    attempt!(ctx, svc.release(&first).await, "release");
+    // Strictly more than three TTLs and the margin: whatever expires with the key has.
+    let idle = timing.ttl * 3 + timing.expiry_margin + Duration::from_millis(10);
+    tokio::time::sleep(idle).await;
+    let next =
+        attempt!(ctx, settle(|| svc.acquire(&k, ttl, timing.expiry_bound())).await, "acquire after the idle time");
+    attempt!(ctx, svc.release(&next).await, "release");
+    let (Some(before), Some(after)) = (first.fence_if_any(), next.fence_if_any()) else {
+        ctx.note("unfenced service: no counter to keep");
+        return Ok(ctx.report());
+    };
+    if !declared {
+        ctx.note(format!("fence {before} → {after} across {idle:?} idle (fences_survive_release not declared)"));
+        return Ok(ctx.report());
+    }
+    ensure!(
+        ctx,
+        after > before,
+        "declares fences_survive_release, but after the key was idle for {idle:?} (TTL {:?}) its fence went from \
+         {before} to {after}: the counter was forgotten with the idle key",
+        timing.ttl
+    );
+    ctx.note(format!("fence {before} → {after} across {:.0} ms idle", idle.as_secs_f64() * 1e3));
+    Ok(ctx.report())
+}
+
+/// **A resent release never frees a new grant** (`LockService::release`: the owner token is
+/// the grant's, not the client's; bug class 6 within one client). A client behind the
+/// factory's [fault proxy](crate::proxy) holds a grant g1 and releases it, and the reply to
+/// that release is lost. Whatever the release answered, the same client then takes the key
+/// again (grant g2), and repeats the release of g1: what an application does with a release it
+/// never saw confirmed. Then:
+/// - g2 is still held: another client's `try_acquire` gets nothing;
+/// - the repeated release of g1 is `NotHolder`;
+/// - the client extends and releases g2, and the key is then free at once;
+/// - g2's fence is above g1's.
+///
+/// A service whose owner token belongs to the client (a connection id, a host name) frees g2
+/// with the repeat. A factory without a faulty client is noted, not checked.
+pub async fn resent_release_never_frees_a_new_grant<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let Some(faulty) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
+    let ns = Namespace::new();
+    let k = key(ctx, &ns, "resent-release")?;
+    let timing = factory.timing();
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl * 5), "ttl");
+    let other = client(ctx, factory).await?;
+    let svc = &faulty.service;
+
+    let first = fresh(ctx, settle(|| svc.try_acquire(&k, ttl)).await)?;
+    let before = faulty.lose_next_replies();
+    let released = svc.release(&first).await;
+    faulty.disarm();
+    ensure!(ctx, faulty.lost_since(before) > 0, "the fault proxy lost no reply to the release");
+    // A release that did not reach the server leaves g1 held until its TTL: wait that out.
+    let wait = ttl.get() + timing.expiry_bound();
+    let second =
+        attempt!(ctx, settle(|| svc.acquire(&k, ttl, wait)).await, "the same client's acquire after its release");
+    if let (Some(a), Some(b)) = (first.fence_if_any(), second.fence_if_any()) {
+        ensure!(ctx, b > a, "the second grant's fence {b} is not above the first's {a}");
+    }
+
+    // Held before the repeat: a lock free here is no exclusion, not the repeat's doing.
+    let probe = attempt!(ctx, other.try_acquire(&k, ttl).await, "another client's try_acquire");
+    if let Some(probe) = probe {
+        let _ = other.release(&probe).await;
+        return Err(ctx.fail("another client got the lock while its holder held its second grant: no exclusion"));
+    }
+    let repeated = settle(|| svc.release(&first)).await;
+    let stolen = attempt!(ctx, other.try_acquire(&k, ttl).await, "another client's try_acquire");
+    if let Some(stolen) = stolen {
+        let _ = other.release(&stolen).await;
+        return Err(ctx.fail(format!(
+            "the repeated release of the first grant ({:?}) freed the same client's second grant: another client got \
+             the lock its holder still holds (the owner token is the client's, not the grant's)",
+            repeated.map_err(|e| e.kind())
+        )));
+    }
+    let kind = repeated.err().map(|e| e.kind());
+    ensure!(
+        ctx,
+        kind == Some(ErrorKind::NotHolder),
+        "the repeated release of a grant already released gave {kind:?}, expected NotHolder"
+    );
+    let extended = settle(|| svc.extend(&second, ttl)).await;
+    ensure!(
+        ctx,
+        extended.is_ok(),
+        "after the repeated release of the first grant, the holder's extend of its second grant gave {:?}",
+        extended.err().map(|e| e.to_string())
+    );
+    attempt!(ctx, settle(|| svc.release(&second)).await, "the release of the second grant");
+    let next = attempt!(ctx, other.try_acquire(&k, ttl).await, "another client's try_acquire after the release");
+    let Some(next) = next else {
+        return Err(ctx.fail("after the second grant was released the lock stayed held"));
+    };
+    attempt!(ctx, other.release(&next).await, "release");
+    ctx.note(format!("the release whose reply was lost answered {:?}", released.map_err(|e| e.kind())));
+    Ok(ctx.report())
+}
+
+/// How many times [`acquire_cancelled_as_the_lock_frees`] cancels a waiter: three at each
+/// offset from the release.
+const CANCEL_ROUNDS: u32 = 21;
+
+/// **An acquire cancelled as the lock frees leaves no holder behind** (`LockService::acquire`:
+/// dropping the future gives up the wait; bug class 14). A holder holds a key (4 × the
+/// factory's TTL); a waiter client calls `acquire` with a long wait and one TTL; the holder
+/// releases, and the waiter's `acquire` future is dropped at a moment swept from 3 ms before
+/// the release to 3 ms after it, 21 times (a fresh key each). The waiter's *client* stays
+/// alive throughout: a grant the service made for the cancelled call must not live on with it
+/// (a session's keep-alive renewing every grant made in the session). Each time, a third
+/// client gets the lock within the expiry bound plus the allowance (ten uncontended round
+/// trips, at least 1 s) of the release: at once, or once a grant nobody owns ran out. An
+/// `acquire` that finished before its cancel took effect returned its grant, and the waiter
+/// releases it as its owner. The report gives the longest wait and how often it was at once.
+pub async fn acquire_cancelled_as_the_lock_frees<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let timing = factory.timing();
+    let hold = attempt!(ctx, Ttl::new(timing.ttl * 4), "ttl");
+    // One TTL: a grant of the cancelled call that nobody owns runs out within the expiry bound.
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
+    let (holder, waiter, third) =
+        (client(ctx, factory).await?, client(ctx, factory).await?, client(ctx, factory).await?);
+    let (round_trip, allowed) = measured_allowance(ctx, &*third, &key(ctx, &ns, "round-trip")?, ttl).await?;
+    let bound = timing.expiry_bound() + allowed;
+    // For the report only: "at once" is a few round trips and the polling step, no expiry.
+    let quick = round_trip * 10 + Duration::from_millis(10);
+    let (mut longest, mut at_once, mut completed) = (Duration::ZERO, 0, 0);
+    for round in 0..CANCEL_ROUNDS {
+        let offset_ms = i64::from(round % 7) - 3;
+        let k = key(ctx, &ns, &format!("cancelled-{round}"))?;
+        let held = fresh(ctx, holder.try_acquire(&k, hold).await)?;
+        let acquiring = {
+            let (waiter, k) = (std::sync::Arc::clone(&waiter), k.clone());
+            tokio::spawn(async move { waiter.acquire(&k, ttl, patience(timing.ttl)).await })
+        };
+        // Long enough for the waiter to be waiting (queued, subscribed, polling).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let release_at = Instant::now() + Duration::from_millis(5);
+        let offset = Duration::from_millis(offset_ms.unsigned_abs());
+        let cancel_at = if offset_ms < 0 { release_at - offset } else { release_at + offset };
+        let cancel = acquiring.abort_handle();
+        let (released, ()) = tokio::join!(
+            async {
+                tokio::time::sleep_until(release_at).await;
+                holder.release(&held).await
+            },
+            async {
+                tokio::time::sleep_until(cancel_at).await;
+                cancel.abort();
+            }
+        );
+        attempt!(ctx, released, "the holder's release");
+        match acquiring.await {
+            Ok(Ok(grant)) => {
+                completed += 1;
+                attempt!(ctx, waiter.release(&grant).await, "the waiter's release of the grant its acquire returned");
+            }
+            Ok(Err(e)) => return Err(ctx.fail(format!("the waiter's acquire failed before its cancel: {e}"))),
+            Err(_) => {}
+        }
+        let left = bound.saturating_sub(release_at.elapsed());
+        let next = attempt!(ctx, free_within(&*third, &k, ttl, left).await, "a third client's try_acquire");
+        let took = release_at.elapsed();
+        let Some(next) = next else {
+            return Err(ctx.fail(format!(
+                "round {round} (acquire cancelled {offset_ms:+} ms from the release): a third client could not take \
+                 the lock {took:?} after the release (bound {bound:?}): the cancelled acquire left a grant or a place \
+                 in the queue that nobody owns, kept alive with the waiter's client"
+            )));
+        };
+        attempt!(ctx, third.release(&next).await, "the third client's release");
+        longest = longest.max(took);
+        if took <= quick {
+            at_once += 1;
+        }
+    }
+    ctx.note(format!(
+        "a third client got the lock at once in {at_once} of {CANCEL_ROUNDS} rounds, at the latest {:.1} ms after the \
+         release (bound {:.0} ms); {completed} acquires finished before their cancel",
+        longest.as_secs_f64() * 1e3,
+        bound.as_secs_f64() * 1e3
+    ));
+    Ok(ctx.report())
 }
 
 /// **Waits are bounded while a fenced transaction is open** (end to end; a store with

@@ -14,7 +14,10 @@ use crate::harness::{Ctx, Failure, Outcome};
 use crate::{FaultyClient, FencingOf, LockServiceFactory, Namespace, attempt, ensure};
 
 // The liveness scenarios, in the registry with the rest (`$crate::lock::$name`).
-pub use crate::liveness::{repair_keeps_the_holder, slow_replies_still_complete, waits_are_bounded};
+pub use crate::liveness::{
+    acquire_cancelled_as_the_lock_frees, idle_key_keeps_its_counter, repair_keeps_the_holder,
+    resent_release_never_frees_a_new_grant, slow_replies_still_complete, waits_are_bounded,
+};
 
 type Service<F> = <F as LockServiceFactory>::Service;
 
@@ -29,7 +32,7 @@ pub(crate) fn key(ctx: &Ctx, ns: &Namespace, id: &str) -> Result<ResourceKey, Fa
 }
 
 /// The grant of a `try_acquire` on a key nobody holds: an error, or "held", fails the scenario.
-fn fresh<G>(ctx: &Ctx, acquired: palisade_core::Result<Option<G>>) -> Result<G, Failure> {
+pub(crate) fn fresh<G>(ctx: &Ctx, acquired: palisade_core::Result<Option<G>>) -> Result<G, Failure> {
     match acquired {
         Ok(Some(grant)) => Ok(grant),
         Ok(None) => Err(ctx.fail("a fresh key was reported busy")),
@@ -398,12 +401,14 @@ pub async fn zero_wait_is_one_attempt<F: LockServiceFactory>(ctx: &Ctx, factory:
     let asked = Instant::now();
     let kind = prober.acquire(&key, ttl, Duration::ZERO).await.err().map(|e| e.kind());
     let took = asked.elapsed();
-    ensure!(ctx, kind == Some(ErrorKind::Timeout), "a zero wait on a held lock gave {kind:?}, expected Timeout");
+    // The time first: a zero wait that blocked until the holder's grant ran out may come back
+    // with the lock, and the wait is what went wrong.
     ensure!(
         ctx,
         took < timing.ttl,
-        "a zero wait on a held lock took {took:?}: it waited instead of making one attempt"
+        "a zero wait on a held lock took {took:?} (answering {kind:?}): it waited instead of making one attempt"
     );
+    ensure!(ctx, kind == Some(ErrorKind::Timeout), "a zero wait on a held lock gave {kind:?}, expected Timeout");
     attempt!(ctx, holder.release(&held).await, "holder release");
     // A bounded wait, not one try: a backend may clean up after the attempt asynchronously.
     let after = next.acquire(&key, ttl, timing.ttl).await;
@@ -682,9 +687,12 @@ pub async fn declared_timing_is_explained<F: LockServiceFactory>(ctx: &Ctx, fact
 /// **The lost signal comes from the backend** (catalogue C23). A holder renewing on progress
 /// (a long TTL, renewed every third of it) has its lock deleted on the server behind its back
 /// ([`LockServiceFactory::break_lock`]): its lost signal must fire within two thirds of the
-/// granted TTL, before the local deadline, so it was the backend that reported the loss (an extend that finds the lock gone is `NotHolder`), not the lease's own clock. A
-/// lost signal subscribed after the loss fires at once, and a cleanly released lease's lost
-/// signal never fires. A factory without the hook passes with a note.
+/// granted TTL and before the lease's deadline as it then stands (an extend answered with
+/// success after the delete moves that deadline, and a watchdog firing there is the lease's
+/// own clock, not the backend), so it was the backend that reported the loss; and the
+/// service's own `extend` of that grant is then `NotHolder`. A lost signal subscribed after
+/// the loss fires at once, and a cleanly released lease's lost signal never fires. A factory
+/// without the hook passes with a note.
 pub async fn lost_signal_from_the_backend<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
     let ns = Namespace::new();
     let key = key(ctx, &ns, "lost-signal")?;
@@ -730,6 +738,25 @@ pub async fn lost_signal_from_the_backend<F: LockServiceFactory>(ctx: &Ctx, fact
         granted / 3
     );
     let took = broken.elapsed();
+    // A service whose extend answers a deleted lock with "OK, a moment left" moves the local
+    // deadline to that moment, and the watchdog then fires in time: the signal must have
+    // come before the lease's own deadline, and the service's own extend must say NotHolder.
+    let deadline = lease.deadline();
+    ensure!(
+        ctx,
+        Instant::now() < deadline,
+        "the lost signal fired {took:?} after the server-side delete, but only at the lease's own deadline (an extend \
+         after the delete was answered with success, granting {:?}): the service never reported the loss, the local \
+         clock did",
+        lease.ttl().get()
+    );
+    let renewed = svc.extend(lease.grant(), attempt!(ctx, Ttl::new(long), "ttl")).await;
+    ensure!(
+        ctx,
+        renewed.as_ref().is_err_and(|e| e.kind() == ErrorKind::NotHolder),
+        "the service's own extend of a grant whose lock was deleted on the server gave {:?}, expected NotHolder",
+        renewed.map_err(|e| e.to_string())
+    );
     let again = tokio::time::timeout(Duration::from_millis(20), lease.lost()).await.is_ok();
     ensure!(ctx, again, "a lost signal subscribed after the loss did not fire at once");
     ctx.note(format!(
@@ -795,7 +822,7 @@ pub(crate) async fn faulty_client<F: LockServiceFactory>(
 
 /// Retries `op` while it fails with a retryable error (a client reconnecting after a fault),
 /// for up to five seconds; the first non-retryable result is returned.
-async fn settle<T, Fut>(mut op: impl FnMut() -> Fut) -> palisade_core::Result<T>
+pub(crate) async fn settle<T, Fut>(mut op: impl FnMut() -> Fut) -> palisade_core::Result<T>
 where
     Fut: std::future::Future<Output = palisade_core::Result<T>>,
 {
@@ -811,7 +838,7 @@ where
 }
 
 /// Polls `try_acquire` until it grants or `within` has passed.
-async fn free_within<S: LockService + ?Sized>(
+pub(crate) async fn free_within<S: LockService + ?Sized>(
     svc: &S,
     key: &ResourceKey,
     ttl: Ttl,

@@ -75,7 +75,30 @@ enum LockFlaw {
     /// A non-zero wait lasts until the lock is granted, whatever its bound (a statement that
     /// waits on a row lock inside the server).
     WaitIgnoresItsBound,
+    /// The fence counter carries an expiry of two lock TTLs, so it is forgotten once the key
+    /// has been free that long (unlike `CounterDeletedWithLock`, it survives the release).
+    CounterForgottenWhenIdle,
+    /// The owner token belongs to the client (a connection id, a host name), not to the grant:
+    /// a client's repeated release of its old grant frees its new one.
+    TokenPerClient,
+    /// Extend of a lock that is gone answers success with what the key has left (nothing: the
+    /// minimum TTL), as a `PEXPIRE` + `PTTL` script with no compare would: the holder hears of
+    /// the loss from its own deadline only.
+    ExtendAnswersWhatIsLeft,
+    /// A grant made for an `acquire` whose future is dropped before the reply reaches the caller
+    /// is kept alive for good, as a session keep-alive keeps every grant made in the session.
+    CancelledGrantKeptAlive,
+    /// A zero wait (`try_acquire`, `acquire` with no wait) on a held lock waits for the lock to
+    /// come free, up to a lock timeout of seconds, instead of answering at once (a statement
+    /// that waits on the holder's row lock).
+    ZeroWaitBlocks,
 }
+
+/// How long a `ZeroWaitBlocks` zero wait may block: its lock timeout.
+const ROW_LOCK_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// The way back of an `acquire`'s reply, during which `CancelledGrantKeptAlive` can lose it.
+const REPLY_TRIP: Duration = Duration::from_millis(3);
 
 #[derive(Default)]
 struct Slot {
@@ -86,6 +109,10 @@ struct Slot {
     next_ticket: u64,
     /// The holder's own fence was moved by a repair (`RepairStrandsTheHolder`).
     stranded: bool,
+    /// When the last holder released the key (`CounterForgottenWhenIdle`).
+    released_at: Option<Instant>,
+    /// The TTL of the last grant (`CounterForgottenWhenIdle`).
+    last_ttl: Duration,
 }
 
 type Slots = Arc<Mutex<HashMap<ResourceKey, Slot>>>;
@@ -96,6 +123,8 @@ struct BrokenLock {
     slots: Slots,
     /// How far this client's clock runs ahead (what a flawed service reads).
     clock_ahead: Duration,
+    /// This client's own token (what `TokenPerClient` grants with).
+    client_token: OwnerToken,
 }
 
 #[async_trait]
@@ -122,10 +151,24 @@ impl LockService for BrokenLock {
     }
 
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
+        if self.flaw == LockFlaw::ZeroWaitBlocks {
+            let give_up = Instant::now() + ROW_LOCK_TIMEOUT;
+            while Instant::now() < give_up
+                && self.slots.lock().unwrap().get(key).and_then(|s| s.holder).is_some_and(|(_, e)| e > Instant::now())
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
         self.attempt(key, ttl, None)
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        if self.flaw == LockFlaw::ZeroWaitBlocks && wait.is_zero() {
+            return self
+                .try_acquire(key, ttl)
+                .await?
+                .ok_or_else(|| palisade_core::spi::timeout_error("broken", key, wait));
+        }
         if self.flaw == LockFlaw::AcquireNeverWaits {
             return self
                 .try_acquire(key, ttl)
@@ -167,12 +210,23 @@ impl LockService for BrokenLock {
             tokio::time::sleep(nap.min(give_up - now)).await;
         };
         leave.now();
+        if self.flaw == LockFlaw::CancelledGrantKeptAlive
+            && let Ok(g) = &result
+        {
+            let orphan =
+                Orphan { slots: Arc::clone(&self.slots), key: key.clone(), token: g.token(), ttl, armed: true };
+            tokio::time::sleep(REPLY_TRIP).await;
+            orphan.delivered();
+        }
         result
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         let now = Instant::now();
         let mut slots = self.slots.lock().unwrap();
+        if self.flaw == LockFlaw::ExtendAnswersWhatIsLeft && slots.get(grant.key()).is_none_or(|s| s.holder.is_none()) {
+            return Ttl::new(Ttl::MIN);
+        }
         if self.flaw == LockFlaw::ExtendRecreates
             && let Some(slot) = slots.get_mut(grant.key())
             && slot.holder.is_none()
@@ -213,12 +267,51 @@ impl LockService for BrokenLock {
         let ours = slot.holder.is_some_and(|(t, e)| t == grant.token() && e > now) && !slot.stranded;
         if ours || (self.flaw == LockFlaw::ReleaseIgnoresToken && slot.holder.is_some()) {
             slot.holder = None;
+            slot.released_at = Some(now);
             if self.flaw == LockFlaw::CounterDeletedWithLock {
                 slots.remove(grant.key());
             }
             Ok(())
         } else {
             Err(Error::new(ErrorKind::NotHolder, "broken", "not held"))
+        }
+    }
+}
+
+/// Keeps `token`'s grant of `key` alive until somebody else holds the key.
+async fn renew_forever(slots: Slots, key: ResourceKey, token: OwnerToken, ttl: Ttl) {
+    loop {
+        tokio::time::sleep(ttl.get() / 3).await;
+        let mut slots = slots.lock().unwrap();
+        match slots.get_mut(&key).and_then(|s| s.holder.as_mut()) {
+            Some((t, expires)) if *t == token => *expires = Instant::now() + ttl.get(),
+            _ => return,
+        }
+    }
+}
+
+/// A grant on its way back to the caller of `acquire` (`CancelledGrantKeptAlive`): dropped
+/// before delivery, the session keeps it alive.
+struct Orphan {
+    slots: Slots,
+    key: ResourceKey,
+    token: OwnerToken,
+    ttl: Ttl,
+    armed: bool,
+}
+
+impl Orphan {
+    fn delivered(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Orphan {
+    fn drop(&mut self) {
+        if self.armed
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(renew_forever(Arc::clone(&self.slots), self.key.clone(), self.token, self.ttl));
         }
     }
 }
@@ -272,28 +365,28 @@ impl BrokenLock {
             return Ok(None);
         }
         let expired_takeover = slot.holder.is_some() && !held;
+        if self.flaw == LockFlaw::CounterForgottenWhenIdle {
+            let free_since = match slot.holder {
+                Some((_, expires)) => Some(expires),
+                None => slot.released_at,
+            };
+            if free_since.is_some_and(|t| t + slot.last_ttl * 2 <= now) {
+                slot.last_fence = 0;
+            }
+        }
+        slot.last_ttl = ttl.get();
         slot.last_fence += match self.flaw {
             LockFlaw::FenceNotIncreasedAfterExpiry if expired_takeover => 0,
             LockFlaw::GapsDeclaredGapFree => 2,
             _ => 1,
         };
-        let token = OwnerToken::generate()?;
+        let token = if self.flaw == LockFlaw::TokenPerClient { self.client_token } else { OwnerToken::generate()? };
         let expires =
             if self.flaw == LockFlaw::NeverExpires { now + Duration::from_secs(3600) } else { now + ttl.get() };
         slot.holder = Some((token, expires));
         slot.stranded = false;
         if self.flaw == LockFlaw::RenewsForever {
-            let (slots, key) = (Arc::clone(&self.slots), key.clone());
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(ttl.get() / 3).await;
-                    let mut slots = slots.lock().unwrap();
-                    match slots.get_mut(&key).and_then(|s| s.holder.as_mut()) {
-                        Some((t, expires)) if *t == token => *expires = Instant::now() + ttl.get(),
-                        _ => return,
-                    }
-                }
-            });
+            tokio::spawn(renew_forever(Arc::clone(&self.slots), key.clone(), token, ttl));
         }
         let told = if self.flaw == LockFlaw::OverstatesTtl { Ttl::new(ttl.get() * 2)? } else { ttl };
         Ok(Some(Grant::new(key.clone(), token, Fence::new(slot.last_fence), told, now)))
@@ -305,12 +398,36 @@ impl BrokenLock {
 #[derive(Clone)]
 struct BrokenLockFactory(Arc<BrokenLock>, RelayRetry);
 
+impl BrokenLock {
+    /// Another client of the same "server", with its own token and a clock `ahead`.
+    fn sibling(&self, ahead: Duration) -> BrokenLock {
+        BrokenLock {
+            flaw: self.flaw,
+            slots: Arc::clone(&self.slots),
+            clock_ahead: ahead,
+            client_token: OwnerToken::generate().unwrap(),
+        }
+    }
+}
+
 impl BrokenLockFactory {
     fn new(flaw: LockFlaw) -> Self {
-        BrokenLockFactory(
-            Arc::new(BrokenLock { flaw, slots: Slots::default(), clock_ahead: Duration::ZERO }),
-            RelayRetry::SameRequest,
-        )
+        let lock = BrokenLock {
+            flaw,
+            slots: Slots::default(),
+            clock_ahead: Duration::ZERO,
+            client_token: OwnerToken::generate().unwrap(),
+        };
+        BrokenLockFactory(Arc::new(lock), RelayRetry::SameRequest)
+    }
+
+    /// A client: the shared one, or for `TokenPerClient` one of its own (with its own token).
+    fn lock(&self) -> Arc<BrokenLock> {
+        if self.0.flaw == LockFlaw::TokenPerClient {
+            Arc::new(self.0.sibling(Duration::ZERO))
+        } else {
+            Arc::clone(&self.0)
+        }
     }
 
     /// A correct service whose faulty client resends lost requests as `retry` says.
@@ -323,7 +440,7 @@ impl BrokenLockFactory {
 impl LockServiceFactory for BrokenLockFactory {
     type Service = BrokenLock;
     async fn client(&self) -> Result<Arc<BrokenLock>> {
-        Ok(Arc::clone(&self.0))
+        Ok(self.lock())
     }
     fn timing(&self) -> Timing {
         let margin = if self.0.flaw == LockFlaw::UnexplainedMargin { 5000 } else { 50 };
@@ -339,11 +456,10 @@ impl LockServiceFactory for BrokenLockFactory {
         Ok(())
     }
     async fn skewed_client(&self, ahead: Duration) -> Result<Arc<BrokenLock>> {
-        let lock = &self.0;
-        Ok(Arc::new(BrokenLock { flaw: lock.flaw, slots: Arc::clone(&lock.slots), clock_ahead: ahead }))
+        Ok(Arc::new(self.0.sibling(ahead)))
     }
     async fn faulty_client(&self) -> Result<FaultyClient<Fenced>> {
-        let relay = Relay::serve(Arc::clone(&self.0)).await?;
+        let relay = Relay::serve(self.lock()).await?;
         let proxy = FaultProxy::start(relay.addr()).await?;
         let client = RelayLockService::<Fenced>::connect_with(proxy.addr(), self.0.capabilities(), self.1).await?;
         Ok(FaultyClient::new(Arc::new(client), vec![proxy]).keeping(relay))
@@ -602,6 +718,7 @@ async fn no_exclusion_fails_mutual_exclusion() {
             ("partitioned_holder_loses_before_anyone_gains", "two holders"),
             ("keys_are_independent", "not re-entrant"),
             ("repair_keeps_the_holder", "another client got the lock its holder still holds"),
+            ("resent_release_never_frees_a_new_grant", "no exclusion"),
         ],
         &[
             "waits_are_bounded",
@@ -613,6 +730,8 @@ async fn no_exclusion_fails_mutual_exclusion() {
             "dead_waiter_is_never_granted",
             // A held lock granted again to a zero-wait attempt: the same missing exclusion.
             "zero_wait_is_one_attempt",
+            // The waiter is granted the held lock, so the holder's release finds it gone.
+            "acquire_cancelled_as_the_lock_frees",
         ],
     )
     .await;
@@ -627,6 +746,7 @@ async fn release_ignoring_the_token_fails_owner_only() {
             ("stale_release_and_extend_after_takeover", "release of the expired grant after a takeover"),
             ("expiry_and_takeover", "release by the expired holder"),
             ("lost_replies_leave_one_live_grant", "bug class 6"),
+            ("resent_release_never_frees_a_new_grant", "freed the same client's second grant"),
         ],
         &[],
     )
@@ -684,6 +804,8 @@ async fn an_acquire_that_never_waits_fails_handoff_and_bad_input() {
             "fifo_when_declared",
             "cancelled_acquires_leave_no_residue",
             "partitioned_holder_loses_before_anyone_gains",
+            // Its waiter's acquire answers Timeout at once instead of waiting.
+            "acquire_cancelled_as_the_lock_frees",
         ],
     )
     .await;
@@ -996,8 +1118,16 @@ async fn a_waiter_that_waits_for_the_expiry_fails_the_handoff_bound() {
 
 #[tokio::test]
 async fn a_cancelled_waiter_that_keeps_its_place_fails_the_cancellation_scenario() {
-    lock_flaw_fails(LockFlaw::CancelLeaksReservation, &[("cancelled_acquires_leave_no_residue", "left residue")], &[])
-        .await;
+    lock_flaw_fails(
+        LockFlaw::CancelLeaksReservation,
+        &[
+            ("cancelled_acquires_leave_no_residue", "left residue"),
+            // The waiter cancelled before the release keeps its place for good as well.
+            ("acquire_cancelled_as_the_lock_frees", "that nobody owns"),
+        ],
+        &[],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -1052,6 +1182,8 @@ async fn a_counter_deleted_with_the_lock_fails_fence_monotonicity() {
             ("keys_are_independent", "not increasing"),
             ("lost_replies_leave_one_live_grant", "not increasing"),
             ("repair_keeps_the_holder", "is not above the repair's floor"),
+            ("idle_key_keeps_its_counter", "forgotten with the idle key"),
+            ("resent_release_never_frees_a_new_grant", "is not above the first's"),
         ],
         &[],
     )
@@ -1454,4 +1586,75 @@ async fn broken_locks_fail_the_rwlock_scenarios() {
         .await
         .unwrap();
     rwlock::rwlock_stale_holders_refused(&ctx("rwlock_stale_holders_refused"), &control, &store).await.unwrap();
+}
+
+/// A counter that expires once its key has been free for two TTLs survives every release and
+/// takeover the other scenarios make, and is gone after the idle time.
+#[tokio::test]
+async fn a_counter_forgotten_when_the_key_idles_fails_the_idle_key_scenario() {
+    lock_flaw_fails(
+        LockFlaw::CounterForgottenWhenIdle,
+        &[("idle_key_keeps_its_counter", "the counter was forgotten with the idle key")],
+        &[],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_owner_token_per_client_fails_the_resent_release_scenario() {
+    lock_flaw_fails(
+        LockFlaw::TokenPerClient,
+        &[("resent_release_never_frees_a_new_grant", "the owner token is the client's")],
+        &[],
+    )
+    .await;
+}
+
+/// The lost-signal scenario passed this service before it compared the loss with the lease's
+/// own deadline: the watchdog fired at a deadline the service's "success" had moved.
+#[tokio::test]
+async fn an_extend_answering_success_for_a_deleted_lock_fails_the_lost_signal_scenario() {
+    lock_flaw_fails(
+        LockFlaw::ExtendAnswersWhatIsLeft,
+        &[
+            ("lost_signal_from_the_backend", "the service never reported the loss"),
+            ("owner_only_release_and_extend", "extend after release"),
+        ],
+        &[],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_cancelled_acquire_whose_grant_lives_on_fails_the_cancel_scenario() {
+    lock_flaw_fails(
+        LockFlaw::CancelledGrantKeptAlive,
+        &[("acquire_cancelled_as_the_lock_frees", "that nobody owns")],
+        &[],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_zero_wait_that_blocks_on_a_held_lock_fails_the_bounded_wait_scenarios() {
+    lock_flaw_fails(
+        LockFlaw::ZeroWaitBlocks,
+        &[("waits_are_bounded", "it waited"), ("zero_wait_is_one_attempt", "it waited instead of making one attempt")],
+        // A probe of a held lock blocks past its holder's grant (4 × 200 ms in most scenarios)
+        // and comes back with the lock: the scenarios that probe then see a second holder, or
+        // a holder that can no longer renew.
+        &[
+            "owner_only_release_and_extend",
+            "progress_gated_renewal",
+            "keys_are_independent",
+            "stale_release_and_extend_after_takeover",
+            "lost_replies_leave_one_live_grant",
+            "cut_connections_keep_the_grant_or_report_it",
+            "partitioned_holder_loses_before_anyone_gains",
+            "fast_client_clock_takes_nothing_early",
+            "repair_keeps_the_holder",
+            "resent_release_never_frees_a_new_grant",
+        ],
+    )
+    .await;
 }
