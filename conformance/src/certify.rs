@@ -59,6 +59,9 @@ impl FencedScenarios for Fenced {
             "election_leader_sigstop" => Box::pin(frozen::election_leader_sigstop(ctx, lf, sf)),
             "fences_survive_restart_or_are_repaired" => Box::pin(lock::fences_survive_restart_or_are_repaired(ctx, lf)),
             "leader_killed" => Box::pin(cluster::leader_killed(ctx, lf, sf)),
+            "duplicate_fence_repair_keeps_the_holder" => {
+                Box::pin(crate::liveness::duplicate_fence_repair_keeps_the_holder(ctx, lf, sf))
+            }
             other => Box::pin(async move { Err(ctx.fail(format!("no fenced scenario is named `{other}`"))) }),
         }
     }
@@ -201,7 +204,9 @@ pub fn run<F, Fut>(
     F: FnOnce(Arc<Ctx>) -> Fut,
     Fut: Future<Output = Outcome>,
 {
+    CURRENT.with(|c| c.set(Some((certification, scenario))));
     let (outcome, declared) = harness::run_outcome(scenario, test_name, make);
+    CURRENT.with(|c| c.set(None));
     let dir = record_dir(target_tmpdir).join(certification);
     let record = record_json(kind, certification, scenario, &outcome, &declared);
     // A record that cannot be written costs the report, not the verdict: say so and go on.
@@ -221,6 +226,19 @@ pub fn run<F, Fut>(
         }
         Err(failure) => panic!("{failure}"),
     }
+}
+
+thread_local! {
+    static CURRENT: std::cell::Cell<Option<(&'static str, &'static str)>> = const { std::cell::Cell::new(None) };
+}
+
+/// The certification and scenario a test stamped by [`certify!`](macro@crate::certify) is
+/// running, when called from the test's own thread (where its factory expressions are
+/// evaluated), in the test process and in a scenario's holder child alike: for factories that
+/// give each scenario resources of its own (a database file, a table) that the child must find
+/// too. `None` elsewhere.
+pub fn current() -> Option<(&'static str, &'static str)> {
+    CURRENT.with(std::cell::Cell::get)
 }
 
 /// One scenario's record, as JSON (written by hand: the crate stays free of a serializer).

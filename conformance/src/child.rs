@@ -4,7 +4,7 @@
 //! `PALISADE_CONFORMANCE_CHILD` set; the same test function then plays the holder: it acquires,
 //! announces its fence, and writes when told to. The parent freezes it with `SIGSTOP`, thaws
 //! it with `SIGCONT`, or kills it with `SIGKILL`: a real process, its timers and connections
-//! included, as in the seed's chaos tests.
+//! included, as in the chaos tests of the incident this project was built after.
 
 use palisade_core::LockOptions;
 use std::net::SocketAddr;

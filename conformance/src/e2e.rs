@@ -576,3 +576,176 @@ pub async fn load_with<L: LockServiceFactory, S: FencedStoreFactory>(
     ));
     Ok(ctx.report())
 }
+
+/// **A holder frozen inside its open fenced transaction blocks nobody's wait** (a real process,
+/// [`FencedStoreFactory::hold_transaction`]). The holder, a child process, takes the lock (TTL
+/// 4 × the factory's, at least 3 s), opens a fenced transaction of the store under its fence,
+/// and is frozen with `SIGSTOP` there: its transaction stays open, its connections stay up,
+/// nothing it holds is let go. Meanwhile another client's
+/// - `try_acquire` answers within the allowance (ten uncontended round trips, at least 1 s):
+///   "held" or a retryable error, never a grant;
+/// - `acquire` with a 300 ms wait answers within 300 ms plus the allowance: `Timeout`, or the
+///   retryable refusal of its last attempt.
+///
+/// The holder is then thawed, ends its transaction and releases, and the other client gets the
+/// lock within the expiry bound. A store without transactions of its own is not applicable.
+pub async fn frozen_holder_inside_a_fenced_transaction<L: LockServiceFactory, S: FencedStoreFactory>(
+    ctx: &Ctx,
+    lf: &L,
+    sf: &S,
+) -> Outcome {
+    let timing = lf.timing();
+    let ttl = attempt!(ctx, palisade_core::Ttl::new((timing.ttl * 4).max(Duration::from_secs(3))), "ttl");
+    if let Some(role) = child::role() {
+        return hold_in_transaction(ctx, lf, sf, role, ttl).await;
+    }
+    let ns = Namespace::new();
+    let k = key(ctx, &ns, "paused")?;
+    let relay = relay_for(ctx, lf).await?;
+    let other = client(ctx, lf).await?;
+    let (_, allowed) = crate::liveness::measured_allowance(ctx, &*other, &key(ctx, &ns, "round-trip")?, ttl).await?;
+    let mut holder = HolderProcess::spawn(ctx, &ns, relay.as_ref().map(Relay::addr)).await?;
+    let said = holder.expect(ctx, "acquired", Duration::from_secs(120)).await?;
+    match said.split_once(' ') {
+        Some((_, "in-transaction")) => {}
+        Some((_, why)) if why.starts_with("unfenced") => {
+            holder.tell(ctx, "release").await?;
+            ctx.refusal_checked("unfenced service: no fenced transaction to open");
+            return Ok(ctx.report());
+        }
+        Some((_, why)) if why.starts_with("unsupported") => {
+            holder.tell(ctx, "release").await?;
+            ctx.not_applicable(format!("the store holds no transaction of its own: {why}"));
+            return Ok(ctx.report());
+        }
+        _ => return Err(ctx.fail(format!("the holder could not open its fenced transaction: {said}"))),
+    }
+    holder.signal(ctx, Signal::SIGSTOP)?;
+    let frozen = Instant::now();
+
+    let started = Instant::now();
+    let tried = tokio::time::timeout(ttl.get(), other.try_acquire(&k, ttl)).await;
+    let took = started.elapsed();
+    let Ok(tried) = tried else {
+        return Err(ctx.fail(format!(
+            "try_acquire while the frozen holder's fenced transaction was open did not answer within the TTL ({ttl:?})"
+        )));
+    };
+    match &tried {
+        Ok(None) => {}
+        Err(e) if e.is_retryable() => ctx.note(format!("try_acquire meanwhile: {e}")),
+        Ok(Some(_)) if frozen.elapsed() < ttl.get() => {
+            return Err(ctx.fail("granted while the frozen holder's lease and fenced transaction were live"));
+        }
+        Ok(Some(_)) => return Err(ctx.fail(format!("try_acquire took {took:?}, past the frozen holder's TTL"))),
+        Err(e) => return Err(ctx.fail(format!("try_acquire while a frozen holder's transaction was open: {e}"))),
+    }
+    ensure!(
+        ctx,
+        took <= allowed,
+        "try_acquire while the frozen holder's fenced transaction was open took {took:?}, allowed {allowed:?}: it waited for the transaction"
+    );
+
+    let wait = Duration::from_millis(300);
+    let started = Instant::now();
+    let waited = tokio::time::timeout(ttl.get(), other.acquire(&k, ttl, wait)).await;
+    let took = started.elapsed();
+    let Ok(waited) = waited else {
+        return Err(ctx.fail(format!(
+            "acquire with a {wait:?} wait while a frozen holder's transaction was open did not answer within the TTL: it ignored its wait"
+        )));
+    };
+    ensure!(
+        ctx,
+        took <= wait + allowed,
+        "acquire with a {wait:?} wait while a frozen holder's transaction was open took {took:?}, allowed {:?}: it ignored its wait",
+        wait + allowed
+    );
+    match &waited {
+        Err(e) if e.kind() == ErrorKind::Timeout => {}
+        Err(e) if e.is_retryable() => ctx.note(format!("acquire with a {wait:?} wait meanwhile: {e}")),
+        Ok(_) if frozen.elapsed() < ttl.get() => {
+            return Err(ctx.fail("granted while the frozen holder's lease and fenced transaction were live"));
+        }
+        other => {
+            let kind = other.as_ref().err().map(|e| e.kind());
+            return Err(ctx.fail(format!("acquire with a {wait:?} wait on a held lock gave {kind:?}")));
+        }
+    }
+    let frozen_for = frozen.elapsed();
+
+    holder.signal(ctx, Signal::SIGCONT)?;
+    holder.tell(ctx, "release").await?;
+    let released = holder.expect(ctx, "released", Duration::from_secs(30)).await?;
+    ctx.note(format!("the thawed holder's release: {released}"));
+    let next = attempt!(ctx, other.acquire(&k, ttl, timing.expiry_bound()).await, "the lock after the holder let go");
+    attempt!(ctx, other.release(&next).await, "release");
+    let status = holder.wait(ctx).await?;
+    ensure!(ctx, status.success(), "the holder process failed: {status}");
+    ctx.note(format!(
+        "frozen {:.0} ms with its transaction open; allowance {:.0} ms",
+        frozen_for.as_secs_f64() * 1e3,
+        allowed.as_secs_f64() * 1e3
+    ));
+    Ok(ctx.report())
+}
+
+/// The child role of [`frozen_holder_inside_a_fenced_transaction`]: take the lock, open the
+/// fenced transaction, say `acquired FENCE in-transaction` (or why not), wait for `release`
+/// (frozen meanwhile), then end the transaction, release, and say `released ok|ERROR`.
+async fn hold_in_transaction<L: LockServiceFactory, S: FencedStoreFactory>(
+    ctx: &Ctx,
+    lf: &L,
+    sf: &S,
+    role: child::ChildRole,
+    ttl: palisade_core::Ttl,
+) -> Outcome {
+    use tokio::io::AsyncBufReadExt;
+    let svc: Arc<dyn LockService<Fencing = <L::Service as LockService>::Fencing>> = match role.relay {
+        Some(addr) => Arc::new(attempt!(
+            ctx,
+            RelayLockService::<<L::Service as LockService>::Fencing>::connect(addr, Default::default()).await,
+            "connecting to the relay"
+        )),
+        None => client(ctx, lf).await?,
+    };
+    let Ok(key) = role.namespace.key("paused") else {
+        child::say("error key");
+        return Ok(ctx.report());
+    };
+    let grant = match svc.acquire(&key, ttl, Duration::from_secs(30)).await {
+        Ok(grant) => grant,
+        Err(e) => {
+            child::say(&format!("error acquire {e}"));
+            return Ok(ctx.report());
+        }
+    };
+    let held = match grant.fence_if_any() {
+        None => {
+            child::say("acquired - unfenced");
+            None
+        }
+        Some(fence) => match sf.hold_transaction(&key, GrantFence::new(fence, grant.grant_id())).await {
+            Ok(held) => {
+                child::say(&format!("acquired {fence} in-transaction"));
+                Some(held)
+            }
+            Err(e) if e.kind() == ErrorKind::Unsupported => {
+                child::say(&format!("acquired {fence} unsupported: {e}"));
+                None
+            }
+            Err(e) => {
+                child::say(&format!("acquired {fence} error: {e}"));
+                None
+            }
+        },
+    };
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let _ = stdin.next_line().await;
+    drop(held);
+    match svc.release(&grant).await {
+        Ok(()) => child::say("released ok"),
+        Err(e) => child::say(&format!("released {}", e.kind().as_str())),
+    }
+    Ok(ctx.report())
+}

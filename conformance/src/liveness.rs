@@ -19,7 +19,7 @@ use crate::{FaultProxy, FencedStoreFactory, LockServiceFactory, Namespace, attem
 /// acquire plus a release of the free key `free`, the second of two: connections are warm),
 /// and never under a second (two cores shared by clients, servers and other scenarios).
 /// Returns the round trip and the allowance.
-async fn measured_allowance<S: LockService + ?Sized>(
+pub(crate) async fn measured_allowance<S: LockService + ?Sized>(
     ctx: &Ctx,
     service: &S,
     free: &ResourceKey,
@@ -655,5 +655,96 @@ pub async fn waits_are_bounded_while_a_fenced_transaction_is_open<L: LockService
     let next = attempt!(ctx, other.acquire(&k, ttl, timing.expiry_bound()).await, "the lock after the release");
     attempt!(ctx, other.release(&next).await, "release");
     ctx.note(format!("allowance {:.0} ms", allowed.as_secs_f64() * 1e3));
+    Ok(ctx.report())
+}
+
+/// **The duplicate-fence repair keeps the holder** (a fenced service with a store). A holder
+/// takes the lock (fence f) while the store has already accepted f from **another** grant (a
+/// counter that lost its data issued f twice). The holder's `FencedStoreExt::write` is refused
+/// with `DuplicateFence` and repairs the service's counter on the way (`advance_fence` past
+/// f; a service that cannot move its counter refuses with `FenceRegression`). After the repair, within
+/// bounds: the holder still extends and releases its lease, a new holder gets the lock at once
+/// with a fence above f, and its write is accepted.
+pub async fn duplicate_fence_repair_keeps_the_holder<L, S>(ctx: &Ctx, lf: &L, sf: &S) -> Outcome
+where
+    L: LockServiceFactory,
+    L::Service: LockService<Fencing = palisade_core::Fenced>,
+    S: FencedStoreFactory,
+{
+    use palisade_core::{FencedStoreExt, GrantFence, GrantId, LockOptions, LockServiceExt, OwnerToken, WriteBatch};
+    let ns = Namespace::new();
+    let k = key(ctx, &ns, "duplicate")?;
+    let timing = lf.timing();
+    let ttl = (timing.ttl * 4).max(Duration::from_secs(2));
+    let (holder, next) = (client(ctx, lf).await?, client(ctx, lf).await?);
+    let store = crate::store::store_client(ctx, sf).await?;
+    let (_, allowed) =
+        measured_allowance(ctx, &*next, &key(ctx, &ns, "round-trip")?, attempt!(ctx, Ttl::new(ttl), "ttl")).await?;
+
+    let lease = attempt!(ctx, holder.lock(&k, LockOptions::ttl(ttl).wait(patience(timing.ttl))).await, "lock");
+    let f = lease.fence();
+    // Another grant's write with the same fence: what the store saw before the counter reset.
+    let other = GrantId::of(&attempt!(ctx, OwnerToken::generate(), "owner token"));
+    let batch = |who: &str| WriteBatch::new().put(ns.record("data"), who.as_bytes().to_vec());
+    attempt!(
+        ctx,
+        store.write_fenced(&k, GrantFence::new(f, other), &batch("earlier")).await,
+        "the earlier grant's write"
+    );
+
+    let started = Instant::now();
+    let written = store.write(&lease, &batch("holder")).await;
+    let took = started.elapsed();
+    let repaired = match &written {
+        Err(e) if matches!(e.kind(), ErrorKind::DuplicateFence { .. }) => true,
+        // A service that cannot move its counter (etcd's revision, ZooKeeper's zxid) refuses
+        // the repair with `FenceRegression`: documented, and the holder must still go on.
+        Err(e) if e.kind() == ErrorKind::Unsupported || e.kind() == ErrorKind::FenceRegression => {
+            ctx.note(format!("the counter cannot be moved: {e}"));
+            false
+        }
+        other => {
+            return Err(ctx.fail(format!(
+                "a write with fence {f} that another grant already wrote with answered {:?}, not DuplicateFence",
+                other.as_ref().map_err(|e| e.kind())
+            )));
+        }
+    };
+    ensure!(ctx, took <= allowed * 2, "the refused write and its repair took {took:?}, allowed {:?}", allowed * 2);
+
+    let started = Instant::now();
+    attempt!(ctx, lease.extend(ttl).await, "the holder's extend after the repair");
+    attempt!(ctx, lease.release().await, "the holder's release after the repair");
+    let took = started.elapsed();
+    ensure!(
+        ctx,
+        took <= allowed * 2,
+        "the holder's extend and release after the repair took {took:?}, allowed {:?}",
+        allowed * 2
+    );
+
+    let started = Instant::now();
+    let new = attempt!(
+        ctx,
+        next.lock(&k, LockOptions::ttl(ttl).wait(allowed)).await,
+        "a new holder after the repaired holder released"
+    );
+    let took = started.elapsed();
+    ensure!(ctx, new.fence() > f, "the new holder's fence {} is not above the duplicated {f}", new.fence());
+    if repaired {
+        ensure!(
+            ctx,
+            new.fence().get() >= f.get().saturating_add(palisade_core::REGRESSION_GAP),
+            "the repair did not move the counter past {f} + REGRESSION_GAP: the new fence is {}",
+            new.fence()
+        );
+    }
+    let new_fence = new.fence();
+    attempt!(ctx, store.write(&new, &batch("new")).await, "the new holder's write");
+    attempt!(ctx, new.release().await, "release");
+    ctx.note(format!(
+        "fence {f} duplicated; repaired: {repaired}; new holder after {:.0} ms with fence {new_fence}",
+        took.as_secs_f64() * 1e3
+    ));
     Ok(ctx.report())
 }

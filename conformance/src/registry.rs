@@ -128,6 +128,7 @@ macro_rules! __registry {
             pair e2e::stale_write_before_new_holder_writes "fencing rule 3: the \"done\" check inside the fenced write";
             pair e2e::live_lock_when_declared "a store that declares it checks the live lock refuses a write whose lock is gone";
             pair e2e::waits_are_bounded_while_a_fenced_transaction_is_open "a holder's fenced transaction held open (store hook `hold_transaction`): another client's zero wait and 300 ms wait still answer within their bound, never with a grant";
+            process e2e::frozen_holder_inside_a_fenced_transaction "a holder process frozen by `SIGSTOP` with its fenced transaction open (`hold_transaction`): another client's zero wait and 300 ms wait still answer within their bound, never with a grant; thawed, it lets go and the lock is taken within the expiry bound";
             pair e2e::load "500 acquisitions/s across 50 keys: no overlapping holds with accepted writes (grant → last moment the holder could act), every job's record exactly once, no fence issued twice (a lease that ran out during an accepted write is counted, not failed)";
             primitive semaphore::semaphore_count_limit "never more permits held than the count";
             primitive semaphore::semaphore_stale_permit_refused "a permit holder paused past its TTL gets `StaleFence` from the store";
@@ -136,6 +137,7 @@ macro_rules! __registry {
             primitive rwlock::rwlock_readers_share_writers_exclude "readers share, a writer excludes readers and writers, a waiting writer is not starved";
             primitive rwlock::rwlock_stale_holders_refused "a reader or writer paused past its TTL gets `StaleFence`";
             primitive election::election_frozen_leader_is_deposed "a leader paused past its term is deposed; its writes are refused";
+            primitive liveness::duplicate_fence_repair_keeps_the_holder "a holder whose fence the store already accepted from another grant gets `DuplicateFence` from `FencedStoreExt::write`, which repairs the counter; the holder still extends and releases, and a new holder gets the lock at once, its fence past the duplicate (+ `REGRESSION_GAP` where repaired)";
             primitive primitives::primitives_enter_over_a_slow_service "over a service 5 ms slower per operation (128 reader slots and permits, 256 queued permits): every primitive enters within a bound derived from its operations";
             frozen_primitive frozen::semaphore_permit_holder_sigstop "a permit holder frozen by `SIGSTOP` past its TTL is refused on waking";
             frozen_primitive frozen::rwlock_reader_sigstop "a reader frozen by `SIGSTOP` past its TTL is refused on waking; a writer enters";

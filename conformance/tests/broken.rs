@@ -1658,3 +1658,25 @@ async fn a_zero_wait_that_blocks_on_a_held_lock_fails_the_bounded_wait_scenarios
     )
     .await;
 }
+
+/// The duplicate-fence repair (a primitive-shaped scenario, not in `lock_outcomes`) on a
+/// broken lock, with the memory store.
+async fn duplicate_repair_outcome(flaw: LockFlaw) -> Outcome {
+    let name = "duplicate_fence_repair_keeps_the_holder";
+    let (lf, sf) = (BrokenLockFactory::new(flaw), MemoryStoreFactory::new());
+    palisade_conformance::liveness::duplicate_fence_repair_keeps_the_holder(&ctx(name), &lf, &sf).await
+}
+
+#[tokio::test]
+async fn the_broken_lock_without_a_flaw_keeps_the_holder_through_a_duplicate_fence_repair() {
+    duplicate_repair_outcome(LockFlaw::None).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_repair_that_moves_the_holders_fence_fails_the_duplicate_fence_repair_scenario() {
+    assert_fails_because(
+        duplicate_repair_outcome(LockFlaw::RepairStrandsTheHolder).await,
+        "RepairStrandsTheHolder",
+        "the holder's extend after the repair",
+    );
+}

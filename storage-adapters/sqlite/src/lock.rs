@@ -43,8 +43,12 @@ const ONE_ATTEMPT: Duration = Duration::from_millis(100);
 /// Each operation stays bounded meanwhile: one acquire attempt waits at most 100 ms for this
 /// process's other writers and then fails as `Unavailable` (retryable: a zero wait answers at
 /// once; a longer wait tries again until it runs out, then `Timeout`); extend and release wait
-/// at most the busy timeout (5 s by default) and then fail as `Unavailable` (retryable). Another process is held back by
-/// SQLite's busy timeout the same way.
+/// at most the busy timeout (5 s by default) and then fail as `Unavailable` (retryable).
+/// Another process's writer is met the same way: an acquire attempt gives up on the file after
+/// 100 ms, extend and release after the busy timeout. A process frozen (or stopped in a
+/// debugger) inside a write transaction keeps the whole file from every writer until it is
+/// thawed or dies — no server can end its transaction — so lock operations answer within their
+/// bounds, with `Unavailable`, and nothing is granted meanwhile.
 ///
 /// **Repairs** ([`advance_fence`](LockService::advance_fence)) move the counter's floor, never
 /// the holder's fence: the holder keeps, extends and releases its lock as before.
@@ -73,6 +77,12 @@ const ONE_ATTEMPT: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone)]
 pub struct SqliteLockService {
     store: SqliteStore,
+    /// Connections to the same file whose busy handler gives up after one attempt's bound:
+    /// what an acquire attempt runs on, so that another process's long write transaction (a
+    /// holder frozen inside its fenced transaction) makes it a retryable refusal in 100 ms,
+    /// not a wait of the whole busy timeout. The store's own pool for an in-memory database,
+    /// which no other process can reach.
+    attempts: sqlx::SqlitePool,
 }
 
 impl SqliteLockService {
@@ -86,7 +96,17 @@ impl SqliteLockService {
     /// The lock service on `store`'s database: the same file, pool and writer queue, so a lock
     /// and the fenced writes it protects share one database.
     pub async fn new(store: &SqliteStore) -> Result<Self> {
-        let service = SqliteLockService { store: store.clone() };
+        let options = store.pool().connect_options();
+        let in_memory = options.get_filename().as_os_str().is_empty() || options.get_filename().as_os_str() == ":memory:";
+        let attempts = if in_memory {
+            store.pool().clone()
+        } else {
+            sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(2)
+                .min_connections(0)
+                .connect_lazy_with((*options).clone().busy_timeout(ONE_ATTEMPT))
+        };
+        let service = SqliteLockService { store: store.clone(), attempts };
         let _writer = service.store.writer().await?;
         let mut tx = service.store.pool().begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
         migrate(&mut tx).await?;
@@ -160,9 +180,23 @@ impl LockService for SqliteLockService {
             .bind(GrantId::of(&token).as_bytes().as_slice())
             .bind(now_ms())
             .bind(millis(ttl.get()))
-            .fetch_optional(self.store.pool())
+            .fetch_optional(&self.attempts)
             .await
-            .map_err(map_err)?;
+            .map_err(|e| {
+                // Another process held the file past one attempt's bound: say so, retryably.
+                let e = map_err(e);
+                if e.kind() == ErrorKind::Unavailable {
+                    Error::new(
+                        ErrorKind::Unavailable,
+                        BACKEND,
+                        format!("the database is busy: another writer kept the file for over {ONE_ATTEMPT:?}"),
+                    )
+                    .with_retryable(true)
+                    .with_source(e)
+                } else {
+                    e
+                }
+            })?;
         let Some(row) = row else { return Ok(None) };
         let fence: i64 = row.try_get(0).map_err(map_err)?;
         let fence = u64::try_from(fence).map_err(|_| {

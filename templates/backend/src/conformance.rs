@@ -1,0 +1,24 @@
+//! The test factory of this backend (feature `conformance`): what its own certification and
+//! any other crate's pairing test use, so no test writes it twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_conformance::{LockServiceFactory, Timing, lock_factory};
+
+use crate::TemplateLockService;
+
+/// Independent clients of one service, with the `break_lock` hook. A server-backed backend
+/// reads its server's address here with `palisade_conformance::require_env` and adds
+/// `with_faulty_client` (a client dialing `palisade_conformance::proxy::proxy_url(url)`).
+pub fn factory() -> impl LockServiceFactory<Service = TemplateLockService> {
+    let service = Arc::new(TemplateLockService::new());
+    let broken = Arc::clone(&service);
+    lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
+        std::future::ready(Ok(Arc::clone(&service)))
+    })
+    .with_break_lock(move |key| {
+        broken.break_lock(&key);
+        std::future::ready(Ok(()))
+    })
+}
