@@ -1,6 +1,6 @@
 //! `--local`: the project's own servers on loopback, started here and stopped on drop.
 
-use palisade_conformance::servers::{EtcdCluster, LoopbackServer, PostgresServer, ZkEnsemble};
+use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, ZkEnsemble};
 
 use crate::target::{Backend, LockTarget, StoreTarget};
 

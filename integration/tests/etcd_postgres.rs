@@ -15,7 +15,7 @@ use nix::sys::signal::{Signal, kill};
 use palisade::etcd::{EtcdConfig, EtcdLockService};
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, ResourceKey, WriteBatch};
-use palisade_conformance::servers::LoopbackServer;
+use palisade_lab::servers::LoopbackServer;
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
 
 /// A 3 s session, 1 s grants (see `backends/etcd/tests/conformance.rs`).

@@ -15,7 +15,7 @@ use nix::sys::signal::{Signal, kill};
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::redis::RedisLockService;
 use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, REGRESSION_GAP, ResourceKey, WriteBatch};
-use palisade_conformance::servers::LoopbackServer;
+use palisade_lab::servers::LoopbackServer;
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
 
 fn redis() -> impl LockServiceFactory<Service = RedisLockService> {

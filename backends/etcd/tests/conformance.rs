@@ -80,13 +80,13 @@ fn slow_replies_still_complete_with_the_default_session() {
 /// on) and without (revisions start over, which etcd cannot move past: `lock_checked` must
 /// refuse).
 struct OwnEtcd {
-    server: std::sync::Mutex<palisade_conformance::servers::LoopbackServer>,
+    server: std::sync::Mutex<palisade_lab::servers::LoopbackServer>,
     url: String,
 }
 
 impl OwnEtcd {
     fn start() -> Self {
-        let server = palisade_conformance::servers::LoopbackServer::etcd(&require_env("PALISADE_ETCD_SERVER")).unwrap();
+        let server = palisade_lab::servers::LoopbackServer::etcd(&require_env("PALISADE_ETCD_SERVER")).unwrap();
         let url = format!("{}?session_ttl_s=3", server.etcd_url());
         OwnEtcd { server: std::sync::Mutex::new(server), url }
     }
@@ -113,12 +113,12 @@ impl LockServiceFactory for OwnEtcd {
 /// Clients of a 3-member cluster of the factory's own, with 2 s sessions: what the leader-kill
 /// scenario kills the leader of.
 struct EtcdClusterFactory {
-    cluster: tokio::sync::Mutex<palisade_conformance::servers::EtcdCluster>,
+    cluster: tokio::sync::Mutex<palisade_lab::servers::EtcdCluster>,
     url: String,
 }
 
 fn etcd_cluster() -> EtcdClusterFactory {
-    let cluster = palisade_conformance::servers::EtcdCluster::start(&require_env("PALISADE_ETCD_SERVER"), 3).unwrap();
+    let cluster = palisade_lab::servers::EtcdCluster::start(&require_env("PALISADE_ETCD_SERVER"), 3).unwrap();
     let url = format!("{}?session_ttl_s=2", cluster.url());
     EtcdClusterFactory { cluster: tokio::sync::Mutex::new(cluster), url }
 }

@@ -55,13 +55,13 @@ palisade_conformance::certify!(redis_lock_service: lock_service = redis(), store
 /// a restart with data keeps the fence counter (the service still does not declare it: it
 /// cannot know the server's persistence), and a restart without data wipes it.
 struct OwnRedis {
-    server: std::sync::Mutex<palisade_conformance::servers::LoopbackServer>,
+    server: std::sync::Mutex<palisade_lab::servers::LoopbackServer>,
     url: String,
 }
 
 impl OwnRedis {
     fn start() -> Self {
-        let server = palisade_conformance::servers::LoopbackServer::redis(
+        let server = palisade_lab::servers::LoopbackServer::redis(
             &require_env("PALISADE_REDIS_SERVER"),
             &["--appendonly", "yes", "--appendfsync", "always"],
         )

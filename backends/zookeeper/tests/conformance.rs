@@ -171,13 +171,13 @@ async fn an_expired_session_never_passes_its_node_off_as_a_new_sessions() {
 /// scenario restarts with and without its data; of three, what the leader-kill scenario kills
 /// the leader of.
 struct ZkEnsembleFactory {
-    ensemble: tokio::sync::Mutex<palisade_conformance::servers::ZkEnsemble>,
+    ensemble: tokio::sync::Mutex<palisade_lab::servers::ZkEnsemble>,
     url: String,
 }
 
 fn zookeeper_ensemble(size: usize) -> ZkEnsembleFactory {
     let ensemble =
-        palisade_conformance::servers::ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), size).unwrap();
+        palisade_lab::servers::ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), size).unwrap();
     let url = format!("{}?session_timeout_ms=4000", ensemble.url());
     ZkEnsembleFactory { ensemble: tokio::sync::Mutex::new(ensemble), url }
 }

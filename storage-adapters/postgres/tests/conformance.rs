@@ -85,13 +85,13 @@ palisade_conformance::certify!(postgres_live_lock: pairing, lock_service = postg
 /// database: fences continue after the crash, and `lock_checked` repairs the empty database's
 /// counters.
 struct OwnPostgres {
-    server: std::sync::Mutex<palisade_conformance::servers::PostgresServer>,
+    server: std::sync::Mutex<palisade_lab::servers::PostgresServer>,
     url: String,
 }
 
 impl OwnPostgres {
     fn start() -> Self {
-        let server = palisade_conformance::servers::PostgresServer::start().unwrap();
+        let server = palisade_lab::servers::PostgresServer::start().unwrap();
         let url = server.url();
         OwnPostgres { server: std::sync::Mutex::new(server), url }
     }

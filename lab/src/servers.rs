@@ -259,7 +259,7 @@ impl LoopbackServer {
     }
 
     /// [`restart`](Self::restart) if `keep_data`, else [`wipe_and_restart`](Self::wipe_and_restart):
-    /// what [`LockServiceFactory::restart_server`](crate::LockServiceFactory::restart_server) over this server does.
+    /// what the `restart_server` hook of a certification's `restartable` factory over this server does.
     pub fn restart_keeping_data(&mut self, keep_data: bool) -> std::io::Result<()> {
         if keep_data { self.restart() } else { self.wipe_and_restart() }
     }
