@@ -71,28 +71,19 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod bounds;
-pub mod certify;
-mod child;
-pub mod cluster;
-pub mod e2e;
-pub mod election;
-mod factory;
-mod fn_factory;
-pub mod frozen;
+// The source tree by role: contract/ (what an author supplies and runs), harness/ (running a
+// scenario, its bounds, its child process), scenarios/, faults/. The public modules stay flat.
+mod contract;
+mod faults;
 pub mod harness;
-pub mod latency;
-pub mod liveness;
-pub mod lock;
-pub mod memory;
-pub mod partition;
-pub mod primitives;
-pub mod proxy;
-pub mod registry;
-pub mod relay;
-pub mod rwlock;
-pub mod semaphore;
-pub mod store;
+mod scenarios;
+
+pub(crate) use contract::{factory, fn_factory};
+pub use contract::{certify, memory, registry};
+pub use faults::{latency, proxy, relay};
+pub use harness::bounds;
+pub(crate) use harness::child;
+pub use scenarios::{cluster, e2e, election, frozen, liveness, lock, partition, primitives, rwlock, semaphore, store};
 
 pub use bounds::{BoundedLockFactory, BoundedStoreFactory, CallBounds};
 pub use e2e::LoadSettings;
