@@ -24,35 +24,7 @@ fn url() -> String {
 }
 
 fn zookeeper() -> impl LockServiceFactory<Service = ZkLockService> {
-    let url = url();
-    let raw = url.clone();
-    let proxied = url.clone();
-    lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(4000)), move || {
-        let config = ZkConfig::from_url(&url);
-        async move { Ok(Arc::new(ZkLockService::connect_with(config?).await?)) }
-    })
-    // An operator deleting the resource's contender nodes with zkCli.
-    .with_break_lock(move |key| {
-        let config = ZkConfig::from_url(&raw);
-        async move {
-            let config = config?;
-            let fail = |e: zookeeper_client::Error| Error::new(ErrorKind::Backend, "test", format!("raw delete: {e}"));
-            let cluster = format!("{}{}", config.servers.join(","), config.chroot.as_deref().unwrap_or(""));
-            let client = zookeeper_client::Client::connector().connect(&cluster).await.map_err(fail)?;
-            let parent = format!("{}/{}/{}", config.root, key.domain(), key.id());
-            for child in client.list_children(&parent).await.map_err(fail)? {
-                client.delete(&format!("{parent}/{child}"), None).await.map_err(fail)?;
-            }
-            Ok(())
-        }
-    })
-    .with_faulty_client(move || {
-        let url = proxied.clone();
-        async move {
-            let (url, proxies) = proxy::proxy_url(&url).await?;
-            Ok(FaultyClient::new(Arc::new(ZkLockService::connect_with(ZkConfig::from_url(&url)?).await?), proxies))
-        }
-    })
+    palisade_zookeeper::conformance::service()
 }
 
 fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
