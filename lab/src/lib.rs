@@ -20,3 +20,4 @@
 
 pub mod netns;
 pub mod servers;
+pub mod services;
