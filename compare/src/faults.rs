@@ -16,9 +16,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::Instant;
 
 use palisade_conformance::cluster::{LeaderKillReport, LeaderKillSettings, leader_killed_under_contention};
-use palisade_conformance::netns::{Host, Lab};
+use palisade_lab::netns::{Host, Lab};
 use palisade_conformance::partition::{Members, holder_cut_off_measured, leader_cut_off_under_contention};
-use palisade_conformance::servers::{EtcdCluster, LoopbackServer, PostgresServer, RedisSentinels, Site, ZkEnsemble};
+use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, RedisSentinels, Site, ZkEnsemble};
 use palisade_conformance::{Ctx, Timing, lock_factory, store_factory};
 
 use crate::local::{Cluster, Local, zk_classpath};
@@ -420,7 +420,7 @@ fn contention_cell(scenario: &'static str, report: &LeaderKillReport, more: Stri
     }
 }
 
-/// A network partition in namespaces of this machine (`palisade_conformance::netns`; needs
+/// A network partition in namespaces of this machine (`palisade_lab::netns`; needs
 /// root). etcd and ZooKeeper: a 3-member cluster, one member per host, its leader cut off
 /// while four clients contend (`next in`: from the cut to the first write accepted after it),
 /// then healed (it must rejoin, fences above all accepted). Redis and PostgreSQL: a renewing

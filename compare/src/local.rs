@@ -1,13 +1,13 @@
 //! `--local`: the project's own servers on loopback, started here and stopped on drop.
 
-use palisade_conformance::servers::{EtcdCluster, LoopbackServer, PostgresServer, ZkEnsemble};
+use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, ZkEnsemble};
 
 use crate::target::{Backend, LockTarget, StoreTarget};
 
-/// Debian's ZooKeeper jars (what `scripts/lib/services.sh` uses).
+/// Debian's ZooKeeper jars (what `palisade-lab up` uses).
 pub fn zk_classpath() -> String {
     std::env::var("PALISADE_ZK_CLASSPATH")
-        .unwrap_or_else(|_| "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar".to_string())
+        .unwrap_or_else(|_| palisade_lab::services::ZK_CLASSPATH.to_string())
 }
 
 /// The single-node servers every pair uses.

@@ -241,7 +241,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
         "parts": { "perf": run_perf, "faults": run_faults, "seed": run_seed },
         "seed": { "jobs": seed_plan.jobs, "workers": seed_plan.workers, "skus": seed_plan.skus, "ttl_ms": 200, "pause_every": seed_plan.pause_every, "pause_ms": 450 },
         "command": command_line(std::env::args()),
-        "server_data_dir": palisade_conformance::servers::server_root().display().to_string(),
+        "server_data_dir": palisade_lab::servers::server_root().display().to_string(),
         "sqlite_dir": std::env::temp_dir().display().to_string(),
     });
     let machine = machine();

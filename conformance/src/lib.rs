@@ -35,30 +35,30 @@
 //!
 #![doc = include_str!("../SCENARIOS.md")]
 //!
-//! ## Servers of a test's own
+//! ## Servers of a test's own (`palisade-lab`)
 //!
-//! [`servers::LoopbackServer`] starts a server process on a free loopback port with a data
+//! [`palisade_lab::servers::LoopbackServer`] starts a server process on a free loopback port with a data
 //! directory of its own, and can kill or restart it: what a `restartable` factory needs.
-//! [`servers::EtcdCluster`] and [`servers::ZkEnsemble`] are 3-member clusters whose leader a test
+//! [`palisade_lab::servers::EtcdCluster`] and [`palisade_lab::servers::ZkEnsemble`] are 3-member clusters whose leader a test
 //! can kill: what a `cluster` factory needs ([`LockServiceFactory::kill_leader`]);
 //! [`cluster::leader_killed_under_contention`] is the same run for callers with their own
 //! clients (`palisade compare`).
 //!
 //! ## Real network partitions
 //!
-//! [`netns::Lab`] is a bridge of network namespaces on this machine (root and iproute2): a
-//! [`netns::Host`] is a machine of its own as far as the network goes, [`Host::cut`] drops its
+//! [`palisade_lab::netns::Lab`] is a bridge of network namespaces on this machine (root and iproute2): a
+//! [`palisade_lab::netns::Host`] is a machine of its own as far as the network goes, [`Host::cut`] drops its
 //! packets in silence and [`Host::heal`] brings it back. Servers go on the lab with
-//! [`servers::Site`] (bound to the lab's gateway, or one member per host); clients with
+//! [`palisade_lab::servers::Site`] (bound to the lab's gateway, or one member per host); clients with
 //! [`Host::runtime`]. [`partition::holder_cut_off`] cuts a renewing holder off from the service
 //! and its store past its TTL; [`partition::leader_cut_off_under_contention`] cuts an ensemble's
 //! leader off from the majority while clients contend. Both take the backend's own factory or
 //! clients, so a backend author runs them as the project's tests do
 //! (`integration/tests/partitions.rs`).
 //!
-//! [`Host::cut`]: netns::Host::cut
-//! [`Host::heal`]: netns::Host::heal
-//! [`Host::runtime`]: netns::Host::runtime
+//! [`Host::cut`]: palisade_lab::netns::Host::cut
+//! [`Host::heal`]: palisade_lab::netns::Host::heal
+//! [`Host::runtime`]: palisade_lab::netns::Host::runtime
 //!
 //! ## Without the macro
 //!
@@ -71,30 +71,19 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod bounds;
-pub mod certify;
-mod child;
-pub mod cluster;
-pub mod e2e;
-pub mod election;
-mod factory;
-mod fn_factory;
-pub mod frozen;
+// The source tree by role: contract/ (what an author supplies and runs), harness/ (running a
+// scenario, its bounds, its child process), scenarios/, faults/. The public modules stay flat.
+mod contract;
+mod faults;
 pub mod harness;
-pub mod latency;
-pub mod liveness;
-pub mod lock;
-pub mod memory;
-pub mod netns;
-pub mod partition;
-pub mod primitives;
-pub mod proxy;
-pub mod registry;
-pub mod relay;
-pub mod rwlock;
-pub mod semaphore;
-pub mod servers;
-pub mod store;
+mod scenarios;
+
+pub(crate) use contract::{factory, fn_factory};
+pub use contract::{certify, memory, registry};
+pub use faults::{latency, proxy, relay};
+pub use harness::bounds;
+pub(crate) use harness::child;
+pub use scenarios::{cluster, e2e, election, frozen, liveness, lock, partition, primitives, rwlock, semaphore, store};
 
 pub use bounds::{BoundedLockFactory, BoundedStoreFactory, CallBounds};
 pub use e2e::LoadSettings;

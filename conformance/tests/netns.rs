@@ -5,7 +5,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use palisade_conformance::netns::Lab;
+use palisade_lab::netns::Lab;
 
 fn reachable(addr: SocketAddr) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()

@@ -160,7 +160,7 @@ async fn main() {
             ("`appendonly yes`, `appendfsync always`", vec!["--appendonly", "yes", "--appendfsync", "always"]),
         ] {
             args.extend(["--dir", disk_dir.as_str()]);
-            let own_server = palisade_conformance::servers::LoopbackServer::redis(&server, &args).unwrap();
+            let own_server = palisade_lab::servers::LoopbackServer::redis(&server, &args).unwrap();
             let own = Arc::new(RedisLockService::connect(&own_server.redis_url()).await.unwrap());
             let l =
                 measure::latency(&[baseline::service(name, Arc::clone(&own), &prefix, ttl)], &one, None).await.unwrap();

@@ -27,20 +27,10 @@ fn endpoint() -> String {
 }
 
 fn dynamodb(tag: &str) -> impl FencedStoreFactory<Store = DynamoStore> + use<> {
-    let (endpoint, table) = (endpoint(), format!("e2e-{tag}-{}", palisade_conformance::test_process_id()));
-    store_factory(move || {
-        let config = DynamoConfig {
-            endpoint: Some(endpoint.clone()),
-            region: Some("us-east-1".into()),
-            attempt_timeout: Duration::from_secs(30),
-            operation_timeout: Duration::from_secs(60),
-            ..DynamoConfig::new(table.clone())
-        };
-        async move { Ok(Arc::new(DynamoStore::open(config).await?)) }
-    })
-    .with_load(LoadSettings { rate: 25, secs: 4, keys: 10 })
+    palisade_dynamodb::conformance::store(format!("e2e-{tag}-{}", palisade_conformance::test_process_id()))
 }
 
+/// 500 ms grants: moto answers one request at a time.
 fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
     let url = require_env("PALISADE_REDIS_URL");
     lock_factory(Timing::new(Duration::from_millis(500), Duration::from_millis(50)), move || {
@@ -50,11 +40,7 @@ fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
 }
 
 fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
-    let url = format!("{}?session_ttl_s=3", require_env("PALISADE_ETCD_URL"));
-    lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(3500)), move || {
-        let config = EtcdConfig::from_url(&url);
-        async move { Ok(Arc::new(EtcdLockService::connect_with(config?).await?)) }
-    })
+    palisade_etcd::conformance::service()
 }
 
 palisade_conformance::certify!(redis_with_dynamodb: pairing, lock_service = redis(), store = dynamodb("redis"));

@@ -15,24 +15,15 @@ use nix::sys::signal::{Signal, kill};
 use palisade::etcd::{EtcdConfig, EtcdLockService};
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, ResourceKey, WriteBatch};
-use palisade_conformance::servers::LoopbackServer;
+use palisade_lab::servers::LoopbackServer;
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
 
-/// A 3 s session, 1 s grants (see `backends/etcd/tests/conformance.rs`).
 fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
-    let url = format!("{}?session_ttl_s=3", require_env("PALISADE_ETCD_URL"));
-    lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(3500)), move || {
-        let config = EtcdConfig::from_url(&url);
-        async move { Ok(Arc::new(EtcdLockService::connect_with(config?).await?)) }
-    })
+    palisade_etcd::conformance::service()
 }
 
 fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
-    let url = require_env("PALISADE_POSTGRES_URL");
-    store_factory(move || {
-        let config = PostgresConfig { max_connections: 4, ..PostgresConfig::new(url.clone()) };
-        async move { Ok(Arc::new(PostgresStore::open(config).await?)) }
-    })
+    palisade_postgres::conformance::store()
 }
 
 palisade_conformance::certify!(etcd_with_postgres: pairing, lock_service = etcd(), store = postgres());

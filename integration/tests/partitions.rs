@@ -1,4 +1,4 @@
-//! Real network partitions (network namespaces on a bridge, `palisade_conformance::netns`):
+//! Real network partitions (network namespaces on a bridge, `palisade_lab::netns`):
 //! packets dropped in silence, not a process killed or a socket closed.
 //!
 //! - A holder cut off from Redis, etcd or ZooKeeper (and from its PostgreSQL store) past its
@@ -27,8 +27,8 @@ use palisade::redlock::RedlockService;
 use palisade::zookeeper::ZkLockService;
 use palisade::{LockOptions, LockService, LockServiceExt, ResourceKey};
 use palisade_conformance::cluster::LeaderKillSettings;
-use palisade_conformance::netns::{Host, Lab};
-use palisade_conformance::servers::{EtcdCluster, LoopbackServer, PostgresServer, Site, ZkEnsemble};
+use palisade_lab::netns::{Host, Lab};
+use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, Site, ZkEnsemble};
 use palisade_conformance::{Ctx, FencedStoreFactory, Timing, lock_factory, partition, require_env, store_factory};
 use tokio::time::Instant;
 

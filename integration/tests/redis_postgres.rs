@@ -15,23 +15,15 @@ use nix::sys::signal::{Signal, kill};
 use palisade::postgres::{PostgresConfig, PostgresStore};
 use palisade::redis::RedisLockService;
 use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, REGRESSION_GAP, ResourceKey, WriteBatch};
-use palisade_conformance::servers::LoopbackServer;
+use palisade_lab::servers::LoopbackServer;
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
 
 fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
-    let url = require_env("PALISADE_REDIS_URL");
-    lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
-        let url = url.clone();
-        async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
-    })
+    palisade_redis::conformance::service()
 }
 
 fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
-    let url = require_env("PALISADE_POSTGRES_URL");
-    store_factory(move || {
-        let config = PostgresConfig { max_connections: 4, ..PostgresConfig::new(url.clone()) };
-        async move { Ok(Arc::new(PostgresStore::open(config).await?)) }
-    })
+    palisade_postgres::conformance::store()
 }
 
 palisade_conformance::certify!(redis_with_postgres: pairing, lock_service = redis(), store = postgres());

@@ -16,19 +16,11 @@ use palisade::zookeeper::{ZkConfig, ZkLockService};
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
 
 fn zookeeper() -> impl LockServiceFactory<Service = ZkLockService> {
-    let url = format!("{}?session_timeout_ms=3000", require_env("PALISADE_ZK_URL"));
-    lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(4000)), move || {
-        let config = ZkConfig::from_url(&url);
-        async move { Ok(Arc::new(ZkLockService::connect_with(config?).await?)) }
-    })
+    palisade_zookeeper::conformance::service()
 }
 
 fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
-    let url = require_env("PALISADE_POSTGRES_URL");
-    store_factory(move || {
-        let config = PostgresConfig { max_connections: 4, ..PostgresConfig::new(url.clone()) };
-        async move { Ok(Arc::new(PostgresStore::open(config).await?)) }
-    })
+    palisade_postgres::conformance::store()
 }
 
 palisade_conformance::certify!(zookeeper_with_postgres: pairing, lock_service = zookeeper(), store = postgres());

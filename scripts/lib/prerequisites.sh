@@ -1,5 +1,5 @@
 # Everything the test command needs that a fresh Debian 12 machine with only the Rust toolchain
-# lacks, installed before the first step that uses any of it. Sourced by scripts/lib/services.sh.
+# lacks, installed before the first step that uses any of it. Sourced by scripts/test and scripts/services.
 #
 # Debian packages come from Debian's registry through apt-get (root), moto from PyPI into a venv
 # of its own with every version pinned (scripts/lib/moto-requirements.txt). Progress is shown:

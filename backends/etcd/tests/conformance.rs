@@ -23,35 +23,8 @@ fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
     etcd_with_session(3)
 }
 
-/// Clients with sessions of `session_ttl_s` seconds.
 fn etcd_with_session(session_ttl_s: u64) -> impl LockServiceFactory<Service = EtcdLockService> {
-    let url = format!("{}?session_ttl_s={session_ttl_s}", require_env("PALISADE_ETCD_URL"));
-    let raw = url.clone();
-    let proxied = url.clone();
-    lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(3500)), move || {
-        let config = EtcdConfig::from_url(&url);
-        async move { Ok(Arc::new(EtcdLockService::connect_with(config?).await?)) }
-    })
-    // An operator deleting the resource's keys (holder and waiters) with etcdctl.
-    .with_break_lock(move |key| {
-        let config = EtcdConfig::from_url(&raw);
-        async move {
-            let config = config?;
-            let fail = |e: etcd_client::Error| Error::new(ErrorKind::Backend, "test", format!("raw delete: {e}"));
-            let endpoints: Vec<String> = config.endpoints.iter().map(|e| format!("http://{e}")).collect();
-            let mut client = etcd_client::Client::connect(endpoints, None).await.map_err(fail)?;
-            let prefix = format!("{}{}/", config.key_prefix, key.lock_key());
-            client.delete(prefix, Some(etcd_client::DeleteOptions::new().with_prefix())).await.map_err(fail)?;
-            Ok(())
-        }
-    })
-    .with_faulty_client(move || {
-        let url = proxied.clone();
-        async move {
-            let (url, proxies) = proxy::proxy_url(&url).await?;
-            Ok(FaultyClient::new(Arc::new(EtcdLockService::connect_with(EtcdConfig::from_url(&url)?).await?), proxies))
-        }
-    })
+    palisade_etcd::conformance::service_with_session(session_ttl_s)
 }
 
 fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
@@ -80,13 +53,13 @@ fn slow_replies_still_complete_with_the_default_session() {
 /// on) and without (revisions start over, which etcd cannot move past: `lock_checked` must
 /// refuse).
 struct OwnEtcd {
-    server: std::sync::Mutex<palisade_conformance::servers::LoopbackServer>,
+    server: std::sync::Mutex<palisade_lab::servers::LoopbackServer>,
     url: String,
 }
 
 impl OwnEtcd {
     fn start() -> Self {
-        let server = palisade_conformance::servers::LoopbackServer::etcd(&require_env("PALISADE_ETCD_SERVER")).unwrap();
+        let server = palisade_lab::servers::LoopbackServer::etcd(&require_env("PALISADE_ETCD_SERVER")).unwrap();
         let url = format!("{}?session_ttl_s=3", server.etcd_url());
         OwnEtcd { server: std::sync::Mutex::new(server), url }
     }
@@ -113,12 +86,12 @@ impl LockServiceFactory for OwnEtcd {
 /// Clients of a 3-member cluster of the factory's own, with 2 s sessions: what the leader-kill
 /// scenario kills the leader of.
 struct EtcdClusterFactory {
-    cluster: tokio::sync::Mutex<palisade_conformance::servers::EtcdCluster>,
+    cluster: tokio::sync::Mutex<palisade_lab::servers::EtcdCluster>,
     url: String,
 }
 
 fn etcd_cluster() -> EtcdClusterFactory {
-    let cluster = palisade_conformance::servers::EtcdCluster::start(&require_env("PALISADE_ETCD_SERVER"), 3).unwrap();
+    let cluster = palisade_lab::servers::EtcdCluster::start(&require_env("PALISADE_ETCD_SERVER"), 3).unwrap();
     let url = format!("{}?session_ttl_s=2", cluster.url());
     EtcdClusterFactory { cluster: tokio::sync::Mutex::new(cluster), url }
 }

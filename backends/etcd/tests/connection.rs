@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use palisade_conformance::require_env;
-use palisade_conformance::servers::LoopbackServer;
+use palisade_lab::servers::LoopbackServer;
 use palisade_core::{ErrorKind, LockService, LockServiceExt, ResourceKey};
 use palisade_etcd::{EtcdConfig, EtcdLockService};
 

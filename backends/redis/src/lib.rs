@@ -94,6 +94,8 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod config;
 mod connection;
 mod errors;

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::servers::RedisCluster;
+use palisade_lab::servers::RedisCluster;
 use palisade_conformance::{Timing, lock_factory, require_env};
 use palisade_core::{LockOptions, LockServiceExt, ResourceKey};
 use palisade_redis::RedisLockService;

@@ -14,32 +14,8 @@ use palisade_core::{Error, ErrorKind};
 use palisade_redis::RedisLockService;
 use palisade_sqlite::SqliteStore;
 
-/// Each client is its own connection, as a separate process would have.
 fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
-    let url = require_env("PALISADE_REDIS_URL");
-    let raw = url.clone();
-    let proxied = url.clone();
-    lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
-        let url = url.clone();
-        async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
-    })
-    .with_break_lock(move |key| {
-        let url = raw.clone();
-        async move {
-            let fail = |e: redis::RedisError| Error::new(ErrorKind::Backend, "test", format!("raw DEL: {e}"));
-            let client = redis::Client::open(url.as_str()).map_err(fail)?;
-            let mut conn = client.get_multiplexed_async_connection().await.map_err(fail)?;
-            let _: i64 = redis::cmd("DEL").arg(key.lock_key()).query_async(&mut conn).await.map_err(fail)?;
-            Ok(())
-        }
-    })
-    .with_faulty_client(move || {
-        let url = proxied.clone();
-        async move {
-            let (url, proxies) = proxy::proxy_url(&url).await?;
-            Ok(FaultyClient::new(Arc::new(RedisLockService::connect(&url).await?), proxies))
-        }
-    })
+    palisade_redis::conformance::service()
 }
 
 fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
@@ -55,13 +31,13 @@ palisade_conformance::certify!(redis_lock_service: lock_service = redis(), store
 /// a restart with data keeps the fence counter (the service still does not declare it: it
 /// cannot know the server's persistence), and a restart without data wipes it.
 struct OwnRedis {
-    server: std::sync::Mutex<palisade_conformance::servers::LoopbackServer>,
+    server: std::sync::Mutex<palisade_lab::servers::LoopbackServer>,
     url: String,
 }
 
 impl OwnRedis {
     fn start() -> Self {
-        let server = palisade_conformance::servers::LoopbackServer::redis(
+        let server = palisade_lab::servers::LoopbackServer::redis(
             &require_env("PALISADE_REDIS_SERVER"),
             &["--appendonly", "yes", "--appendfsync", "always"],
         )

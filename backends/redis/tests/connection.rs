@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use palisade_conformance::require_env;
-use palisade_conformance::servers::LoopbackServer;
+use palisade_lab::servers::LoopbackServer;
 use palisade_core::{ErrorKind, LockService, ResourceKey, Ttl};
 use palisade_redis::{RedisConfig, RedisLockService};
 

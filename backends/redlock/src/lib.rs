@@ -81,6 +81,8 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod config;
 mod node;
 mod scripts;

@@ -16,40 +16,8 @@ use palisade_core::{Error, ErrorKind};
 use palisade_redlock::RedlockService;
 use palisade_sqlite::SqliteStore;
 
-/// The first `n` of the test command's masters. The node timeout is generous because the
-/// suite runs beside other tests on two cores; the fault tests use the 50 ms default.
 fn redlock(n: usize) -> impl LockServiceFactory<Service = RedlockService> {
-    let all = require_env("PALISADE_REDLOCK_URL");
-    let hosts: Vec<&str> = all.trim_start_matches("redlock://").split(',').collect();
-    assert!(hosts.len() >= n, "PALISADE_REDLOCK_URL lists {} masters, the test needs {n}", hosts.len());
-    let url = format!("redlock://{}?node_timeout_ms=250", hosts[..n].join(","));
-    let masters: Vec<String> = hosts[..n].iter().map(|h| format!("redis://{h}")).collect();
-    let proxied = url.clone();
-    lock_factory(Timing::new(Duration::from_millis(500), Duration::from_millis(100)), move || {
-        let url = url.clone();
-        async move { Ok(Arc::new(RedlockService::connect(&url).await?)) }
-    })
-    // An operator deleting the lock on every master (`redlock:{domain:id}`).
-    .with_break_lock(move |key| {
-        let masters = masters.clone();
-        async move {
-            let fail = |e: redis::RedisError| Error::new(ErrorKind::Backend, "test", format!("raw DEL: {e}"));
-            for master in masters {
-                let client = redis::Client::open(master.as_str()).map_err(fail)?;
-                let mut conn = client.get_multiplexed_async_connection().await.map_err(fail)?;
-                let lock = format!("redlock:{{{}:{}}}", key.domain(), key.id());
-                let _: i64 = redis::cmd("DEL").arg(lock).query_async(&mut conn).await.map_err(fail)?;
-            }
-            Ok(())
-        }
-    })
-    .with_faulty_client(move || {
-        let url = proxied.clone();
-        async move {
-            let (url, proxies) = proxy::proxy_url(&url).await?;
-            Ok(FaultyClient::new(Arc::new(RedlockService::connect(&url).await?), proxies))
-        }
-    })
+    palisade_redlock::conformance::service(n)
 }
 
 /// The load spreads over 250 keys (2 acquisitions per key per second instead of 10): Redlock

@@ -24,35 +24,7 @@ fn url() -> String {
 }
 
 fn zookeeper() -> impl LockServiceFactory<Service = ZkLockService> {
-    let url = url();
-    let raw = url.clone();
-    let proxied = url.clone();
-    lock_factory(Timing::new(Duration::from_secs(1), Duration::from_millis(4000)), move || {
-        let config = ZkConfig::from_url(&url);
-        async move { Ok(Arc::new(ZkLockService::connect_with(config?).await?)) }
-    })
-    // An operator deleting the resource's contender nodes with zkCli.
-    .with_break_lock(move |key| {
-        let config = ZkConfig::from_url(&raw);
-        async move {
-            let config = config?;
-            let fail = |e: zookeeper_client::Error| Error::new(ErrorKind::Backend, "test", format!("raw delete: {e}"));
-            let cluster = format!("{}{}", config.servers.join(","), config.chroot.as_deref().unwrap_or(""));
-            let client = zookeeper_client::Client::connector().connect(&cluster).await.map_err(fail)?;
-            let parent = format!("{}/{}/{}", config.root, key.domain(), key.id());
-            for child in client.list_children(&parent).await.map_err(fail)? {
-                client.delete(&format!("{parent}/{child}"), None).await.map_err(fail)?;
-            }
-            Ok(())
-        }
-    })
-    .with_faulty_client(move || {
-        let url = proxied.clone();
-        async move {
-            let (url, proxies) = proxy::proxy_url(&url).await?;
-            Ok(FaultyClient::new(Arc::new(ZkLockService::connect_with(ZkConfig::from_url(&url)?).await?), proxies))
-        }
-    })
+    palisade_zookeeper::conformance::service()
 }
 
 fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
@@ -171,13 +143,13 @@ async fn an_expired_session_never_passes_its_node_off_as_a_new_sessions() {
 /// scenario restarts with and without its data; of three, what the leader-kill scenario kills
 /// the leader of.
 struct ZkEnsembleFactory {
-    ensemble: tokio::sync::Mutex<palisade_conformance::servers::ZkEnsemble>,
+    ensemble: tokio::sync::Mutex<palisade_lab::servers::ZkEnsemble>,
     url: String,
 }
 
 fn zookeeper_ensemble(size: usize) -> ZkEnsembleFactory {
     let ensemble =
-        palisade_conformance::servers::ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), size).unwrap();
+        palisade_lab::servers::ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), size).unwrap();
     let url = format!("{}?session_timeout_ms=4000", ensemble.url());
     ZkEnsembleFactory { ensemble: tokio::sync::Mutex::new(ensemble), url }
 }

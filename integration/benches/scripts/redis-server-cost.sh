@@ -6,12 +6,12 @@
 #   integration/benches/scripts/redis-server-cost.sh [requests per row, default 1000000]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export PALISADE_SERVICES_DIR="${PALISADE_SERVICES_DIR:-$(mktemp -d /tmp/palisade-cost.XXXXXX)}"
-# shellcheck source=scripts/lib/services.sh
-source scripts/lib/services.sh
-trap stop_services EXIT
-start_redis cost >/dev/null 2>&1
-port=$(cat "$PALISADE_SERVICES_DIR/cost/port")
+state=$(mktemp -d /tmp/palisade-cost.XXXXXX)
+trap 'cargo run -q -p palisade-lab -- down "$state"' EXIT
+cargo run -q -p palisade-lab -- up "$state" redis >/dev/null
+# shellcheck source=/dev/null
+source "$state/env"
+port=${PALISADE_REDIS_URL##*:}
 n=${1:-1000000}
 cli() { redis-cli -p "$port" "$@"; }
 # The scripts exactly as backends/redis/src/scripts.rs sends them (whitespace aside).

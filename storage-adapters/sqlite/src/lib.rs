@@ -58,6 +58,8 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod config;
 mod db;
 mod lock;

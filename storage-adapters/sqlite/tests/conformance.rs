@@ -12,41 +12,23 @@ use palisade_conformance::memory::MemoryLockFactory;
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, store_factory};
 use palisade_sqlite::{SqliteLockService, SqliteStore};
 
-/// One database file per test binary that a child process opens too; scenarios keep apart by
-/// namespace. Speed over power-loss durability: the scenarios test semantics, not fsync.
 fn url() -> String {
-    let path = format!("{}/palisade-sqlite-conformance.db", env!("CARGO_TARGET_TMPDIR"));
-    format!("sqlite://{path}?synchronous=normal&busy_timeout_ms=30000")
+    palisade_sqlite::conformance::url(&std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("palisade-sqlite-conformance.db"))
 }
 
 /// Independent clients (each its own pool) of the database file.
 fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
-    store_factory(|| async { Ok(Arc::new(SqliteStore::connect(&url()).await?)) })
+    palisade_sqlite::conformance::store(url())
 }
 
 /// A store on the same file whose every fenced write requires its lock to be live.
 fn sqlite_live() -> impl FencedStoreFactory<Store = SqliteStore> {
-    store_factory(|| async { Ok(Arc::new(SqliteStore::connect(&format!("{}&require_live_lock=true", url())).await?)) })
+    palisade_sqlite::conformance::store(format!("{}&require_live_lock=true", url()))
 }
 
 /// Lock clients on the same file, each with its own pool, as separate processes would have.
-/// The margin covers the polling backoff (up to 250 ms) of a waiter that saw the lock held. The
-/// TTL covers a renewal queued behind the other scenarios' writers (this suite runs them all at
-/// once on one file, and child processes too): at 300 ms a renewal once came too late in CI.
 fn sqlite_locks() -> impl LockServiceFactory<Service = SqliteLockService> {
-    lock_factory(Timing::new(Duration::from_millis(500), Duration::from_millis(300)), || async {
-        Ok(Arc::new(SqliteLockService::connect(&url()).await?))
-    })
-    // An operator clearing the lock by hand (the row and its fence counter stay).
-    .with_break_lock(|key| async move {
-        let store = SqliteStore::connect(&url()).await?;
-        sqlx::query("UPDATE palisade_locks SET owner = NULL, expires_at_ms = 0 WHERE resource = ?1")
-            .bind(key.to_string())
-            .execute(store.pool())
-            .await
-            .map_err(palisade_sqlite::map_err)?;
-        Ok(())
-    })
+    palisade_sqlite::conformance::service(url())
 }
 
 palisade_conformance::certify!(sqlite_store: fenced_store = sqlite(), lock_service = MemoryLockFactory::new());

@@ -1,16 +1,17 @@
-//! Scenarios under real network partitions: a [`netns`](crate::netns) lab, where a client or a
+//! Scenarios under real network partitions: a [`netns`](palisade_lab::netns) lab, where a client or a
 //! server sits on a host of its own and a partition drops its packets (no closed socket, no
 //! error: silence, as behind a failed switch).
 //!
 //! A backend author reaches them with a factory whose servers the lab's hosts can reach (bound
-//! to [`Lab::gateway`](crate::netns::Lab::gateway), or on hosts of their own):
+//! to [`Lab::gateway`](palisade_lab::netns::Lab::gateway), or on hosts of their own):
 //!
 //! ```no_run
 //! # async fn demo<L, S>(lf: std::sync::Arc<L>, sf: std::sync::Arc<S>) -> Result<(), palisade_conformance::Failure>
 //! # where L: palisade_conformance::LockServiceFactory + 'static,
 //! #       L::Service: palisade_core::LockService<Fencing = palisade_core::Fenced>,
 //! #       S: palisade_conformance::FencedStoreFactory + 'static {
-//! use palisade_conformance::{Ctx, netns::Lab, partition};
+//! use palisade_conformance::{Ctx, partition};
+//! use palisade_lab::netns::Lab;
 //! let lab = Lab::new().expect("root and iproute2");
 //! let host = lab.host().expect("a host");
 //! partition::holder_cut_off(&Ctx::new("holder_cut_off", ""), &host, lf, sf).await?;
@@ -29,8 +30,8 @@ use crate::cluster::{LeaderKillReport, LeaderKillSettings, leader_killed_under_c
 use crate::e2e::{data_batch, write};
 use crate::harness::{Ctx, Outcome, attempt, ensure};
 use crate::lock::KeptAlive;
-use crate::netns::Host;
-use crate::servers::{EtcdCluster, ZkEnsemble};
+use palisade_lab::netns::Host;
+use palisade_lab::servers::{EtcdCluster, ZkEnsemble};
 use crate::{FencedStoreFactory, LockServiceFactory, Namespace};
 
 /// What [`holder_cut_off`] measured, beside its verdict (also in the report's notes).
@@ -171,7 +172,7 @@ where
 /// A replicated service whose members sit on lab hosts, member `i` on `hosts[i]`
 /// ([`EtcdCluster::start_at`], [`ZkEnsemble::start_at`] with [`Site::host`]).
 ///
-/// [`Site::host`]: crate::servers::Site::host
+/// [`Site::host`]: palisade_lab::servers::Site::host
 pub trait Members {
     /// The member that says it leads now, if any.
     fn leader(&self) -> Option<usize>;

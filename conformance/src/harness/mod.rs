@@ -1,5 +1,9 @@
 //! Running scenarios: a runtime, a local metrics recorder, reports and failures.
 
+
+pub mod bounds;
+pub(crate) mod child;
+
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};

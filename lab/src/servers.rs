@@ -243,6 +243,16 @@ impl LoopbackServer {
         &self.dir
     }
 
+    /// Lets the server run on after this handle is gone, for servers that outlive the process
+    /// that started them (`palisade-lab up`): returns its pid and data directory, which whoever
+    /// stops it later kills and removes. `None` if it is not running.
+    pub fn detach(self) -> Option<(u32, PathBuf)> {
+        let detached = (self.pid()?, self.dir.clone());
+        // Not dropped: dropping would kill it and remove its directory.
+        std::mem::forget(self);
+        Some(detached)
+    }
+
     /// Kills it with SIGKILL and waits for it to exit.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -259,7 +269,7 @@ impl LoopbackServer {
     }
 
     /// [`restart`](Self::restart) if `keep_data`, else [`wipe_and_restart`](Self::wipe_and_restart):
-    /// what [`LockServiceFactory::restart_server`](crate::LockServiceFactory::restart_server) over this server does.
+    /// what the `restart_server` hook of a certification's `restartable` factory over this server does.
     pub fn restart_keeping_data(&mut self, keep_data: bool) -> std::io::Result<()> {
         if keep_data { self.restart() } else { self.wipe_and_restart() }
     }
@@ -512,7 +522,7 @@ fn redis_command(addr: SocketAddr, args: &[&str]) -> std::io::Result<String> {
 }
 
 /// The directory of PostgreSQL's server binaries (`postgres`, `initdb`, `pg_isready`):
-/// `$PALISADE_POSTGRES_BIN` when set (`scripts/lib/services.sh` exports the one it used), else
+/// `$PALISADE_POSTGRES_BIN` when set (`palisade-lab up` exports the one it used), else
 /// the newest major version installed under Debian's `/usr/lib/postgresql/<major>/bin`.
 pub fn postgres_bin_dir() -> std::io::Result<PathBuf> {
     if let Some(dir) = std::env::var_os("PALISADE_POSTGRES_BIN") {
@@ -563,7 +573,7 @@ static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 /// peers. (A CI run had a 3-member etcd cluster that never became healthy, with its output
 /// thrown away; this and a full disk, see [`server_root`], are the causes ruled out since, and
 /// the members' logs now come with such an error.)
-fn free_port() -> std::io::Result<u16> {
+pub fn free_port() -> std::io::Result<u16> {
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let (low, high) = below_ephemeral_range();
     if high > low {
@@ -955,6 +965,12 @@ impl ZkEnsemble {
             m.kill();
         }
     }
+
+    /// Lets every member run on after this handle is gone ([`LoopbackServer::detach`]): their
+    /// pids and data directories.
+    pub fn detach(self) -> Vec<(u32, PathBuf)> {
+        self.members.into_iter().filter_map(LoopbackServer::detach).collect()
+    }
 }
 
 /// A PostgreSQL server of the caller's own (Debian's newest major version, run as the
@@ -967,6 +983,12 @@ pub struct PostgresServer {
 
 impl PostgresServer {
     /// Initialises a database cluster (trust authentication, user `postgres`) and starts it.
+    /// Lets the server run on after this handle is gone ([`LoopbackServer::detach`]): its pid
+    /// (stop it with SIGINT, a fast shutdown) and data directory.
+    pub fn detach(self) -> Option<(u32, PathBuf)> {
+        self.server.detach()
+    }
+
     pub fn start() -> std::io::Result<Self> {
         PostgresServer::start_at(&Site::loopback())
     }

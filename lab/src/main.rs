@@ -1,0 +1,31 @@
+//! `palisade-lab up [STATE_DIR [SERVER…]]` starts the test command's shared servers (all, or
+//! those named: redis, redis-tls, redlock, postgres, etcd, dynamodb, zookeeper) on loopback and
+//! leaves them running, printing the variables to export (also written to `STATE_DIR/env`);
+//! `palisade-lab down [STATE_DIR]` stops them. `STATE_DIR` defaults to `.services`. Installing the
+//! servers is the test command's (`scripts/lib/prerequisites.sh`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let command = args.next().unwrap_or_default();
+    let state = PathBuf::from(args.next().unwrap_or_else(|| ".services".into()));
+    let only: Vec<String> = args.collect();
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let result = match command.as_str() {
+        "up" => palisade_lab::services::up(&state, &repo, &only).map(|started| print!("{}", started.exports())),
+        "down" => palisade_lab::services::down(&state),
+        _ => {
+            eprintln!("usage: palisade-lab up [STATE_DIR [SERVER…]] | palisade-lab down [STATE_DIR]");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("palisade-lab {command}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! The shared servers of the test command, started once and left running for every test:
+//! what `palisade-lab up` starts and `palisade-lab down` stops (`scripts/services`,
+//! `scripts/test`). Each is a server of [`servers`](crate::servers) detached from this process;
+//! their pids and directories are recorded in the state directory, with an `env` file of the
+//! variables the tests read.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::servers::{LoopbackServer, PostgresServer, ZkEnsemble, postgres_bin_dir};
+
+/// Debian's ZooKeeper jars, which the ZooKeeper servers run from.
+pub const ZK_CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
+
+const PIDS: &str = "pids";
+const CLEANUP: &str = "cleanup";
+const ENV: &str = "env";
+
+/// What `up` started: the variables to export, in order.
+#[derive(Debug, Default)]
+pub struct Started {
+    /// `(NAME, value)` pairs for the tests' environment.
+    pub env: Vec<(String, String)>,
+}
+
+impl Started {
+    fn set(&mut self, name: &str, value: impl Into<String>) {
+        self.env.push((name.to_string(), value.into()));
+    }
+
+    /// The `env` file's text: one `export NAME=value` line each.
+    pub fn exports(&self) -> String {
+        let mut out = String::new();
+        for (name, value) in &self.env {
+            let _ = writeln!(out, "export {name}={value}");
+        }
+        out
+    }
+}
+
+/// Records a detached server so that [`down`] stops it and removes its directory.
+fn record(state: &Path, name: &str, detached: Option<(u32, PathBuf)>) -> std::io::Result<()> {
+    let (pid, dir) = detached.ok_or_else(|| std::io::Error::other(format!("{name} is not running")))?;
+    append(&state.join(PIDS), &format!("{pid} {name}\n"))?;
+    append(&state.join(CLEANUP), &format!("{}\n", dir.display()))
+}
+
+fn append(path: &Path, line: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    std::fs::OpenOptions::new().create(true).append(true).open(path)?.write_all(line.as_bytes())
+}
+
+/// The program `name` on `PATH`.
+fn which(name: &str) -> std::io::Result<String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("`{name}` is not installed (scripts/test installs every server it needs)"),
+            )
+        })
+}
+
+/// The shared servers, by the names [`up`] takes.
+pub const SERVERS: &[&str] = &["redis", "redis-tls", "redlock", "postgres", "etcd", "dynamodb", "zookeeper"];
+
+/// Starts the shared servers named in `only` (every one of [`SERVERS`] when empty), after
+/// stopping whatever an earlier `up` left in `state`: Redis, a TLS-only Redis demanding client
+/// certificates, five Redlock masters, PostgreSQL, etcd, a DynamoDB-API server (moto, from
+/// `PALISADE_MOTO_PYTHON`) and ZooKeeper, each on a free port of 127.0.0.1. Writes `state/env`
+/// and returns what it holds.
+pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started> {
+    if let Some(unknown) = only.iter().find(|name| !SERVERS.contains(&name.as_str())) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("no server is called `{unknown}` (there are: {})", SERVERS.join(", ")),
+        ));
+    }
+    let want = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    std::fs::create_dir_all(state)?;
+    down(state)?;
+    let mut started = Started::default();
+
+    let redis_server = which("redis-server")?;
+    started.set("PALISADE_REDIS_SERVER", redis_server.clone());
+    if want("redis") {
+        let redis = LoopbackServer::redis(&redis_server, &[])?;
+        started.set("PALISADE_REDIS_URL", redis.redis_url());
+        record(state, "redis", redis.detach())?;
+    }
+    if want("redis-tls") {
+        start_redis_tls(state, &redis_server, &mut started)?;
+    }
+    if want("redlock") {
+        let mut masters = Vec::new();
+        for i in 1..=5 {
+            let master = LoopbackServer::redis(&redis_server, &[])?;
+            masters.push(master.addr().to_string());
+            record(state, &format!("redlock{i}"), master.detach())?;
+        }
+        started.set("PALISADE_REDLOCK_URL", format!("redlock://{}", masters.join(",")));
+    }
+    if want("postgres") {
+        let postgres = PostgresServer::start()?;
+        started.set("PALISADE_POSTGRES_URL", postgres.url());
+        started.set("PALISADE_POSTGRES_BIN", postgres_bin_dir()?.display().to_string());
+        record(state, "postgres", postgres.detach())?;
+    }
+    if want("etcd") {
+        let etcd_server = which("etcd")?;
+        let etcd = LoopbackServer::etcd(&etcd_server)?;
+        started.set("PALISADE_ETCD_URL", etcd.etcd_url());
+        started.set("PALISADE_ETCD_SERVER", etcd_server);
+        record(state, "etcd", etcd.detach())?;
+    }
+    if want("dynamodb") {
+        start_moto(state, repo, &mut started)?;
+    }
+    if want("zookeeper") {
+        // tickTime 500 ms, so that the tests' short sessions are allowed (the minimum is 2 ticks).
+        let zookeeper = ZkEnsemble::start(ZK_CLASSPATH, 1)?;
+        started.set("PALISADE_ZK_URL", zookeeper.url());
+        started.set("PALISADE_ZK_CLASSPATH", ZK_CLASSPATH);
+        for detached in zookeeper.detach() {
+            record(state, "zookeeper", Some(detached))?;
+        }
+    }
+    std::fs::write(state.join(ENV), started.exports())?;
+    Ok(started)
+}
+
+/// A TLS-only Redis that demands client certificates (mutual TLS), with a throwaway CA.
+fn start_redis_tls(state: &Path, redis_server: &str, started: &mut Started) -> std::io::Result<()> {
+    let certs = state.join("redis-tls-certs");
+    tls_material(&certs)?;
+    let tls = LoopbackServer::start(redis_server, |port, dir| {
+        let file = |name: &str| certs.join(name).display().to_string();
+        [
+            "--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", &dir.display().to_string(), "--tls-cert-file", &file("server.crt"), "--tls-key-file",
+            &file("server.key"), "--tls-ca-cert-file", &file("ca.crt"), "--tls-auth-clients", "yes",
+        ]
+        .map(String::from)
+        .to_vec()
+    })?;
+    started.set("PALISADE_REDIS_TLS_URL", format!("rediss://{}", tls.addr()));
+    started.set("PALISADE_REDIS_TLS_CA", certs.join("ca.crt").display().to_string());
+    started.set("PALISADE_REDIS_TLS_CLIENT_CERT", certs.join("client.crt").display().to_string());
+    started.set("PALISADE_REDIS_TLS_CLIENT_KEY", certs.join("client.key").display().to_string());
+    record(state, "redis-tls", tls.detach())?;
+    Ok(())
+}
+
+/// The DynamoDB-API server: moto, one request at a time (see `scripts/lib/moto_serial.py`).
+fn start_moto(state: &Path, repo: &Path, started: &mut Started) -> std::io::Result<()> {
+    let python = std::env::var("PALISADE_MOTO_PYTHON").map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "PALISADE_MOTO_PYTHON is not set: install the prerequisites first (scripts/lib/prerequisites.sh)",
+        )
+    })?;
+    let serial = repo.join("scripts/lib/moto_serial.py").display().to_string();
+    let moto = LoopbackServer::start(&python, |port, _| vec![serial, "127.0.0.1".into(), port.to_string()])?;
+    started.set("PALISADE_DYNAMODB_ENDPOINT", format!("http://{}", moto.addr()));
+    // moto accepts any credentials; the SDK's standard chain reads these.
+    started.set("AWS_ACCESS_KEY_ID", "palisade-test");
+    started.set("AWS_SECRET_ACCESS_KEY", "palisade-test");
+    started.set("AWS_REGION", "us-east-1");
+    record(state, "dynamodb", moto.detach())
+}
+
+/// A throwaway CA, a server certificate for 127.0.0.1 and a client identity it signed, in
+/// `dir` (with `openssl`): X.509 v3 throughout, which rustls (webpki) requires.
+fn tls_material(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let path = |name: &str| dir.join(name).display().to_string();
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")?;
+    std::fs::write(dir.join("client-ext.cnf"), "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")?;
+    let steps: Vec<Vec<String>> = vec![
+        vec!["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=palisade test CA", "-keyout"]
+            .into_iter()
+            .map(String::from)
+            .chain([path("ca.key"), "-out".into(), path("ca.crt")])
+            .collect(),
+        vec!["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout"]
+            .into_iter()
+            .map(String::from)
+            .chain([path("server.key"), "-out".into(), path("server.csr")])
+            .collect(),
+        sign("server", &path),
+        vec!["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=palisade test client", "-keyout"]
+            .into_iter()
+            .map(String::from)
+            .chain([path("client.key"), "-out".into(), path("client.csr")])
+            .collect(),
+        sign("client", &path),
+    ];
+    for args in steps {
+        let out = Command::new("openssl").args(&args).output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!(
+                "openssl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn sign(who: &str, path: &dyn Fn(&str) -> String) -> Vec<String> {
+    let ext = if who == "server" { "ext.cnf" } else { "client-ext.cnf" };
+    [
+        "x509".to_string(),
+        "-req".into(),
+        "-in".into(),
+        path(&format!("{who}.csr")),
+        "-CA".into(),
+        path("ca.crt"),
+        "-CAkey".into(),
+        path("ca.key"),
+        "-CAcreateserial".into(),
+        "-days".into(),
+        "2".into(),
+        "-extfile".into(),
+        path(ext),
+        "-out".into(),
+        path(&format!("{who}.crt")),
+    ]
+    .to_vec()
+}
+
+/// Stops every server an earlier [`up`] recorded in `state` (PostgreSQL with SIGINT, a fast
+/// shutdown; the others with SIGTERM, then SIGKILL after 5 s) and removes their directories. A
+/// server that already died is fine.
+pub fn down(state: &Path) -> std::io::Result<()> {
+    let pids = state.join(PIDS);
+    let listed = std::fs::read_to_string(&pids).unwrap_or_default();
+    let servers: Vec<(Pid, &str)> = listed
+        .lines()
+        .filter_map(|line| {
+            let (pid, name) = line.split_once(' ')?;
+            Some((Pid::from_raw(pid.parse().ok()?), name))
+        })
+        .collect();
+    for (pid, name) in &servers {
+        let _ = kill(*pid, if *name == "postgres" { Signal::SIGINT } else { Signal::SIGTERM });
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for (pid, _) in &servers {
+        while kill(*pid, None).is_ok() && Instant::now() < deadline {
+            // Our own child (when `up` and `down` run in one process) must be reaped to go.
+            let _ = nix::sys::wait::waitpid(*pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if kill(*pid, None).is_ok() {
+            let _ = kill(*pid, Signal::SIGKILL);
+        }
+    }
+    let _ = std::fs::remove_file(&pids);
+    let cleanup = state.join(CLEANUP);
+    for dir in std::fs::read_to_string(&cleanup).unwrap_or_default().lines() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let _ = std::fs::remove_file(cleanup);
+    let _ = std::fs::remove_file(state.join(ENV));
+    Ok(())
+}
