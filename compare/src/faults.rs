@@ -16,10 +16,10 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::Instant;
 
 use palisade_conformance::cluster::{LeaderKillReport, LeaderKillSettings, leader_killed_under_contention};
-use palisade_lab::netns::{Host, Lab};
 use palisade_conformance::partition::{Members, holder_cut_off_measured, leader_cut_off_under_contention};
-use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, RedisSentinels, Site, ZkEnsemble};
 use palisade_conformance::{Ctx, Timing, lock_factory, store_factory};
+use palisade_lab::netns::{Host, Lab};
+use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, RedisSentinels, Site, ZkEnsemble};
 
 use crate::local::{Cluster, Local, zk_classpath};
 use crate::target::Backend;

@@ -6,8 +6,7 @@ use crate::target::{Backend, LockTarget, StoreTarget};
 
 /// Debian's ZooKeeper jars (what `palisade-lab up` uses).
 pub fn zk_classpath() -> String {
-    std::env::var("PALISADE_ZK_CLASSPATH")
-        .unwrap_or_else(|_| palisade_lab::services::ZK_CLASSPATH.to_string())
+    std::env::var("PALISADE_ZK_CLASSPATH").unwrap_or_else(|_| palisade_lab::services::ZK_CLASSPATH.to_string())
 }
 
 /// The single-node servers every pair uses.

@@ -78,8 +78,8 @@ mod faults;
 pub mod harness;
 mod scenarios;
 
-pub(crate) use contract::{factory, fn_factory};
 pub use contract::{certify, memory, registry};
+pub(crate) use contract::{factory, fn_factory};
 pub use faults::{latency, proxy, relay};
 pub use harness::bounds;
 pub(crate) use harness::child;

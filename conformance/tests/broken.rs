@@ -1444,8 +1444,13 @@ impl LockServiceFactory for QuorumFactory {
 
 /// Runs every lock scenario against the quorum with `flaw`, and [`judge`]s them.
 async fn quorum_flaw_fails(flaw: QuorumFlaw, must_fail: &[(&str, &str)]) {
+    // A quorum that counts a minority as success may also let a healed holder's extend succeed
+    // on the minority that still has its grant: that is the same flaw, seen by the partition
+    // scenario when the new holder's majority left one of the old holder's servers alone.
+    let may_fail: &[&str] =
+        if flaw == QuorumFlaw::MinorityCounts { &["partitioned_holder_loses_before_anyone_gains"] } else { &[] };
     let outcomes = palisade_conformance::lock_outcomes(&QuorumFactory::new(flaw)).await;
-    judge(&format!("{flaw:?}"), outcomes, must_fail, &[]);
+    judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
 }
 
 #[tokio::test]

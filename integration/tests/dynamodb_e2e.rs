@@ -15,12 +15,10 @@ use std::time::Duration;
 
 use common::{Allocator, last_json, run, setup_sku, unique_sku};
 use nix::sys::signal::{Signal, kill};
-use palisade::dynamodb::{DynamoConfig, DynamoStore};
-use palisade::etcd::{EtcdConfig, EtcdLockService};
+use palisade::dynamodb::DynamoStore;
+use palisade::etcd::EtcdLockService;
 use palisade::redis::RedisLockService;
-use palisade_conformance::{
-    FencedStoreFactory, LoadSettings, LockServiceFactory, Timing, lock_factory, require_env, store_factory,
-};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env};
 
 fn endpoint() -> String {
     require_env("PALISADE_DYNAMODB_ENDPOINT")

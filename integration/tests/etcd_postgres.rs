@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use common::{Allocator, last_json, run, setup_sku, unique_sku};
 use nix::sys::signal::{Signal, kill};
-use palisade::etcd::{EtcdConfig, EtcdLockService};
-use palisade::postgres::{PostgresConfig, PostgresStore};
+use palisade::etcd::EtcdLockService;
+use palisade::postgres::PostgresStore;
 use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, ResourceKey, WriteBatch};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, require_env};
 use palisade_lab::servers::LoopbackServer;
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
 
 fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
     palisade_etcd::conformance::service()

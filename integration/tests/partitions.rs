@@ -27,9 +27,9 @@ use palisade::redlock::RedlockService;
 use palisade::zookeeper::ZkLockService;
 use palisade::{LockOptions, LockService, LockServiceExt, ResourceKey};
 use palisade_conformance::cluster::LeaderKillSettings;
+use palisade_conformance::{Ctx, FencedStoreFactory, Timing, lock_factory, partition, require_env, store_factory};
 use palisade_lab::netns::{Host, Lab};
 use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, Site, ZkEnsemble};
-use palisade_conformance::{Ctx, FencedStoreFactory, Timing, lock_factory, partition, require_env, store_factory};
 use tokio::time::Instant;
 
 /// One partition test at a time (a failed test does not poison it).

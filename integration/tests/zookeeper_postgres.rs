@@ -6,14 +6,13 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Allocator, last_json, run, setup_sku, unique_sku};
 use nix::sys::signal::{Signal, kill};
-use palisade::postgres::{PostgresConfig, PostgresStore};
-use palisade::zookeeper::{ZkConfig, ZkLockService};
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, require_env, store_factory};
+use palisade::postgres::PostgresStore;
+use palisade::zookeeper::ZkLockService;
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, require_env};
 
 fn zookeeper() -> impl LockServiceFactory<Service = ZkLockService> {
     palisade_zookeeper::conformance::service()

@@ -11,6 +11,8 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let command = args.next().unwrap_or_default();
     let state = PathBuf::from(args.next().unwrap_or_else(|| ".services".into()));
+    // Servers are told their files by path and some change directory first (Redis to its data).
+    let state = std::path::absolute(&state).unwrap_or(state);
     let only: Vec<String> = args.collect();
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let result = match command.as_str() {

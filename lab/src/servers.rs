@@ -982,13 +982,13 @@ pub struct PostgresServer {
 }
 
 impl PostgresServer {
-    /// Initialises a database cluster (trust authentication, user `postgres`) and starts it.
     /// Lets the server run on after this handle is gone ([`LoopbackServer::detach`]): its pid
     /// (stop it with SIGINT, a fast shutdown) and data directory.
     pub fn detach(self) -> Option<(u32, PathBuf)> {
         self.server.detach()
     }
 
+    /// Initialises a database cluster (trust authentication, user `postgres`) and starts it.
     pub fn start() -> std::io::Result<Self> {
         PostgresServer::start_at(&Site::loopback())
     }

@@ -145,9 +145,26 @@ fn start_redis_tls(state: &Path, redis_server: &str, started: &mut Started) -> s
     let tls = LoopbackServer::start(redis_server, |port, dir| {
         let file = |name: &str| certs.join(name).display().to_string();
         [
-            "--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", &dir.display().to_string(), "--tls-cert-file", &file("server.crt"), "--tls-key-file",
-            &file("server.key"), "--tls-ca-cert-file", &file("ca.crt"), "--tls-auth-clients", "yes",
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &dir.display().to_string(),
+            "--tls-cert-file",
+            &file("server.crt"),
+            "--tls-key-file",
+            &file("server.key"),
+            "--tls-ca-cert-file",
+            &file("ca.crt"),
+            "--tls-auth-clients",
+            "yes",
         ]
         .map(String::from)
         .to_vec()

@@ -33,7 +33,8 @@ pub fn service_with_session(session_ttl_s: u64) -> impl LockServiceFactory<Servi
         let config = EtcdConfig::from_url(&raw);
         async move {
             let config = config?;
-            let fail = |e: etcd_client::Error| Error::new(ErrorKind::Backend, "conformance", format!("raw delete: {e}"));
+            let fail =
+                |e: etcd_client::Error| Error::new(ErrorKind::Backend, "conformance", format!("raw delete: {e}"));
             let endpoints: Vec<String> = config.endpoints.iter().map(|e| format!("http://{e}")).collect();
             let mut client = etcd_client::Client::connect(endpoints, None).await.map_err(fail)?;
             let prefix = format!("{}{}/", config.key_prefix, key.lock_key());

@@ -12,9 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{
-    FaultyClient, FencedStoreFactory, LockServiceFactory, Timing, lock_factory, proxy, require_env, store_factory,
-};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, require_env, store_factory};
 use palisade_core::{Error, ErrorKind};
 use palisade_etcd::{EtcdConfig, EtcdLockService};
 use palisade_sqlite::SqliteStore;

@@ -9,9 +9,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use palisade_conformance::require_env;
-use palisade_lab::servers::LoopbackServer;
 use palisade_core::{ErrorKind, LockService, LockServiceExt, ResourceKey};
 use palisade_etcd::{EtcdConfig, EtcdLockService};
+use palisade_lab::servers::LoopbackServer;
 
 fn key(id: &str) -> ResourceKey {
     ResourceKey::new("conn", format!("{id}-{}", std::process::id())).unwrap()

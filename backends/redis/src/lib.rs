@@ -94,9 +94,9 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-mod config;
 mod connection;
 mod errors;
 pub mod scripts;

@@ -10,9 +10,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_lab::servers::RedisCluster;
 use palisade_conformance::{Timing, lock_factory, require_env};
 use palisade_core::{LockOptions, LockServiceExt, ResourceKey};
+use palisade_lab::servers::RedisCluster;
 use palisade_redis::RedisLockService;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

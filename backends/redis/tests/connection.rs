@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use palisade_conformance::require_env;
-use palisade_lab::servers::LoopbackServer;
 use palisade_core::{ErrorKind, LockService, ResourceKey, Ttl};
+use palisade_lab::servers::LoopbackServer;
 use palisade_redis::{RedisConfig, RedisLockService};
 
 /// A redis-server of the test's own, with extra arguments.

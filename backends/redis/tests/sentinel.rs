@@ -9,9 +9,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_lab::servers::{RedisSentinels, SENTINEL_MASTER_NAME};
 use palisade_conformance::{FaultProxy, require_env};
 use palisade_core::{ErrorKind, LockOptions, LockService, LockServiceExt, ResourceKey, Ttl};
+use palisade_lab::servers::{RedisSentinels, SENTINEL_MASTER_NAME};
 use palisade_redis::{RedisConfig, RedisLockService};
 
 fn sentinels() -> RedisSentinels {
@@ -259,9 +259,9 @@ async fn release_notifications_follow_the_master_after_a_failover() {
 /// moves the counter past the store's watermark, and its write lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_that_lost_the_last_fences_is_refused_then_repaired_by_lock_checked() {
+    use palisade_core::{FencedStore, FencedStoreExt, WriteBatch};
     use palisade_lab::netns::Lab;
     use palisade_lab::servers::Site;
-    use palisade_core::{FencedStore, FencedStoreExt, WriteBatch};
 
     let lab = Lab::new().expect("a lab (root and iproute2)");
     let replica_host = lab.host().unwrap();

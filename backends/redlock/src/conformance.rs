@@ -18,7 +18,8 @@ pub fn service(n: usize) -> impl LockServiceFactory<Service = RedlockService> {
     let all = require_env("PALISADE_REDLOCK_URL");
     let hosts: Vec<&str> = all.trim_start_matches("redlock://").split(',').collect();
     // Fewer masters than asked for is the environment's mistake: every client says so.
-    let missing = (hosts.len() < n).then(|| format!("PALISADE_REDLOCK_URL lists {} masters, {n} are needed", hosts.len()));
+    let missing =
+        (hosts.len() < n).then(|| format!("PALISADE_REDLOCK_URL lists {} masters, {n} are needed", hosts.len()));
     let n = n.min(hosts.len());
     let url = format!("redlock://{}?node_timeout_ms=250", hosts[..n].join(","));
     let masters: Vec<String> = hosts[..n].iter().map(|h| format!("redis://{h}")).collect();

@@ -81,9 +81,9 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-mod config;
 mod node;
 mod scripts;
 mod service;

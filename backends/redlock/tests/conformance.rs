@@ -6,13 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use palisade_conformance::{
-    FaultyClient, FencedStoreFactory, LoadSettings, LockServiceFactory, Timing, lock_factory, proxy, require_env,
-    store_factory,
-};
-use palisade_core::{Error, ErrorKind};
+use palisade_conformance::{FencedStoreFactory, LoadSettings, LockServiceFactory, store_factory};
 use palisade_redlock::RedlockService;
 use palisade_sqlite::SqliteStore;
 

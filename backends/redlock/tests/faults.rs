@@ -10,8 +10,8 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use palisade_conformance::require_env;
-use palisade_lab::servers::LoopbackServer;
 use palisade_core::{ErrorKind, LockService, LockServiceExt, ResourceKey};
+use palisade_lab::servers::LoopbackServer;
 use palisade_redlock::{RedlockConfig, RedlockService};
 use tokio::time::Instant;
 

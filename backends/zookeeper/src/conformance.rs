@@ -27,7 +27,8 @@ pub fn service() -> impl LockServiceFactory<Service = ZkLockService> {
         let config = ZkConfig::from_url(&raw);
         async move {
             let config = config?;
-            let fail = |e: zookeeper_client::Error| Error::new(ErrorKind::Backend, "conformance", format!("raw delete: {e}"));
+            let fail =
+                |e: zookeeper_client::Error| Error::new(ErrorKind::Backend, "conformance", format!("raw delete: {e}"));
             let cluster = format!("{}{}", config.servers.join(","), config.chroot.as_deref().unwrap_or(""));
             let client = zookeeper_client::Client::connector().connect(&cluster).await.map_err(fail)?;
             let parent = format!("{}/{}/{}", config.root, key.domain(), key.id());

@@ -29,9 +29,9 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-mod config;
 mod service;
 
 pub use config::ZkConfig;

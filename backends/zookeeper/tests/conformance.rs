@@ -11,13 +11,11 @@ use palisade_core::LockOptions;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{
-    FaultyClient, FencedStoreFactory, LockServiceFactory, Timing, lock_factory, proxy, require_env, store_factory,
-};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, require_env, store_factory};
 use palisade_core::{Error, ErrorKind};
 use palisade_core::{LockService, LockServiceExt, ResourceKey, Ttl};
 use palisade_sqlite::SqliteStore;
-use palisade_zookeeper::{ZkConfig, ZkLockService};
+use palisade_zookeeper::ZkLockService;
 
 fn url() -> String {
     format!("{}?session_timeout_ms=3000", require_env("PALISADE_ZK_URL"))
@@ -148,8 +146,7 @@ struct ZkEnsembleFactory {
 }
 
 fn zookeeper_ensemble(size: usize) -> ZkEnsembleFactory {
-    let ensemble =
-        palisade_lab::servers::ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), size).unwrap();
+    let ensemble = palisade_lab::servers::ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), size).unwrap();
     let url = format!("{}?session_timeout_ms=4000", ensemble.url());
     ZkEnsembleFactory { ensemble: tokio::sync::Mutex::new(ensemble), url }
 }

@@ -1,6 +1,5 @@
 //! Running scenarios: a runtime, a local metrics recorder, reports and failures.
 
-
 pub mod bounds;
 pub(crate) mod child;
 

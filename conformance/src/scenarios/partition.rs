@@ -30,9 +30,9 @@ use crate::cluster::{LeaderKillReport, LeaderKillSettings, leader_killed_under_c
 use crate::e2e::{data_batch, write};
 use crate::harness::{Ctx, Outcome, attempt, ensure};
 use crate::lock::KeptAlive;
+use crate::{FencedStoreFactory, LockServiceFactory, Namespace};
 use palisade_lab::netns::Host;
 use palisade_lab::servers::{EtcdCluster, ZkEnsemble};
-use crate::{FencedStoreFactory, LockServiceFactory, Namespace};
 
 /// What [`holder_cut_off`] measured, beside its verdict (also in the report's notes).
 #[derive(Debug, Clone, Copy)]

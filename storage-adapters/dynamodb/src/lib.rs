@@ -56,9 +56,9 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-mod config;
 mod errors;
 mod single_item;
 mod store;

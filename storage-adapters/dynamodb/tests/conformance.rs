@@ -5,11 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use std::sync::Arc;
-
+use palisade_conformance::FencedStoreFactory;
 use palisade_conformance::memory::MemoryLockFactory;
-use palisade_conformance::{FencedStoreFactory, LoadSettings, require_env, store_factory};
-use palisade_dynamodb::{DynamoConfig, DynamoStore};
+use palisade_dynamodb::DynamoStore;
 
 /// A table of this test process's own.
 fn dynamodb() -> impl FencedStoreFactory<Store = DynamoStore> {

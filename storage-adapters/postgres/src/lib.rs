@@ -58,9 +58,9 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-mod config;
 mod db;
 mod lock;
 mod lock_table;

@@ -10,14 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_conformance::memory::MemoryLockFactory;
-use palisade_conformance::{
-    FaultyClient, FencedStoreFactory, HeldTransaction, LockServiceFactory, Timing, lock_factory, proxy, require_env,
-    store_factory,
-};
-use palisade_core::{GrantFence, ResourceKey};
-use palisade_postgres::{PostgresConfig, PostgresLockService, PostgresStore};
-
-
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing};
+use palisade_postgres::{PostgresLockService, PostgresStore};
 
 fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
     palisade_postgres::conformance::store()
@@ -26,8 +20,6 @@ fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
 fn postgres_live() -> impl FencedStoreFactory<Store = PostgresStore> {
     palisade_postgres::conformance::live_lock_store()
 }
-
-
 
 fn postgres_locks() -> impl LockServiceFactory<Service = PostgresLockService> {
     palisade_postgres::conformance::service()

@@ -97,7 +97,8 @@ impl SqliteLockService {
     /// and the fenced writes it protects share one database.
     pub async fn new(store: &SqliteStore) -> Result<Self> {
         let options = store.pool().connect_options();
-        let in_memory = options.get_filename().as_os_str().is_empty() || options.get_filename().as_os_str() == ":memory:";
+        let in_memory =
+            options.get_filename().as_os_str().is_empty() || options.get_filename().as_os_str() == ":memory:";
         let attempts = if in_memory {
             store.pool().clone()
         } else {

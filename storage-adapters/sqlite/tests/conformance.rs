@@ -9,11 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_conformance::memory::MemoryLockFactory;
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, lock_factory, store_factory};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing};
 use palisade_sqlite::{SqliteLockService, SqliteStore};
 
 fn url() -> String {
-    palisade_sqlite::conformance::url(&std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("palisade-sqlite-conformance.db"))
+    palisade_sqlite::conformance::url(
+        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("palisade-sqlite-conformance.db"),
+    )
 }
 
 /// Independent clients (each its own pool) of the database file.
