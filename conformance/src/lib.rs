@@ -5,9 +5,18 @@
 //!
 //! ```
 //! // In a test file, e.g. tests/conformance.rs, with your own factories in place of these:
-//! use palisade_conformance::memory::{MemoryLockFactory, MemoryStoreFactory};
+//! use palisade_conformance::memory::MemoryLockFactory;
 //!
-//! palisade_conformance::certify!(my_service: lock_service = MemoryLockFactory::new(), store = MemoryStoreFactory::new());
+//! // The store a lock service's holders write through: one other processes reach (its holders
+//! // are frozen and killed in processes of their own), here a SQLite file.
+//! fn store() -> impl palisade_conformance::FencedStoreFactory {
+//!     palisade_conformance::store_factory(|| async {
+//!         let url = format!("sqlite://{}/my-cert.db", std::env::temp_dir().display());
+//!         Ok(std::sync::Arc::new(palisade_sqlite::SqliteStore::connect(&url).await?))
+//!     })
+//! }
+//!
+//! palisade_conformance::certify!(my_service: lock_service = MemoryLockFactory::new(), store = store());
 //! # fn main() {}
 //! ```
 //!
@@ -78,7 +87,7 @@ mod faults;
 pub mod harness;
 mod scenarios;
 
-pub use contract::{certify, memory, registry};
+pub use contract::{certify, memory, registry, report};
 pub(crate) use contract::{factory, fn_factory};
 pub use faults::{latency, proxy, relay};
 pub use harness::bounds;
@@ -192,11 +201,20 @@ macro_rules! __push_outcome {
 /// // In a test file, e.g. tests/conformance.rs, with your own factories in place of these:
 /// use palisade_conformance::memory::{MemoryLockFactory, MemoryStoreFactory};
 ///
-/// // A lock service, with the store its end-to-end and primitive scenarios write through.
+/// fn sqlite_file() -> impl palisade_conformance::FencedStoreFactory {
+///     palisade_conformance::store_factory(|| async {
+///         let url = format!("sqlite://{}/my-cert.db", std::env::temp_dir().display());
+///         Ok(std::sync::Arc::new(palisade_sqlite::SqliteStore::connect(&url).await?))
+///     })
+/// }
+///
+/// // A lock service, with the store its end-to-end and primitive scenarios write through: one
+/// // that other processes reach (a server, a file), since its holders are frozen and killed in
+/// // processes of their own.
 /// // `restartable = …` (a factory over a server of the test's own) and `cluster = …` (over a
 /// // cluster whose leader it can kill) are required when the service declares
 /// // `fences_survive_restart` or `Replication::LeaderQuorum`.
-/// palisade_conformance::certify!(memory: lock_service = MemoryLockFactory::new(), store = MemoryStoreFactory::new());
+/// palisade_conformance::certify!(memory: lock_service = MemoryLockFactory::new(), store = sqlite_file());
 /// // A fenced store, with the lock service its end-to-end scenarios take leases from.
 /// palisade_conformance::certify!(memory_store: fenced_store = MemoryStoreFactory::new(), lock_service = MemoryLockFactory::new());
 /// // Only the end-to-end scenarios of a service with a store, both certified elsewhere.
@@ -267,7 +285,7 @@ macro_rules! __certify_entry {
         $crate::__certify_test!(service $cert $name |ctx| {
             let (lf, sf) = ($crate::BoundedLockFactory::declared($lock, ctx.bounds()), $crate::BoundedStoreFactory::declared($store, ctx.bounds()));
             if !$crate::FencedStoreFactory::shared_across_processes(&sf) {
-                return $crate::certify::store_in_one_process(&ctx);
+                return $crate::certify::store_in_one_process(&ctx, $crate::certify::Kind::LockService);
             }
             $crate::certify::fenced(stringify!($name), &ctx, &lf, &sf).await
         });
@@ -314,7 +332,10 @@ macro_rules! __certify_entry {
         $crate::__certify_test!($kind $cert $name |ctx| {
             let (lf, sf) = ($crate::BoundedLockFactory::declared($lock, ctx.bounds()), $crate::BoundedStoreFactory::declared($store, ctx.bounds()));
             if !$crate::FencedStoreFactory::shared_across_processes(&sf) {
-                return $crate::certify::store_in_one_process(&ctx);
+                return $crate::certify::store_in_one_process(
+                    &ctx,
+                    $crate::certify::Kind::from_macro(stringify!($kind)),
+                );
             }
             $crate::$module::$name(&ctx, &lf, &sf).await
         });

@@ -33,11 +33,11 @@ impl Started {
         self.env.push((name.to_string(), value.into()));
     }
 
-    /// The `env` file's text: one `export NAME=value` line each.
+    /// The `env` file's text: one `export NAME='value'` line each (quoted for the shell).
     pub fn exports(&self) -> String {
         let mut out = String::new();
         for (name, value) in &self.env {
-            let _ = writeln!(out, "export {name}={value}");
+            let _ = writeln!(out, "export {name}='{}'", value.replace('\'', "'\\''"));
         }
         out
     }
@@ -90,8 +90,13 @@ pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started
     down(state)?;
     let mut started = Started::default();
 
-    let redis_server = which("redis-server")?;
-    started.set("PALISADE_REDIS_SERVER", redis_server.clone());
+    let redis_server = if want("redis") || want("redis-tls") || want("redlock") {
+        let program = which("redis-server")?;
+        started.set("PALISADE_REDIS_SERVER", program.clone());
+        program
+    } else {
+        String::new()
+    };
     if want("redis") {
         let redis = LoopbackServer::redis(&redis_server, &[])?;
         started.set("PALISADE_REDIS_URL", redis.redis_url());
@@ -274,12 +279,12 @@ pub fn down(state: &Path) -> std::io::Result<()> {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     for (pid, _) in &servers {
-        while kill(*pid, None).is_ok() && Instant::now() < deadline {
+        while alive(*pid) && Instant::now() < deadline {
             // Our own child (when `up` and `down` run in one process) must be reaped to go.
             let _ = nix::sys::wait::waitpid(*pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
             std::thread::sleep(Duration::from_millis(50));
         }
-        if kill(*pid, None).is_ok() {
+        if alive(*pid) {
             let _ = kill(*pid, Signal::SIGKILL);
         }
     }
@@ -291,4 +296,16 @@ pub fn down(state: &Path) -> std::io::Result<()> {
     let _ = std::fs::remove_file(cleanup);
     let _ = std::fs::remove_file(state.join(ENV));
     Ok(())
+}
+
+/// Whether `pid` is a live process: one that exists and is not a zombie waiting for a parent
+/// that does not reap it (servers outlive the `up` that started them).
+fn alive(pid: Pid) -> bool {
+    if kill(pid, None).is_err() {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the parenthesised command name, which may itself contain spaces.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    state != Some("Z")
 }

@@ -98,7 +98,12 @@ impl FencedScenarios for Unfenced {
                 if caps.issues_fences() || caps.fences_survive_restart {
                     return Err(ctx.fail("an unfenced service declares fences"));
                 }
-                ctx.refusal_checked("no fences, as declared: nothing to keep across a restart or a leader's death");
+                ctx.refusal_checked(match scenario {
+                    "duplicate_fence_repair_keeps_the_holder" => {
+                        "no fences, as declared: no fence to be issued twice, no counter to repair"
+                    }
+                    _ => "no fences, as declared: nothing to keep across a restart or a leader's death",
+                });
             }
             Ok(ctx.report())
         })
@@ -139,7 +144,18 @@ pub async fn without_kill_leader<L: LockServiceFactory>(ctx: &Ctx, lf: &L) -> Ou
 
 /// A process-level scenario over a store that lives in one process: not applicable (the
 /// store declares so with [`FencedStoreFactory::shared_across_processes`]).
-pub fn store_in_one_process(ctx: &Ctx) -> Outcome {
+///
+/// A lock service's certification may not be given such a store: its process-level scenarios
+/// (a holder frozen with `SIGSTOP`, killed with `SIGKILL`) are what it is certified for, so the
+/// scenario fails, naming what to give instead.
+pub fn store_in_one_process(ctx: &Ctx, kind: Kind) -> Outcome {
+    if kind == Kind::LockService {
+        return Err(ctx.fail(
+            "a lock service is certified with a store another process can reach (its holders are frozen and killed \
+             in processes of their own): give certify! `store = …` a server or a file (SQLite's \
+             `palisade_sqlite::conformance::store`), not one that lives in this process",
+        ));
+    }
     ctx.not_applicable("the store lives in this process's memory: no other process can write to it");
     Ok(ctx.report())
 }

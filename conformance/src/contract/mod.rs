@@ -6,3 +6,4 @@ pub(crate) mod factory;
 pub(crate) mod fn_factory;
 pub mod memory;
 pub mod registry;
+pub mod report;

@@ -178,7 +178,9 @@ pub const fn shape_of(shape: &str) -> Shape {
         b"primitive" => Shape::Primitive,
         b"frozen_primitive" => Shape::FrozenPrimitive,
         b"restart" => Shape::Restart,
-        _ => Shape::Cluster,
+        b"cluster" => Shape::Cluster,
+        // A misspelt shape in the registry stops the build.
+        _ => panic!("a registry entry has an unknown shape"),
     }
 }
 

@@ -21,3 +21,11 @@ pub fn map_err(e: sqlx::Error) -> Error {
     };
     Error::new(kind, BACKEND, "SQLite operation failed").with_source(e)
 }
+
+/// Whether a connection's file name is an in-memory database: `:memory:`, empty, or what sqlx
+/// makes of `sqlite::memory:` (`file:sqlx-in-memory-N`, a shared cache). Such a database lives
+/// in this process alone.
+pub(crate) fn is_in_memory(filename: &std::path::Path) -> bool {
+    let name = filename.to_string_lossy();
+    name.is_empty() || name == ":memory:" || name.starts_with("file:sqlx-in-memory-") || name.contains("mode=memory")
+}

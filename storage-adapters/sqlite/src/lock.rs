@@ -97,8 +97,7 @@ impl SqliteLockService {
     /// and the fenced writes it protects share one database.
     pub async fn new(store: &SqliteStore) -> Result<Self> {
         let options = store.pool().connect_options();
-        let in_memory =
-            options.get_filename().as_os_str().is_empty() || options.get_filename().as_os_str() == ":memory:";
+        let in_memory = crate::db::is_in_memory(options.get_filename());
         let attempts = if in_memory {
             store.pool().clone()
         } else {

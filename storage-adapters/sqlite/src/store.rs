@@ -221,7 +221,7 @@ impl SqliteStore {
     pub async fn from_pool(pool: SqlitePool) -> Result<Self> {
         let c = SqliteConfig::default();
         let path = pool.connect_options().get_filename().to_path_buf();
-        let in_memory = path.as_os_str().is_empty() || path.as_os_str() == ":memory:";
+        let in_memory = crate::db::is_in_memory(&path);
         let store = SqliteStore {
             writers: write_gate((!in_memory).then_some(path.as_path())),
             pool,

@@ -13,9 +13,11 @@ use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing};
 use palisade_sqlite::{SqliteLockService, SqliteStore};
 
 fn url() -> String {
-    palisade_sqlite::conformance::url(
-        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("palisade-sqlite-conformance.db"),
-    )
+    // A file per certification: a process frozen inside a write of one (its renewal, say) holds
+    // the file, and must not stall another certification's scenarios.
+    let (certification, _) = palisade_conformance::certify::current().unwrap_or(("none", ""));
+    let file = format!("palisade-sqlite-conformance-{certification}.db");
+    palisade_sqlite::conformance::url(&std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(file))
 }
 
 /// Independent clients (each its own pool) of the database file.

@@ -17,6 +17,9 @@ pub fn factory() -> impl LockServiceFactory<Service = TemplateLockService> {
     lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
         std::future::ready(Ok(Arc::clone(&service)))
     })
+    // The service lives in this process: a holder in a process of its own reaches it through
+    // the suite's loopback relay. A server-backed service drops this line.
+    .via_relay()
     .with_break_lock(move |key| {
         broken.break_lock(&key);
         std::future::ready(Ok(()))
