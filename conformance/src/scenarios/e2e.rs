@@ -623,55 +623,8 @@ pub async fn frozen_holder_inside_a_fenced_transaction<L: LockServiceFactory, S:
     holder.signal(ctx, Signal::SIGSTOP)?;
     let frozen = Instant::now();
 
-    let started = Instant::now();
-    let tried = tokio::time::timeout(ttl.get(), other.try_acquire(&k, ttl)).await;
-    let took = started.elapsed();
-    let Ok(tried) = tried else {
-        return Err(ctx.fail(format!(
-            "try_acquire while the frozen holder's fenced transaction was open did not answer within the TTL ({ttl:?})"
-        )));
-    };
-    match &tried {
-        Ok(None) => {}
-        Err(e) if e.is_retryable() => ctx.note(format!("try_acquire meanwhile: {e}")),
-        Ok(Some(_)) if frozen.elapsed() < ttl.get() => {
-            return Err(ctx.fail("granted while the frozen holder's lease and fenced transaction were live"));
-        }
-        Ok(Some(_)) => return Err(ctx.fail(format!("try_acquire took {took:?}, past the frozen holder's TTL"))),
-        Err(e) => return Err(ctx.fail(format!("try_acquire while a frozen holder's transaction was open: {e}"))),
-    }
-    ensure!(
-        ctx,
-        took <= allowed,
-        "try_acquire while the frozen holder's fenced transaction was open took {took:?}, allowed {allowed:?}: it waited for the transaction"
-    );
-
-    let wait = Duration::from_millis(300);
-    let started = Instant::now();
-    let waited = tokio::time::timeout(ttl.get(), other.acquire(&k, ttl, wait)).await;
-    let took = started.elapsed();
-    let Ok(waited) = waited else {
-        return Err(ctx.fail(format!(
-            "acquire with a {wait:?} wait while a frozen holder's transaction was open did not answer within the TTL: it ignored its wait"
-        )));
-    };
-    ensure!(
-        ctx,
-        took <= wait + allowed,
-        "acquire with a {wait:?} wait while a frozen holder's transaction was open took {took:?}, allowed {:?}: it ignored its wait",
-        wait + allowed
-    );
-    match &waited {
-        Err(e) if e.kind() == ErrorKind::Timeout => {}
-        Err(e) if e.is_retryable() => ctx.note(format!("acquire with a {wait:?} wait meanwhile: {e}")),
-        Ok(_) if frozen.elapsed() < ttl.get() => {
-            return Err(ctx.fail("granted while the frozen holder's lease and fenced transaction were live"));
-        }
-        other => {
-            let kind = other.as_ref().err().map(|e| e.kind());
-            return Err(ctx.fail(format!("acquire with a {wait:?} wait on a held lock gave {kind:?}")));
-        }
-    }
+    let meanwhile = "a frozen holder's fenced transaction was open";
+    crate::liveness::contenders_keep_their_bounds(ctx, &*other, &k, ttl, allowed, meanwhile).await?;
     let frozen_for = frozen.elapsed();
 
     holder.signal(ctx, Signal::SIGCONT)?;

@@ -604,51 +604,7 @@ pub async fn waits_are_bounded_while_a_fenced_transaction_is_open<L: LockService
         Err(e) => return Err(ctx.fail(format!("the store factory could not open a fenced transaction: {e}"))),
     };
 
-    let started = Instant::now();
-    let tried = tokio::time::timeout(ttl.get(), other.try_acquire(&k, ttl)).await;
-    let took = started.elapsed();
-    let Ok(tried) = tried else {
-        return Err(ctx.fail(format!(
-            "try_acquire while the holder's fenced transaction was open did not answer within the TTL ({ttl:?})"
-        )));
-    };
-    match &tried {
-        Ok(None) => {}
-        Err(e) if e.is_retryable() => ctx.note(format!("try_acquire meanwhile: {e}")),
-        Ok(Some(_)) => return Err(ctx.fail("granted while the holder held the lock with a fenced transaction open")),
-        Err(e) => return Err(ctx.fail(format!("try_acquire while a fenced transaction was open: {e}"))),
-    }
-    ensure!(
-        ctx,
-        took <= allowed,
-        "try_acquire while the holder's fenced transaction was open took {took:?}, allowed {allowed:?}: it waited for the transaction"
-    );
-
-    let wait = Duration::from_millis(300);
-    let started = Instant::now();
-    let waited = tokio::time::timeout(ttl.get(), other.acquire(&k, ttl, wait)).await;
-    let took = started.elapsed();
-    let Ok(waited) = waited else {
-        return Err(ctx.fail(format!(
-            "acquire with a {wait:?} wait while a fenced transaction was open did not answer within the TTL: it ignored its wait"
-        )));
-    };
-    ensure!(
-        ctx,
-        took <= wait + allowed,
-        "acquire with a {wait:?} wait while a fenced transaction was open took {took:?}, allowed {:?}: it ignored its wait",
-        wait + allowed
-    );
-    match &waited {
-        Err(e) if e.kind() == ErrorKind::Timeout => {}
-        // The last attempt's own refusal (a store busy with the transaction) may stand for
-        // the timeout: it says why the wait ran out.
-        Err(e) if e.is_retryable() => ctx.note(format!("acquire with a {wait:?} wait meanwhile: {e}")),
-        other => {
-            let kind = other.as_ref().err().map(|e| e.kind());
-            return Err(ctx.fail(format!("acquire with a {wait:?} wait on a held lock gave {kind:?}")));
-        }
-    }
+    contenders_keep_their_bounds(ctx, &*other, &k, ttl, allowed, "the holder's fenced transaction was open").await?;
 
     drop(held);
     attempt!(ctx, holder.release(&grant).await, "the holder's release after its transaction ended");
@@ -656,6 +612,62 @@ pub async fn waits_are_bounded_while_a_fenced_transaction_is_open<L: LockService
     attempt!(ctx, other.release(&next).await, "release");
     ctx.note(format!("allowance {:.0} ms", allowed.as_secs_f64() * 1e3));
     Ok(ctx.report())
+}
+
+/// While a holder keeps `k` (and, as `meanwhile` says, whatever it holds with it), another
+/// client's zero wait answers within `allowed` — "held" or a retryable refusal, never a grant —
+/// and its 300 ms wait within 300 ms plus `allowed`: `Timeout`, or the retryable refusal of its
+/// last attempt (a store busy with the holder's transaction says why the wait ran out).
+pub(crate) async fn contenders_keep_their_bounds<S: LockService + ?Sized>(
+    ctx: &Ctx,
+    other: &S,
+    k: &ResourceKey,
+    ttl: Ttl,
+    allowed: Duration,
+    meanwhile: &str,
+) -> Result<(), Failure> {
+    let started = Instant::now();
+    let tried = tokio::time::timeout(ttl.get(), other.try_acquire(k, ttl)).await;
+    let took = started.elapsed();
+    let Ok(tried) = tried else {
+        return Err(ctx.fail(format!("try_acquire while {meanwhile} did not answer within the TTL ({ttl:?})")));
+    };
+    match &tried {
+        Ok(None) => {}
+        Err(e) if e.is_retryable() => ctx.note(format!("try_acquire meanwhile: {e}")),
+        Ok(Some(_)) => return Err(ctx.fail(format!("granted while the lock was held and {meanwhile}"))),
+        Err(e) => return Err(ctx.fail(format!("try_acquire while {meanwhile}: {e}"))),
+    }
+    ensure!(
+        ctx,
+        took <= allowed,
+        "try_acquire while {meanwhile} took {took:?}, allowed {allowed:?}: it waited for the holder"
+    );
+
+    let wait = Duration::from_millis(300);
+    let started = Instant::now();
+    let waited = tokio::time::timeout(ttl.get(), other.acquire(k, ttl, wait)).await;
+    let took = started.elapsed();
+    let Ok(waited) = waited else {
+        return Err(ctx.fail(format!(
+            "acquire with a {wait:?} wait while {meanwhile} did not answer within the TTL: it ignored its wait"
+        )));
+    };
+    ensure!(
+        ctx,
+        took <= wait + allowed,
+        "acquire with a {wait:?} wait while {meanwhile} took {took:?}, allowed {:?}: it ignored its wait",
+        wait + allowed
+    );
+    match &waited {
+        Err(e) if e.kind() == ErrorKind::Timeout => Ok(()),
+        Err(e) if e.is_retryable() => {
+            ctx.note(format!("acquire with a {wait:?} wait meanwhile: {e}"));
+            Ok(())
+        }
+        Ok(_) => Err(ctx.fail(format!("granted while the lock was held and {meanwhile}"))),
+        Err(e) => Err(ctx.fail(format!("acquire with a {wait:?} wait on a held lock gave {:?}", e.kind()))),
+    }
 }
 
 /// **The duplicate-fence repair keeps the holder** (a fenced service with a store). A holder
