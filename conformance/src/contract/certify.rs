@@ -5,7 +5,6 @@
 //! one, or fails for a missing hook is decided here and in the scenarios from what the
 //! service and store declare, never by which macro the author stamped.
 
-use std::fmt::Write as _;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -231,17 +230,7 @@ pub fn run<F, Fut>(
     {
         eprintln!("conformance: cannot write the certification record of {scenario} under {}: {e}", dir.display());
     }
-    match outcome {
-        Ok(report) => {
-            let notes = if report.notes.is_empty() { String::new() } else { format!(" [{}]", report.notes.join("; ")) };
-            println!(
-                "conformance: {certification}::{scenario} {} in {:.3} s{notes}",
-                report.status.name(),
-                report.elapsed.as_secs_f64()
-            );
-        }
-        Err(failure) => panic!("{failure}"),
-    }
+    harness::finish(&format!("{certification}::{scenario}"), outcome);
 }
 
 thread_local! {
@@ -257,54 +246,29 @@ pub fn current() -> Option<(&'static str, &'static str)> {
     CURRENT.with(std::cell::Cell::get)
 }
 
-/// One scenario's record, as JSON (written by hand: the crate stays free of a serializer).
+/// One scenario's record, as JSON.
 fn record_json(kind: Kind, certification: &str, scenario: &str, outcome: &Outcome, declared: &Declared) -> String {
     let (status, seconds, notes, failure) = match outcome {
         Ok(report) => (report.status.name(), report.elapsed.as_secs_f64(), report.notes.clone(), None),
         Err(failure) => ("failed", 0.0, Vec::new(), Some(failure.message.clone())),
     };
-    let mut out = String::from("{");
-    let _ = write!(out, "\"certification\":{},", json_string(certification));
-    let _ = write!(out, "\"kind\":{},", json_string(kind.name()));
-    let _ = write!(out, "\"scenario\":{},", json_string(scenario));
-    let _ = write!(out, "\"status\":{},", json_string(status));
-    let _ = write!(out, "\"seconds\":{seconds:.3},");
-    let notes: Vec<String> = notes.iter().map(|n| json_string(n)).collect();
-    let _ = write!(out, "\"notes\":[{}],", notes.join(","));
-    let _ = write!(out, "\"failure\":{},", failure.as_deref().map_or("null".to_string(), json_string));
-    match &declared.service {
-        Some((backend, caps)) => {
-            let _ = write!(out, "\"service\":{},\"capabilities\":{},", json_string(backend), json_string(caps));
-        }
-        None => out.push_str("\"service\":null,\"capabilities\":null,"),
-    }
-    let _ = write!(out, "\"store\":{},", declared.store.as_deref().map_or("null".to_string(), json_string));
-    let hooks: Vec<String> =
-        declared.hooks.iter().map(|(h, provided)| format!("[{},{provided}]", json_string(h))).collect();
-    let _ = write!(out, "\"hooks\":[{}]", hooks.join(","));
-    out.push('}');
-    out
-}
-
-/// `s` as a JSON string literal.
-pub(crate) fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    let (service, capabilities) = declared.service.clone().unzip();
+    let hooks: Vec<serde_json::Value> =
+        declared.hooks.iter().map(|(h, provided)| serde_json::json!([h, provided])).collect();
+    serde_json::json!({
+        "certification": certification,
+        "kind": kind.name(),
+        "scenario": scenario,
+        "status": status,
+        "seconds": (seconds * 1e3).round() / 1e3,
+        "notes": notes,
+        "failure": failure,
+        "service": service,
+        "capabilities": capabilities,
+        "store": declared.store,
+        "hooks": hooks,
+    })
+    .to_string()
 }
 
 /// Runs the fenced scenario `scenario` over `lf` and `sf`, or checks its refusal on an

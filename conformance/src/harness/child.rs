@@ -53,7 +53,7 @@ pub(crate) fn say(line: &str) {
 /// whether its lost signal had fired, and how many stale-fence rejections it counted.
 pub(crate) async fn hold_and_write<L, S>(ctx: &Ctx, lock: Arc<L>, store: Arc<S>, ns: &Namespace, timing: Timing)
 where
-    L: LockService,
+    L: LockService + ?Sized,
     S: FencedStore,
 {
     let Ok(key) = ns.key("paused") else { return say("error key") };

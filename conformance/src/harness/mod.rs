@@ -250,14 +250,16 @@ where
     Fut: Future<Output = Outcome>,
 {
     let (outcome, _) = run_outcome(scenario, test_name, make);
+    finish(scenario, outcome);
+}
+
+/// Ends a test with its scenario's outcome: the report printed for the test log under `label`,
+/// or a panic with the failure.
+pub(crate) fn finish(label: &str, outcome: Outcome) {
     match outcome {
         Ok(report) => {
             let notes = if report.notes.is_empty() { String::new() } else { format!(" [{}]", report.notes.join("; ")) };
-            println!(
-                "conformance: {scenario} {} in {:.3} s{notes}",
-                report.status.name(),
-                report.elapsed.as_secs_f64()
-            );
+            println!("conformance: {label} {} in {:.3} s{notes}", report.status.name(), report.elapsed.as_secs_f64());
         }
         Err(failure) => panic!("{failure}"),
     }

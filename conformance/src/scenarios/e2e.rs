@@ -122,6 +122,23 @@ pub(crate) async fn relay_for<L: LockServiceFactory>(ctx: &Ctx, lf: &L) -> std::
     }
 }
 
+/// The lock service as a scenario's holder child reaches it: over the parent's loopback relay
+/// for an in-process service, else a client of its own from the factory.
+pub(crate) async fn child_service<L: LockServiceFactory>(
+    ctx: &Ctx,
+    lf: &L,
+    role: &child::ChildRole,
+) -> std::result::Result<Arc<dyn LockService<Fencing = crate::FencingOf<L>>>, Failure> {
+    Ok(match role.relay {
+        Some(addr) => Arc::new(attempt!(
+            ctx,
+            RelayLockService::<crate::FencingOf<L>>::connect(addr, Default::default()).await,
+            "connecting to the relay"
+        )),
+        None => client(ctx, lf).await?,
+    })
+}
+
 /// The child role: connect like any client would, then hold and write.
 async fn play_holder<L: LockServiceFactory, S: FencedStoreFactory>(
     ctx: &Ctx,
@@ -137,21 +154,8 @@ async fn play_holder<L: LockServiceFactory, S: FencedStoreFactory>(
         ctx.scenario()
     );
     let store = store_client(ctx, sf).await?;
-    let timing = lf.timing();
-    match role.relay {
-        Some(addr) => {
-            let svc = attempt!(
-                ctx,
-                RelayLockService::<<L::Service as LockService>::Fencing>::connect(addr, Default::default()).await,
-                "connecting to the relay"
-            );
-            child::hold_and_write(ctx, Arc::new(svc), store, &role.namespace, timing).await;
-        }
-        None => {
-            let svc = client(ctx, lf).await?;
-            child::hold_and_write(ctx, svc, store, &role.namespace, timing).await;
-        }
-    }
+    let svc = child_service(ctx, lf, &role).await?;
+    child::hold_and_write(ctx, svc, store, &role.namespace, lf.timing()).await;
     Ok(ctx.report())
 }
 
@@ -654,14 +658,7 @@ async fn hold_in_transaction<L: LockServiceFactory, S: FencedStoreFactory>(
     ttl: palisade_core::Ttl,
 ) -> Outcome {
     use tokio::io::AsyncBufReadExt;
-    let svc: Arc<dyn LockService<Fencing = <L::Service as LockService>::Fencing>> = match role.relay {
-        Some(addr) => Arc::new(attempt!(
-            ctx,
-            RelayLockService::<<L::Service as LockService>::Fencing>::connect(addr, Default::default()).await,
-            "connecting to the relay"
-        )),
-        None => client(ctx, lf).await?,
-    };
+    let svc = child_service(ctx, lf, &role).await?;
     let Ok(key) = role.namespace.key("paused") else {
         child::say("error key");
         return Ok(ctx.report());

@@ -23,7 +23,7 @@ use crate::child::{self, HolderProcess, say};
 use crate::e2e::relay_for;
 use crate::harness::{Ctx, Outcome};
 use crate::lock::{KeptAlive, client, key, patience};
-use crate::relay::{Relay, RelayLockService};
+use crate::relay::Relay;
 use crate::store::store_client;
 use crate::{FencedStoreFactory, LockServiceFactory, Namespace, Timing, attempt, ensure};
 
@@ -99,15 +99,8 @@ where
     if let Some(role) = child::role() {
         ensure!(ctx, role.scenario == ctx.scenario(), "child started for `{}`", role.scenario);
         let store = store_client(ctx, sf).await?;
-        let timing = lf.timing();
-        match role.relay {
-            Some(addr) => {
-                let svc =
-                    attempt!(ctx, RelayLockService::<Fenced>::connect(addr, Default::default()).await, "the relay");
-                hold(Arc::new(svc), store, &role.namespace, timing, held).await;
-            }
-            None => hold(client(ctx, lf).await?, store, &role.namespace, timing, held).await,
-        }
+        let svc = crate::e2e::child_service(ctx, lf, &role).await?;
+        hold(svc, store, &role.namespace, lf.timing(), held).await;
         return Ok(ctx.report());
     }
     let ns = Namespace::new();

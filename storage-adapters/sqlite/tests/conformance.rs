@@ -54,7 +54,7 @@ impl OwnFile {
     }
 
     fn url(&self) -> String {
-        format!("sqlite://{}?synchronous=normal&busy_timeout_ms=30000", self.path.display())
+        palisade_sqlite::conformance::url(&self.path)
     }
 }
 
