@@ -1152,6 +1152,18 @@ async fn a_client_resending_a_lost_acquire_as_a_new_request_fails_the_lost_reply
 }
 
 #[tokio::test]
+async fn a_release_resent_below_the_service_as_a_new_request_fails_the_lost_reply_scenario() {
+    let outcomes =
+        palisade_conformance::lock_outcomes(&BrokenLockFactory::retrying(RelayRetry::NewReleaseRequest)).await;
+    judge(
+        "release resent as a new request",
+        outcomes,
+        &[("lost_replies_leave_one_live_grant", "answered NotHolder")],
+        &[],
+    );
+}
+
+#[tokio::test]
 async fn a_client_giving_up_on_a_lost_acquire_reply_fails_the_lost_reply_scenario() {
     let outcomes = palisade_conformance::lock_outcomes(&BrokenLockFactory::retrying(RelayRetry::Never)).await;
     // It does not reconnect either: the first call after a cut connection is lost too.
@@ -1321,7 +1333,11 @@ impl LockService for Quorum {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { fence_source: FenceSource::None, ..Capabilities::default() }
+        Capabilities {
+            fence_source: FenceSource::None,
+            replication: palisade_core::Replication::ClientMajority,
+            ..Capabilities::default()
+        }
     }
 
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<palisade_core::Unfenced>>> {

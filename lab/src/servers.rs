@@ -401,6 +401,13 @@ impl RedisSentinels {
     pub fn kill_master(&mut self) {
         self.master.kill();
     }
+
+    /// Lets the group run on after this handle is gone (see [`LoopbackServer::detach`]): the
+    /// pid and data directory of each of its five servers.
+    pub fn detach(self) -> Vec<(u32, PathBuf)> {
+        let RedisSentinels { master, replica, sentinels } = self;
+        [master, replica].into_iter().chain(sentinels).filter_map(LoopbackServer::detach).collect()
+    }
 }
 
 /// A Redis Cluster of three primaries with a replica each (a primary judged failed after 1 s
@@ -494,6 +501,12 @@ impl RedisCluster {
         let port = self.nodes[i].port();
         self.nodes[i].kill();
         Ok(port)
+    }
+
+    /// Lets the cluster run on after this handle is gone (see [`LoopbackServer::detach`]): the
+    /// pid and data directory of each of its six nodes.
+    pub fn detach(self) -> Vec<(u32, PathBuf)> {
+        self.nodes.into_iter().filter_map(LoopbackServer::detach).collect()
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::servers::{LoopbackServer, PostgresServer, ZkEnsemble, postgres_bin_dir};
+use crate::servers::{LoopbackServer, PostgresServer, RedisCluster, RedisSentinels, ZkEnsemble, postgres_bin_dir};
 
 /// Debian's ZooKeeper jars, which the ZooKeeper servers run from.
 pub const ZK_CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
@@ -71,13 +71,18 @@ fn which(name: &str) -> std::io::Result<String> {
 }
 
 /// The shared servers, by the names [`up`] takes.
-pub const SERVERS: &[&str] = &["redis", "redis-tls", "redlock", "postgres", "etcd", "dynamodb", "zookeeper"];
+pub const SERVERS: &[&str] =
+    &["redis", "redis-tls", "redis-sentinel", "redis-cluster", "redlock", "postgres", "etcd", "dynamodb", "zookeeper"];
+
+/// The shared servers that are `redis-server` processes.
+const REDIS_SERVERS: &[&str] = &["redis", "redis-tls", "redis-sentinel", "redis-cluster", "redlock"];
 
 /// Starts the shared servers named in `only` (every one of [`SERVERS`] when empty), after
 /// stopping whatever an earlier `up` left in `state`: Redis, a TLS-only Redis demanding client
-/// certificates, five Redlock masters, PostgreSQL, etcd, a DynamoDB-API server (moto, from
-/// `PALISADE_MOTO_PYTHON`) and ZooKeeper, each on a free port of 127.0.0.1. Writes `state/env`
-/// and returns what it holds.
+/// certificates, a Sentinel group (a master, a replica, three Sentinels), a Redis Cluster (three
+/// primaries with a replica each), five Redlock masters, PostgreSQL, etcd, a DynamoDB-API
+/// server (moto, from `PALISADE_MOTO_PYTHON`) and ZooKeeper, each on a free port of 127.0.0.1.
+/// Writes `state/env` and returns what it holds.
 pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started> {
     if let Some(unknown) = only.iter().find(|name| !SERVERS.contains(&name.as_str())) {
         return Err(std::io::Error::new(
@@ -90,7 +95,7 @@ pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started
     down(state)?;
     let mut started = Started::default();
 
-    let redis_server = if want("redis") || want("redis-tls") || want("redlock") {
+    let redis_server = if REDIS_SERVERS.iter().any(|name| want(name)) {
         let program = which("redis-server")?;
         started.set("PALISADE_REDIS_SERVER", program.clone());
         program
@@ -104,6 +109,20 @@ pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started
     }
     if want("redis-tls") {
         start_redis_tls(state, &redis_server, &mut started)?;
+    }
+    if want("redis-sentinel") {
+        let group = RedisSentinels::start(&redis_server)?;
+        started.set("PALISADE_REDIS_SENTINEL_URL", group.url());
+        for detached in group.detach() {
+            record(state, "redis-sentinel", Some(detached))?;
+        }
+    }
+    if want("redis-cluster") {
+        let cluster = RedisCluster::start(&redis_server)?;
+        started.set("PALISADE_REDIS_CLUSTER_URL", cluster.url());
+        for detached in cluster.detach() {
+            record(state, "redis-cluster", Some(detached))?;
+        }
     }
     if want("redlock") {
         let mut masters = Vec::new();

@@ -1,5 +1,6 @@
 //! Connection settings.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -32,6 +33,14 @@ pub struct RedisConfig {
     /// Wait for replicas to acknowledge every grant (`WAIT`) before returning it. Default:
     /// none (a `redis+sentinel://` URL's `wait_replicas` / `wait_timeout_ms` set it).
     pub replica_acks: Option<ReplicaAcks>,
+    /// Where to connect instead of an address a server announces, `"host:port"` to
+    /// `"host:port"`, for `redis+sentinel://` (the master the Sentinels name) and
+    /// `redis+cluster://` (the seeds and every node the cluster names): for clients that reach
+    /// the servers through NAT, a port forward or a TCP proxy, where the addresses the servers
+    /// know themselves by do not route (Lettuce's `MappingSocketAddressResolver`, ioredis'
+    /// `natMap`). An address not in the map is dialled as announced. Default: empty. Refused
+    /// on `redis://` and `rediss://` URLs, where the URL already is the address dialled.
+    pub address_map: BTreeMap<String, String>,
 }
 
 /// Replica acknowledgement of grants: `WAIT replicas timeout` right behind the acquire
@@ -79,12 +88,20 @@ impl RedisConfig {
             tls_root_cert: None,
             tls_client_identity: None,
             replica_acks: None,
+            address_map: BTreeMap::new(),
         }
     }
 
     /// Waits for `replicas` replicas to acknowledge every grant, up to `timeout` ([`ReplicaAcks`]).
     pub fn with_replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_acks = (replicas > 0).then_some(ReplicaAcks { replicas, timeout });
+        self
+    }
+
+    /// Connects to `reachable` wherever a Sentinel or a cluster node names `announced` (both
+    /// `"host:port"`; see [`address_map`](Self::address_map)).
+    pub fn with_address_mapped(mut self, announced: impl Into<String>, reachable: impl Into<String>) -> Self {
+        self.address_map.insert(announced.into(), reachable.into());
         self
     }
 
@@ -126,6 +143,16 @@ impl RedisConfig {
             } else {
                 Ok(())
             };
+        }
+        if !self.address_map.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                format!(
+                    "an address map applies to redis+sentinel:// and redis+cluster:// URLs only, not {}",
+                    self.redacted_url()
+                ),
+            ));
         }
         if self.url.starts_with("redis://") {
             // Certificates on a plain connection mean the URL or the settings are wrong; a
@@ -173,6 +200,7 @@ impl fmt::Debug for RedisConfig {
             .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "<set>"))
             .field("tls_client_identity", &self.tls_client_identity)
             .field("replica_acks", &self.replica_acks)
+            .field("address_map", &self.address_map)
             .finish()
     }
 }
@@ -200,6 +228,13 @@ mod tests {
         }
         let plain_with_ca = RedisConfig::new("redis://h:1").with_tls_root_cert(b"pem".to_vec());
         assert_eq!(plain_with_ca.check_scheme().unwrap_err().kind(), ErrorKind::InvalidConfig);
+        // An address map on a URL that names the one server dialled is a mistake, said at once.
+        let mapped = RedisConfig::new("redis://h:1").with_address_mapped("10.0.0.1:6379", "127.0.0.1:16379");
+        let e = mapped.check_scheme().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        assert!(e.to_string().contains("redis+sentinel:// and redis+cluster://"), "{e}");
+        let cluster = RedisConfig::new("redis+cluster://h:1").with_address_mapped("10.0.0.1:6379", "127.0.0.1:16379");
+        assert!(cluster.check_scheme().is_ok());
     }
 
     #[test]

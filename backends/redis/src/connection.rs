@@ -4,9 +4,12 @@
 //! `fence:{d:id}`) puts a resource's lock and fence in one slot, so each script is legal on a
 //! cluster.
 
+use std::collections::{BTreeMap, HashMap};
+
 use palisade_core::spi::{ConnectionUrl, encode_userinfo};
 use palisade_core::{Error, ErrorKind, Result};
 use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::NodeAddress;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
@@ -50,17 +53,77 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// Where to dial instead of an announced address ([`RedisConfig::address_map`], parsed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AddressMap(HashMap<(String, u16), (String, u16)>);
+
+impl AddressMap {
+    /// Parses the configured map; an entry that is not `host:port` on both sides is
+    /// [`ErrorKind::InvalidConfig`], naming it (addresses are not secrets).
+    pub(crate) fn parse(entries: &BTreeMap<String, String>) -> Result<Self> {
+        let mut map = HashMap::new();
+        for (announced, reachable) in entries {
+            match (host_port(announced), host_port(reachable)) {
+                (Some(from), Some(to)) => {
+                    map.insert(from, to);
+                }
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidConfig,
+                        BACKEND,
+                        format!("bad address map entry `{announced}` -> `{reachable}`: both must be host:port"),
+                    ));
+                }
+            }
+        }
+        Ok(AddressMap(map))
+    }
+
+    /// The address to dial for the one announced as `host:port`.
+    pub(crate) fn dial<'a>(&'a self, host: &'a str, port: u16) -> (&'a str, u16) {
+        match self.0.get(&(host.to_string(), port)) {
+            Some((host, port)) => (host.as_str(), *port),
+            None => (host, port),
+        }
+    }
+
+    /// The map in the cluster client's terms.
+    fn for_cluster(&self) -> HashMap<NodeAddress, NodeAddress> {
+        self.0
+            .iter()
+            .map(|((host, port), (to_host, to_port))| {
+                (NodeAddress::new(host.as_str(), *port), NodeAddress::new(to_host.as_str(), *to_port))
+            })
+            .collect()
+    }
+}
+
+/// `host:port` (`[v6]:port` too) as its parts.
+fn host_port(address: &str) -> Option<(String, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let port = port.parse().ok().filter(|p| *p != 0)?;
+    (!host.is_empty()).then(|| (host.to_string(), port))
+}
+
+/// `host:port` for a URL (IPv6 hosts in brackets).
+pub(crate) fn url_address(host: &str, port: u16) -> String {
+    if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
+}
+
 /// `redis+cluster://[user:password@]host:port[,host:port…]`: the seed nodes of a cluster (any
 /// of its nodes; the client learns the rest), with the cluster's credentials. A cluster has
 /// database 0 only, so the URL has no path; it takes no parameters.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClusterTarget {
-    /// `redis://host:port` of each seed.
-    pub(crate) seeds: Vec<String>,
+    /// Each seed's host and port, as the URL names them.
+    pub(crate) seeds: Vec<(String, u16)>,
     user: Option<String>,
     password: Option<String>,
     /// How the URL reads without secrets, for logs and errors.
     pub(crate) redacted: String,
+    /// Where to dial instead of the addresses the nodes announce.
+    pub(crate) address_map: AddressMap,
 }
 
 impl std::fmt::Debug for ClusterTarget {
@@ -89,21 +152,33 @@ impl ClusterTarget {
         if let Some((name, _)) = parsed.query.first() {
             return Err(bad(format!("unknown parameter `{name}`")));
         }
-        let seeds =
-            parsed.hosts.iter().map(|(host, port)| format!("redis://{host}:{}", port.unwrap_or(6379))).collect();
+        let seeds = parsed.hosts.iter().map(|(host, port)| (host.clone(), port.unwrap_or(6379))).collect();
         Ok(ClusterTarget {
             seeds,
             user: parsed.user.clone(),
             password: parsed.password.clone(),
             redacted: parsed.redacted(),
+            address_map: AddressMap::default(),
         })
+    }
+
+    /// Each seed's `redis://` URL (without credentials), at the address it is dialled at.
+    pub(crate) fn seed_urls(&self) -> Vec<String> {
+        self.seeds
+            .iter()
+            .map(|(host, port)| {
+                let (host, port) = self.address_map.dial(host, *port);
+                format!("redis://{}", url_address(host, port))
+            })
+            .collect()
     }
 
     /// Connects to the cluster with the service's timeouts.
     pub(crate) async fn connect(&self, config: &RedisConfig) -> Result<ClusterConnection> {
-        let mut builder = redis::cluster::ClusterClientBuilder::new(self.seeds.iter().map(String::as_str))
+        let mut builder = redis::cluster::ClusterClientBuilder::new(self.seed_urls())
             .connection_timeout(config.connect_timeout)
-            .response_timeout(config.response_timeout);
+            .response_timeout(config.response_timeout)
+            .node_address_map(self.address_map.for_cluster());
         if let Some(user) = &self.user {
             builder = builder.username(user);
         }
@@ -126,7 +201,7 @@ impl ClusterTarget {
     /// tried in turn when the one subscribed to dies.
     pub(crate) fn notification_clients(&self) -> Result<Vec<redis::Client>> {
         let userinfo = encode_userinfo(self.user.as_deref(), self.password.as_deref());
-        self.seeds
+        self.seed_urls()
             .iter()
             .map(|seed| {
                 let address = seed.trim_start_matches("redis://");
@@ -145,9 +220,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn announced_addresses_map_to_the_dialled_ones_and_bad_entries_are_refused() {
+        let entries: BTreeMap<String, String> = [
+            ("10.0.0.1:7000".to_string(), "127.0.0.1:17000".to_string()),
+            ("[fd00::1]:7001".to_string(), "proxy.internal:17001".to_string()),
+        ]
+        .into();
+        let map = AddressMap::parse(&entries).unwrap();
+        assert_eq!(map.dial("10.0.0.1", 7000), ("127.0.0.1", 17000));
+        assert_eq!(map.dial("fd00::1", 7001), ("proxy.internal", 17001));
+        assert_eq!(map.dial("10.0.0.1", 7002), ("10.0.0.1", 7002), "an address not in the map is dialled as named");
+        let mut t = ClusterTarget::parse("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").unwrap();
+        t.address_map = map;
+        assert_eq!(t.seed_urls(), ["redis://127.0.0.1:17000", "redis://10.0.0.2:7000"]);
+        for (from, to) in [("10.0.0.1", "h:1"), ("h:1", "h"), ("h:0", "h:1"), (":7000", "h:1"), ("h:1", "h:x")] {
+            let bad: BTreeMap<String, String> = [(from.to_string(), to.to_string())].into();
+            let e = AddressMap::parse(&bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{from} -> {to}");
+            assert!(e.to_string().contains(from) && e.to_string().contains("host:port"), "{e}");
+        }
+    }
+
+    #[test]
     fn seeds_and_credentials_parse_and_never_show() {
         let t = ClusterTarget::parse("redis+cluster://app:s3cret@10.0.0.1:7000,10.0.0.2").unwrap();
-        assert_eq!(t.seeds, ["redis://10.0.0.1:7000", "redis://10.0.0.2:6379"]);
+        assert_eq!(t.seed_urls(), ["redis://10.0.0.1:7000", "redis://10.0.0.2:6379"]);
         assert_eq!((t.user.as_deref(), t.password.as_deref()), (Some("app"), Some("s3cret")));
         assert_eq!(t.redacted, "redis+cluster://10.0.0.1:7000,10.0.0.2");
         assert!(!format!("{t:?}").contains("s3cret"));

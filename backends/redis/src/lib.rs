@@ -73,7 +73,9 @@
 //! store's watermark. [`ReplicaAcks`] narrows the window (a grant is returned only once
 //! `wait_replicas` replicas acknowledged it); nothing closes it but the store's check. Tested
 //! against a master, a replica and three Sentinels of the test's own, the master killed
-//! mid-workload (`tests/sentinel.rs`).
+//! mid-workload (`tests/sentinel.rs`), and certified against the shared group, its faulty
+//! client's master behind a fault proxy (`tests/conformance.rs`; the report is the
+//! repository's `docs/conformance/redis.md`).
 //!
 //! ## On a Redis Cluster
 //!
@@ -87,9 +89,25 @@
 //! or stops answering `PING`. What remains: until then (and while no seed answers) waiters
 //! poll every 250 ms, and no acquire waits for a subscription to a dead seed. Nodes the
 //! client learned that are not seeds are not used for notifications: list more than one seed.
-//! Tested against three primaries with a replica each,
-//! the lock suite through the cluster and a resource's primary killed mid-workload
-//! (`tests/cluster.rs`).
+//!
+//! **A release resent by the cluster client.** The cluster client resends a request whose
+//! connection dropped by itself, so the service cannot know that a release it sent twice was
+//! applied by the first send. On a cluster a release therefore leaves a marker,
+//! `released:{d:id}` (in the lock's slot, 60 s, the release call's random nonce), and a
+//! resend of the same call that finds the lock gone and its own nonce in the marker answers
+//! success; a caller's own repeat is a new call and gets `NotHolder`, as everywhere.
+//!
+//! Tested against three primaries with a replica each, a resource's primary killed
+//! mid-workload (`tests/cluster.rs`), and certified against the shared cluster
+//! (`tests/conformance.rs`), its faulty client's six nodes each behind a fault proxy.
+//!
+//! ## Behind NAT or a proxy
+//!
+//! Sentinels name the master, and cluster nodes name each other, by the addresses the servers
+//! know themselves by. A client that reaches them some other way (NAT, a port forward, a TCP
+//! proxy) maps each announced `host:port` to the one it can dial:
+//! [`RedisConfig::with_address_mapped`] ([`RedisConfig::address_map`]). The certification's
+//! faulty clients use it to put a fault proxy in front of every server.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]

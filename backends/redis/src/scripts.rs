@@ -62,6 +62,29 @@ pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// KEYS: lock, release marker. ARGV: token, release channel, this release call's nonce,
+/// the marker's lifetime in ms. [`RELEASE`] for a connection whose client library resends a
+/// request by itself when its connection drops (a cluster client), so the service cannot tell
+/// a resend from a first send: the release that deletes the lock leaves its nonce in the
+/// marker, and a resend of the same call (same nonce) that finds the lock gone finds the
+/// marker and answers 1. A caller's own repeat is a new call with a new nonce: 0.
+pub static RELEASE_MARKED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+        if redis.call('GET', KEYS[1]) == ARGV[1] then
+            redis.call('DEL', KEYS[1])
+            redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+            redis.call('PUBLISH', ARGV[2], '1')
+            return 1
+        end
+        if redis.call('GET', KEYS[2]) == ARGV[3] then
+            return 1
+        end
+        return 0
+        ",
+    )
+});
+
 /// KEYS: fence. ARGV: floor. Raises the counter to the floor, never lowers it; returns it.
 pub static ADVANCE_FENCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(

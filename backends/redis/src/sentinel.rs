@@ -12,6 +12,7 @@ use palisade_core::{Error, ErrorKind, Result};
 use tracing::{debug, warn};
 
 use crate::config::ReplicaAcks;
+use crate::connection::{AddressMap, url_address};
 use crate::service::BACKEND;
 
 /// Where the Sentinels are and what they are asked.
@@ -29,6 +30,8 @@ pub struct SentinelTarget {
     pub(crate) redacted: String,
     /// `wait_replicas` / `wait_timeout_ms`: the replica acknowledgement asked after acquire.
     pub(crate) replica_acks: Option<ReplicaAcks>,
+    /// Where to dial instead of the address the Sentinels name.
+    pub(crate) address_map: AddressMap,
 }
 
 impl std::fmt::Debug for SentinelTarget {
@@ -92,19 +95,23 @@ impl SentinelTarget {
             master_userinfo: parsed.encoded_userinfo(),
             db,
             redacted: parsed.redacted(),
+            address_map: AddressMap::default(),
         })
     }
 
     /// The master's `redis://` URL, with its credentials, as the first Sentinel that answers
-    /// names it. `Unavailable` (retryable) when none does.
+    /// names it (at the address the address map gives for it), and the address the Sentinel
+    /// named. `Unavailable` (retryable) when none does.
     pub(crate) async fn master_url(&self, timeout: std::time::Duration) -> Result<(String, String)> {
         let mut last = String::from("no Sentinel listed");
         for sentinel in &self.sentinels {
             match ask(sentinel, &self.master_name, timeout).await {
                 Ok(Some((host, port))) => {
-                    let address = format!("{host}:{port}");
-                    debug!(master = %address, name = %self.master_name, "sentinel named the master");
-                    let url = format!("redis://{}{address}/{}", self.master_userinfo, self.db);
+                    let address = url_address(&host, port);
+                    let (dial_host, dial_port) = self.address_map.dial(&host, port);
+                    let dial = url_address(dial_host, dial_port);
+                    debug!(master = %address, dialled = %dial, name = %self.master_name, "sentinel named the master");
+                    let url = format!("redis://{}{dial}/{}", self.master_userinfo, self.db);
                     return Ok((url, address));
                 }
                 Ok(None) => last = format!("a Sentinel does not know the master group `{}`", self.master_name),

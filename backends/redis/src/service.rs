@@ -17,9 +17,9 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::config::RedisConfig;
-use crate::connection::{ClusterTarget, Conn};
+use crate::connection::{AddressMap, ClusterTarget, Conn};
 use crate::errors::map;
-use crate::scripts::{ACQUIRE, ADVANCE_FENCE, AcquireReply, EXTEND, RELEASE, decode_done};
+use crate::scripts::{ACQUIRE, ADVANCE_FENCE, AcquireReply, EXTEND, RELEASE, RELEASE_MARKED, decode_done};
 use crate::sentinel::SentinelTarget;
 use crate::waiters::{Patience, Source, Waiters};
 
@@ -70,7 +70,8 @@ impl RedisLockService {
         }
         let mut config = config;
         let (conn, source, sentinel) = if config.url.starts_with("redis+sentinel://") {
-            let target = SentinelTarget::parse(&config.url)?;
+            let mut target = SentinelTarget::parse(&config.url)?;
+            target.address_map = AddressMap::parse(&config.address_map)?;
             if config.replica_acks.is_none() {
                 config.replica_acks = target.replica_acks;
             }
@@ -88,7 +89,8 @@ impl RedisLockService {
             let following = Following { target, master: Mutex::new(master), asking: tokio::sync::Mutex::new(()) };
             (conn, source, Some(following))
         } else if config.url.starts_with("redis+cluster://") {
-            let target = ClusterTarget::parse(&config.url)?;
+            let mut target = ClusterTarget::parse(&config.url)?;
+            target.address_map = AddressMap::parse(&config.address_map)?;
             (Conn::Cluster(target.connect(&config).await?), Source::Cluster(target.notification_clients()?), None)
         } else {
             let client = open_client(&config).map_err(|e| {
@@ -370,9 +372,23 @@ impl LockService for RedisLockService {
     /// this grant no longer holds it, and nobody else's lock was touched.
     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
         let lock_key = grant.key().lock_key();
-        let mut release = RELEASE.key(&lock_key);
-        release.arg(&grant.token().to_hex()[..]).arg(Waiters::channel(&lock_key));
-        let (reply, resent) = self.invoke_script(&release, "release").await?;
+        let (reply, resent) = if matches!(self.conn(), Conn::Cluster(_)) {
+            // The cluster client resends a request whose connection dropped by itself, below
+            // `invoke`, which then never learns of the resend: the call's nonce marks its own.
+            let nonce = OwnerToken::generate()?.to_hex();
+            let mut release = RELEASE_MARKED.key(&lock_key);
+            release
+                .key(release_marker(&lock_key))
+                .arg(&grant.token().to_hex()[..])
+                .arg(Waiters::channel(&lock_key))
+                .arg(&nonce[..])
+                .arg(RELEASE_MARKER_LIFETIME.as_millis().to_string());
+            self.invoke_script(&release, "release").await?
+        } else {
+            let mut release = RELEASE.key(&lock_key);
+            release.arg(&grant.token().to_hex()[..]).arg(Waiters::channel(&lock_key));
+            self.invoke_script(&release, "release").await?
+        };
         if decode_done(&reply, "release")? || resent {
             Ok(())
         } else {
@@ -399,6 +415,15 @@ impl fmt::Debug for RedisLockService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLockService").field("config", &self.config).finish_non_exhaustive()
     }
+}
+
+/// How long a cluster release's marker lives: longer than the cluster client's own resends of
+/// one request may go on (its retries back off within the response timeout, 5 s by default).
+const RELEASE_MARKER_LIFETIME: Duration = Duration::from_secs(60);
+
+/// The release marker of a lock key: `released:{domain:id}`, in the lock's slot.
+fn release_marker(lock_key: &str) -> String {
+    format!("released:{}", lock_key.strip_prefix("lock:").unwrap_or(lock_key))
 }
 
 /// A managed connection to the server `client` names.

@@ -1,8 +1,7 @@
 //! Redis Cluster (`redis+cluster://`): three primaries with a replica each, of the test's own
-//! on loopback. The lock scenarios pass through the cluster client (each script sent to its
-//! resource's slot; those that need a fault proxy are the single server's certification's),
-//! and a primary killed during a workload is replaced by its replica without a stale write
-//! accepted.
+//! on loopback. A primary killed during a workload is replaced by its replica without a stale
+//! write accepted. (The lock service's scenarios run on the shared cluster, through its
+//! certification in `conformance.rs`.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // tests
 
@@ -11,13 +10,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{Timing, lock_factory, require_env};
+use palisade_conformance::require_env;
 use palisade_core::{LockOptions, LockServiceExt, ResourceKey};
 use palisade_lab::servers::RedisCluster;
 use palisade_redis::RedisLockService;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_lock_suite_passes_on_a_cluster_and_a_killed_primary_is_replaced() {
+async fn a_killed_primary_is_replaced_without_a_stale_write() {
     let mut cluster = RedisCluster::start(&require_env("PALISADE_REDIS_SERVER")).expect("a 3-primary cluster");
     let url = cluster.url();
 
@@ -31,44 +30,6 @@ async fn the_lock_suite_passes_on_a_cluster_and_a_killed_primary_is_replaced() {
         lease.release().await.unwrap();
     }
     assert!(fences.iter().all(|f| *f == 1), "each resource's first fence: {fences:?}");
-
-    let factory = {
-        let (url, seeds) = (url.clone(), url.clone());
-        lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
-            let url = url.clone();
-            async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
-        })
-        // An operator's `DEL` through a cluster client (sent to the key's slot).
-        .with_break_lock(move |key| {
-            let nodes: Vec<String> =
-                seeds.trim_start_matches("redis+cluster://").split(',').map(|h| format!("redis://{h}")).collect();
-            async move {
-                let fail = |e: redis::RedisError| {
-                    palisade_core::Error::new(palisade_core::ErrorKind::Backend, "test", format!("raw DEL: {e}"))
-                };
-                let client = redis::cluster::ClusterClient::new(nodes).map_err(fail)?;
-                let mut conn = client.get_async_connection().await.map_err(fail)?;
-                let _: i64 = redis::cmd("DEL").arg(key.lock_key()).query_async(&mut conn).await.map_err(fail)?;
-                Ok(())
-            }
-        })
-    };
-    // The Redis lock service is certified on one server (`redis_lock_service`, fault proxies
-    // included). Here its lock scenarios run through the cluster client, all but those that
-    // need a client behind a fault proxy: a cluster's nodes announce their own addresses, so no
-    // proxy can stand between a cluster client and them, and those scenarios fail for the
-    // missing hook, which is all they may fail for.
-    let mut passed = 0;
-    let mut without_proxy = Vec::new();
-    for (name, outcome) in palisade_conformance::lock_outcomes(&factory).await {
-        match outcome {
-            Ok(_) => passed += 1,
-            Err(f) if f.message.contains("provides no `faulty_client`") => without_proxy.push(name),
-            Err(f) => panic!("{f}"),
-        }
-    }
-    assert!(passed >= 20, "{passed} lock scenarios passed through the cluster client");
-    println!("cluster: {passed} lock scenarios passed; needing a fault proxy: {without_proxy:?}");
 
     let key = ResourceKey::new("cluster", "stock").unwrap();
     let lock_key = key.lock_key();

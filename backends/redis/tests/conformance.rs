@@ -1,13 +1,14 @@
-//! The Redis lock service against a real Redis (started by `scripts/test`, address in
-//! `PALISADE_REDIS_URL`), certified with the SQLite store; the restart scenario on a Redis of
-//! the test's own.
+//! The Redis lock service certified with the SQLite store against the real servers `scripts/test`
+//! starts: one Redis (`PALISADE_REDIS_URL`; the restart scenario on a Redis of the test's own),
+//! a Sentinel group (`PALISADE_REDIS_SENTINEL_URL`) and a Redis Cluster
+//! (`PALISADE_REDIS_CLUSTER_URL`), each with a faulty client behind fault proxies.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, require_env, store_factory};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, require_env};
 use palisade_core::{Error, ErrorKind};
 use palisade_redis::RedisLockService;
 use palisade_sqlite::SqliteStore;
@@ -16,14 +17,25 @@ fn redis() -> impl LockServiceFactory<Service = RedisLockService> {
     palisade_redis::conformance::service()
 }
 
+/// The store the scenarios write through: a file per certification, so that the three
+/// certifications' resources (the same keys, fenced by three servers' counters) stay apart.
 fn sqlite() -> impl FencedStoreFactory<Store = SqliteStore> {
-    store_factory(|| async {
-        let path = format!("{}/palisade-redis-e2e.db", env!("CARGO_TARGET_TMPDIR"));
-        Ok(Arc::new(SqliteStore::connect(&format!("sqlite://{path}?synchronous=normal&busy_timeout_ms=30000")).await?))
-    })
+    let (certification, _) = palisade_conformance::certify::current().unwrap_or(("none", ""));
+    let file = format!("palisade-redis-e2e-{certification}.db");
+    palisade_sqlite::conformance::store(palisade_sqlite::conformance::url(
+        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(file),
+    ))
 }
 
 palisade_conformance::certify!(redis_lock_service: lock_service = redis(), store = sqlite(), restartable = OwnRedis::start());
+palisade_conformance::certify!(
+    redis_sentinel_lock_service: lock_service = palisade_redis::conformance::sentinel_service(),
+    store = sqlite()
+);
+palisade_conformance::certify!(
+    redis_cluster_lock_service: lock_service = palisade_redis::conformance::cluster_service(),
+    store = sqlite()
+);
 
 /// A Redis of this test's own, which the restart scenario restarts: with `appendfsync always`
 /// a restart with data keeps the fence counter (the service still does not declare it: it

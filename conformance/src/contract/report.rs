@@ -94,7 +94,10 @@ fn render(backend: &str, certs: &BTreeMap<String, Vec<Value>>) -> (String, Value
         let count = |status: &str| recs.iter().filter(|r| r["status"] == status).count();
         let _ = writeln!(md, "## `{name}`: {kind}\n");
         let _ = writeln!(md, "- service: `{service}`; store: `{store}`");
-        let _ = writeln!(md, "- declared: `{caps}`");
+        // A store's certification borrows a lock service to hold its leases: what that service
+        // declares is not the store's declaration.
+        let declared_by = if kind == "lock service" { "declared" } else { "the lock service's declaration" };
+        let _ = writeln!(md, "- {declared_by}: `{caps}`");
         let hook_list: Vec<String> =
             hooks.iter().map(|(h, p)| format!("`{h}` {}", if *p { "provided" } else { "not provided" })).collect();
         let _ = writeln!(

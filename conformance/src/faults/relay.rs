@@ -205,6 +205,11 @@ pub enum RelayRetry {
     /// Reconnects and sends the request under a new id, so it runs again: a lost `TRY` reply
     /// leaves the first grant orphaned (bug class 11). For tests of the suite itself.
     NewRequest,
+    /// Resends every request the same way except a release, which runs again under a new id
+    /// (a client library under the service that resends on a cut connection, as a cluster
+    /// client does): the resend finds the lock freed by the first send and answers
+    /// `NotHolder` for a release that succeeded. For tests of the suite itself.
+    NewReleaseRequest,
     /// Gives up at once with [`ErrorKind::OutcomeUnknown`]: the grant of a lost `TRY` reply is
     /// orphaned until its TTL. For tests of the suite itself.
     Never,
@@ -286,7 +291,8 @@ impl<F: Fencing> RelayLockService<F> {
                         RelayRetry::Never => return Err(unknown()),
                         _ if Instant::now() >= give_up => return Err(unknown()),
                         RelayRetry::SameRequest => {}
-                        RelayRetry::NewRequest => id = request_id()?,
+                        RelayRetry::NewReleaseRequest if !request.starts_with("RELEASE ") => {}
+                        RelayRetry::NewRequest | RelayRetry::NewReleaseRequest => id = request_id()?,
                     }
                     resend_pause().await;
                 }

@@ -969,6 +969,17 @@ pub async fn lost_replies_leave_one_live_grant<F: LockServiceFactory>(ctx: &Ctx,
     let result = svc.release(&g).await;
     faulty.disarm();
     ensure!(ctx, faulty.lost_since(before) > 0, "the fault proxy lost no reply to the release");
+    // `LockService::release`: the grant was live and nobody else took the lock, so whatever
+    // resent the release (the service, or a client library under it) must not call it
+    // someone else's; an unknown outcome is honest, `NotHolder` is not.
+    if let Err(e) = &result {
+        ensure!(
+            ctx,
+            e.kind() != ErrorKind::NotHolder,
+            "a live grant's release whose reply was lost answered NotHolder ({e}): its resend found the lock freed \
+             by the first send and reported it as another's"
+        );
+    }
     let next = attempt!(ctx, free_within(&*other, &k, ttl, prompt).await, "try_acquire after the release");
     let Some(next) = next else {
         return Err(ctx.fail(format!(
@@ -1139,17 +1150,21 @@ pub async fn partitioned_holder_loses_before_anyone_gains<F: LockServiceFactory>
 pub async fn quorum_faults_never_grant_a_minority<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
     let Some(first) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
     let n = first.proxies.len();
-    if n < 3 {
-        let replication = first.service.capabilities().replication;
-        ensure!(
-            ctx,
-            replication != palisade_core::Replication::ClientMajority,
-            "declares `Replication::ClientMajority` but its faulty client has {n} fault prox(ies): a majority of \
-             independent servers needs at least three, each behind a proxy of its own"
-        );
-        ctx.not_applicable(format!("{n} server(s) behind the faulty client: no quorum to fault"));
+    // The declaration decides, not the number of proxies: a cluster's client talks to many
+    // servers through as many proxies, but each key lives on one of them.
+    let replication = first.service.capabilities().replication;
+    if replication != palisade_core::Replication::ClientMajority {
+        ctx.not_applicable(format!(
+            "replication {replication:?}: the client does not count a majority of independent servers"
+        ));
         return Ok(ctx.report());
     }
+    ensure!(
+        ctx,
+        n >= 3,
+        "declares `Replication::ClientMajority` but its faulty client has {n} fault prox(ies): a majority of \
+         independent servers needs at least three, each behind a proxy of its own"
+    );
     let Some(second) = faulty_client(ctx, factory).await? else { return Ok(ctx.report()) };
     let majority = n / 2 + 1;
     let minority = n - majority;
