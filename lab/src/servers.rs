@@ -218,8 +218,36 @@ impl LoopbackServer {
         self.spawn()
     }
 
+    /// Takes a snapshot of its data: stops it (SIGKILL, as a crash would), copies its data
+    /// directory beside it, and starts it again. [`restore`](Self::restore) brings the copy
+    /// back: a server restored from a backup taken some writes ago.
+    pub fn snapshot(&mut self) -> std::io::Result<PathBuf> {
+        self.kill();
+        let mut copy = self.dir.clone().into_os_string();
+        copy.push(format!(".snapshot-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()));
+        let copy = PathBuf::from(copy);
+        copy_dir(&self.dir, &copy)?;
+        self.spawn()?;
+        Ok(copy)
+    }
+
+    /// Stops it, replaces its data with `snapshot` (from [`snapshot`](Self::snapshot)), and
+    /// starts it again. The snapshot stays (remove it when done; the server's own directory
+    /// is removed on drop).
+    pub fn restore(&mut self, snapshot: &Path) -> std::io::Result<()> {
+        self.kill();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            if path.file_name().is_some_and(|name| name == LOG_FILE) {
+                continue;
+            }
+            if path.is_dir() { std::fs::remove_dir_all(&path)? } else { std::fs::remove_file(&path)? }
+        }
+        copy_dir(snapshot, &self.dir)?;
+        self.spawn()
+    }
+
     /// `redis://IP:PORT`.
-    pub fn redis_url(&self) -> String {
         format!("redis://{}", self.addr())
     }
 
@@ -284,6 +312,21 @@ impl Drop for LoopbackServer {
 
 const LOG_FILE: &str = "server.log";
 
+/// Copies the directory `from` into `to` (created if missing), recursively, leaving out the
+/// server's log.
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let (path, target) = (entry.path(), to.join(entry.file_name()));
+        if entry.file_name() == LOG_FILE {
+            continue;
+        }
+        if entry.file_type()?.is_dir() { copy_dir(&path, &target)? } else { std::fs::copy(&path, &target).map(drop)? }
+    }
+    Ok(())
+}
+
 /// A Redis master, one replica and three Sentinels watching them (quorum 2, the master judged
 /// down after 1 s without answers), each a [`LoopbackServer`]: for failover tests.
 #[derive(Debug)]
@@ -304,10 +347,22 @@ impl RedisSentinels {
         RedisSentinels::start_at(program, &Site::loopback(), &Site::loopback())
     }
 
+    /// [`start`](Self::start), the master judged down only after `down_after` without answers:
+    /// for a long-lived group (the test command's shared one) that a loaded machine must not
+    /// fail over by mistake.
+    pub fn start_patient(program: &str, down_after: Duration) -> std::io::Result<Self> {
+        RedisSentinels::start_with(program, &Site::loopback(), &Site::loopback(), down_after)
+    }
+
     /// [`start`](Self::start) with the master at `master` and the replica at `replica` (a lab
     /// host of its own, say, to cut it off from the master); the Sentinels listen on loopback
     /// and reach both.
     pub fn start_at(program: &str, master: &Site, replica: &Site) -> std::io::Result<Self> {
+        RedisSentinels::start_with(program, master, replica, Duration::from_secs(1))
+    }
+
+    fn start_with(program: &str, master: &Site, replica: &Site, down_after: Duration) -> std::io::Result<Self> {
+        let down_after = down_after.as_millis();
         // Redis waits 5 s before a diskless sync, in case more replicas come: none will.
         let master = LoopbackServer::redis_at(master, program, &["--repl-diskless-sync-delay", "0"])?;
         let (master_ip, master_port) = (master.addr().ip(), master.port().to_string());
@@ -323,7 +378,7 @@ impl RedisSentinels {
                 let text = format!(
                     "port {port}\nbind {bind}\ndir {}\n\
                      sentinel monitor {SENTINEL_MASTER_NAME} {master_ip} {master_port} 2\n\
-                     sentinel down-after-milliseconds {SENTINEL_MASTER_NAME} 1000\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER_NAME} {down_after}\n\
                      sentinel failover-timeout {SENTINEL_MASTER_NAME} 5000\n\
                      sentinel parallel-syncs {SENTINEL_MASTER_NAME} 1\n",
                     dir.display()
@@ -403,10 +458,10 @@ impl RedisSentinels {
     }
 
     /// Lets the group run on after this handle is gone (see [`LoopbackServer::detach`]): the
-    /// pid and data directory of each of its five servers.
-    pub fn detach(self) -> Vec<(u32, PathBuf)> {
+    /// pid and data directory of each of its five servers (`None` for one not running).
+    pub fn detach(self) -> Vec<Option<(u32, PathBuf)>> {
         let RedisSentinels { master, replica, sentinels } = self;
-        [master, replica].into_iter().chain(sentinels).filter_map(LoopbackServer::detach).collect()
+        [master, replica].into_iter().chain(sentinels).map(LoopbackServer::detach).collect()
     }
 }
 
@@ -423,11 +478,19 @@ impl RedisCluster {
     /// joins them and makes the replicas follow; returns once every node reports the cluster
     /// `ok` and every replica is in sync.
     pub fn start(program: &str) -> std::io::Result<Self> {
+        RedisCluster::start_patient(program, Duration::from_secs(1))
+    }
+
+    /// [`start`](Self::start), a primary judged failed only after `node_timeout` without
+    /// answers: for a long-lived cluster (the test command's shared one) that a loaded machine
+    /// must not fail over by mistake.
+    pub fn start_patient(program: &str, node_timeout: Duration) -> std::io::Result<Self> {
+        let node_timeout = node_timeout.as_millis().to_string();
         let mut nodes = Vec::new();
         for _ in 0..6 {
             nodes.push(LoopbackServer::redis(
                 program,
-                &["--cluster-enabled", "yes", "--cluster-node-timeout", "1000", "--repl-diskless-sync-delay", "0"],
+                &["--cluster-enabled", "yes", "--cluster-node-timeout", &node_timeout, "--repl-diskless-sync-delay", "0"],
             )?);
         }
         let cluster = RedisCluster { nodes };
@@ -504,9 +567,9 @@ impl RedisCluster {
     }
 
     /// Lets the cluster run on after this handle is gone (see [`LoopbackServer::detach`]): the
-    /// pid and data directory of each of its six nodes.
-    pub fn detach(self) -> Vec<(u32, PathBuf)> {
-        self.nodes.into_iter().filter_map(LoopbackServer::detach).collect()
+    /// pid and data directory of each of its six nodes (`None` for one not running).
+    pub fn detach(self) -> Vec<Option<(u32, PathBuf)>> {
+        self.nodes.into_iter().map(LoopbackServer::detach).collect()
     }
 }
 

@@ -74,6 +74,9 @@ fn which(name: &str) -> std::io::Result<String> {
 pub const SERVERS: &[&str] =
     &["redis", "redis-tls", "redis-sentinel", "redis-cluster", "redlock", "postgres", "etcd", "dynamodb", "zookeeper"];
 
+/// How long the shared Sentinels and cluster nodes wait before judging a server failed.
+const SHARED_FAILURE_DETECTION: Duration = Duration::from_secs(10);
+
 /// The shared servers that are `redis-server` processes.
 const REDIS_SERVERS: &[&str] = &["redis", "redis-tls", "redis-sentinel", "redis-cluster", "redlock"];
 
@@ -111,17 +114,19 @@ pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started
         start_redis_tls(state, &redis_server, &mut started)?;
     }
     if want("redis-sentinel") {
-        let group = RedisSentinels::start(&redis_server)?;
+        // Long-lived and shared by parallel tests: a failover by mistake on a loaded machine
+        // would move the master away from a certification's fault proxy.
+        let group = RedisSentinels::start_patient(&redis_server, SHARED_FAILURE_DETECTION)?;
         started.set("PALISADE_REDIS_SENTINEL_URL", group.url());
         for detached in group.detach() {
-            record(state, "redis-sentinel", Some(detached))?;
+            record(state, "redis-sentinel", detached)?;
         }
     }
     if want("redis-cluster") {
-        let cluster = RedisCluster::start(&redis_server)?;
+        let cluster = RedisCluster::start_patient(&redis_server, SHARED_FAILURE_DETECTION)?;
         started.set("PALISADE_REDIS_CLUSTER_URL", cluster.url());
         for detached in cluster.detach() {
-            record(state, "redis-cluster", Some(detached))?;
+            record(state, "redis-cluster", detached)?;
         }
     }
     if want("redlock") {

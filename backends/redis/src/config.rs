@@ -144,7 +144,7 @@ impl RedisConfig {
                 Ok(())
             };
         }
-        if !self.address_map.is_empty() {
+        if !self.address_map.is_empty() && (self.url.starts_with("redis://") || self.url.starts_with("rediss://")) {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
                 BACKEND,

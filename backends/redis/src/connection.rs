@@ -60,21 +60,22 @@ pub(crate) struct AddressMap(HashMap<(String, u16), (String, u16)>);
 impl AddressMap {
     /// Parses the configured map; an entry that is not `host:port` on both sides is
     /// [`ErrorKind::InvalidConfig`], naming it (addresses are not secrets).
+    /// Entries are never quoted: one that is not an address may be a pasted URL with a password.
     pub(crate) fn parse(entries: &BTreeMap<String, String>) -> Result<Self> {
         let mut map = HashMap::new();
-        for (announced, reachable) in entries {
-            match (host_port(announced), host_port(reachable)) {
-                (Some(from), Some(to)) => {
-                    map.insert(from, to);
-                }
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::InvalidConfig,
-                        BACKEND,
-                        format!("bad address map entry `{announced}` -> `{reachable}`: both must be host:port"),
-                    ));
-                }
-            }
+        for (i, (announced, reachable)) in entries.iter().enumerate() {
+            let (Some(from), Some(to)) = (host_port(announced), host_port(reachable)) else {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    BACKEND,
+                    format!(
+                        "address map entry {} (in the map's order) is not `host:port` -> `host:port` (an IPv6 host \
+                         in brackets)",
+                        i + 1
+                    ),
+                ));
+            };
+            map.insert(from, to);
         }
         Ok(AddressMap(map))
     }
@@ -98,12 +99,19 @@ impl AddressMap {
     }
 }
 
-/// `host:port` (`[v6]:port` too) as its parts.
+/// `host:port` (`[v6]:port` for IPv6) as its parts: a host name or address, nothing else (no
+/// scheme, user-info, path or spaces).
 fn host_port(address: &str) -> Option<(String, u16)> {
     let (host, port) = address.rsplit_once(':')?;
-    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.strip_suffix(']').filter(|h| h.contains(':'))?,
+        None => host,
+    };
     let port = port.parse().ok().filter(|p| *p != 0)?;
-    (!host.is_empty()).then(|| (host.to_string(), port))
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '%');
+    let bracketed = address.starts_with('[');
+    let plausible = !host.is_empty() && host.chars().all(allowed) && (bracketed || !host.contains(':'));
+    plausible.then(|| (host.to_string(), port))
 }
 
 /// `host:port` for a URL (IPv6 hosts in brackets).
@@ -152,7 +160,12 @@ impl ClusterTarget {
         if let Some((name, _)) = parsed.query.first() {
             return Err(bad(format!("unknown parameter `{name}`")));
         }
-        let seeds = parsed.hosts.iter().map(|(host, port)| (host.clone(), port.unwrap_or(6379))).collect();
+        // Hosts as dialled (`url_address` brackets an IPv6 host again).
+        let seeds = parsed
+            .hosts
+            .iter()
+            .map(|(host, port)| (host.trim_start_matches('[').trim_end_matches(']').to_string(), port.unwrap_or(6379)))
+            .collect();
         Ok(ClusterTarget {
             seeds,
             user: parsed.user.clone(),
@@ -233,12 +246,28 @@ mod tests {
         let mut t = ClusterTarget::parse("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").unwrap();
         t.address_map = map;
         assert_eq!(t.seed_urls(), ["redis://127.0.0.1:17000", "redis://10.0.0.2:7000"]);
-        for (from, to) in [("10.0.0.1", "h:1"), ("h:1", "h"), ("h:0", "h:1"), (":7000", "h:1"), ("h:1", "h:x")] {
+        for (from, to) in [
+            ("10.0.0.1", "h:1"),
+            ("h:1", "h"),
+            ("h:0", "h:1"),
+            (":7000", "h:1"),
+            ("h:1", "h:x"),
+            ("h:1", "redis://h:2"),
+            ("h:1", "user:s3cret@h:2"),
+            ("h:1", " h:2"),
+            ("fe80::1", "h:2"),
+            ("[h]:1", "h:2"),
+        ] {
             let bad: BTreeMap<String, String> = [(from.to_string(), to.to_string())].into();
             let e = AddressMap::parse(&bad).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{from} -> {to}");
-            assert!(e.to_string().contains(from) && e.to_string().contains("host:port"), "{e}");
+            assert!(e.to_string().contains("host:port") && !e.to_string().contains("s3cret"), "{e}");
         }
+        // IPv6 seeds dial as bracketed URLs, and the map finds them.
+        let mut v6 = ClusterTarget::parse("redis+cluster://[::1]:7000,[fd00::2]:7001").unwrap();
+        assert_eq!(v6.seed_urls(), ["redis://[::1]:7000", "redis://[fd00::2]:7001"]);
+        v6.address_map = AddressMap::parse(&[("[::1]:7000".to_string(), "127.0.0.1:17000".to_string())].into()).unwrap();
+        assert_eq!(v6.seed_urls(), ["redis://127.0.0.1:17000", "redis://[fd00::2]:7001"]);
     }
 
     #[test]

@@ -92,10 +92,14 @@
 //!
 //! **A release resent by the cluster client.** The cluster client resends a request whose
 //! connection dropped by itself, so the service cannot know that a release it sent twice was
-//! applied by the first send. On a cluster a release therefore leaves a marker,
-//! `released:{d:id}` (in the lock's slot, 60 s, the release call's random nonce), and a
-//! resend of the same call that finds the lock gone and its own nonce in the marker answers
-//! success; a caller's own repeat is a new call and gets `NotHolder`, as everywhere.
+//! applied by the first send. On a cluster each release call therefore names a marker,
+//! `released:{d:id}:<nonce>` (in the lock's slot; a random nonce per call), which the release
+//! that deletes the lock sets for twice the response timeout plus the connect timeout and a
+//! second (12 s with the defaults): a resend of the same call that finds the lock gone finds
+//! its marker and answers success, even if another holder took and released the lock in
+//! between; a caller's own repeat is a new call and gets `NotHolder`, as everywhere. Budget
+//! one small key per release in that window (about 100 bytes), and allow `released:*` in ACL
+//! key patterns next to `lock:*` and `fence:*`.
 //!
 //! Tested against three primaries with a replica each, a resource's primary killed
 //! mid-workload (`tests/cluster.rs`), and certified against the shared cluster

@@ -62,25 +62,23 @@ pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
-/// KEYS: lock, release marker. ARGV: token, release channel, this release call's nonce,
-/// the marker's lifetime in ms. [`RELEASE`] for a connection whose client library resends a
-/// request by itself when its connection drops (a cluster client), so the service cannot tell
-/// a resend from a first send: the release that deletes the lock leaves its nonce in the
-/// marker, and a resend of the same call (same nonce) that finds the lock gone finds the
-/// marker and answers 1. A caller's own repeat is a new call with a new nonce: 0.
+/// KEYS: lock, this release call's marker. ARGV: token, release channel, the marker's
+/// lifetime in ms. [`RELEASE`] for a connection whose client library resends a request by
+/// itself when its connection drops (a cluster client), so the service cannot tell a resend
+/// from a first send: the release that deletes the lock leaves a marker named after the call
+/// (a fresh nonce), and a resend of the same call that finds the lock gone finds its marker
+/// and answers 1, whoever took and released the lock in between. A caller's own repeat is a
+/// new call with a new marker: 0.
 pub static RELEASE_MARKED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
         if redis.call('GET', KEYS[1]) == ARGV[1] then
             redis.call('DEL', KEYS[1])
-            redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+            redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
             redis.call('PUBLISH', ARGV[2], '1')
             return 1
         end
-        if redis.call('GET', KEYS[2]) == ARGV[3] then
-            return 1
-        end
-        return 0
+        return redis.call('EXISTS', KEYS[2])
         ",
     )
 });

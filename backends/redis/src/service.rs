@@ -176,6 +176,14 @@ impl RedisLockService {
         self.invoke(|mut conn| async move { invocation.invoke_async(&mut conn).await }, what).await
     }
 
+    /// How long a cluster release's marker lives: past the last resend of its call. The cluster
+    /// client resends a request for up to the response timeout, and `invoke` sends it again
+    /// for up to another, each send after a connect: twice the response timeout, a connect
+    /// timeout and a second (12 s with the defaults).
+    fn release_marker_lifetime(&self) -> Duration {
+        self.config.response_timeout * 2 + self.config.connect_timeout + Duration::from_secs(1)
+    }
+
     /// The connection in use (a cheap handle on the multiplexed connection).
     fn conn(&self) -> Conn {
         self.conn.read().unwrap_or_else(PoisonError::into_inner).clone()
@@ -378,11 +386,10 @@ impl LockService for RedisLockService {
             let nonce = OwnerToken::generate()?.to_hex();
             let mut release = RELEASE_MARKED.key(&lock_key);
             release
-                .key(release_marker(&lock_key))
+                .key(release_marker(&lock_key, &nonce))
                 .arg(&grant.token().to_hex()[..])
                 .arg(Waiters::channel(&lock_key))
-                .arg(&nonce[..])
-                .arg(RELEASE_MARKER_LIFETIME.as_millis().to_string());
+                .arg(self.release_marker_lifetime().as_millis().to_string());
             self.invoke_script(&release, "release").await?
         } else {
             let mut release = RELEASE.key(&lock_key);
@@ -417,13 +424,10 @@ impl fmt::Debug for RedisLockService {
     }
 }
 
-/// How long a cluster release's marker lives: longer than the cluster client's own resends of
-/// one request may go on (its retries back off within the response timeout, 5 s by default).
-const RELEASE_MARKER_LIFETIME: Duration = Duration::from_secs(60);
-
-/// The release marker of a lock key: `released:{domain:id}`, in the lock's slot.
-fn release_marker(lock_key: &str) -> String {
-    format!("released:{}", lock_key.strip_prefix("lock:").unwrap_or(lock_key))
+/// The marker of one release call of a lock key: `released:{domain:id}:<nonce>`, in the lock's
+/// slot (the hash tag is the first `{…}`).
+fn release_marker(lock_key: &str, nonce: &str) -> String {
+    format!("released:{}:{nonce}", lock_key.strip_prefix("lock:").unwrap_or(lock_key))
 }
 
 /// A managed connection to the server `client` names.

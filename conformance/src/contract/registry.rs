@@ -100,7 +100,7 @@ macro_rules! __registry {
             lock lock::fifo_when_declared "a service declaring `Waiting::NativeFifo` grants four waiters in arrival order";
             lock lock::declared_timing_is_explained "the test factory's expiry margin is explained by the declared `expiry_delay` (+ at most max(TTL, 1 s))";
             lock lock::lost_signal_from_the_backend "the factory deletes the lock on the server (`break_lock`, required): the renewing holder's lost signal fires before the lease's own deadline and the service's extend answers `NotHolder` (the loss comes from the service, not from core's watchdog); at once when subscribed after the loss; never after a clean release";
-            lock lock::lost_replies_leave_one_live_grant "a reply lost after the server applied `try_acquire`, `release` or `extend`: the client returns the one live, releasable grant (one fence spent if gap-free) or an error with no orphan left (free within half the TTL); a release repeated after its lost reply is `NotHolder` and leaves the next holder alone";
+            lock lock::lost_replies_leave_one_live_grant "a reply lost after the server applied `try_acquire`, `release` or `extend`: the client returns the one live, releasable grant (one fence spent if gap-free) or an error with no orphan left (free within half the TTL); a live grant's release whose reply was lost never answers `NotHolder`; a release repeated after its lost reply is `NotHolder` and leaves the next holder alone";
             lock lock::cut_connections_keep_the_grant_or_report_it "every connection of a holder cut: it still holds (extend and release work, nobody else got the lock) or is told it lost it; new locks still work";
             lock lock::partitioned_holder_loses_before_anyone_gains "a renewing holder partitioned from the service: when another client is granted the lock, the holder's `safe_until` has passed and its lost signal fires; after healing its extend is `NotHolder`";
             lock lock::quorum_faults_never_grant_a_minority "a service that counts a majority of independent servers (`Replication::ClientMajority`, Redlock): no grant with a majority partitioned, partial grants rolled back (also a `SET` held up by the partition and delivered on heal), a grant with a minority partitioned";
@@ -143,7 +143,7 @@ macro_rules! __registry {
             frozen_primitive frozen::rwlock_reader_sigstop "a reader frozen by `SIGSTOP` past its TTL is refused on waking; a writer enters";
             frozen_primitive frozen::rwlock_writer_sigstop "a writer frozen by `SIGSTOP` past its TTL is refused on waking; the next writer enters";
             frozen_primitive frozen::election_leader_sigstop "a leader frozen by `SIGSTOP` past its term is refused on waking; a new leader is elected";
-            restart lock::fences_survive_restart_or_are_repaired "a restart with data keeps fences growing where declared; after a data loss `lock_checked` moves the counter past the store's watermark or refuses with `FenceRegression`";
+            restart lock::fences_survive_restart_or_are_repaired "a restart with data keeps fences growing where declared; after a data loss `lock_checked` moves the fences past the store's watermark by itself, the new holder writes within two waits, the holder from before the loss is refused";
             cluster cluster::leader_killed "the cluster's leader killed under contention: no overlapping holds, fences increase, locks usable after the election";
         }
     };
