@@ -66,6 +66,9 @@ enum LockFlaw {
     ClientClockExpiry,
     /// Declares fences that survive a restart, but keeps its counters in memory (bug class 4).
     CounterNotDurable,
+    /// Cannot move its counter (`advance_fence` unsupported, as etcd's revisions once were):
+    /// after a data loss every grant is below the store's watermark until an operator acts.
+    CannotAdvance,
     /// A zero-wait `acquire` that finds the lock held answers `Timeout` but leaves its ticket in
     /// the queue (a queue node created and not deleted when giving up at once).
     ZeroWaitStaysQueued,
@@ -251,6 +254,9 @@ impl LockService for BrokenLock {
     }
 
     async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
+        if self.flaw == LockFlaw::CannotAdvance {
+            return Err(Error::new(ErrorKind::Unsupported, "broken", "the counter cannot be moved"));
+        }
         let mut slots = self.slots.lock().unwrap();
         let slot = slots.entry(key.clone()).or_default();
         slot.last_fence = slot.last_fence.max(floor.get());
@@ -1247,12 +1253,18 @@ async fn expiry_by_the_client_clock_fails_the_clock_scenario() {
 /// The restart scenario (shape `restart`, not in `lock_outcomes`) on a broken lock.
 async fn restart_outcome(flaw: LockFlaw) -> Outcome {
     let name = "fences_survive_restart_or_are_repaired";
-    palisade_conformance::lock::fences_survive_restart_or_are_repaired(&ctx(name), &BrokenLockFactory::new(flaw)).await
+    let (lf, sf) = (BrokenLockFactory::new(flaw), MemoryStoreFactory::new());
+    palisade_conformance::lock::fences_survive_restart_or_are_repaired(&ctx(name), &lf, &sf).await
 }
 
 #[tokio::test]
 async fn the_broken_lock_without_a_flaw_keeps_and_repairs_fences_across_restarts() {
     restart_outcome(LockFlaw::None).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_counter_that_cannot_be_moved_fails_the_restart_scenario() {
+    assert_fails_because(restart_outcome(LockFlaw::CannotAdvance).await, "CannotAdvance", "until an operator acts");
 }
 
 #[tokio::test]

@@ -224,7 +224,8 @@ impl LoopbackServer {
     pub fn snapshot(&mut self) -> std::io::Result<PathBuf> {
         self.kill();
         let mut copy = self.dir.clone().into_os_string();
-        copy.push(format!(".snapshot-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()));
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        copy.push(format!(".snapshot-{}", now.as_nanos()));
         let copy = PathBuf::from(copy);
         copy_dir(&self.dir, &copy)?;
         self.spawn()?;
@@ -248,6 +249,7 @@ impl LoopbackServer {
     }
 
     /// `redis://IP:PORT`.
+    pub fn redis_url(&self) -> String {
         format!("redis://{}", self.addr())
     }
 

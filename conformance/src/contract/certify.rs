@@ -56,7 +56,9 @@ impl FencedScenarios for Fenced {
             "rwlock_reader_sigstop" => Box::pin(frozen::rwlock_reader_sigstop(ctx, lf, sf)),
             "rwlock_writer_sigstop" => Box::pin(frozen::rwlock_writer_sigstop(ctx, lf, sf)),
             "election_leader_sigstop" => Box::pin(frozen::election_leader_sigstop(ctx, lf, sf)),
-            "fences_survive_restart_or_are_repaired" => Box::pin(lock::fences_survive_restart_or_are_repaired(ctx, lf)),
+            "fences_survive_restart_or_are_repaired" => {
+                Box::pin(lock::fences_survive_restart_or_are_repaired(ctx, lf, sf))
+            }
             "leader_killed" => Box::pin(cluster::leader_killed(ctx, lf, sf)),
             "duplicate_fence_repair_keeps_the_holder" => {
                 Box::pin(crate::liveness::duplicate_fence_repair_keeps_the_holder(ctx, lf, sf))

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use palisade_core::{
     Error, ErrorKind, Fenced, Fencing, Grant, Lease, LockOptions, LockService, LockServiceExt, OwnerToken, Progress,
-    ResourceKey, Ttl,
+    FencedStore, ResourceKey, Ttl, WriteBatch,
 };
 use tokio::time::Instant;
 
 use crate::harness::{Ctx, Failure, Outcome};
-use crate::{FaultyClient, FencingOf, LockServiceFactory, Namespace, attempt, ensure};
+use crate::{FaultyClient, FencedStoreFactory, FencingOf, LockServiceFactory, Namespace, attempt, ensure};
 
 // The liveness scenarios, in the registry with the rest (`$crate::lock::$name`).
 pub use crate::liveness::{
@@ -1362,33 +1362,22 @@ pub async fn dead_waiter_is_never_granted<F: LockServiceFactory>(ctx: &Ctx, fact
     }
 }
 
-/// A watermark source that has seen one fence: what a store holds after a write.
-struct SeenFence(palisade_core::Fence);
-
-#[async_trait::async_trait]
-impl palisade_core::WatermarkSource for SeenFence {
-    fn source_name(&self) -> &'static str {
-        "conformance"
-    }
-
-    async fn highest_fence(&self, _: &ResourceKey) -> palisade_core::Result<Option<palisade_core::Fence>> {
-        Ok(Some(self.0))
-    }
-}
-
-/// **Fences survive a restart when declared, and are repaired when not** (catalogue C20; bug
-/// class 4), for a fenced service over a server of the test's own
-/// ([`LockServiceFactory::restart_server`]).
+/// **Fences survive a restart when declared, and a data loss is repaired without an
+/// operator** (catalogue C20; bug class 4), for a fenced service over a server of the test's
+/// own ([`LockServiceFactory::restart_server`]).
 /// After the server restarts with its data, a service declaring `fences_survive_restart`
-/// issues a fence above every earlier one. After it restarts without its data its counter is
-/// gone, and `lock_checked` against a store that saw the last fence must give a lease whose
-/// fence is above it (the service moved its counter on, `LockService::advance_fence`) or
-/// refuse with `FenceRegression` (a service that cannot move it): a regression is never
-/// silent.
-pub async fn fences_survive_restart_or_are_repaired<F>(ctx: &Ctx, factory: &F) -> Outcome
+/// issues a fence above every earlier one. Then a holder writes through the store, and the
+/// server restarts **without** its data while the holder still has its lease (a paused
+/// holder): the counter is gone. `lock_checked` against the store must give a new holder a
+/// fence above the store's watermark (`LockService::advance_fence` moved the service's fences
+/// on), that holder's write must be accepted, and the old holder's refused, all within two
+/// acquire waits and a few round trips of `lock_checked`'s start. A service that answers
+/// `FenceRegression` instead leaves the resource stuck until an operator acts: it fails.
+pub async fn fences_survive_restart_or_are_repaired<F, S>(ctx: &Ctx, factory: &F, stores: &S) -> Outcome
 where
     F: LockServiceFactory,
     F::Service: LockService<Fencing = palisade_core::Fenced>,
+    S: FencedStoreFactory,
 {
     let ns = Namespace::new();
     let k = key(ctx, &ns, "restart")?;
@@ -1415,34 +1404,61 @@ where
         ctx.note(format!("fence {before} → {after} across a restart (survival not declared)"));
     }
 
+    // A holder writes, then the server loses its data while the holder is paused.
+    let store = crate::store::store_client(ctx, stores).await?;
+    let k = key(ctx, &ns, "data-loss")?;
+    let holder = client(ctx, factory).await?;
+    let long = LockOptions::ttl(timing.ttl * 20).wait(patience(timing.ttl));
+    let stale = attempt!(ctx, holder.lock(&k, long).await, "lock before the data loss");
+    let data = |what: &str| WriteBatch::new().put(ns.record("data"), what.as_bytes().to_vec());
+    attempt!(ctx, crate::e2e::write(&*store, &stale, &data("before")).await, "the write before the data loss");
     attempt!(ctx, factory.restart_server(false).await, "restart without data");
     let third = client(ctx, factory).await?;
-    let seen = SeenFence(before.max(after));
-    let checked =
-        settle(|| third.lock_checked(&seen, &k, LockOptions::ttl(timing.ttl).wait(patience(timing.ttl)))).await;
-    match checked {
-        Ok(lease) => {
-            let fence = lease.fence();
-            attempt!(ctx, lease.release().await, "release");
-            ensure!(
-                ctx,
-                fence > seen.0,
-                "after a restart without data lock_checked gave fence {fence}, not above the {} a store had seen",
-                seen.0
-            );
-            ctx.note(format!("after the data loss lock_checked moved the counter on to {fence}"));
-        }
+    let options = LockOptions::ttl(timing.ttl * 4).wait(patience(timing.ttl));
+    let started = Instant::now();
+    let lease = match settle(|| third.lock_checked(&*store, &k, options)).await {
+        Ok(lease) => lease,
         Err(e) if e.kind() == ErrorKind::FenceRegression => {
-            let moved = third.advance_fence(&k, seen.0).await.err().map(|e| e.kind());
-            ensure!(
-                ctx,
-                moved == Some(ErrorKind::Unsupported),
-                "lock_checked refused with FenceRegression although the service can move its counter ({moved:?})"
-            );
-            ctx.note("the counter cannot be moved after a data loss: lock_checked refuses (FenceRegression)");
+            return Err(ctx.fail(format!(
+                "after a restart without data lock_checked refused ({e}): the service cannot move its fences past \
+                 the store's watermark by itself, so the resource stays stuck until an operator acts"
+            )));
         }
         Err(e) => return Err(ctx.fail(format!("lock_checked after a restart without data: {e}"))),
-    }
+    };
+    ensure!(
+        ctx,
+        lease.fence() > stale.fence(),
+        "after a restart without data lock_checked gave fence {}, not above the {} the store had accepted",
+        lease.fence(),
+        stale.fence()
+    );
+    attempt!(ctx, crate::e2e::write(&*store, &lease, &data("after")).await, "the new holder's write after the loss");
+    let wrote = started.elapsed();
+    let bound = patience(timing.ttl) * 2 + timing.round_trip() * 6;
+    ensure!(
+        ctx,
+        wrote <= bound,
+        "the new holder wrote {wrote:?} after lock_checked began, beyond the bound {bound:?} (two acquire waits and \
+         six round trips: the useless grant, its release, advance_fence, the watermark reads)"
+    );
+    let old = crate::e2e::write(&*store, &stale, &data("stale")).await;
+    ensure!(
+        ctx,
+        old.as_ref().err().and_then(|e| e.stale_fence_details()).is_some(),
+        "the holder from before the data loss wrote with fence {} after the repair: {old:?}, expected StaleFence",
+        stale.fence()
+    );
+    let now = attempt!(ctx, store.read(&ns.record("data")).await, "read");
+    ensure!(ctx, now.as_ref().map(|r| r.value.as_slice()) == Some(b"after".as_slice()), "data: {now:?}");
+    ctx.note(format!(
+        "after the data loss: fence {} → {}, the new holder wrote {:.0} ms after lock_checked began",
+        stale.fence(),
+        lease.fence(),
+        wrote.as_secs_f64() * 1e3
+    ));
+    attempt!(ctx, lease.release().await, "release");
+    let _ = stale.release().await; // lost with the data: NotHolder or Ok, either is fine here
     Ok(ctx.report())
 }
 
