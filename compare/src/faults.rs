@@ -244,25 +244,29 @@ pub async fn killed(lock: &str, store_url: &str, store: &Arc<DynFencedStore>, tt
     }
 }
 
-/// The lock server restarts (losing its data where the backend allows) while A holds the lock
-/// and has written; B takes the lock (with `lock_checked` for fenced services) and writes; then
-/// A, unaware, writes again.
+/// The lock server restarts, keeping its data (`keep_data`, cell `restart_with_data`) or
+/// losing it (cell `restart`; see [`Local::restart`]), while A holds the lock and has written;
+/// B takes the lock (with `lock_checked` for fenced services, which repairs a lost counter) and
+/// writes; then A, unaware, writes again.
 pub async fn restart(
     local: Option<&mut Local>,
     backend: Backend,
     lock: &str,
     store: &Arc<DynFencedStore>,
     ttl: Duration,
+    keep_data: bool,
 ) -> Cell {
-    const S: &str = "restart";
-    let Some(local) = local else { return Cell::skipped(S, "not run: the server was not started by --local") };
+    let s: &'static str = if keep_data { "restart_with_data" } else { "restart" };
+    let Some(local) = local else { return Cell::skipped(s, "not run: the server was not started by --local") };
     let ns = namespace();
     let run = async {
         let key = ResourceKey::new(ns.clone(), "fault")?;
         let a_locks = palisade::connect_any_lock(lock).await?;
-        let a = Holder::take(&a_locks, &key, ttl * 10).await?;
+        // With its data kept the server still holds A's lock: B waits out A's TTL. Without it,
+        // A's long TTL is a holder that still believes it holds a lock the server forgot.
+        let a = Holder::take(&a_locks, &key, if keep_data { ttl } else { ttl * 10 }).await?;
         a.write(store, &who(&ns, "A1")).await?;
-        let what = match local.restart(backend) {
+        let what = match local.restart(backend, keep_data).await {
             Some(Ok(what)) => what,
             Some(Err(e)) => return Err(palisade::Error::new(ErrorKind::Unavailable, "compare", e)),
             None => return Ok(None),
@@ -280,7 +284,7 @@ pub async fn restart(
                         (ok, Some(proceed))
                     }
                     Err(e) if e.kind() == ErrorKind::FenceRegression => {
-                        note.push_str("; B blocked: fence regression the service cannot repair (operator action)");
+                        note.push_str(&format!("; B blocked: the service could not repair its fences ({e})"));
                         (false, None)
                     }
                     Err(e) => return Err(e),
@@ -302,7 +306,7 @@ pub async fn restart(
     .await;
     match run {
         Ok(Some((stale, proceed, note))) => Cell {
-            scenario: S,
+            scenario: s,
             ran: true,
             stale_accepted: Some(stale),
             duplicates: Some(stale),
@@ -311,8 +315,8 @@ pub async fn restart(
             safe: Some(stale == 0),
             note,
         },
-        Ok(None) => Cell::skipped(S, "not run: no server to restart (an in-process service, or a file)"),
-        Err(e) => Cell::failed(S, e),
+        Ok(None) => Cell::skipped(s, "not run: no server to restart (an in-process service, or a file)"),
+        Err(e) => Cell::failed(s, e),
     }
 }
 

@@ -74,35 +74,114 @@ impl Local {
         Ok(Local { redis, redlock, etcd, zk, postgres, _sqlite_dir: sqlite_dir, locks, stores })
     }
 
-    /// Restarts `backend`'s server: Redis and the Redlock masters without persistence, etcd
-    /// with its data wiped (all lose their state); ZooKeeper keeps its data (as it does on a
-    /// real restart). Returns what was done, or `None` if this backend has no local server.
-    pub fn restart(&mut self, backend: Backend) -> Option<Result<String, String>> {
-        let done = match backend {
-            Backend::Redis => {
-                self.redis.restart().map(|()| "Redis restarted without persistence (all keys lost)".to_string())
-            }
-            Backend::Redlock => self
-                .redlock
-                .iter_mut()
-                .try_for_each(LoopbackServer::restart)
-                .map(|()| "all 3 masters restarted without persistence".to_string()),
-            Backend::Etcd => self
-                .etcd
+    /// Restarts `backend`'s server keeping its data (`keep_data`: Redis and the Redlock masters
+    /// save a snapshot first), or makes the lock service lose its data: Redis, the Redlock
+    /// masters, etcd and ZooKeeper restart with their data directories wiped; the PostgreSQL
+    /// and SQLite services, whose data shares a database with the store, lose their lock table
+    /// (every fence counter) while the store's data stays. Returns what was done, or `None` if
+    /// there is nothing to do (an in-process service; a file has no server to restart).
+    pub async fn restart(&mut self, backend: Backend, keep_data: bool) -> Option<Result<String, String>> {
+        let done = match (backend, keep_data) {
+            (Backend::Redis, true) => save(&self.redis)
+                .await
+                .and_then(|()| self.redis.restart().map_err(|e| e.to_string()))
+                .map(|()| "Redis saved a snapshot and restarted (its keys survive)".to_string()),
+            (Backend::Redis, false) => self
+                .redis
                 .wipe_and_restart()
-                .and_then(|()| self.etcd.wait_etcd_healthy())
-                .map(|()| "etcd restarted with its data directory wiped (revisions restart low)".to_string()),
-            Backend::Zookeeper => {
-                self.zk.restart_member(0).map(|()| "ZooKeeper restarted (its data survives)".to_string())
+                .map(|()| "Redis restarted with its data wiped (every key lost)".to_string())
+                .map_err(|e| e.to_string()),
+            (Backend::Redlock, keep) => {
+                let mut done = Ok(());
+                for master in &mut self.redlock {
+                    if keep {
+                        done = done.and(save(master).await);
+                    }
+                    done = done.and_then(|()| {
+                        if keep { master.restart() } else { master.wipe_and_restart() }.map_err(|e| e.to_string())
+                    });
+                }
+                done.map(|()| {
+                    if keep {
+                        "all 3 masters saved and restarted"
+                    } else {
+                        "all 3 masters restarted with their data wiped"
+                    }
+                    .to_string()
+                })
             }
-            Backend::Postgres => self
+            (Backend::Etcd, keep) => if keep { self.etcd.restart() } else { self.etcd.wipe_and_restart() }
+                .and_then(|()| self.etcd.wait_etcd_healthy())
+                .map(|()| {
+                    if keep {
+                        "etcd restarted (its data survives)"
+                    } else {
+                        "etcd restarted with its data directory wiped (revisions restart low)"
+                    }
+                    .to_string()
+                })
+                .map_err(|e| e.to_string()),
+            (Backend::Zookeeper, true) => self
+                .zk
+                .restart_member(0)
+                .map(|()| "ZooKeeper restarted (its data survives)".to_string())
+                .map_err(|e| e.to_string()),
+            (Backend::Zookeeper, false) => self
+                .zk
+                .restart_all(false)
+                .map(|()| "ZooKeeper restarted with its data directory wiped (zxids restart low)".to_string())
+                .map_err(|e| e.to_string()),
+            (Backend::Postgres, true) => self
                 .postgres
                 .restart_keeping_data(true)
-                .map(|()| "PostgreSQL restarted (its data survives; the store's database restarted too)".to_string()),
-            Backend::Memory | Backend::Sqlite => return None,
+                .map(|()| "PostgreSQL restarted (its data survives; the store's database restarted too)".to_string())
+                .map_err(|e| e.to_string()),
+            (Backend::Postgres, false) => drop_lock_table(&self.postgres.url())
+                .await
+                .and_then(|()| self.postgres.restart_keeping_data(true).map_err(|e| e.to_string()))
+                .map(|()| {
+                    "the lock service's table dropped (every fence counter lost), then PostgreSQL restarted; the \
+                     store's data survives"
+                        .to_string()
+                }),
+            (Backend::Sqlite, false) => {
+                let url = self.locks.iter().find(|l| l.backend == Backend::Sqlite).map(|l| l.url.clone())?;
+                drop_lock_table(&url).await.map(|()| {
+                    "the lock service's table dropped from the file (every fence counter lost); the store's data \
+                     survives"
+                        .to_string()
+                })
+            }
+            (Backend::Memory, _) | (Backend::Sqlite, true) => return None,
         };
-        Some(done.map_err(|e| e.to_string()))
+        Some(done)
     }
+}
+
+/// `SAVE` on a Redis of ours: its next start loads the snapshot.
+async fn save(server: &LoopbackServer) -> Result<(), String> {
+    let client = redis::Client::open(server.redis_url()).map_err(|e| e.to_string())?;
+    let mut conn = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
+    redis::cmd("SAVE").query_async::<()>(&mut conn).await.map_err(|e| format!("SAVE: {e}"))
+}
+
+/// Drops the store-native lock service's table (`palisade_locks`), as a restore of the lock
+/// service's data from nothing would leave it; it is created again at the next connect.
+async fn drop_lock_table(url: &str) -> Result<(), String> {
+    use sqlx::Connection as _;
+    let statement = "DROP TABLE IF EXISTS palisade_locks";
+    if url.starts_with("sqlite:") {
+        // The file alone: the query holds palisade's own parameters, which sqlx does not know.
+        let file = url.split('?').next().unwrap_or(url);
+        let mut conn = sqlx::SqliteConnection::connect(file).await.map_err(|e| e.to_string())?;
+        sqlx::query(statement).execute(&mut conn).await.map_err(|e| e.to_string())?;
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url).await.map_err(|e| e.to_string())?;
+        // Never wait long behind a lock service's open transaction: fail the cell instead.
+        sqlx::query("SET lock_timeout = '10s'").execute(&mut conn).await.map_err(|e| e.to_string())?;
+        sqlx::query(statement).execute(&mut conn).await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// A 3-member cluster for a leader-kill cell: started fresh for each cell (a killed member does

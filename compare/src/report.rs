@@ -92,7 +92,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
     }
     let pairs_n =
         locks.iter().map(|(l, _)| stores.iter().filter(|s| l.backend.pairs_with(&s.url)).count()).sum::<usize>() as u64;
-    let bar = progress(locks.len() as u64 + stores.len() as u64 + pairs_n * 8);
+    let bar = progress(locks.len() as u64 + stores.len() as u64 + pairs_n * 9);
 
     let mut lock_rows = Vec::new();
     for (target, _) in locks.iter().filter(|_| run_perf) {
@@ -152,7 +152,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
                 continue;
             }
             let Some(store) = store else {
-                bar.inc(8);
+                bar.inc(9);
                 continue;
             };
             let name = format!("{} × {}", lock.label, target.label);
@@ -177,9 +177,13 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
                     faults::killed(&lock.url, &target.url, store, args.ttl()).await
                 });
                 bar.inc(1);
-                bar.set_message(format!("{name}: lock server restarted"));
+                bar.set_message(format!("{name}: lock server restarted with its data"));
                 let owned = if *is_local { local.as_mut() } else { None };
-                cells.push(faults::restart(owned, lock.backend, &lock.url, store, args.ttl()).await);
+                cells.push(faults::restart(owned, lock.backend, &lock.url, store, args.ttl(), true).await);
+                bar.inc(1);
+                bar.set_message(format!("{name}: lock service lost its data"));
+                let owned = if *is_local { local.as_mut() } else { None };
+                cells.push(faults::restart(owned, lock.backend, &lock.url, store, args.ttl(), false).await);
                 bar.inc(1);
                 bar.set_message(format!("{name}: cluster leader killed"));
                 cells.push(if *is_local {
@@ -203,7 +207,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
                 });
                 bar.inc(1);
             } else {
-                bar.inc(6);
+                bar.inc(7);
             }
             let mut seed_runs = Vec::new();
             let mut seed_error = None;
@@ -343,13 +347,13 @@ fn markdown(
         let _ = writeln!(md, "## Fault matrix\n");
         let _ = writeln!(
             md,
-            "Each cell: ✅ no stale write accepted, no duplicate, and another holder proceeded / 🟠 safe, but no other holder could proceed (a liveness failure) / ❌ a stale write or a duplicate; `stale` = writes the store accepted from a holder after a later holder's write; `dup` = effects applied twice (audit records; for a killed leader, holds of one lock that overlapped); `next in` = from the fault until another holder had the lock; `lost` = whether the frozen holder's lost signal had fired by the time it wrote. Sentinel failover: Redis's master killed behind three Sentinels while four clients contend (`next in` = to the first lock granted after the kill whose write landed). Network partition (network namespaces; needs root): for etcd and ZooKeeper a 3-member cluster's leader cut off from the majority and the clients under contention (`next in` = to the first lock granted after the cut whose write landed), then healed; for Redis and PostgreSQL a renewing holder cut off from the server and the store past its TTL (`next in` = to the contender's grant; the holder's write after the heal must be refused).\n"
+            "Each cell: ✅ no stale write accepted, no duplicate, and another holder proceeded / 🟠 safe, but no other holder could proceed (a liveness failure) / ❌ a stale write or a duplicate; `stale` = writes the store accepted from a holder after a later holder's write; `dup` = effects applied twice (audit records; for a killed leader, holds of one lock that overlapped); `next in` = from the fault until another holder had the lock; `lost` = whether the frozen holder's lost signal had fired by the time it wrote. Lock server restarted with its data: A holds and has written, the server restarts with its data, B locks (waiting out A's TTL) and writes, A writes again. Lock service lost its data: the same, but Redis, etcd and ZooKeeper restart with their data directories wiped and the PostgreSQL and SQLite services lose their lock table (the store's data stays); B locks with `lock_checked`, which repairs the lost fence counter (`next in` = from the restart to B's grant). Sentinel failover: Redis's master killed behind three Sentinels while four clients contend (`next in` = to the first lock granted after the kill whose write landed). Network partition (network namespaces; needs root): for etcd and ZooKeeper a 3-member cluster's leader cut off from the majority and the clients under contention (`next in` = to the first lock granted after the cut whose write landed), then healed; for Redis and PostgreSQL a renewing holder cut off from the server and the store past its TTL (`next in` = to the contender's grant; the holder's write after the heal must be refused).\n"
         );
         let _ = writeln!(
             md,
-            "| lock service × store | holder paused past TTL (SIGSTOP) | holder killed (SIGKILL) | lock server restarted | cluster leader killed | Sentinel failover | network partition |"
+            "| lock service × store | holder paused past TTL (SIGSTOP) | holder killed (SIGKILL) | lock server restarted with its data | lock service lost its data | cluster leader killed | Sentinel failover | network partition |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
         for p in pairs {
             let cells: Vec<String> = p.faults.iter().map(mark).collect();
             let _ = writeln!(md, "| {} × {} | {} |", p.lock, p.store, cells.join(" | "));

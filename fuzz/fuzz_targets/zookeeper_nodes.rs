@@ -8,7 +8,7 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use palisade_core::{ErrorKind, OwnerToken};
-use palisade_zookeeper::fuzzing::{czxid_fence, node_prefix, precedes, queue_order, sequence_of};
+use palisade_zookeeper::fuzzing::{fence_of, node_prefix, precedes, queue_order, sequence_of};
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -54,8 +54,8 @@ fuzz_target!(|input: Input| {
     }
     assert!(!precedes(input.sequence, input.sequence));
 
-    match czxid_fence(input.czxid) {
+    match fence_of(0, input.czxid) {
         Ok(fence) => assert!(input.czxid > 0 && u64::try_from(input.czxid).ok() == Some(fence.get())),
-        Err(e) => assert!(input.czxid <= 0 && e.kind() == ErrorKind::Backend),
+        Err(e) => assert!((input.czxid <= 0 || input.czxid >= 1 << 48) && e.kind() == ErrorKind::Backend),
     }
 });

@@ -95,10 +95,10 @@ fn sigkill_holder_is_replaced_within_the_session_ttl() {
 
 /// An etcd of the test's own loses its data (as a cluster restored from a snapshot without
 /// `--bump-revision` would): revisions restart low. The store refuses the low fences, and
-/// `lock_checked` reports the regression as `FenceRegression` (a revision cannot be moved by
-/// a client); once the revision passes the watermark again, writes succeed.
+/// `lock_checked` repairs the regression by itself: it raises the service's epoch past the
+/// store's watermark, and the next grant writes (issue 35: no operator action).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_losing_its_data_is_detected_and_no_stale_write_is_accepted() {
+async fn etcd_losing_its_data_is_repaired_and_no_stale_write_is_accepted() {
     let mut server = LoopbackServer::etcd(&require_env("PALISADE_ETCD_SERVER")).unwrap();
     let url = format!("{}?session_ttl_s=5", server.etcd_url());
     let store = PostgresStore::connect(&require_env("PALISADE_POSTGRES_URL")).await.unwrap();
@@ -131,17 +131,71 @@ async fn etcd_losing_its_data_is_detected_and_no_stale_write_is_accepted() {
     assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "no stale write is accepted: {err}");
     naive.release().await.unwrap();
 
-    let Err(err) = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await else {
-        panic!("a regression must not pass silently")
-    };
-    assert_eq!(err.kind(), ErrorKind::FenceRegression, "{err}");
-    assert_eq!(store.read(&record).await.unwrap().unwrap().value, watermark.to_string().into_bytes());
-
-    // The operator's repair, in effect: the cluster's revision moves past the watermark.
-    let mut kv = locks.client().kv_client();
-    while kv.put("filler/bump", "x", None).await.unwrap().header().unwrap().revision() <= watermark.get() as i64 {}
+    let repaired_at = std::time::Instant::now();
     let lease = locks.lock_checked(&store, &key, LockOptions::ttl(ttl).wait(ttl)).await.unwrap();
+    assert!(lease.fence() > watermark, "the repaired fence {} is above the watermark {watermark}", lease.fence());
     store.write(&lease, &WriteBatch::new().put(record.clone(), b"after".to_vec())).await.unwrap();
+    println!("etcd wiped: a holder wrote {:?} after lock_checked began", repaired_at.elapsed());
     assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"after");
     lease.release().await.unwrap();
+}
+
+/// An etcd of the test's own restored from a snapshot taken a few writes ago (a partial loss):
+/// its revisions go back a little, still above the store's watermark for grants that never
+/// wrote, so `lock_checked` sees nothing wrong, and the first grant after the restore reuses
+/// the revision of a grant made before it (P's, which holds on, paused, and has not written).
+/// The store refuses the second writer of that fence (`DuplicateFence`), `FencedStoreExt::write`
+/// raises the service's epoch, and the next holder's fence is above every accepted one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_restored_from_an_older_snapshot_reuses_no_accepted_fence() {
+    let mut server = LoopbackServer::etcd(&require_env("PALISADE_ETCD_SERVER")).unwrap();
+    let url = format!("{}?session_ttl_s=5", server.etcd_url());
+    let store = PostgresStore::connect(&require_env("PALISADE_POSTGRES_URL")).await.unwrap();
+    let key = ResourceKey::new("erestore", unique_sku("R")).unwrap();
+    let record = format!("erestore/{}", key.id());
+    let ttl = Duration::from_secs(20);
+    let options = LockOptions::ttl(ttl).wait(Duration::from_secs(10));
+
+    let locks = Arc::new(EtcdLockService::connect(&url).await.unwrap());
+    let first = locks.lock_checked(&store, &key, options).await.unwrap();
+    store.write(&first, &WriteBatch::new().put(record.clone(), b"first".to_vec())).await.unwrap();
+    first.release().await.unwrap();
+    drop(locks);
+
+    let snapshot = server.snapshot().unwrap();
+    server.wait_etcd_healthy().unwrap();
+    // P: the first grant after the snapshot; it holds on without writing (paused).
+    let p_locks = Arc::new(EtcdLockService::connect(&url).await.unwrap());
+    let p = p_locks.lock_checked(&store, &key, options).await.unwrap();
+
+    server.restore(&snapshot).unwrap();
+    server.wait_etcd_healthy().unwrap();
+    let _ = std::fs::remove_dir_all(&snapshot);
+    // N: the first grant after the restore, at the same revision as P's.
+    let n_locks = Arc::new(EtcdLockService::connect(&url).await.unwrap());
+    let started = Instant::now();
+    let n = n_locks.lock_checked(&store, &key, options).await.unwrap();
+    assert_eq!(n.fence(), p.fence(), "the restore hands out P's revision again (the shape under test)");
+    store.write(&n, &WriteBatch::new().put(record.clone(), b"N".to_vec())).await.unwrap();
+
+    // P wakes: its fence equals the watermark but another grant set it.
+    let err = store.write(&p, &WriteBatch::new().put(record.clone(), b"P".to_vec())).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::DuplicateFence { .. }), "{err}");
+    assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"N");
+    let n_fence = n.fence();
+    let n_grant = n.grant_fence();
+    n.release().await.unwrap();
+
+    // The repair `FencedStoreExt::write` made: the next holder is above every accepted fence.
+    let next = n_locks.lock_checked(&store, &key, options).await.unwrap();
+    assert!(next.fence() > n_fence, "{} after {n_fence}", next.fence());
+    assert!(next.fence().get() >= 1 << 44, "the epoch was raised: {}", next.fence());
+    store.write(&next, &WriteBatch::new().put(record.clone(), b"next".to_vec())).await.unwrap();
+    println!("etcd restored from a snapshot: the next holder wrote {:?} after the restore", started.elapsed());
+    assert!(store.write(&p, &WriteBatch::new().put(record.clone(), b"P2".to_vec())).await.is_err());
+    let n_again = store.write_fenced(&key, n_grant, &WriteBatch::new().put(record.clone(), b"N2".to_vec())).await;
+    assert!(n_again.is_err(), "N's fence after the next holder's write: {n_again:?}");
+    assert_eq!(store.read(&record).await.unwrap().unwrap().value, b"next");
+    next.release().await.unwrap();
+    drop(p);
 }

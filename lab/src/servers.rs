@@ -492,7 +492,14 @@ impl RedisCluster {
         for _ in 0..6 {
             nodes.push(LoopbackServer::redis(
                 program,
-                &["--cluster-enabled", "yes", "--cluster-node-timeout", &node_timeout, "--repl-diskless-sync-delay", "0"],
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    &node_timeout,
+                    "--repl-diskless-sync-delay",
+                    "0",
+                ],
             )?);
         }
         let cluster = RedisCluster { nodes };

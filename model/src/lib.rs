@@ -41,6 +41,14 @@
 //! loss before a repaired grant writes, the next repair can issue its fence again, and rule 2
 //! refuses the second of the two writers.
 //!
+//! **Two ways to repair** ([`Recovery`]). A service whose counter can be set (Redis, the SQL
+//! services) moves it to the watermark plus the gap. A service whose fences come from a
+//! number it cannot set (etcd's revision, ZooKeeper's zxid) keeps an **epoch** beside it, and
+//! a fence is `epoch × SPAN + counter` ([`SPAN`] stands for 2⁴⁴ or 2⁴⁸): the repair raises the
+//! epoch to one past the watermark's, and a loss takes the epoch back too (it lives in the
+//! same data: a wipe sets it to 0, an old snapshot to an older value). The same properties
+//! hold for both, with the same limits.
+//!
 //! Each weakened rule ([`Rules`]) makes the checker find a counterexample to the property it
 //! breaks; `scripts/model-check` runs them all and prints the states explored.
 //!
@@ -56,6 +64,19 @@ use stateright::{Model, Property};
 /// a run of the model issues.
 pub const GAP: u32 = 8;
 
+/// The span of the counter under an epoch: a fence is `epoch × SPAN + counter`. Stands for
+/// 2⁴⁴ (etcd) or 2⁴⁸ (ZooKeeper): more than the counter reaches in a run of the model.
+pub const SPAN: u32 = 16;
+
+/// How the service moves its fences past a watermark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Recovery {
+    /// The counter is set to the watermark plus [`GAP`] (Redis, the SQL services).
+    Counter,
+    /// The epoch is raised to one past the watermark's; the counter goes on (etcd, ZooKeeper).
+    Epoch,
+}
+
 /// The rules the model runs with: the correct ones, or one weakened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Rules {
@@ -67,6 +88,8 @@ pub enum Rules {
     CheckedRepairsOnlyBelow,
     /// The repair moves the counter to the watermark itself, without the gap.
     RepairWithoutGap,
+    /// The epoch repair raises the epoch to the watermark's own, not one past it.
+    EpochNotPastTheWatermark,
 }
 
 /// The model: how many clients, how many grants and counter losses a run may have, and the
@@ -81,6 +104,8 @@ pub struct FencingModel {
     pub max_losses: u8,
     /// The rules.
     pub rules: Rules,
+    /// How a repair moves the fences.
+    pub recovery: Recovery,
 }
 
 /// A grant a client holds: its issue number (grants are numbered in issue order) and fence.
@@ -98,8 +123,11 @@ pub struct Grant {
 /// A state of the system.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
-    /// The service's counter: the last fence it issued, as far as it remembers.
+    /// The service's counter: the last fence it issued (under [`Recovery::Epoch`], the last
+    /// counter), as far as it remembers.
     pub counter: u32,
+    /// The service's epoch ([`Recovery::Epoch`]; always 0 otherwise).
+    pub epoch: u32,
     /// The grant holding the lock at the service, if any.
     pub lock: Option<u8>,
     /// The fence of every grant issued, by issue number.
@@ -133,14 +161,21 @@ pub enum Action {
     Write(usize),
     /// The service lets the lock go (its holder paused past the TTL).
     Expire,
-    /// The service's counter falls back to this value, and its lock is lost.
-    Lose(u32),
+    /// The service's counter falls back to this value (and its epoch to the second one), and
+    /// its lock is lost.
+    Lose(u32, u32),
 }
 
 impl FencingModel {
     /// The correct rules with `clients` clients, `max_grants` grants and `max_losses` losses.
     pub fn new(clients: usize, max_grants: usize, max_losses: u8) -> Self {
-        FencingModel { clients, max_grants, max_losses, rules: Rules::Correct }
+        FencingModel { clients, max_grants, max_losses, rules: Rules::Correct, recovery: Recovery::Counter }
+    }
+
+    /// The same model repairing with `recovery`.
+    pub fn with_recovery(mut self, recovery: Recovery) -> Self {
+        self.recovery = recovery;
+        self
     }
 
     /// The same bounds with `rules`.
@@ -164,19 +199,28 @@ impl FencingModel {
         }
     }
 
-    /// The counter after a repair for `watermark`.
-    fn repaired(&self, counter: u32, watermark: u32) -> u32 {
-        let floor = if self.rules == Rules::RepairWithoutGap { watermark } else { watermark + GAP };
-        counter.max(floor)
+    /// Moves the service's fences past `watermark`: the counter or the epoch.
+    fn repair(&self, state: &mut State, watermark: u32) {
+        match self.recovery {
+            Recovery::Counter => {
+                let floor = if self.rules == Rules::RepairWithoutGap { watermark } else { watermark + GAP };
+                state.counter = state.counter.max(floor);
+            }
+            Recovery::Epoch => {
+                let past = if self.rules == Rules::EpochNotPastTheWatermark { 0 } else { 1 };
+                state.epoch = state.epoch.max(watermark / SPAN + past);
+            }
+        }
     }
 
     /// Issues a grant to client `c` (the lock must be free).
     fn grant(state: &mut State, c: usize) -> Grant {
         state.counter += 1;
+        let fence = state.epoch * SPAN + state.counter;
         let id = u8::try_from(state.issued.len()).unwrap_or(u8::MAX);
-        state.issued.push(state.counter);
+        state.issued.push(fence);
         state.lock = Some(id);
-        let grant = Grant { id, fence: state.counter, wrote: false };
+        let grant = Grant { id, fence, wrote: false };
         state.clients[c] = Some(grant);
         grant
     }
@@ -199,6 +243,7 @@ impl Model for FencingModel {
     fn init_states(&self) -> Vec<State> {
         vec![State {
             counter: 0,
+            epoch: 0,
             lock: None,
             issued: Vec::new(),
             clients: vec![None; self.clients],
@@ -229,7 +274,9 @@ impl Model for FencingModel {
         }
         if state.losses < self.max_losses {
             for to in 0..state.counter {
-                actions.push(Action::Lose(to));
+                for epoch in 0..=state.epoch {
+                    actions.push(Action::Lose(to, epoch));
+                }
             }
         }
     }
@@ -265,7 +312,7 @@ impl Model for FencingModel {
                     // Give the grant back and move the counter on.
                     state.lock = None;
                     state.clients[c] = None;
-                    state.counter = self.repaired(state.counter, watermark);
+                    self.repair(&mut state, watermark);
                     repaired = true;
                 }
                 if !done {
@@ -288,7 +335,7 @@ impl Model for FencingModel {
                     }
                     Verdict::Duplicate => {
                         // `FencedStoreExt::write` repairs the counter; this grant can never write.
-                        state.counter = self.repaired(state.counter, grant.fence);
+                        self.repair(&mut state, grant.fence);
                         state.clients[c] = None;
                     }
                     Verdict::Stale => {
@@ -299,8 +346,9 @@ impl Model for FencingModel {
             Action::Expire => {
                 state.lock = None;
             }
-            Action::Lose(to) => {
+            Action::Lose(to, epoch) => {
                 state.counter = to;
+                state.epoch = epoch;
                 state.lock = None;
                 state.losses += 1;
             }

@@ -2,12 +2,13 @@
 //! allowed) and with each rule weakened (a counterexample required), printing the states
 //! explored. Exits 1 when a check does not come out as it must.
 
-use palisade_model::{FencingModel, Limit, Rules, check, limit_counterexample};
+use palisade_model::{FencingModel, Limit, Recovery, Rules, check, limit_counterexample};
 
 fn main() {
     let (clients, grants) = (2, 5);
     let mut ok = true;
-    let runs: [(&str, FencingModel, Option<&str>); 6] = [
+    let epoch = |losses| FencingModel::new(clients, grants, losses).with_recovery(Recovery::Epoch);
+    let runs: [(&str, FencingModel, Option<&str>); 9] = [
         ("correct rules, no counter loss", FencingModel::new(clients, grants, 0), None),
         ("correct rules, one counter loss", FencingModel::new(clients, grants, 1), None),
         (
@@ -29,6 +30,17 @@ fn main() {
             "correct rules, two counter losses (fence order, checked grants, termination)",
             FencingModel::new(clients, 4, 2),
             None,
+        ),
+        ("epoch recovery, one loss of the counter and the epoch", epoch(1), None),
+        (
+            "epoch recovery, two losses (fence order, checked grants, termination)",
+            FencingModel::new(clients, 4, 2).with_recovery(Recovery::Epoch),
+            None,
+        ),
+        (
+            "epoch raised to the watermark's own, not past it",
+            epoch(1).with_rules(Rules::EpochNotPastTheWatermark),
+            Some("repair terminates"),
         ),
     ];
     for (what, model, must_break) in runs {
@@ -56,6 +68,7 @@ fn main() {
     let limits = [
         (Limit::StaleAfterNewer, FencingModel::new(clients, grants, 1), "one counter loss"),
         (Limit::RepairOutranks, FencingModel::new(clients, 4, 2), "two counter losses"),
+        (Limit::RepairOutranks, FencingModel::new(clients, 4, 2).with_recovery(Recovery::Epoch), "two epoch losses"),
     ];
     for (limit, model, with) in limits {
         match limit_counterexample(model, limit) {

@@ -6,8 +6,10 @@
 //!   (every third of its TTL), shared by every lock the client holds. An uncontended acquire
 //!   is therefore **one txn**: "if no key exists under the resource's prefix, put mine on the
 //!   session lease".
-//! - **Fence = the create revision of the holder's key**: cluster-wide and strictly
-//!   increasing, but not gap-free (every write to the cluster moves it).
+//! - **Fence = the service's epoch over the create revision of the holder's key**
+//!   (`epoch × 2⁴⁴ + revision`): cluster-wide and strictly increasing, but not gap-free (every
+//!   write to the cluster moves it). The epoch is 0, and the fence the revision itself, until
+//!   the cluster loses its data (below).
 //! - **FIFO, push-based waiting** (the etcd lock recipe): a waiter puts its own key under the
 //!   resource's prefix and watches the key created just before it; when that key is deleted it
 //!   checks again, in one txn that also re-reads its own key, so a session that expired while
@@ -37,15 +39,28 @@
 //! name (the name carries the grant's fresh owner token, which is the owner check), one plain
 //! delete.
 //!
-//! ## Fence regressions
+//! ## Fence regressions, repaired without an operator
 //!
-//! Revisions survive restarts and leader changes. They move **backwards** only if the cluster
-//! is restored from a snapshot without `etcdutl snapshot restore --bump-revision`, or replaced
-//! by a new cluster. Stores keep rejecting the low fences (safety holds), and
+//! Revisions survive restarts and leader changes. They move **backwards** when the cluster
+//! loses its data: its data directory wiped, a restore from a snapshot without `etcdutl
+//! snapshot restore --bump-revision`, a new cluster in its place. Stores keep refusing the low
+//! fences (safety holds), and
 //! [`LockServiceExt::lock_checked`](palisade_core::LockServiceExt::lock_checked) detects the
-//! regression (error log, `palisade_lock_fence_regression_total`) and fails with `FenceRegression`:
-//! a revision cannot be moved by a client, so recovery is the operator's
-//! (`--bump-revision` above the store's watermark).
+//! regression (error log, `palisade_lock_fence_regression_total`) and repairs it: a revision
+//! cannot be moved by a client, but the **epoch** can.
+//! [`advance_fence`](palisade_core::LockService::advance_fence) raises the key
+//! `<prefix>epoch` to the first epoch whose fences are above the store's watermark, and every
+//! acquire reads the epoch in the same txn that creates its key: from the next grant on, every
+//! resource's fences start above everything the stores accepted, still derived from the
+//! revision. The same repair answers a `DuplicateFence` (a partial loss: a restore from an
+//! older snapshot hands out revisions a paused holder still carries).
+//!
+//! Limits: the revision has 44 bits (2⁴⁴ ≈ 1.8 × 10¹³ revisions: 55 years of 10,000 writes a
+//! second), the epoch 19 (524,287 recoveries), so that every fence fits the 63 bits of a SQL
+//! `BIGINT`. Beyond either an acquire fails with a `Backend` error (a revision) or the repair
+//! with `Unsupported` (an epoch), never a fence that wrapped. A grant whose key was created
+//! before a raise keeps its lower fence: the store refuses its writes, and `lock_checked`
+//! acquires again.
 //!
 //! ## Connecting
 //!

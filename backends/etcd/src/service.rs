@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::errors::{map, never_sent, send_until_answered, timed_out, with_failover};
-use crate::reply::TxnReply;
+use crate::reply::{TxnReply, decode_epoch, encode_epoch, epoch_above, revision_of};
 use crate::session::Session;
 use crate::{BACKEND, EtcdConfig};
 
@@ -187,6 +187,11 @@ impl Drop for EtcdLockService {
 impl Inner {
     fn resource_prefix(&self, key: &ResourceKey) -> String {
         format!("{}{}/", self.config.key_prefix, key.lock_key())
+    }
+
+    /// The key that holds the service's epoch (`<prefix>epoch`), absent until a recovery.
+    fn epoch_key(&self) -> String {
+        format!("{}epoch", self.config.key_prefix)
     }
 
     /// The live session, starting a new one if there is none or the last one was lost.
@@ -394,6 +399,7 @@ impl LockService for EtcdLockService {
         let sent_at = Instant::now();
         let txn = Txn::new().when([Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix()]).and_then([
             TxnOp::put(etcd_key.clone(), token.to_string(), Some(PutOptions::new().with_lease(session.id))),
+            TxnOp::get(inner.epoch_key(), None),
         ]);
         let resp = match inner.txn(txn, "acquire", true).await {
             Ok(resp) => resp,
@@ -407,7 +413,7 @@ impl LockService for EtcdLockService {
         if !reply.succeeded {
             return Ok(None);
         }
-        let granted = reply.fence().and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
+        let granted = reply.fence(0).and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
         if granted.is_err() {
             // Our key is on the session lease but no deadline tracks it (the session's local
             // deadline passed during the txn): if the session renews, it would block the
@@ -438,6 +444,8 @@ impl LockService for EtcdLockService {
         let txn = Txn::new().and_then([
             TxnOp::put(etcd_key.clone(), token.to_string(), Some(PutOptions::new().with_lease(session.id))),
             TxnOp::get(prefix.clone(), Some(first)),
+            // The epoch as of our key's creation: fences grow in the queue's order.
+            TxnOp::get(inner.epoch_key(), None),
         ]);
         // From here on our key may exist: every way out without the lock must remove it.
         let mut place = QueuePlace {
@@ -494,7 +502,7 @@ impl LockService for EtcdLockService {
                 }
             }
         }
-        let granted = reply.fence().and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
+        let granted = reply.fence(1).and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
         // Still armed if the grant failed (the session's local deadline passed meanwhile): the
         // place's drop deletes our key instead of leaving it on a lease that may yet renew.
         place.armed = granted.is_err();
@@ -509,7 +517,7 @@ impl LockService for EtcdLockService {
         let id = self.contender_key(grant.key(), grant.token());
         let etcd_key = id.clone().into_bytes();
         let fence_value = grant.fence().get();
-        let fence = i64::try_from(fence_value).unwrap_or(-1);
+        let revision = revision_of(grant.fence());
         let not_holder =
             || Error::new(ErrorKind::NotHolder, BACKEND, format!("{} is not held by this grant", grant.key()));
         if !inner.held.holds(&id, fence_value) {
@@ -518,7 +526,7 @@ impl LockService for EtcdLockService {
         let session = inner.session.lock().await.clone();
         let Some(session) = session else { return Err(not_holder()) };
         let sent_at = Instant::now();
-        let txn = Txn::new().when([Compare::create_revision(etcd_key.clone(), CompareOp::Equal, fence)]);
+        let txn = Txn::new().when([Compare::create_revision(etcd_key.clone(), CompareOp::Equal, revision)]);
         if !inner.txn(txn, "extend", false).await?.succeeded() {
             if inner.held.forget(&id, fence_value) {
                 warn!(key = %grant.key(), "etcd lock key vanished (session expired?); the grant is lost");
@@ -558,6 +566,56 @@ impl LockService for EtcdLockService {
                 Err(Error::new(ErrorKind::NotHolder, BACKEND, format!("{} was not held by this grant", grant.key())))
             }
         }
+    }
+
+    /// Raises the service's epoch (`<prefix>epoch`) to the first one whose fences are all above
+    /// `floor` ([`REVISION_BITS`](crate::reply::REVISION_BITS)); never lowers it. Every key's
+    /// fences move with it: the epoch is the service's, and a cluster that lost its data lost
+    /// every key's revisions at once. A grant whose key was created before the raise keeps its
+    /// lower fence (the store refuses it and `lock_checked` acquires again).
+    async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
+        let inner = &self.inner;
+        let wanted = epoch_above(floor)?;
+        let epoch_key = inner.epoch_key();
+        // A compare-and-set loop: create the key, or raise a lower value; a concurrent raise
+        // to as much or more ends it too. etcd compares values byte by byte: the fixed-width
+        // text orders as the number.
+        for _ in 0..8 {
+            let create = Txn::new()
+                .when([Compare::create_revision(epoch_key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(epoch_key.clone(), encode_epoch(wanted), None)])
+                .or_else([TxnOp::get(epoch_key.clone(), None)]);
+            let created = inner.txn(create, "advance the epoch", true).await?;
+            let reply = TxnReply::of(&created);
+            let now = if reply.succeeded { None } else { reply.values.first().cloned().flatten() };
+            if reply.succeeded || decode_epoch(now.as_deref())? >= wanted {
+                break;
+            }
+            let raise = Txn::new()
+                .when([Compare::value(epoch_key.clone(), CompareOp::Less, encode_epoch(wanted))])
+                .and_then([TxnOp::put(epoch_key.clone(), encode_epoch(wanted), None)])
+                .or_else([TxnOp::get(epoch_key.clone(), None)]);
+            let raised = TxnReply::of(&inner.txn(raise, "advance the epoch", true).await?);
+            let now = if raised.succeeded { None } else { raised.values.first().cloned().flatten() };
+            if raised.succeeded || (now.is_some() && decode_epoch(now.as_deref())? >= wanted) {
+                break;
+            }
+            // The key was deleted between the two txns: create it again.
+        }
+        let epoch = TxnReply::of(
+            &inner.txn(Txn::new().and_then([TxnOp::get(epoch_key, None)]), "read the epoch", false).await?,
+        );
+        let epoch = decode_epoch(epoch.values.first().cloned().flatten().as_deref())?;
+        if epoch < wanted {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                BACKEND,
+                format!("the epoch stayed at {epoch} below {wanted}: its key is being deleted as it is raised"),
+            )
+            .with_retryable(true));
+        }
+        warn!(key = %key, floor = floor.get(), epoch, "etcd epoch raised past the store's watermark: fences start above it");
+        Ok(())
     }
 }
 

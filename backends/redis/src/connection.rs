@@ -266,7 +266,8 @@ mod tests {
         // IPv6 seeds dial as bracketed URLs, and the map finds them.
         let mut v6 = ClusterTarget::parse("redis+cluster://[::1]:7000,[fd00::2]:7001").unwrap();
         assert_eq!(v6.seed_urls(), ["redis://[::1]:7000", "redis://[fd00::2]:7001"]);
-        v6.address_map = AddressMap::parse(&[("[::1]:7000".to_string(), "127.0.0.1:17000".to_string())].into()).unwrap();
+        v6.address_map =
+            AddressMap::parse(&[("[::1]:7000".to_string(), "127.0.0.1:17000".to_string())].into()).unwrap();
         assert_eq!(v6.seed_urls(), ["redis://127.0.0.1:17000", "redis://[fd00::2]:7001"]);
     }
 

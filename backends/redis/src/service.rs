@@ -426,8 +426,10 @@ impl fmt::Debug for RedisLockService {
 
 /// The marker of one release call of a lock key: `released:{domain:id}:<nonce>`, in the lock's
 /// slot (the hash tag is the first `{…}`).
-fn release_marker(lock_key: &str, nonce: &str) -> String {
-    format!("released:{}:{nonce}", lock_key.strip_prefix("lock:").unwrap_or(lock_key))
+fn release_marker(lock_key: &str, nonce: &[u8]) -> Vec<u8> {
+    let mut key = format!("released:{}:", lock_key.strip_prefix("lock:").unwrap_or(lock_key)).into_bytes();
+    key.extend_from_slice(nonce);
+    key
 }
 
 /// A managed connection to the server `client` names.

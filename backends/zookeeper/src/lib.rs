@@ -6,9 +6,21 @@
 //! - **Acquire**: create an `EPHEMERAL_SEQUENTIAL` node `lock-<owner token>-<sequence>` under the
 //!   resource's parent `<root>/<domain>/<id>` (default root `/palisade/locks`; parents are
 //!   container nodes, created on demand). The lowest sequence holds the lock.
-//! - **Fence = the lock node's `czxid`**: the ensemble-wide transaction id of its creation,
-//!   monotonic across leader changes. Not the sequence suffix: a parent deleted and recreated
-//!   (or a container garbage-collected) restarts that.
+//! - **Fence = the service's epoch over the lock node's `czxid`** (`epoch × 2⁴⁸ + czxid`):
+//!   the ensemble-wide transaction id of its creation, monotonic across leader changes. Not
+//!   the sequence suffix: a parent deleted and recreated (or a container garbage-collected)
+//!   restarts that. The epoch is 0, and the fence the `czxid` itself, until the ensemble loses
+//!   its data.
+//! - **Data loss is repaired without an operator**: an ensemble whose data is wiped or restored
+//!   from an old snapshot issues zxids below what the stores accepted. Stores refuse them, and
+//!   [`lock_checked`](palisade_core::LockServiceExt::lock_checked) (or `FencedStoreExt::write`
+//!   on `DuplicateFence`) calls [`advance_fence`](palisade_core::LockService::advance_fence),
+//!   which raises the persistent node `<root>.epoch` (outside the root: container nodes go when
+//!   empty) to the first epoch above the store's watermark. Every grant reads the epoch once
+//!   nobody is ahead of it, pipelined with the reads it makes anyway. Limits: a `czxid` below
+//!   2⁴⁸ (65,536 leader elections in the ensemble's life), 32,767 recoveries, every fence within
+//!   63 bits; beyond them an acquire fails (`Backend`) or the repair does (`Unsupported`), never
+//!   a fence that wrapped.
 //! - **Waiting is FIFO** and herd-free: a waiter watches only the node just ahead of its own and
 //!   re-checks on every event. Before declaring the lock held it re-reads its own node and
 //!   requires the **ephemeral owner to be this session** (CURATOR-604: a node of an expired
@@ -42,7 +54,7 @@ pub use zookeeper_client;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::service::{czxid_fence, node_prefix, precedes, queue_order, sequence_of};
+    pub use crate::service::{fence_of, node_prefix, precedes, queue_order, sequence_of};
 }
 
 /// The backend name in errors, logs and metrics.

@@ -115,14 +115,73 @@ fn sorted_contenders(parent: &str, children: Vec<String>) -> Vec<(i32, String)> 
     sorted
 }
 
-/// The fence of a node created at transaction id `czxid` (its `Stat`): a zxid is positive, so
-/// anything else is a [`ErrorKind::Backend`] error, never a fence.
-pub fn czxid_fence(czxid: i64) -> Result<Fence> {
-    u64::try_from(czxid)
+/// How many low bits of a fence hold the lock node's `czxid`; the service's epoch sits above
+/// them. A zxid is ZooKeeper's own epoch (one per leader election) over a 32-bit counter, so 48
+/// bits last 65,536 elections of one ensemble's life.
+pub const ZXID_BITS: u32 = 48;
+
+/// The highest epoch: 2¹⁵ − 1, so that every fence fits in 63 bits (the SQL stores' `BIGINT`).
+pub const MAX_EPOCH: u64 = (1 << (63 - ZXID_BITS)) - 1;
+
+/// The fence of a node created at transaction id `czxid` (its `Stat`) under `epoch`:
+/// `epoch × 2⁴⁸ + czxid`, the `czxid` itself while the epoch is 0 (an ensemble that never lost
+/// its data). A zxid is positive and, here, below 2⁴⁸: anything else is a
+/// [`ErrorKind::Backend`] error, never a fence.
+pub fn fence_of(epoch: u64, czxid: i64) -> Result<Fence> {
+    let zxid = u64::try_from(czxid).ok().filter(|&z| z > 0 && z < (1 << ZXID_BITS)).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Backend,
+            BACKEND,
+            format!("ZooKeeper returned czxid {czxid}, which does not fit the fence's {ZXID_BITS} zxid bits"),
+        )
+    })?;
+    if epoch > MAX_EPOCH {
+        return Err(Error::new(ErrorKind::Backend, BACKEND, format!("epoch {epoch} is above {MAX_EPOCH}")));
+    }
+    Ok(Fence::new((epoch << ZXID_BITS) | zxid))
+}
+
+/// The `czxid` a fence was made from (its low 48 bits).
+pub fn czxid_of(fence: Fence) -> i64 {
+    i64::try_from(fence.get() & ((1 << ZXID_BITS) - 1)).unwrap_or(-1)
+}
+
+/// The epoch whose fences are all above `floor`: one past `floor`'s. `Unsupported` beyond
+/// [`MAX_EPOCH`] (that many recoveries; the fences would no longer fit 63 bits).
+pub fn epoch_above(floor: Fence) -> Result<u64> {
+    let epoch = (floor.get() >> ZXID_BITS) + 1;
+    if epoch > MAX_EPOCH {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            BACKEND,
+            format!(
+                "fence {floor} needs epoch {epoch}, above the last one ({MAX_EPOCH}): fences would no longer fit 63 bits"
+            ),
+        ));
+    }
+    Ok(epoch)
+}
+
+/// The epoch node's data: the epoch in decimal.
+pub fn encode_epoch(epoch: u64) -> Vec<u8> {
+    epoch.to_string().into_bytes()
+}
+
+/// The epoch the epoch node holds: no node (never raised) is 0; data that is not a decimal
+/// number is a [`ErrorKind::Backend`] error, never an epoch.
+pub fn decode_epoch(data: Option<&[u8]>) -> Result<u64> {
+    let Some(data) = data else { return Ok(0) };
+    std::str::from_utf8(data)
         .ok()
-        .filter(|&z| z > 0)
-        .map(Fence::new)
-        .ok_or_else(|| Error::new(ErrorKind::Backend, BACKEND, format!("ZooKeeper returned czxid {czxid}")))
+        .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|d| d.parse().ok())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Backend,
+                BACKEND,
+                format!("the epoch node holds {:?}, not an epoch", String::from_utf8_lossy(data)),
+            )
+        })
 }
 
 /// Whether sequence `a` was issued before `b`, across the wrap.
@@ -182,12 +241,36 @@ impl Drop for ZkLockService {
     }
 }
 
-/// A session, our contender node's path and stat, and the contenders if they were listed.
-type Joined = (Arc<Session>, String, zk::Stat, Option<Vec<(i32, String)>>);
+/// A session, our contender node's path and stat, and, if they were read in the same flight,
+/// the contenders and the epoch.
+type Joined = (Arc<Session>, String, zk::Stat, Option<Listed>);
+
+/// The contenders of a resource, lowest first, and the service's epoch, read right after our
+/// node's creation.
+type Listed = (Vec<(i32, String)>, u64);
 
 impl Inner {
     fn parent(&self, key: &ResourceKey) -> String {
         format!("{}/{}/{}", self.config.root, key.domain(), key.id())
+    }
+
+    /// The node that holds the service's epoch (`<root>.epoch`), absent until a recovery. Not
+    /// under the root: the root and the resources' parents are container nodes, which the
+    /// ensemble deletes when they are empty, and the epoch must outlive every lock.
+    fn epoch_path(&self) -> String {
+        format!("{}.epoch", self.config.root)
+    }
+
+    /// The service's epoch now (0 while its node does not exist).
+    async fn epoch(&self, session: &Session) -> Result<u64> {
+        let read = timeout(self.config.request_timeout, session.client.get_data(&self.epoch_path()))
+            .await
+            .map_err(|_| timed_out("reading the epoch", false))?;
+        match read {
+            Ok((data, _)) => decode_epoch(Some(&data)),
+            Err(zk::Error::NoNode) => Ok(0),
+            Err(e) => Err(map(e, "reading the epoch", false)),
+        }
     }
 
     async fn shutdown(&self) {
@@ -256,7 +339,7 @@ impl Inner {
         parent: &str,
         token: OwnerToken,
         list: bool,
-    ) -> Result<(String, zk::Stat, Option<Vec<(i32, String)>>)> {
+    ) -> Result<(String, zk::Stat, Option<Listed>)> {
         let created = self.try_create_node(session, parent, token, list).await;
         if created.as_ref().is_err_and(|e| e.kind() == ErrorKind::OutcomeUnknown) {
             // The node may exist with a sequence we never learned: find it by our token (it is
@@ -308,36 +391,50 @@ impl Inner {
         });
     }
 
-    /// Creates our node; with `list`, also lists the resource's contenders in the same flight.
-    /// The client sends requests in the order of the calls and the server answers a session's
-    /// requests in order, so a listing sent right after the create sees our node and every
-    /// contender created before it, as a listing sent after the create's reply would, one
-    /// round trip sooner. `None` when not asked for or when the listing failed (the caller
-    /// lists again).
+    /// Creates our node; with `list`, also lists the resource's contenders and reads the epoch
+    /// in the same flight. The client sends requests in the order of the calls and the server
+    /// answers a session's requests in order, so a listing sent right after the create sees
+    /// our node and every contender created before it, and the epoch read after it is at
+    /// least the epoch as of our node's creation, as reads sent after the create's reply
+    /// would be, one round trip sooner. `None` when not asked for or when a read failed (the
+    /// caller reads again).
     async fn try_create_node(
         &self,
         session: &Session,
         parent: &str,
         token: OwnerToken,
         list: bool,
-    ) -> Result<(String, zk::Stat, Option<Vec<(i32, String)>>)> {
+    ) -> Result<(String, zk::Stat, Option<Listed>)> {
         let acls = if self.config.digest.is_some() { zk::Acls::creator_all() } else { zk::Acls::anyone_all() };
         let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
         let prefix = format!("{parent}/{}", node_prefix(token));
         for _ in 0..3 {
             let create = session.client.create(&prefix, &[], &options);
             let listing = list.then(|| session.client.list_children(parent));
+            let epoch_path = self.epoch_path();
+            let epoch = list.then(|| session.client.get_data(&epoch_path));
             let created = timeout(self.config.request_timeout, create).await.map_err(|_| timed_out("acquire", true))?;
             match created {
                 Ok((stat, sequence)) => {
-                    let contenders = match listing {
-                        Some(listing) => match timeout(self.config.request_timeout, listing).await {
-                            Ok(Ok(children)) => Some(sorted_contenders(parent, children)),
-                            _ => None,
-                        },
-                        None => None,
+                    let listed = match (listing, epoch) {
+                        (Some(listing), Some(epoch)) => {
+                            let children = timeout(self.config.request_timeout, listing).await;
+                            let epoch = timeout(self.config.request_timeout, epoch).await;
+                            match (children, epoch) {
+                                // Not `?`: our node exists now, and the caller's queue place
+                                // removes it if the epoch cannot be read.
+                                (Ok(Ok(children)), Ok(Ok((data, _)))) => decode_epoch(Some(&data))
+                                    .ok()
+                                    .map(|epoch| (sorted_contenders(parent, children), epoch)),
+                                (Ok(Ok(children)), Ok(Err(zk::Error::NoNode))) => {
+                                    Some((sorted_contenders(parent, children), 0))
+                                }
+                                _ => None,
+                            }
+                        }
+                        _ => None,
                     };
-                    return Ok((format!("{prefix}{sequence}"), stat, contenders));
+                    return Ok((format!("{prefix}{sequence}"), stat, listed));
                 }
                 Err(zk::Error::NoNode) => {
                     let parents = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
@@ -366,39 +463,47 @@ impl Inner {
         Ok(sorted_contenders(parent, children))
     }
 
-    /// Our node's stat (`None` if it is gone) and the resource's contenders, lowest first, in
-    /// one multi-read request.
+    /// Our node's stat (`None` if it is gone), the resource's contenders, lowest first, and
+    /// the service's epoch, in one multi-read request.
     async fn queue_view(
         &self,
         session: &Session,
         parent: &str,
         path: &str,
-    ) -> Result<(Option<zk::Stat>, Vec<(i32, String)>)> {
+    ) -> Result<(Option<zk::Stat>, Vec<(i32, String)>, u64)> {
+        let failed = |e| map(e, "acquire (queue check)", false);
         let mut reader = session.client.new_multi_reader();
-        reader.add_get_data(path).map_err(|e| map(e, "acquire (queue check)", false))?;
-        reader.add_get_children(parent).map_err(|e| map(e, "acquire (queue check)", false))?;
+        reader.add_get_data(path).map_err(failed)?;
+        reader.add_get_children(parent).map_err(failed)?;
+        reader.add_get_data(&self.epoch_path()).map_err(failed)?;
         let results = timeout(self.config.request_timeout, reader.commit())
             .await
             .map_err(|_| timed_out("acquire (queue check)", false))?
-            .map_err(|e| map(e, "acquire (queue check)", false))?;
-        let mut mine = None;
-        let mut contenders = Vec::new();
-        for result in results {
-            match result {
-                zk::MultiReadResult::Data { stat, .. } => mine = Some(stat),
-                zk::MultiReadResult::Children { children } => {
-                    contenders = children
-                        .into_iter()
-                        .filter_map(|c| sequence_of(&c).map(|s| (s, format!("{parent}/{c}"))))
-                        .collect();
-                }
-                zk::MultiReadResult::Error { err: zk::Error::NoNode } => {}
-                zk::MultiReadResult::Error { err } => return Err(map(err, "acquire (queue check)", false)),
-                _ => return Err(Error::new(ErrorKind::Backend, BACKEND, "unexpected multi-read result")),
+            .map_err(failed)?;
+        let unexpected = || Error::new(ErrorKind::Backend, BACKEND, "unexpected multi-read result");
+        let [mine, children, epoch] = <[zk::MultiReadResult; 3]>::try_from(results).map_err(|_| unexpected())?;
+        let mine = match mine {
+            zk::MultiReadResult::Data { stat, .. } => Some(stat),
+            zk::MultiReadResult::Error { err: zk::Error::NoNode } => None,
+            zk::MultiReadResult::Error { err } => return Err(failed(err)),
+            _ => return Err(unexpected()),
+        };
+        let mut contenders = match children {
+            zk::MultiReadResult::Children { children } => {
+                children.into_iter().filter_map(|c| sequence_of(&c).map(|s| (s, format!("{parent}/{c}")))).collect()
             }
-        }
+            zk::MultiReadResult::Error { err: zk::Error::NoNode } => Vec::new(),
+            zk::MultiReadResult::Error { err } => return Err(failed(err)),
+            _ => return Err(unexpected()),
+        };
+        let epoch = match epoch {
+            zk::MultiReadResult::Data { data, .. } => decode_epoch(Some(&data))?,
+            zk::MultiReadResult::Error { err: zk::Error::NoNode } => 0,
+            zk::MultiReadResult::Error { err } => return Err(failed(err)),
+            _ => return Err(unexpected()),
+        };
         queue_order(&mut contenders);
-        Ok((mine, contenders))
+        Ok((mine, contenders, epoch))
     }
 
     /// Deletes a node of ours in the background until it is gone, the session is, or the
@@ -437,13 +542,13 @@ impl Inner {
     fn grant(
         self: &Arc<Self>,
         key: &ResourceKey,
-        (token, path, czxid): (OwnerToken, String, i64),
+        (token, path, fence): (OwnerToken, String, Fence),
         ttl: Ttl,
         sent_at: Instant,
         session: &Arc<Session>,
     ) -> Result<Grant<Fenced>> {
         let granted = Inner::cap(session, ttl, sent_at)?;
-        let grant = Grant::new(key.clone(), token, czxid_fence(czxid)?, granted, sent_at).with_handle(path.clone());
+        let grant = Grant::new(key.clone(), token, fence, granted, sent_at).with_handle(path.clone());
         let give_up = {
             let (inner, session, path) = (Arc::downgrade(self), Arc::clone(session), path.clone());
             Box::new(move || {
@@ -564,9 +669,9 @@ impl LockService for ZkLockService {
         let (session, path, stat, listed) = inner.join_queue(&parent, token, true).await?;
         let mut place =
             QueuePlace { inner: Arc::clone(inner), session: Arc::clone(&session), path: path.clone(), armed: true };
-        let contenders = match listed {
-            Some(contenders) => contenders,
-            None => inner.contenders(&session, &parent).await?,
+        let (contenders, epoch) = match listed {
+            Some(listed) => listed,
+            None => (inner.contenders(&session, &parent).await?, inner.epoch(&session).await?),
         };
         if contenders.first().map(|(_, p)| p) != Some(&path) {
             // Busy: leave at once (in the background if the delete fails).
@@ -575,8 +680,9 @@ impl LockService for ZkLockService {
             }
             return Ok(None);
         }
+        let fence = fence_of(epoch, stat.czxid)?;
         place.armed = false;
-        inner.grant(key, (token, path, stat.czxid), ttl, sent_at, &session).map(Some)
+        inner.grant(key, (token, path, fence), ttl, sent_at, &session).map(Some)
     }
 
     /// The lock recipe: our node joins the queue; we watch only the node just ahead of ours
@@ -602,7 +708,9 @@ impl LockService for ZkLockService {
         loop {
             let sent_at = Instant::now();
             // One read: our own node and the queue, as of the same moment.
-            let (mine, contenders) = inner.queue_view(&session, &parent, &path).await?;
+            // The epoch is read once nobody is ahead: a grant's epoch is never older than the
+            // one its predecessor was granted under.
+            let (mine, contenders, epoch) = inner.queue_view(&session, &parent, &path).await?;
             let ours = mine.is_some_and(|s| s.ephemeral_owner == session.id && s.czxid == stat.czxid);
             if !ours || session.lost.is_cancelled() {
                 place.armed = false;
@@ -611,8 +719,9 @@ impl LockService for ZkLockService {
             }
             let ahead = contenders.iter().rfind(|(s, _)| precedes(*s, my_sequence)).map(|(_, p)| p.clone());
             let Some(ahead) = ahead else {
+                let fence = fence_of(epoch, stat.czxid)?;
                 place.armed = false;
-                return inner.grant(key, (token, path, stat.czxid), ttl, sent_at, &session);
+                return inner.grant(key, (token, path, fence), ttl, sent_at, &session);
             };
             let watched = timeout(inner.config.request_timeout, session.client.check_and_watch_stat(&ahead))
                 .await
@@ -649,7 +758,7 @@ impl LockService for ZkLockService {
             .map_err(|_| timed_out("extend", false))?
             .map_err(|e| map(e, "extend", false))?;
         match stat {
-            Some(s) if u64::try_from(s.czxid).ok() == Some(fence) && s.ephemeral_owner == session.id => {}
+            Some(s) if s.czxid == czxid_of(grant.fence()) && s.ephemeral_owner == session.id => {}
             _ => {
                 inner.held.forget(&path, fence);
                 return Err(not_holder());
@@ -680,6 +789,68 @@ impl LockService for ZkLockService {
             }
         }
     }
+
+    /// Raises the service's epoch (the `<root>.epoch` node) to the first one whose fences are
+    /// all above `floor` ([`ZXID_BITS`]); never lowers it. Every resource's fences move with it:
+    /// the epoch is the service's, and an ensemble that lost its data lost every zxid at once.
+    /// A grant whose node was created before the raise keeps its lower fence (the store refuses
+    /// it and `lock_checked` acquires again).
+    async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
+        let inner = &self.inner;
+        let wanted = epoch_above(floor)?;
+        let session = inner.session().await?;
+        let path = inner.epoch_path();
+        let request = inner.config.request_timeout;
+        let acls = if inner.config.digest.is_some() { zk::Acls::creator_all() } else { zk::Acls::anyone_all() };
+        let failed = |e| map(e, "advancing the epoch", true);
+        let late = || timed_out("advancing the epoch", true);
+        // Compare-and-set on the node's version: create it, or raise a lower value; a
+        // concurrent raise to as much or more ends it too.
+        for _ in 0..8 {
+            match timeout(request, session.client.get_data(&path)).await.map_err(|_| late())? {
+                Ok((data, stat)) => {
+                    let epoch = decode_epoch(Some(&data))?;
+                    if epoch >= wanted {
+                        return Ok(());
+                    }
+                    let set = session.client.set_data(&path, &encode_epoch(wanted), Some(stat.version));
+                    match timeout(request, set).await.map_err(|_| late())? {
+                        Ok(_) => {
+                            warn!(key = %key, floor = floor.get(), from = epoch, epoch = wanted, "zookeeper epoch raised past the store's watermark: fences start above it");
+                            return Ok(());
+                        }
+                        Err(zk::Error::BadVersion | zk::Error::NoNode) => {}
+                        Err(e) => return Err(failed(e)),
+                    }
+                }
+                Err(zk::Error::NoNode) => {
+                    let options = zk::CreateMode::Persistent.with_acls(acls);
+                    let create = session.client.create(&path, &encode_epoch(wanted), &options);
+                    match timeout(request, create).await.map_err(|_| late())? {
+                        Ok(_) => {
+                            warn!(key = %key, floor = floor.get(), from = 0, epoch = wanted, "zookeeper epoch raised past the store's watermark: fences start above it");
+                            return Ok(());
+                        }
+                        Err(zk::Error::NodeExists) => {}
+                        Err(zk::Error::NoNode) => {
+                            // The root's parent is missing (an ensemble that lost its data):
+                            // create it, persistent, as the epoch's home.
+                            let parent = path.rsplit_once('/').map_or("/", |(p, _)| if p.is_empty() { "/" } else { p });
+                            let parents = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                            match timeout(request, session.client.mkdir(parent, &parents)).await.map_err(|_| late())? {
+                                Ok(()) | Err(zk::Error::NodeExists) => {}
+                                Err(e) => return Err(failed(e)),
+                            }
+                        }
+                        Err(e) => return Err(failed(e)),
+                    }
+                }
+                Err(e) => return Err(map(e, "reading the epoch", false)),
+            }
+        }
+        Err(Error::new(ErrorKind::Unavailable, BACKEND, "the epoch kept changing while it was raised")
+            .with_retryable(true))
+    }
 }
 
 #[cfg(test)]
@@ -689,6 +860,30 @@ mod tests {
     /// After 2³¹ changes of the parent the suffix is negative; nodes created after the wrap
     /// must still queue behind the ones created before it (else a new node sees itself first
     /// while the holder's node exists: two holders).
+    /// An epoch sits above the czxid; a fence never wraps, and the epoch's data is checked.
+    #[test]
+    fn fences_are_the_epoch_over_the_czxid() {
+        assert_eq!(fence_of(0, 0x1_0000_0007).unwrap(), Fence::new(0x1_0000_0007));
+        let raised = fence_of(3, 7).unwrap();
+        assert_eq!(raised, Fence::new((3 << ZXID_BITS) + 7));
+        assert_eq!(czxid_of(raised), 7);
+        for bad in [0, -1, 1 << ZXID_BITS, i64::MAX] {
+            assert_eq!(fence_of(0, bad).unwrap_err().kind(), ErrorKind::Backend, "{bad}");
+        }
+        assert_eq!(fence_of(MAX_EPOCH + 1, 1).unwrap_err().kind(), ErrorKind::Backend);
+        assert!(i64::try_from(fence_of(MAX_EPOCH, (1 << ZXID_BITS) - 1).unwrap().get()).is_ok(), "63 bits");
+        for floor in [0, 1, (1 << ZXID_BITS) - 1, 1 << ZXID_BITS, (9 << ZXID_BITS) + 5] {
+            let epoch = epoch_above(Fence::new(floor)).unwrap();
+            assert!(fence_of(epoch, 1).unwrap().get() > floor, "{floor}");
+        }
+        assert_eq!(epoch_above(Fence::new(MAX_EPOCH << ZXID_BITS)).unwrap_err().kind(), ErrorKind::Unsupported);
+        assert_eq!(decode_epoch(None).unwrap(), 0);
+        assert_eq!(decode_epoch(Some(&encode_epoch(12))).unwrap(), 12);
+        for bad in [&b""[..], b"-1", b"1.5", b"x", b"99999999999999999999999"] {
+            assert_eq!(decode_epoch(Some(bad)).unwrap_err().kind(), ErrorKind::Backend);
+        }
+    }
+
     #[test]
     fn queue_order_holds_across_the_sequence_wrap() {
         let names = ["lock-c--2147483000", "lock-a-2147483000", "lock-d--2147482000", "lock-b-2147483647"];

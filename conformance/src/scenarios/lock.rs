@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use palisade_core::{
-    Error, ErrorKind, Fenced, Fencing, Grant, Lease, LockOptions, LockService, LockServiceExt, OwnerToken, Progress,
-    FencedStore, ResourceKey, Ttl, WriteBatch,
+    Error, ErrorKind, Fenced, FencedStore, Fencing, Grant, Lease, LockOptions, LockService, LockServiceExt, OwnerToken,
+    Progress, ResourceKey, Ttl, WriteBatch,
 };
 use tokio::time::Instant;
 
