@@ -118,10 +118,11 @@ pub trait LockService: Send + Sync + 'static {
     ///
     /// Behavior:
     /// - Atomic with respect to grants: no grant issued after it returns has a fence ≤ `floor`.
-    /// - Every service in this repository implements it: counters are moved (Redis, the SQL
-    ///   services), and revision or zxid fences carry an epoch that is raised (etcd,
-    ///   ZooKeeper). A service that lost its counter and cannot move it leaves the resource
-    ///   stuck until an operator acts, and fails certification.
+    /// - Every fenced service in this repository implements it: counters are moved (Redis,
+    ///   the SQL services), and revision or zxid fences carry an epoch that is raised (etcd,
+    ///   ZooKeeper). A fenced service that lost its counter and cannot move it leaves the
+    ///   resource stuck until an operator acts: its certification's restart scenario (with a
+    ///   `restartable` factory) fails for it.
     /// - Default: [`ErrorKind::Unsupported`].
     async fn advance_fence(&self, key: &ResourceKey, floor: crate::Fence) -> Result<()> {
         let _ = floor;

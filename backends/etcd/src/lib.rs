@@ -7,8 +7,8 @@
 //!   is therefore **one txn**: "if no key exists under the resource's prefix, put mine on the
 //!   session lease".
 //! - **Fence = the service's epoch over the create revision of the holder's key**
-//!   (`epoch × 2⁴⁴ + revision`): cluster-wide and strictly increasing, but not gap-free (every
-//!   write to the cluster moves it). The epoch is 0, and the fence the revision itself, until
+//!   (`epoch × 2⁴⁴ + revision`): strictly increasing for each resource, but not gap-free
+//!   (every write to the cluster moves it). The epoch is 0, and the fence the revision itself, until
 //!   the cluster loses its data (below).
 //! - **FIFO, push-based waiting** (the etcd lock recipe): a waiter puts its own key under the
 //!   resource's prefix and watches the key created just before it; when that key is deleted it
@@ -25,7 +25,8 @@
 //! ## Key layout
 //!
 //! `<prefix>lock:{domain:id}/<owner token>` with the default prefix `palisade/`, for
-//! example `palisade/lock:{alloc:WH-01}/8c1e…`. Resource ids cannot contain `/` or `}`, so one
+//! example `palisade/lock:{alloc:WH-01}/8c1e…`, and the service's epoch, `<prefix>epoch`
+//! (absent until a data loss is repaired): a role scoped to the prefix covers both. Resource ids cannot contain `/` or `}`, so one
 //! resource's prefix never matches another's.
 //!
 //! ## Run etcd with auto-compaction
@@ -42,15 +43,16 @@
 //! ## Fence regressions, repaired without an operator
 //!
 //! Revisions survive restarts and leader changes. They move **backwards** when the cluster
-//! loses its data: its data directory wiped, a restore from a snapshot without `etcdutl
-//! snapshot restore --bump-revision`, a new cluster in its place. Stores keep refusing the low
+//! loses its data: its data directory wiped, a restore from an older snapshot, a new cluster in
+//! its place. Stores keep refusing the low
 //! fences (safety holds), and
 //! [`LockServiceExt::lock_checked`](palisade_core::LockServiceExt::lock_checked) detects the
 //! regression (error log, `palisade_lock_fence_regression_total`) and repairs it: a revision
 //! cannot be moved by a client, but the **epoch** can.
 //! [`advance_fence`](palisade_core::LockService::advance_fence) raises the key
 //! `<prefix>epoch` to the first epoch whose fences are above the store's watermark, and every
-//! acquire reads the epoch in the same txn that creates its key: from the next grant on, every
+//! acquire reads the epoch in the txn that finds it first in the queue (the one that creates its
+//! key, when nobody is ahead): from the next grant on, every
 //! resource's fences start above everything the stores accepted, still derived from the
 //! revision. The same repair answers a `DuplicateFence` (a partial loss: a restore from an
 //! older snapshot hands out revisions a paused holder still carries).

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::errors::{map, never_sent, send_until_answered, timed_out, with_failover};
-use crate::reply::{TxnReply, decode_epoch, encode_epoch, epoch_above, revision_of};
+use crate::reply::{TxnReply, compose_fence, decode_epoch, encode_epoch, epoch_above, revision_of};
 use crate::session::Session;
 use crate::{BACKEND, EtcdConfig};
 
@@ -458,6 +458,8 @@ impl LockService for EtcdLockService {
         let reply = TxnReply::of(&resp);
         let revision = reply.revision()?;
         let head_is_us = reply.first_found_is(0, etcd_key.as_bytes());
+        // The epoch read with the last look at the queue: a raise while we waited counts.
+        let mut epoch_read = reply.values.get(1).cloned();
         // Until nobody is ahead: who is just ahead of us, and are we still queued?
         if !head_is_us {
             loop {
@@ -468,8 +470,11 @@ impl LockService for EtcdLockService {
                     .with_max_create_revision(revision - 1)
                     .with_sort(SortTarget::Create, SortOrder::Descend)
                     .with_limit(1);
-                let txn =
-                    Txn::new().and_then([TxnOp::get(etcd_key.clone(), None), TxnOp::get(prefix.clone(), Some(ahead))]);
+                let txn = Txn::new().and_then([
+                    TxnOp::get(etcd_key.clone(), None),
+                    TxnOp::get(prefix.clone(), Some(ahead)),
+                    TxnOp::get(inner.epoch_key(), None),
+                ]);
                 let resp = match inner.txn(txn, "acquire (queue check)", false).await {
                     Ok(r) => r,
                     Err(e) => {
@@ -485,6 +490,7 @@ impl LockService for EtcdLockService {
                         .with_retryable(true));
                 }
                 let Some(predecessor) = reply.first_found(1).map(<[u8]>::to_vec) else {
+                    epoch_read = reply.values.get(2).cloned();
                     break; // nobody ahead: ours
                 };
                 let watch_from = reply.next_revision()?;
@@ -502,7 +508,13 @@ impl LockService for EtcdLockService {
                 }
             }
         }
-        let granted = reply.fence(1).and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
+        // Our key's create revision under the epoch as of the grant (`advance_fence`: no grant
+        // after a raise is below it, also one that was queued before it).
+        let fence = epoch_read
+            .ok_or_else(|| Error::new(ErrorKind::Backend, BACKEND, "etcd answered without the read of the epoch"))
+            .and_then(|read| decode_epoch(read.as_deref()))
+            .and_then(|epoch| compose_fence(epoch, revision));
+        let granted = fence.and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
         // Still armed if the grant failed (the session's local deadline passed meanwhile): the
         // place's drop deletes our key instead of leaving it on a lease that may yet renew.
         place.armed = granted.is_err();
@@ -614,7 +626,7 @@ impl LockService for EtcdLockService {
             )
             .with_retryable(true));
         }
-        warn!(key = %key, floor = floor.get(), epoch, "etcd epoch raised past the store's watermark: fences start above it");
+        warn!(key = %key, floor = floor.get(), epoch, "etcd epoch at or past the one above the store's watermark: fences start above it");
         Ok(())
     }
 }

@@ -48,8 +48,8 @@ fn slow_replies_still_complete_with_the_default_session() {
 }
 
 /// An etcd of this test's own, which the restart scenario restarts with its data (revisions go
-/// on) and without (revisions start over, which etcd cannot move past: `lock_checked` must
-/// refuse).
+/// on) and without (revisions start over: `lock_checked` raises the service's epoch past the
+/// store's watermark).
 struct OwnEtcd {
     server: std::sync::Mutex<palisade_lab::servers::LoopbackServer>,
     url: String,

@@ -85,6 +85,10 @@ fn timed_out(what: &str, writes: bool) -> Error {
     Error::new(kind, BACKEND, format!("{what}: no answer within the request timeout")).with_retryable(!writes)
 }
 
+/// The epoch node's ACL under a digest identity: its creator changes it, anyone reads it.
+static EPOCH_ACL: [zk::Acl; 2] =
+    [zk::Acl::new_const(zk::Permission::ALL, "auth", ""), zk::Acl::new_const(zk::Permission::READ, "world", "anyone")];
+
 /// `lock-<token>-` nodes; ZooKeeper appends a 10-digit sequence.
 pub fn node_prefix(token: OwnerToken) -> String {
     format!("lock-{token}-")
@@ -801,7 +805,10 @@ impl LockService for ZkLockService {
         let session = inner.session().await?;
         let path = inner.epoch_path();
         let request = inner.config.request_timeout;
-        let acls = if inner.config.digest.is_some() { zk::Acls::creator_all() } else { zk::Acls::anyone_all() };
+        // Every client reads the epoch at every grant, whatever its identity (one without
+        // credentials, a rotated password): anyone may read it; with a digest identity only
+        // that identity may change it.
+        let acls = if inner.config.digest.is_some() { zk::Acls::new(&EPOCH_ACL) } else { zk::Acls::anyone_all() };
         let failed = |e| map(e, "advancing the epoch", true);
         let late = || timed_out("advancing the epoch", true);
         // Compare-and-set on the node's version: create it, or raise a lower value; a
@@ -857,9 +864,6 @@ impl LockService for ZkLockService {
 mod tests {
     use super::*;
 
-    /// After 2³¹ changes of the parent the suffix is negative; nodes created after the wrap
-    /// must still queue behind the ones created before it (else a new node sees itself first
-    /// while the holder's node exists: two holders).
     /// An epoch sits above the czxid; a fence never wraps, and the epoch's data is checked.
     #[test]
     fn fences_are_the_epoch_over_the_czxid() {
@@ -884,6 +888,9 @@ mod tests {
         }
     }
 
+    /// After 2³¹ changes of the parent the suffix is negative; nodes created after the wrap
+    /// must still queue behind the ones created before it (else a new node sees itself first
+    /// while the holder's node exists: two holders).
     #[test]
     fn queue_order_holds_across_the_sequence_wrap() {
         let names = ["lock-c--2147483000", "lock-a-2147483000", "lock-d--2147482000", "lock-b-2147483647"];

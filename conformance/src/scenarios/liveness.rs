@@ -709,8 +709,8 @@ where
     let took = started.elapsed();
     let repaired = match &written {
         Err(e) if matches!(e.kind(), ErrorKind::DuplicateFence { .. }) => true,
-        // A service that cannot move its counter (etcd's revision, ZooKeeper's zxid) refuses
-        // the repair with `FenceRegression`: documented, and the holder must still go on.
+        // A service that cannot move its counter refuses the repair with `FenceRegression`
+        // (its restart scenario fails for it); here the holder must still go on.
         Err(e) if e.kind() == ErrorKind::Unsupported || e.kind() == ErrorKind::FenceRegression => {
             ctx.note(format!("the counter cannot be moved: {e}"));
             false
