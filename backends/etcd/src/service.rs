@@ -581,7 +581,7 @@ impl LockService for EtcdLockService {
     }
 
     /// Raises the service's epoch (`<prefix>epoch`) to the first one whose fences are all above
-    /// `floor` ([`REVISION_BITS`](crate::reply::REVISION_BITS)); never lowers it. Every key's
+    /// `floor` (fences are `epoch × 2⁴⁴ + revision`); never lowers it. Every key's
     /// fences move with it: the epoch is the service's, and a cluster that lost its data lost
     /// every key's revisions at once. A grant whose key was created before the raise keeps its
     /// lower fence (the store refuses it and `lock_checked` acquires again).

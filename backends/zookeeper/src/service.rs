@@ -795,7 +795,7 @@ impl LockService for ZkLockService {
     }
 
     /// Raises the service's epoch (the `<root>.epoch` node) to the first one whose fences are
-    /// all above `floor` ([`ZXID_BITS`]); never lowers it. Every resource's fences move with it:
+    /// all above `floor` (fences are `epoch × 2⁴⁸ + czxid`); never lowers it. Every resource's fences move with it:
     /// the epoch is the service's, and an ensemble that lost its data lost every zxid at once.
     /// A grant whose node was created before the raise keeps its lower fence (the store refuses
     /// it and `lock_checked` acquires again).
