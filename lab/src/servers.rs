@@ -488,13 +488,19 @@ impl RedisCluster {
     /// must not fail over by mistake.
     pub fn start_patient(program: &str, node_timeout: Duration) -> std::io::Result<Self> {
         let node_timeout = node_timeout.as_millis().to_string();
-        let mut nodes = Vec::new();
+        let (mut nodes, mut buses) = (Vec::new(), Vec::new());
         for _ in 0..6 {
+            // The bus port defaults to the port + 10000, which may be the ephemeral port of a
+            // client connection by then (the node cannot bind it and exits): a free one instead.
+            let bus = free_port()?.to_string();
+            buses.push(bus.clone());
             nodes.push(LoopbackServer::redis(
                 program,
                 &[
                     "--cluster-enabled",
                     "yes",
+                    "--cluster-port",
+                    &bus,
                     "--cluster-node-timeout",
                     &node_timeout,
                     "--repl-diskless-sync-delay",
@@ -517,7 +523,7 @@ impl RedisCluster {
         }
         let first_port = cluster.nodes[0].port().to_string();
         for node in &cluster.nodes[1..] {
-            redis_command(node.addr(), &["CLUSTER", "MEET", "127.0.0.1", &first_port])?;
+            redis_command(node.addr(), &["CLUSTER", "MEET", "127.0.0.1", &first_port, &buses[0]])?;
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         let knows_all = |n: &LoopbackServer| {
