@@ -8,13 +8,13 @@
 //! For every lock service × store pair it runs the same fault scenarios (a worker process
 //! frozen with `SIGSTOP` past its TTL, a worker killed with `SIGKILL`, the lock server restarted
 //! with its data lost, a cluster leader killed), the same performance measurements (each as a
-//! ratio to the backend's raw operation measured in the same run), and the seed's benchmark
+//! ratio to the backend's raw operation measured in the same run), and the warehouse benchmark
 //! (synthetic allocation jobs with injected pauses, fenced and unfenced). It writes a Markdown
 //! report, SVG charts and, with `--json`, the raw figures. Every figure comes from this run.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool
 
-// The seed's benchmark is the warehouse simulation itself (palisade-examples), not a copy.
+// The warehouse benchmark is the warehouse simulation itself (palisade-examples), not a copy.
 mod charts;
 mod faults;
 mod local;
@@ -64,20 +64,20 @@ pub struct CompareArgs {
     /// A small run (CI): fewer cycles, shorter windows, 200 seed jobs.
     #[arg(long)]
     pub quick: bool,
-    /// Jobs in the seed's benchmark per pair and mode (default 2000, --quick 200; the seed's
-    /// full run is 1000000).
+    /// Jobs in the warehouse benchmark per pair and mode (default 2000, --quick 200; the 1M-job
+    /// run is 1000000).
     #[arg(long)]
     pub seed_jobs: Option<u64>,
     /// Run only these parts (repeatable): `perf`, `faults`, `seed`. Default: all three.
     #[arg(long = "only", value_enum)]
     pub only: Vec<Part>,
-    /// Workers of the seed's benchmark.
+    /// Workers of the warehouse benchmark.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub seed_workers: u32,
-    /// SKUs (locks) of the seed's benchmark.
+    /// SKUs (locks) of the warehouse benchmark.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub seed_skus: u32,
-    /// Every K-th job of the seed's benchmark pauses past its TTL (0: never).
+    /// Every K-th job of the warehouse benchmark pauses past its TTL (0: never).
     #[arg(long, default_value_t = 50)]
     pub seed_pause_every: u64,
     /// The lease TTL of the fault scenarios, in milliseconds.
@@ -98,7 +98,7 @@ pub enum Part {
     Perf,
     /// The fault matrix.
     Faults,
-    /// The seed's benchmark.
+    /// The warehouse benchmark.
     Seed,
 }
 

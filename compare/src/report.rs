@@ -218,7 +218,10 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
                 (true, _) => &[false, true],
             };
             for &unfenced in modes {
-                bar.set_message(format!("{name}: seed benchmark ({})", if unfenced { "unfenced" } else { "fenced" }));
+                bar.set_message(format!(
+                    "{name}: warehouse benchmark ({})",
+                    if unfenced { "unfenced" } else { "fenced" }
+                ));
                 match seed::run(&lock.url, &target.url, seed_plan, unfenced).await {
                     Ok(r) => seed_runs.push(r),
                     Err(e) => seed_error = Some(e),
@@ -546,10 +549,10 @@ fn markdown(
         }
     }
     if args.runs(Part::Seed) {
-        let _ = writeln!(md, "\n## The seed's benchmark\n");
+        let _ = writeln!(md, "\n## The warehouse benchmark\n");
         let _ = writeln!(
             md,
-            "The warehouse simulation: {} allocation jobs on {} workers and {} SKUs, a job redelivered when not acknowledged within the TTL (200 ms), every {}th holder paused for 450 ms after reading the stock. Fenced: the write carries the fence and checks its preconditions atomically; unfenced: the seed's naive lock. Each job reads the stock and whether the job is done in one request, then writes: on PostgreSQL and SQLite one transaction on the warehouse's own tables (the fenced single-row `UPDATE inventory … WHERE fence <= $f` and the audit row if the job has none; unfenced, a blind decrement and audit row), on other stores one record batch.\n",
+            "The warehouse simulation: {} allocation jobs on {} workers and {} SKUs, a job redelivered when not acknowledged within the TTL (200 ms), every {}th holder paused for 450 ms after reading the stock. Fenced: the write carries the fence and checks its preconditions atomically; unfenced: the incident's naive lock. Each job reads the stock and whether the job is done in one request, then writes: on PostgreSQL and SQLite one transaction on the warehouse's own tables (the fenced single-row `UPDATE inventory … WHERE fence <= $f` and the audit row if the job has none; unfenced, a blind decrement and audit row), on other stores one record batch.\n",
             parameters["seed"]["jobs"],
             parameters["seed"]["workers"],
             parameters["seed"]["skus"],

@@ -1,4 +1,4 @@
-//! The seed's benchmark: the warehouse simulation (synthetic allocation jobs with pauses past
+//! The warehouse benchmark: the warehouse simulation (synthetic allocation jobs with pauses past
 //! the TTL), fenced and unfenced, on one lock service × store pair.
 
 use clap::Parser;

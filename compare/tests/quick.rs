@@ -31,7 +31,7 @@ fn quick_local_comparison() {
         assert!(text.len() > 200, "{file} is nearly empty");
     }
     let md = std::fs::read_to_string(out_dir.path().join("report.md")).unwrap();
-    assert!(md.contains("## Fault matrix") && md.contains("## The seed's benchmark"), "{md}");
+    assert!(md.contains("## Fault matrix") && md.contains("## The warehouse benchmark"), "{md}");
 
     let pairs = report["pairs"].as_array().unwrap();
     assert_eq!(pairs.len(), 10, "4 lock services × 2 stores, and each store-native service on its own: {report}");
@@ -133,7 +133,7 @@ fn quick_local_comparison() {
     }
 }
 
-/// A run of the seed's benchmark alone (no servers needed: the in-memory lock service and a
+/// A run of the warehouse benchmark alone (no servers needed: the in-memory lock service and a
 /// SQLite file) writes its report and no charts: charts without figures would be empty, and
 /// in a directory of an earlier full run they would overwrite its charts.
 #[test]
@@ -150,7 +150,7 @@ fn a_seed_only_run_draws_no_charts() {
         .expect("run palisade compare");
     assert!(out.status.success(), "compare failed: {}", String::from_utf8_lossy(&out.stderr));
     let md = std::fs::read_to_string(out_dir.path().join("report.md")).unwrap();
-    assert!(md.contains("## The seed's benchmark"), "{md}");
+    assert!(md.contains("## The warehouse benchmark"), "{md}");
     assert!(!md.contains(".svg"), "a seed-only report links charts: {md}");
     for chart in ["latency.svg", "throughput.svg"] {
         assert!(!out_dir.path().join(chart).exists(), "{chart} written by a seed-only run");

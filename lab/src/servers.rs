@@ -208,13 +208,7 @@ impl LoopbackServer {
     /// lost its state (for etcd, its revisions restart low).
     pub fn wipe_and_restart(&mut self) -> std::io::Result<()> {
         self.kill();
-        for entry in std::fs::read_dir(&self.dir)? {
-            let path = entry?.path();
-            if path.file_name().is_some_and(|name| name == LOG_FILE) {
-                continue;
-            }
-            if path.is_dir() { std::fs::remove_dir_all(&path)? } else { std::fs::remove_file(&path)? }
-        }
+        self.clear_data()?;
         self.spawn()
     }
 
@@ -237,6 +231,13 @@ impl LoopbackServer {
     /// is removed on drop).
     pub fn restore(&mut self, snapshot: &Path) -> std::io::Result<()> {
         self.kill();
+        self.clear_data()?;
+        copy_dir(snapshot, &self.dir)?;
+        self.spawn()
+    }
+
+    /// Deletes everything in its data directory but its log (the server must be stopped).
+    fn clear_data(&self) -> std::io::Result<()> {
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
             if path.file_name().is_some_and(|name| name == LOG_FILE) {
@@ -244,8 +245,7 @@ impl LoopbackServer {
             }
             if path.is_dir() { std::fs::remove_dir_all(&path)? } else { std::fs::remove_file(&path)? }
         }
-        copy_dir(snapshot, &self.dir)?;
-        self.spawn()
+        Ok(())
     }
 
     /// `redis://IP:PORT`.
