@@ -2,76 +2,66 @@
 //! the reading can be checked against any response a server might send (the fuzz targets).
 
 use etcd_client::{TxnOpResponse, TxnResponse};
+use palisade_core::spi::EpochFence;
 use palisade_core::{Error, ErrorKind, Fence, Result};
 
 use crate::BACKEND;
 
-/// How many low bits of a fence hold the create revision of the holder's key; the service's
-/// epoch sits above them. 2⁴⁴ revisions is 55 years of 10,000 writes a second to the cluster.
-pub const REVISION_BITS: u32 = 44;
+/// The fence's layout: the service's epoch over 44 bits of create revision (2⁴⁴ revisions is
+/// 55 years of 10,000 writes a second to the cluster; 2¹⁹ − 1 epochs).
+pub const LAYOUT: EpochFence = EpochFence::new(44);
 
 /// The highest epoch: 2¹⁹ − 1, so that every fence fits in 63 bits (the SQL stores' `BIGINT`).
-pub const MAX_EPOCH: u64 = (1 << (63 - REVISION_BITS)) - 1;
+pub const MAX_EPOCH: u64 = LAYOUT.max_epoch();
 
 /// A grant's fence: `epoch × 2⁴⁴ + revision`. Still the revision while the epoch is 0 (a
 /// cluster that never lost its data); a `Backend` error for a revision beyond 44 bits or an
 /// epoch beyond [`MAX_EPOCH`], never a fence that wrapped.
 pub fn compose_fence(epoch: u64, revision: i64) -> Result<Fence> {
-    let revision = u64::try_from(revision).ok().filter(|r| *r >= 1 && *r < (1 << REVISION_BITS)).ok_or_else(|| {
+    u64::try_from(revision).ok().and_then(|r| LAYOUT.fence(epoch, r)).ok_or_else(|| {
         Error::new(
             ErrorKind::Backend,
             BACKEND,
-            format!("etcd revision {revision} does not fit the fence's {REVISION_BITS} revision bits"),
+            format!("etcd revision {revision} under epoch {epoch} does not fit a fence's 63 bits"),
         )
-    })?;
-    if epoch > MAX_EPOCH {
-        return Err(Error::new(ErrorKind::Backend, BACKEND, format!("epoch {epoch} is above {MAX_EPOCH}")));
-    }
-    Ok(Fence::new((epoch << REVISION_BITS) | revision))
+    })
 }
 
 /// The create revision a fence was made from (its low 44 bits).
 pub fn revision_of(fence: Fence) -> i64 {
-    i64::try_from(fence.get() & ((1 << REVISION_BITS) - 1)).unwrap_or(-1)
+    i64::try_from(LAYOUT.number(fence)).unwrap_or(-1)
 }
 
 /// The epoch whose fences are all above `floor`: one past `floor`'s. `Unsupported` beyond
 /// [`MAX_EPOCH`] (that many recoveries; the fences would no longer fit 63 bits).
 pub fn epoch_above(floor: Fence) -> Result<u64> {
-    let epoch = (floor.get() >> REVISION_BITS) + 1;
-    if epoch > MAX_EPOCH {
-        return Err(Error::new(
+    LAYOUT.epoch_above(floor).ok_or_else(|| {
+        Error::new(
             ErrorKind::Unsupported,
             BACKEND,
             format!(
-                "fence {floor} needs epoch {epoch}, above the last one ({MAX_EPOCH}): fences would no longer fit 63 bits"
+                "fence {floor} needs an epoch above the last one ({MAX_EPOCH}): fences would no longer fit 63 bits"
             ),
-        ));
-    }
-    Ok(epoch)
+        )
+    })
 }
 
-/// The epoch key's value: 20 decimal digits, so that etcd's byte-wise comparison of values
-/// orders epochs as numbers.
+/// The epoch key's value ([`EpochFence::encode`]).
 pub fn encode_epoch(epoch: u64) -> String {
-    format!("{epoch:020}")
+    EpochFence::encode(epoch)
 }
 
 /// The epoch a value of the epoch key holds: none (never raised) is 0; anything but
 /// [`encode_epoch`]'s form is a `Backend` error, never an epoch.
 pub fn decode_epoch(value: Option<&[u8]>) -> Result<u64> {
     let Some(value) = value else { return Ok(0) };
-    std::str::from_utf8(value)
-        .ok()
-        .filter(|v| v.len() == 20 && v.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|v| v.parse::<u64>().ok())
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Backend,
-                BACKEND,
-                format!("the epoch key holds {:?}, not an epoch", String::from_utf8_lossy(value)),
-            )
-        })
+    EpochFence::decode(value).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Backend,
+            BACKEND,
+            format!("the epoch key holds {:?}, not an epoch", String::from_utf8_lossy(value)),
+        )
+    })
 }
 
 /// A txn response as the backend reads it: whether its comparisons held, the revision in its
@@ -171,23 +161,25 @@ mod tests {
         };
         assert_eq!(at(Some(&encode_epoch(0)), 7).fence(0).unwrap(), Fence::new(7));
         let raised = at(Some(&encode_epoch(3)), 7).fence(0).unwrap();
-        assert_eq!(raised, Fence::new((3 << REVISION_BITS) + 7));
+        assert_eq!(raised, Fence::new((3 << LAYOUT.number_bits()) + 7));
         assert_eq!(revision_of(raised), 7);
         for bad in ["3", "-0000000000000000003", "0000000000000000000x", ""] {
             assert_eq!(at(Some(bad), 7).fence(0).unwrap_err().kind(), ErrorKind::Backend, "{bad}");
         }
-        assert_eq!(at(None, 1 << REVISION_BITS).fence(0).unwrap_err().kind(), ErrorKind::Backend);
+        assert_eq!(at(None, 1 << LAYOUT.number_bits()).fence(0).unwrap_err().kind(), ErrorKind::Backend);
         assert_eq!(compose_fence(MAX_EPOCH + 1, 1).unwrap_err().kind(), ErrorKind::Backend);
-        let top = compose_fence(MAX_EPOCH, (1 << REVISION_BITS) - 1).unwrap();
+        let top = compose_fence(MAX_EPOCH, (1 << LAYOUT.number_bits()) - 1).unwrap();
         assert!(i64::try_from(top.get()).is_ok(), "every fence fits 63 bits");
         assert!(TxnReply { revision: Some(7), ..TxnReply::default() }.fence(0).is_err(), "no epoch read");
         // The epoch above a floor makes every fence of it larger than the floor.
-        for floor in [0, 1, 7, (1 << REVISION_BITS) - 1, 1 << REVISION_BITS, (5 << REVISION_BITS) + 99] {
+        for floor in
+            [0, 1, 7, (1 << LAYOUT.number_bits()) - 1, 1 << LAYOUT.number_bits(), (5 << LAYOUT.number_bits()) + 99]
+        {
             let epoch = epoch_above(Fence::new(floor)).unwrap();
             assert!(compose_fence(epoch, 1).unwrap().get() > floor, "{floor}");
-            assert!(epoch <= (floor >> REVISION_BITS) + 1, "no epoch wasted: {floor}");
+            assert!(epoch <= (floor >> LAYOUT.number_bits()) + 1, "no epoch wasted: {floor}");
         }
-        let last = Fence::new(MAX_EPOCH << REVISION_BITS);
+        let last = Fence::new(MAX_EPOCH << LAYOUT.number_bits());
         assert_eq!(epoch_above(last).unwrap_err().kind(), ErrorKind::Unsupported);
         assert!(encode_epoch(9) < encode_epoch(10), "the text orders as the number");
     }

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::spi::HeldGrants;
+use palisade_core::spi::{EpochFence, HeldGrants};
 use palisade_core::spi::{timeout_error, validate_wait};
 use palisade_core::{
     Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken,
@@ -119,73 +119,61 @@ fn sorted_contenders(parent: &str, children: Vec<String>) -> Vec<(i32, String)> 
     sorted
 }
 
-/// How many low bits of a fence hold the lock node's `czxid`; the service's epoch sits above
-/// them. A zxid is ZooKeeper's own epoch (one per leader election) over a 32-bit counter, so 48
-/// bits last 65,536 elections of one ensemble's life.
-pub const ZXID_BITS: u32 = 48;
-
-/// The highest epoch: 2¹⁵ − 1, so that every fence fits in 63 bits (the SQL stores' `BIGINT`).
-pub const MAX_EPOCH: u64 = (1 << (63 - ZXID_BITS)) - 1;
+/// The fence's layout: the service's epoch over 48 bits of the lock node's `czxid`. A zxid is
+/// ZooKeeper's own epoch (one per leader election) over a 32-bit counter, so 48 bits last 65,536
+/// elections of one ensemble's life; 2¹⁵ − 1 epochs keep every fence within 63 bits.
+pub const LAYOUT: EpochFence = EpochFence::new(48);
 
 /// The fence of a node created at transaction id `czxid` (its `Stat`) under `epoch`:
 /// `epoch × 2⁴⁸ + czxid`, the `czxid` itself while the epoch is 0 (an ensemble that never lost
 /// its data). A zxid is positive and, here, below 2⁴⁸: anything else is a
 /// [`ErrorKind::Backend`] error, never a fence.
 pub fn fence_of(epoch: u64, czxid: i64) -> Result<Fence> {
-    let zxid = u64::try_from(czxid).ok().filter(|&z| z > 0 && z < (1 << ZXID_BITS)).ok_or_else(|| {
+    u64::try_from(czxid).ok().and_then(|z| LAYOUT.fence(epoch, z)).ok_or_else(|| {
         Error::new(
             ErrorKind::Backend,
             BACKEND,
-            format!("ZooKeeper returned czxid {czxid}, which does not fit the fence's {ZXID_BITS} zxid bits"),
+            format!("ZooKeeper returned czxid {czxid}, which under epoch {epoch} does not fit a fence's 63 bits"),
         )
-    })?;
-    if epoch > MAX_EPOCH {
-        return Err(Error::new(ErrorKind::Backend, BACKEND, format!("epoch {epoch} is above {MAX_EPOCH}")));
-    }
-    Ok(Fence::new((epoch << ZXID_BITS) | zxid))
+    })
 }
 
 /// The `czxid` a fence was made from (its low 48 bits).
 pub fn czxid_of(fence: Fence) -> i64 {
-    i64::try_from(fence.get() & ((1 << ZXID_BITS) - 1)).unwrap_or(-1)
+    i64::try_from(LAYOUT.number(fence)).unwrap_or(-1)
 }
 
-/// The epoch whose fences are all above `floor`: one past `floor`'s. `Unsupported` beyond
-/// [`MAX_EPOCH`] (that many recoveries; the fences would no longer fit 63 bits).
+/// The epoch whose fences are all above `floor`: one past `floor`'s. `Unsupported` beyond the
+/// last epoch (that many recoveries; the fences would no longer fit 63 bits).
 pub fn epoch_above(floor: Fence) -> Result<u64> {
-    let epoch = (floor.get() >> ZXID_BITS) + 1;
-    if epoch > MAX_EPOCH {
-        return Err(Error::new(
+    LAYOUT.epoch_above(floor).ok_or_else(|| {
+        Error::new(
             ErrorKind::Unsupported,
             BACKEND,
             format!(
-                "fence {floor} needs epoch {epoch}, above the last one ({MAX_EPOCH}): fences would no longer fit 63 bits"
+                "fence {floor} needs an epoch above the last one ({}): fences would no longer fit 63 bits",
+                LAYOUT.max_epoch()
             ),
-        ));
-    }
-    Ok(epoch)
+        )
+    })
 }
 
-/// The epoch node's data: the epoch in decimal.
+/// The epoch node's data ([`EpochFence::encode`]).
 pub fn encode_epoch(epoch: u64) -> Vec<u8> {
-    epoch.to_string().into_bytes()
+    EpochFence::encode(epoch).into_bytes()
 }
 
-/// The epoch the epoch node holds: no node (never raised) is 0; data that is not a decimal
-/// number is a [`ErrorKind::Backend`] error, never an epoch.
+/// The epoch the epoch node holds: no node (never raised) is 0; data in any other form is a
+/// [`ErrorKind::Backend`] error, never an epoch.
 pub fn decode_epoch(data: Option<&[u8]>) -> Result<u64> {
     let Some(data) = data else { return Ok(0) };
-    std::str::from_utf8(data)
-        .ok()
-        .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|d| d.parse().ok())
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Backend,
-                BACKEND,
-                format!("the epoch node holds {:?}, not an epoch", String::from_utf8_lossy(data)),
-            )
-        })
+    EpochFence::decode(data).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Backend,
+            BACKEND,
+            format!("the epoch node holds {:?}, not an epoch", String::from_utf8_lossy(data)),
+        )
+    })
 }
 
 /// Whether sequence `a` was issued before `b`, across the wrap.
@@ -869,21 +857,28 @@ mod tests {
     fn fences_are_the_epoch_over_the_czxid() {
         assert_eq!(fence_of(0, 0x1_0000_0007).unwrap(), Fence::new(0x1_0000_0007));
         let raised = fence_of(3, 7).unwrap();
-        assert_eq!(raised, Fence::new((3 << ZXID_BITS) + 7));
+        assert_eq!(raised, Fence::new((3 << 48) + 7));
         assert_eq!(czxid_of(raised), 7);
-        for bad in [0, -1, 1 << ZXID_BITS, i64::MAX] {
+        for bad in [0, -1, 1 << LAYOUT.number_bits(), i64::MAX] {
             assert_eq!(fence_of(0, bad).unwrap_err().kind(), ErrorKind::Backend, "{bad}");
         }
-        assert_eq!(fence_of(MAX_EPOCH + 1, 1).unwrap_err().kind(), ErrorKind::Backend);
-        assert!(i64::try_from(fence_of(MAX_EPOCH, (1 << ZXID_BITS) - 1).unwrap().get()).is_ok(), "63 bits");
-        for floor in [0, 1, (1 << ZXID_BITS) - 1, 1 << ZXID_BITS, (9 << ZXID_BITS) + 5] {
+        assert_eq!(fence_of(LAYOUT.max_epoch() + 1, 1).unwrap_err().kind(), ErrorKind::Backend);
+        assert!(
+            i64::try_from(fence_of(LAYOUT.max_epoch(), (1 << LAYOUT.number_bits()) - 1).unwrap().get()).is_ok(),
+            "63 bits"
+        );
+        for floor in [0, 1, (1 << LAYOUT.number_bits()) - 1, 1 << LAYOUT.number_bits(), (9 << LAYOUT.number_bits()) + 5]
+        {
             let epoch = epoch_above(Fence::new(floor)).unwrap();
             assert!(fence_of(epoch, 1).unwrap().get() > floor, "{floor}");
         }
-        assert_eq!(epoch_above(Fence::new(MAX_EPOCH << ZXID_BITS)).unwrap_err().kind(), ErrorKind::Unsupported);
+        assert_eq!(
+            epoch_above(Fence::new(LAYOUT.max_epoch() << LAYOUT.number_bits())).unwrap_err().kind(),
+            ErrorKind::Unsupported
+        );
         assert_eq!(decode_epoch(None).unwrap(), 0);
         assert_eq!(decode_epoch(Some(&encode_epoch(12))).unwrap(), 12);
-        for bad in [&b""[..], b"-1", b"1.5", b"x", b"99999999999999999999999"] {
+        for bad in [&b""[..], b"12", b"-1", b"1.5", b"x", b"99999999999999999999999"] {
             assert_eq!(decode_epoch(Some(bad)).unwrap_err().kind(), ErrorKind::Backend);
         }
     }
