@@ -283,11 +283,17 @@ impl LoopbackServer {
         Some(detached)
     }
 
-    /// Kills it with SIGKILL and waits for it to exit.
+    /// Kills it and every process it started with SIGKILL, and waits up to 5 s for all of them
+    /// to exit: a PostgreSQL backend outlives a killed postmaster (in a session of its own)
+    /// and keeps the shared memory that would refuse the next start.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
+            let tree = kill_tree(child.id());
             let _ = child.wait();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while tree.iter().any(|&pid| process_state(pid) != "exited") && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
 
@@ -780,6 +786,47 @@ fn wait_etcd_healthy(members: &[&LoopbackServer]) -> std::io::Result<()> {
 
 /// `running`, `stopped` or `exited`, from `/proc` (an exited child not yet waited for is still
 /// listed there, as a zombie).
+/// SIGKILLs `root` and all its descendants, and returns their pids. Each is stopped first so
+/// that none forks after the tree was read.
+pub(crate) fn kill_tree(root: u32) -> Vec<u32> {
+    use nix::sys::signal::{Signal, kill};
+    let signal = |pid: u32, signal: Signal| {
+        if let Ok(pid) = i32::try_from(pid) {
+            let _ = kill(nix::unistd::Pid::from_raw(pid), signal);
+        }
+    };
+    let mut tree = vec![root];
+    signal(root, Signal::SIGSTOP);
+    let mut next = 0;
+    while next < tree.len() {
+        for child in children_of(tree[next]) {
+            if !tree.contains(&child) {
+                signal(child, Signal::SIGSTOP);
+                tree.push(child);
+            }
+        }
+        next += 1;
+    }
+    for &pid in &tree {
+        signal(pid, Signal::SIGKILL);
+    }
+    tree
+}
+
+/// The pids whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // After the command name (in parentheses, which may hold spaces): state, then ppid.
+            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1));
+            ppid == Some(parent.to_string().as_str())
+        })
+        .collect()
+}
+
 fn process_state(pid: u32) -> &'static str {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The state follows the command name, which is in parentheses and may hold spaces.
@@ -1191,6 +1238,28 @@ mod tests {
             }
             TcpListener::bind(("127.0.0.1", port)).unwrap();
         }
+    }
+
+    /// A backend busy in a query does not notice that its postmaster died: a restart that
+    /// killed only the postmaster found the old shared memory still attached and exited 1
+    /// ("pre-existing shared memory block is still in use"), as in a CI run.
+    #[test]
+    fn a_postgres_restart_with_a_busy_backend_starts_again() {
+        let mut server = PostgresServer::start().unwrap();
+        let psql = postgres_bin_dir().unwrap().join("psql");
+        let mut busy = Command::new(psql)
+            .args(["-X", "-q", "-d", &server.url(), "-c", "SELECT count(*) FROM generate_series(1, 10000000000)"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let restarted = server.restart_keeping_data(true);
+        let _ = busy.kill();
+        let _ = busy.wait();
+        restarted.unwrap();
+        assert!(TcpStream::connect(server.server.addr()).is_ok());
+        server.restart_keeping_data(false).unwrap();
     }
 
     #[test]

@@ -309,7 +309,8 @@ pub fn down(state: &Path) -> std::io::Result<()> {
             std::thread::sleep(Duration::from_millis(50));
         }
         if alive(*pid) {
-            let _ = kill(*pid, Signal::SIGKILL);
+            // With what it forked: PostgreSQL's backends outlive a killed postmaster.
+            crate::servers::kill_tree(pid.as_raw().unsigned_abs());
         }
     }
     let _ = std::fs::remove_file(&pids);
