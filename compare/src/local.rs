@@ -1,6 +1,6 @@
 //! `--local`: the project's own servers on loopback, started here and stopped on drop.
 
-use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, ZkEnsemble};
+use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, Restart, ZkEnsemble};
 
 use crate::target::{Backend, LockTarget, StoreTarget};
 
@@ -128,17 +128,17 @@ impl Local {
                 .map_err(|e| e.to_string()),
             (Backend::Zookeeper, false) => self
                 .zk
-                .restart_all(false)
+                .restart_as(Restart::LoseData)
                 .map(|()| "ZooKeeper restarted with its data directory wiped (zxids restart low)".to_string())
                 .map_err(|e| e.to_string()),
             (Backend::Postgres, true) => self
                 .postgres
-                .restart_keeping_data(true)
+                .restart_as(Restart::KeepData)
                 .map(|()| "PostgreSQL restarted (its data survives; the store's database restarted too)".to_string())
                 .map_err(|e| e.to_string()),
             (Backend::Postgres, false) => drop_lock_table(&self.postgres.url())
                 .await
-                .and_then(|()| self.postgres.restart_keeping_data(true).map_err(|e| e.to_string()))
+                .and_then(|()| self.postgres.restart_as(Restart::KeepData).map_err(|e| e.to_string()))
                 .map(|()| {
                     "the lock service's table dropped (every fence counter lost), then PostgreSQL restarted; the \
                      store's data survives"

@@ -97,7 +97,8 @@ pub use scenarios::{cluster, e2e, election, frozen, liveness, lock, partition, p
 pub use bounds::{BoundedLockFactory, BoundedStoreFactory, CallBounds};
 pub use e2e::LoadSettings;
 pub use factory::{
-    FaultyClient, FencedStoreFactory, FencingOf, HeldTransaction, LockServiceFactory, Namespace, ProcessAccess, Timing,
+    FaultyClient, FencedStoreFactory, FencingOf, HeldTransaction, LockServiceFactory, Namespace, ProcessAccess,
+    Restart, Timing,
 };
 pub use fn_factory::{FnLockFactory, FnStoreFactory, lock_factory, store_factory};
 pub use harness::{Ctx, Failure, Outcome, Report, Status, require_env};

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use palisade_conformance::memory::MemoryStoreFactory;
 use palisade_conformance::relay::{Relay, RelayLockService, RelayRetry};
-use palisade_conformance::{Ctx, FencedStoreFactory, LockServiceFactory, Outcome, ProcessAccess, Timing, e2e, harness};
+use palisade_conformance::{
+    Ctx, FencedStoreFactory, LockServiceFactory, Outcome, ProcessAccess, Restart, Timing, e2e, harness,
+};
 use palisade_conformance::{FaultProxy, FaultyClient};
 use palisade_core::spi::{async_trait, conflict_error};
 use palisade_core::{
@@ -69,6 +71,11 @@ enum LockFlaw {
     /// Cannot move its counter (`advance_fence` unsupported, as etcd's revisions once were):
     /// after a data loss every grant is below the store's watermark until an operator acts.
     CannotAdvance,
+    /// Recovers from a wipe by itself (a counter that is missing starts past every fence ever
+    /// issued, as one seeded from the clock would) but cannot move a counter that exists: a
+    /// restore from an older snapshot leaves a key whose counter went back below the store's
+    /// watermark until an operator acts.
+    RepairsOnlyAMissingCounter,
     /// A zero-wait `acquire` that finds the lock held answers `Timeout` but leaves its ticket in
     /// the queue (a queue node created and not deleted when giving up at once).
     ZeroWaitStaysQueued,
@@ -103,7 +110,7 @@ const ROW_LOCK_TIMEOUT: Duration = Duration::from_millis(1500);
 /// The way back of an `acquire`'s reply, during which `CancelledGrantKeptAlive` can lose it.
 const REPLY_TRIP: Duration = Duration::from_millis(3);
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Slot {
     holder: Option<(OwnerToken, Instant)>,
     last_fence: u64,
@@ -124,6 +131,8 @@ struct BrokenLock {
     flaw: LockFlaw,
     /// The "server's" state, shared by every client of one factory.
     slots: Slots,
+    /// The copy of `slots` the last `Restart::Snapshot` took.
+    saved: Arc<Mutex<Option<HashMap<ResourceKey, Slot>>>>,
     /// How far this client's clock runs ahead (what a flawed service reads).
     clock_ahead: Duration,
     /// This client's own token (what `TokenPerClient` grants with).
@@ -254,7 +263,7 @@ impl LockService for BrokenLock {
     }
 
     async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
-        if self.flaw == LockFlaw::CannotAdvance {
+        if matches!(self.flaw, LockFlaw::CannotAdvance | LockFlaw::RepairsOnlyAMissingCounter) {
             return Err(Error::new(ErrorKind::Unsupported, "broken", "the counter cannot be moved"));
         }
         let mut slots = self.slots.lock().unwrap();
@@ -381,6 +390,11 @@ impl BrokenLock {
             }
         }
         slot.last_ttl = ttl.get();
+        if self.flaw == LockFlaw::RepairsOnlyAMissingCounter && slot.last_fence == 0 {
+            // Microseconds since 1970: past every fence an earlier counter issued.
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            slot.last_fence = u64::try_from(now.as_micros()).unwrap_or(u64::MAX / 4);
+        }
         slot.last_fence += match self.flaw {
             LockFlaw::FenceNotIncreasedAfterExpiry if expired_takeover => 0,
             LockFlaw::GapsDeclaredGapFree => 2,
@@ -410,6 +424,7 @@ impl BrokenLock {
         BrokenLock {
             flaw: self.flaw,
             slots: Arc::clone(&self.slots),
+            saved: Arc::clone(&self.saved),
             clock_ahead: ahead,
             client_token: OwnerToken::generate().unwrap(),
         }
@@ -421,6 +436,7 @@ impl BrokenLockFactory {
         let lock = BrokenLock {
             flaw,
             slots: Slots::default(),
+            saved: Arc::default(),
             clock_ahead: Duration::ZERO,
             client_token: OwnerToken::generate().unwrap(),
         };
@@ -471,15 +487,26 @@ impl LockServiceFactory for BrokenLockFactory {
         Ok(FaultyClient::new(Arc::new(client), vec![proxy]).keeping(relay))
     }
     /// A restart keeps the state (the counters are durable) unless data is lost, or the flaw
-    /// keeps them in memory.
-    async fn restart_server(&self, keep_data: bool) -> Result<()> {
+    /// keeps them in memory; a snapshot is a copy of the state, which a restore brings back.
+    async fn restart_server(&self, how: Restart) -> Result<()> {
         let mut slots = self.0.slots.lock().unwrap();
-        if keep_data && self.0.flaw != LockFlaw::CounterNotDurable {
-            for slot in slots.values_mut() {
-                slot.holder = None;
+        match how {
+            Restart::FromSnapshot => {
+                let saved = self.0.saved.lock().unwrap().clone();
+                *slots = saved.ok_or_else(|| Error::new(ErrorKind::Unavailable, "broken", "no snapshot"))?;
             }
-        } else {
-            slots.clear();
+            Restart::LoseData => slots.clear(),
+            _ if self.0.flaw == LockFlaw::CounterNotDurable => slots.clear(),
+            _ => {
+                if how == Restart::Snapshot {
+                    *self.0.saved.lock().unwrap() = Some(slots.clone());
+                }
+            }
+        }
+        // Nobody holds a lock across a restart: the server forgot who did (Redis's keys
+        // expire by the same wall-clock, etcd's sessions end with their clients).
+        for slot in slots.values_mut() {
+            slot.holder = None;
         }
         Ok(())
     }
@@ -1265,6 +1292,15 @@ async fn the_broken_lock_without_a_flaw_keeps_and_repairs_fences_across_restarts
 #[tokio::test]
 async fn a_counter_that_cannot_be_moved_fails_the_restart_scenario() {
     assert_fails_because(restart_outcome(LockFlaw::CannotAdvance).await, "CannotAdvance", "until an operator acts");
+}
+
+#[tokio::test]
+async fn a_repair_of_missing_counters_only_fails_the_restore_from_a_snapshot() {
+    assert_fails_because(
+        restart_outcome(LockFlaw::RepairsOnlyAMissingCounter).await,
+        "RepairsOnlyAMissingCounter",
+        "after a restore from an older snapshot lock_checked refused key `written`",
+    );
 }
 
 #[tokio::test]

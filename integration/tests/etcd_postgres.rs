@@ -16,7 +16,7 @@ use palisade::etcd::EtcdLockService;
 use palisade::postgres::PostgresStore;
 use palisade::{ErrorKind, FencedStore, FencedStoreExt, LockServiceExt, ResourceKey, WriteBatch};
 use palisade_conformance::{FencedStoreFactory, LockServiceFactory, require_env};
-use palisade_lab::servers::LoopbackServer;
+use palisade_lab::servers::{LoopbackServer, Restart};
 
 fn etcd() -> impl LockServiceFactory<Service = EtcdLockService> {
     palisade_etcd::conformance::service()
@@ -162,15 +162,14 @@ async fn etcd_restored_from_an_older_snapshot_reuses_no_accepted_fence() {
     first.release().await.unwrap();
     drop(locks);
 
-    let snapshot = server.snapshot().unwrap();
+    server.restart_as(Restart::Snapshot).unwrap();
     server.wait_etcd_healthy().unwrap();
     // P: the first grant after the snapshot; it holds on without writing (paused).
     let p_locks = Arc::new(EtcdLockService::connect(&url).await.unwrap());
     let p = p_locks.lock_checked(&store, &key, options).await.unwrap();
 
-    server.restore(&snapshot).unwrap();
+    server.restart_as(Restart::FromSnapshot).unwrap();
     server.wait_etcd_healthy().unwrap();
-    let _ = std::fs::remove_dir_all(&snapshot);
     // N: the first grant after the restore, at the same revision as P's.
     let n_locks = Arc::new(EtcdLockService::connect(&url).await.unwrap());
     let started = Instant::now();

@@ -41,6 +41,28 @@ impl Site {
     }
 }
 
+/// How a server comes back from a restart: what a crash, a wipe, a backup and its restore
+/// leave of its data. [`LoopbackServer::restart_as`], [`ZkEnsemble::restart_as`] and
+/// [`PostgresServer::restart_as`] do each (and the certification's `restart_server` hook asks
+/// for them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Restart {
+    /// Killed (SIGKILL, as a crash) and started again with its data: a restart, a failover
+    /// to an up-to-date replica.
+    KeepData,
+    /// Killed, its data deleted, and started empty: a server without persistence, a new
+    /// machine, a restore of nothing.
+    LoseData,
+    /// Killed, its data copied aside (a backup: crash-consistent, as a volume snapshot is),
+    /// and started again with its data. Replaces any earlier snapshot.
+    Snapshot,
+    /// Killed and started from the last [`Snapshot`](Restart::Snapshot): every write since
+    /// is lost, while what came before survives (a restore from a backup taken some writes
+    /// ago). An error if no snapshot was taken.
+    FromSnapshot,
+}
+
 /// A server process on a free port of 127.0.0.1 (or of another [`Site`]) with a data directory
 /// of its own; killed (and its directory removed) when dropped.
 #[derive(Debug)]
@@ -51,6 +73,8 @@ pub struct LoopbackServer {
     dir: PathBuf,
     program: String,
     args: Vec<String>,
+    /// The copy of its data the last [`Restart::Snapshot`] took (removed on drop).
+    snapshot: Option<PathBuf>,
 }
 
 impl LoopbackServer {
@@ -88,8 +112,15 @@ impl LoopbackServer {
             .join(format!("palisade-server-{port}-{}", nonce.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         std::fs::create_dir_all(&dir)?;
         let args = args(port, &dir);
-        let mut server =
-            LoopbackServer { child: None, port, site: site.clone(), dir, program: program.to_string(), args };
+        let mut server = LoopbackServer {
+            child: None,
+            port,
+            site: site.clone(),
+            dir,
+            program: program.to_string(),
+            args,
+            snapshot: None,
+        };
         server.child = Some(server.command().spawn()?);
         Ok(server)
     }
@@ -205,35 +236,42 @@ impl LoopbackServer {
     }
 
     /// Kills it, deletes everything in its data directory, and starts it again: a server that
-    /// lost its state (for etcd, its revisions restart low).
+    /// lost its state (for etcd, its revisions restart low). [`restart_as`](Self::restart_as)
+    /// with [`Restart::LoseData`].
     pub fn wipe_and_restart(&mut self) -> std::io::Result<()> {
+        self.restart_as(Restart::LoseData)
+    }
+
+    /// Kills it, does to its data what `how` says, and starts it again on the same port with
+    /// the same arguments.
+    pub fn restart_as(&mut self, how: Restart) -> std::io::Result<()> {
         self.kill();
-        self.clear_data()?;
+        self.prepare_data(how)?;
         self.spawn()
     }
 
-    /// Takes a snapshot of its data: stops it (SIGKILL, as a crash would), copies its data
-    /// directory beside it, and starts it again. [`restore`](Self::restore) brings the copy
-    /// back: a server restored from a backup taken some writes ago.
-    pub fn snapshot(&mut self) -> std::io::Result<PathBuf> {
-        self.kill();
-        let mut copy = self.dir.clone().into_os_string();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        copy.push(format!(".snapshot-{}", now.as_nanos()));
-        let copy = PathBuf::from(copy);
-        copy_dir(&self.dir, &copy)?;
-        self.spawn()?;
-        Ok(copy)
-    }
-
-    /// Stops it, replaces its data with `snapshot` (from [`snapshot`](Self::snapshot)), and
-    /// starts it again. The snapshot stays (remove it when done; the server's own directory
-    /// is removed on drop).
-    pub fn restore(&mut self, snapshot: &Path) -> std::io::Result<()> {
-        self.kill();
-        self.clear_data()?;
-        copy_dir(snapshot, &self.dir)?;
-        self.spawn()
+    /// What `how` does to the data of this stopped server before it starts again.
+    fn prepare_data(&mut self, how: Restart) -> std::io::Result<()> {
+        match how {
+            Restart::KeepData => Ok(()),
+            Restart::LoseData => self.clear_data(),
+            Restart::Snapshot => {
+                let mut copy = self.dir.clone().into_os_string();
+                copy.push(".snapshot");
+                let copy = PathBuf::from(copy);
+                remove_dir_if_present(&copy)?;
+                copy_dir(&self.dir, &copy)?;
+                self.snapshot = Some(copy);
+                Ok(())
+            }
+            Restart::FromSnapshot => {
+                let snapshot = self.snapshot.clone().ok_or_else(|| {
+                    std::io::Error::other(format!("{} on port {}: no snapshot to restore", self.program, self.port))
+                })?;
+                self.clear_data()?;
+                copy_dir(&snapshot, &self.dir)
+            }
+        }
     }
 
     /// Deletes everything in its data directory but its log (the server must be stopped).
@@ -298,16 +336,10 @@ impl LoopbackServer {
     }
 
     /// Kills it and starts it again with the same arguments on the same port (whatever it
-    /// persisted to its data directory is what survives).
+    /// persisted to its data directory is what survives): [`restart_as`](Self::restart_as)
+    /// with [`Restart::KeepData`].
     pub fn restart(&mut self) -> std::io::Result<()> {
-        self.kill();
-        self.spawn()
-    }
-
-    /// [`restart`](Self::restart) if `keep_data`, else [`wipe_and_restart`](Self::wipe_and_restart):
-    /// what the `restart_server` hook of a certification's `restartable` factory over this server does.
-    pub fn restart_keeping_data(&mut self, keep_data: bool) -> std::io::Result<()> {
-        if keep_data { self.restart() } else { self.wipe_and_restart() }
+        self.restart_as(Restart::KeepData)
     }
 }
 
@@ -315,22 +347,44 @@ impl Drop for LoopbackServer {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(snapshot) = &self.snapshot {
+            let _ = std::fs::remove_dir_all(snapshot);
+        }
+    }
+}
+
+fn remove_dir_if_present(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
 }
 
 const LOG_FILE: &str = "server.log";
 
-/// Copies the directory `from` into `to` (created if missing), recursively, leaving out the
-/// server's log.
+/// Copies the directory `from` into `to` (created if missing), recursively, with each entry's
+/// permissions and owner (PostgreSQL refuses a data directory that is not its user's, or open
+/// to others), leaving out the server's log and its sockets.
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     std::fs::create_dir_all(to)?;
+    let meta = std::fs::metadata(from)?;
+    std::fs::set_permissions(to, meta.permissions())?;
+    std::os::unix::fs::chown(to, Some(meta.uid()), Some(meta.gid()))?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let (path, target) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type()?;
         if entry.file_name() == LOG_FILE {
             continue;
         }
-        if entry.file_type()?.is_dir() { copy_dir(&path, &target)? } else { std::fs::copy(&path, &target).map(drop)? }
+        if kind.is_dir() {
+            copy_dir(&path, &target)?;
+        } else if kind.is_file() {
+            std::fs::copy(&path, &target)?;
+            let meta = entry.metadata()?;
+            std::os::unix::fs::chown(&target, Some(meta.uid()), Some(meta.gid()))?;
+        }
     }
     Ok(())
 }
@@ -1053,25 +1107,24 @@ impl ZkEnsemble {
         Ok(())
     }
 
-    /// Restarts every member (SIGKILL, then the same command), keeping their data
-    /// (`keep_data`: a restart of the whole ensemble) or wiping their snapshots and transaction
-    /// logs first (an ensemble restored empty: every zxid starts again from zero). Waits until
-    /// every member serves again.
-    pub fn restart_all(&mut self, keep_data: bool) -> std::io::Result<()> {
+    /// Restarts every member (all killed first, then all started): keeping their data
+    /// ([`Restart::KeepData`]: a restart of the whole ensemble), wiping their snapshots and
+    /// transaction logs ([`Restart::LoseData`]: an ensemble restored empty, every zxid starts
+    /// again from zero), or taking or restoring a snapshot of every member. Waits until every
+    /// member serves again.
+    pub fn restart_as(&mut self, how: Restart) -> std::io::Result<()> {
         for member in &mut self.members {
             member.kill();
         }
-        if !keep_data {
-            for member in &self.members {
-                let state = member.dir().join("data").join("version-2");
-                match std::fs::remove_dir_all(&state) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
-                }
+        for member in &mut self.members {
+            match how {
+                // Its identity (`myid`, `zoo.cfg`) stays: only ZooKeeper's own state goes.
+                Restart::LoseData => remove_dir_if_present(&member.dir().join("data").join("version-2"))?,
+                _ => member.prepare_data(how)?,
             }
         }
         for member in &mut self.members {
-            member.restart()?;
+            member.spawn()?;
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         while !(0..self.members.len()).all(|i| self.serving(i)) {
@@ -1158,7 +1211,9 @@ impl PostgresServer {
             .to_vec()
         })?;
         init?;
-        Ok(PostgresServer { server, bin })
+        let server = PostgresServer { server, bin };
+        server.wait_ready()?;
+        Ok(server)
     }
 
     /// `postgres://postgres@IP:PORT/postgres`.
@@ -1171,17 +1226,38 @@ impl PostgresServer {
         self.server.port()
     }
 
-    /// Kills it (SIGKILL: the next start runs crash recovery) and starts it again with its
-    /// data (`keep_data`: what a crash or a failover to an up-to-date replica keeps) or with a
-    /// new, empty database cluster (a restore that lost everything).
-    pub fn restart_keeping_data(&mut self, keep_data: bool) -> std::io::Result<()> {
-        self.server.kill();
-        if !keep_data {
+    /// Kills it (SIGKILL: the next start runs crash recovery) and starts it again as `how`
+    /// says; [`Restart::LoseData`] starts it with a new, empty database cluster.
+    /// Returns once it accepts sessions (past crash recovery, not only listening).
+    pub fn restart_as(&mut self, how: Restart) -> std::io::Result<()> {
+        if how == Restart::LoseData {
+            self.server.kill();
             let dir = self.server.dir().to_path_buf();
             std::fs::remove_dir_all(dir.join("data"))?;
             initdb(&self.bin, &dir)?;
+            self.server.spawn()?;
+        } else {
+            self.server.restart_as(how)?;
         }
-        self.server.restart()
+        self.wait_ready()
+    }
+
+    /// Waits up to 10 s until `pg_isready` says it accepts sessions: a server that listens
+    /// may still be in crash recovery ("the database system is starting up").
+    fn wait_ready(&self) -> std::io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = Command::new(self.bin.join("pg_isready"))
+                .args(["-q", "-h", &self.server.site.ip.to_string(), "-p", &self.port().to_string()])
+                .status()?;
+            if ready.success() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(not_ready("PostgreSQL", "did not accept sessions in 10 s", &[&self.server], |_| true));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -1254,12 +1330,36 @@ mod tests {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(500));
-        let restarted = server.restart_keeping_data(true);
+        let restarted = server.restart_as(Restart::KeepData);
         let _ = busy.kill();
         let _ = busy.wait();
         restarted.unwrap();
         assert!(TcpStream::connect(server.server.addr()).is_ok());
-        server.restart_keeping_data(false).unwrap();
+    }
+
+    /// A restore brings back what the snapshot had and nothing written after it.
+    #[test]
+    fn a_postgres_restored_from_a_snapshot_has_what_it_had_then() {
+        let mut server = PostgresServer::start().unwrap();
+        let url = server.url();
+        let psql = |sql: &str| {
+            let out = Command::new(postgres_bin_dir().unwrap().join("psql"))
+                .args(["-X", "-q", "-A", "-t", "-d", &url, "-c", sql])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{sql}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        psql("CREATE TABLE before_the_snapshot ()");
+        server.restart_as(Restart::Snapshot).unwrap();
+        psql("CREATE TABLE after_the_snapshot ()");
+        server.restart_as(Restart::FromSnapshot).unwrap();
+        let tables = "SELECT to_regclass('before_the_snapshot') IS NOT NULL, to_regclass('after_the_snapshot') IS NULL";
+        assert_eq!(psql(tables), "t|t");
+        server.restart_as(Restart::LoseData).unwrap();
+        assert_eq!(psql("SELECT to_regclass('before_the_snapshot') IS NULL"), "t");
+        server.restart_as(Restart::FromSnapshot).unwrap();
+        assert_eq!(psql(tables), "t|t", "the snapshot outlives a wipe");
     }
 
     #[test]

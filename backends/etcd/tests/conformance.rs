@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, require_env, store_factory};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Restart, Timing, require_env, store_factory};
 use palisade_core::{Error, ErrorKind};
 use palisade_etcd::{EtcdConfig, EtcdLockService};
 use palisade_sqlite::SqliteStore;
@@ -72,9 +72,9 @@ impl LockServiceFactory for OwnEtcd {
     fn timing(&self) -> Timing {
         Timing::new(Duration::from_secs(1), Duration::from_millis(3500))
     }
-    async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
+    async fn restart_server(&self, how: Restart) -> palisade_core::Result<()> {
         let mut server = self.server.lock().unwrap();
-        let restarted = server.restart_keeping_data(keep_data);
+        let restarted = server.restart_as(how);
         restarted
             .and_then(|()| server.wait_etcd_healthy())
             .map_err(|e| Error::new(ErrorKind::Unavailable, "test", format!("restarting etcd: {e}")))

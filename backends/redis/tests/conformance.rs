@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, require_env};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Restart, Timing, require_env};
 use palisade_core::{Error, ErrorKind};
 use palisade_redis::RedisLockService;
 use palisade_sqlite::SqliteStore;
@@ -66,9 +66,9 @@ impl LockServiceFactory for OwnRedis {
     fn timing(&self) -> Timing {
         Timing::new(Duration::from_millis(200), Duration::from_millis(50))
     }
-    async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
+    async fn restart_server(&self, how: Restart) -> palisade_core::Result<()> {
         let mut server = self.server.lock().unwrap();
-        let restarted = server.restart_keeping_data(keep_data);
+        let restarted = server.restart_as(how);
         restarted.map_err(|e| Error::new(ErrorKind::Unavailable, "test", format!("restarting redis: {e}")))
     }
 }

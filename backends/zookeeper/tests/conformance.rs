@@ -11,7 +11,7 @@ use palisade_core::LockOptions;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing, require_env, store_factory};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Restart, Timing, require_env, store_factory};
 use palisade_core::{Error, ErrorKind};
 use palisade_core::{LockService, LockServiceExt, ResourceKey, Ttl};
 use palisade_sqlite::SqliteStore;
@@ -170,9 +170,9 @@ impl LockServiceFactory for ZkEnsembleFactory {
             .map_err(|e| Error::new(ErrorKind::Backend, "test", format!("could not kill the leader: {e}")))?;
         Ok(format!("server {}", leader + 1))
     }
-    async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
+    async fn restart_server(&self, how: Restart) -> palisade_core::Result<()> {
         let mut ensemble = self.ensemble.lock().await;
-        let restarted = ensemble.restart_all(keep_data);
+        let restarted = ensemble.restart_as(how);
         restarted.map_err(|e| Error::new(ErrorKind::Unavailable, "test", format!("restarting ZooKeeper: {e}")))
     }
 }

@@ -8,6 +8,7 @@ use palisade_core::{FencedStore, GrantFence, LockService, ResourceKey, Result};
 
 use crate::e2e::LoadSettings;
 use crate::proxy::FaultProxy;
+pub use palisade_lab::servers::Restart;
 
 /// The fencing of a factory's service (`Fenced` or `Unfenced`).
 pub type FencingOf<F> = <<F as LockServiceFactory>::Service as LockService>::Fencing;
@@ -215,18 +216,24 @@ pub trait LockServiceFactory: Send + Sync {
         ))
     }
 
-    /// Restarts the service's server(s), keeping their data (`keep_data`: a restart, a
-    /// failover to an up-to-date replica) or losing it (a restart without persistence, a
-    /// restore of an old backup), and returns once they accept connections again; clients
-    /// made before may have to reconnect. Only a factory over a server of the test's own can
-    /// do this (pass it to [`certify!`](macro@crate::certify) as `restartable`).
+    /// Restarts the service's server(s) as `how` says, and returns once they accept
+    /// connections again; clients made before may have to reconnect:
+    /// - [`Restart::KeepData`]: with their data (a restart, a failover to an up-to-date replica);
+    /// - [`Restart::LoseData`]: without it (a restart without persistence, a new machine);
+    /// - [`Restart::Snapshot`]: with their data, after copying it aside (a backup);
+    /// - [`Restart::FromSnapshot`]: from that copy, losing every write since (a restore from
+    ///   a backup taken some grants ago).
+    ///
+    /// Only a factory over a server of the test's own can do this (pass it to
+    /// [`certify!`](macro@crate::certify) as `restartable`); `palisade_lab`'s servers do each
+    /// (`restart_as`).
     ///
     /// **Required** when the service declares `fences_survive_restart`: certification fails
     /// naming this hook otherwise. Default: [`ErrorKind::Unsupported`].
     ///
     /// [`ErrorKind::Unsupported`]: palisade_core::ErrorKind::Unsupported
-    async fn restart_server(&self, keep_data: bool) -> Result<()> {
-        let _ = keep_data;
+    async fn restart_server(&self, how: Restart) -> Result<()> {
+        let _ = how;
         Err(palisade_core::Error::new(
             palisade_core::ErrorKind::Unsupported,
             "conformance",

@@ -143,7 +143,7 @@ macro_rules! __registry {
             frozen_primitive frozen::rwlock_reader_sigstop "a reader frozen by `SIGSTOP` past its TTL is refused on waking; a writer enters";
             frozen_primitive frozen::rwlock_writer_sigstop "a writer frozen by `SIGSTOP` past its TTL is refused on waking; the next writer enters";
             frozen_primitive frozen::election_leader_sigstop "a leader frozen by `SIGSTOP` past its term is refused on waking; a new leader is elected";
-            restart lock::fences_survive_restart_or_are_repaired "a restart with data keeps fences growing where declared; after a data loss `lock_checked` moves the fences past the store's watermark by itself, the new holder writes within two waits, the holder from before the loss is refused";
+            restart lock::fences_survive_restart_or_are_repaired "a restart with data keeps fences growing where declared; after a data loss, and after a restore from a snapshot taken five grants ago, `lock_checked` moves the fences past the store's watermark by itself, the new holder writes within two waits, the holder from before the loss is refused";
             cluster cluster::leader_killed "the cluster's leader killed under contention: no overlapping holds, fences increase, locks usable after the election";
         }
     };

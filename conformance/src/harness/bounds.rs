@@ -53,7 +53,9 @@ use palisade_core::{
 use tokio::time::Instant;
 
 use crate::e2e::LoadSettings;
-use crate::{FaultyClient, FencedStoreFactory, FencingOf, HeldTransaction, LockServiceFactory, ProcessAccess, Timing};
+use crate::{
+    FaultyClient, FencedStoreFactory, FencingOf, HeldTransaction, LockServiceFactory, ProcessAccess, Restart, Timing,
+};
 
 /// The round-trip allowance a factory declares unless it says otherwise: generous, because CI
 /// runs the suite on two shared cores next to the servers, and a bound is there to catch calls
@@ -499,8 +501,8 @@ impl<F: LockServiceFactory> LockServiceFactory for BoundedLockFactory<F> {
         Ok(Arc::new(BoundedLockService::new(client, self.bounds.clone())))
     }
 
-    async fn restart_server(&self, keep_data: bool) -> Result<()> {
-        self.inner.restart_server(keep_data).await
+    async fn restart_server(&self, how: Restart) -> Result<()> {
+        self.inner.restart_server(how).await
     }
 
     async fn kill_leader(&self) -> Result<String> {
@@ -596,8 +598,8 @@ impl<F: LockServiceFactory + ?Sized> LockServiceFactory for &F {
         (**self).skewed_client(ahead).await
     }
 
-    async fn restart_server(&self, keep_data: bool) -> Result<()> {
-        (**self).restart_server(keep_data).await
+    async fn restart_server(&self, how: Restart) -> Result<()> {
+        (**self).restart_server(how).await
     }
 
     async fn kill_leader(&self) -> Result<String> {

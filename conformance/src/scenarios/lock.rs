@@ -11,7 +11,7 @@ use palisade_core::{
 use tokio::time::Instant;
 
 use crate::harness::{Ctx, Failure, Outcome};
-use crate::{FaultyClient, FencedStoreFactory, FencingOf, LockServiceFactory, Namespace, attempt, ensure};
+use crate::{FaultyClient, FencedStoreFactory, FencingOf, LockServiceFactory, Namespace, Restart, attempt, ensure};
 
 // The liveness scenarios, in the registry with the rest (`$crate::lock::$name`).
 pub use crate::liveness::{
@@ -1373,6 +1373,9 @@ pub async fn dead_waiter_is_never_granted<F: LockServiceFactory>(ctx: &Ctx, fact
 /// on), that holder's write must be accepted, and the old holder's refused, all within two
 /// acquire waits and a few round trips of `lock_checked`'s start. A service that answers
 /// `FenceRegression` instead leaves the resource stuck until an operator acts: it fails.
+/// Last, the server is restored from a snapshot taken five grants ago (a partial loss: a
+/// counter goes back, or is gone for a key first used after the snapshot); the same holds for
+/// a key written after the snapshot and for one whose only grant since never wrote.
 pub async fn fences_survive_restart_or_are_repaired<F, S>(ctx: &Ctx, factory: &F, stores: &S) -> Outcome
 where
     F: LockServiceFactory,
@@ -1388,7 +1391,7 @@ where
     let grant = fresh(ctx, first.try_acquire(&k, ttl).await)?;
     let before = grant.fence();
     attempt!(ctx, first.release(&grant).await, "release");
-    attempt!(ctx, factory.restart_server(true).await, "restart with data");
+    attempt!(ctx, factory.restart_server(Restart::KeepData).await, "restart with data");
     let second = client(ctx, factory).await?;
     let grant = attempt!(ctx, settle(|| second.try_acquire(&k, ttl)).await, "try_acquire after the restart");
     let Some(grant) = grant else { return Err(ctx.fail("after a restart a released key was reported busy")) };
@@ -1412,7 +1415,7 @@ where
     let stale = attempt!(ctx, holder.lock(&k, long).await, "lock before the data loss");
     let data = |what: &str| WriteBatch::new().put(ns.record("data"), what.as_bytes().to_vec());
     attempt!(ctx, crate::e2e::write(&*store, &stale, &data("before")).await, "the write before the data loss");
-    attempt!(ctx, factory.restart_server(false).await, "restart without data");
+    attempt!(ctx, factory.restart_server(Restart::LoseData).await, "restart without data");
     let third = client(ctx, factory).await?;
     let options = LockOptions::ttl(timing.ttl * 4).wait(patience(timing.ttl));
     let started = Instant::now();
@@ -1459,7 +1462,100 @@ where
     ));
     attempt!(ctx, lease.release().await, "release");
     let _ = stale.release().await; // lost with the data: NotHolder or Ok, either is fine here
+    restored_from_an_older_snapshot(ctx, factory, &*store, &ns).await?;
     Ok(ctx.report())
+}
+
+/// The partial loss of [`fences_survive_restart_or_are_repaired`]: the server is restored from
+/// a snapshot taken some grants ago. Key `written` had a write accepted before the snapshot
+/// (its counter survives, lower than it was); after the snapshot it had a few grants nobody
+/// used and one, `w`, that wrote. Key `unwritten` had one grant, `x`, that never wrote (its
+/// counter is gone; a new grant may get `x`'s very fence). After the restore, `lock_checked`
+/// gives each key a holder whose write is accepted within the bound, and `w`'s and `x`'s
+/// writes are refused.
+async fn restored_from_an_older_snapshot<F, St>(
+    ctx: &Ctx,
+    factory: &F,
+    store: &St,
+    ns: &Namespace,
+) -> Result<(), Failure>
+where
+    F: LockServiceFactory,
+    F::Service: LockService<Fencing = palisade_core::Fenced>,
+    St: palisade_core::FencedStore + ?Sized,
+{
+    let timing = factory.timing();
+    let (written, unwritten) = (key(ctx, ns, "restored-written")?, key(ctx, ns, "restored-unwritten")?);
+    let data = |what: &str| WriteBatch::new().put(ns.record("restored"), what.as_bytes().to_vec());
+    let blank = |what: &str| WriteBatch::new().put(ns.record("restored-blank"), what.as_bytes().to_vec());
+    let long = LockOptions::ttl(timing.ttl * 20).wait(patience(timing.ttl));
+    let before = client(ctx, factory).await?;
+    let p = attempt!(ctx, before.lock(&written, long).await, "lock before the snapshot");
+    attempt!(ctx, crate::e2e::write(store, &p, &data("before the snapshot")).await, "the write before the snapshot");
+    attempt!(ctx, p.release().await, "release before the snapshot");
+
+    attempt!(ctx, factory.restart_server(Restart::Snapshot).await, "restart taking a snapshot");
+    let after = client(ctx, factory).await?;
+    let ttl = attempt!(ctx, Ttl::new(timing.ttl), "ttl");
+    for _ in 0..3 {
+        let unused = fresh(ctx, settle(|| after.try_acquire(&written, ttl)).await)?;
+        attempt!(ctx, after.release(&unused).await, "release of an unused grant");
+    }
+    let w = attempt!(ctx, after.lock(&written, long).await, "lock after the snapshot");
+    attempt!(ctx, crate::e2e::write(store, &w, &data("after the snapshot")).await, "the write after the snapshot");
+    let x = attempt!(ctx, after.lock(&unwritten, long).await, "lock of the key that is never written");
+
+    attempt!(ctx, factory.restart_server(Restart::FromSnapshot).await, "restart from the snapshot");
+    let restored = client(ctx, factory).await?;
+    let options = LockOptions::ttl(timing.ttl * 4).wait(patience(timing.ttl));
+    let bound = patience(timing.ttl) * 2 + timing.round_trip() * 6;
+    let mut notes = Vec::new();
+    for (k, batch, stale, what) in
+        [(&written, data("restored"), &w, "written"), (&unwritten, blank("restored"), &x, "unwritten")]
+    {
+        let started = Instant::now();
+        let lease = match settle(|| restored.lock_checked(store, k, options)).await {
+            Ok(lease) => lease,
+            Err(e) if e.kind() == ErrorKind::FenceRegression => {
+                return Err(ctx.fail(format!(
+                    "after a restore from an older snapshot lock_checked refused key `{what}` ({e}): the service \
+                     cannot move a counter that went back past the store's watermark, so the resource stays stuck \
+                     until an operator acts"
+                )));
+            }
+            Err(e) => {
+                return Err(ctx.fail(format!("lock_checked of key `{what}` after a restore from a snapshot: {e}")));
+            }
+        };
+        attempt!(ctx, crate::e2e::write(store, &lease, &batch).await, "the new holder's write after the restore");
+        let wrote = started.elapsed();
+        ensure!(
+            ctx,
+            wrote <= bound,
+            "after a restore from an older snapshot the new holder of key `{what}` wrote {wrote:?} after \
+             lock_checked began, beyond the bound {bound:?}"
+        );
+        let old = crate::e2e::write(store, stale, &batch).await;
+        let refused = old
+            .as_ref()
+            .err()
+            .is_some_and(|e| e.stale_fence_details().is_some() || matches!(e.kind(), ErrorKind::DuplicateFence { .. }));
+        ensure!(
+            ctx,
+            refused,
+            "after a restore from an older snapshot the holder of key `{what}` from before it wrote with fence {} \
+             after the new holder wrote with {}: {old:?}, expected StaleFence or DuplicateFence",
+            stale.fence(),
+            lease.fence()
+        );
+        notes.push(format!("`{what}` {} → {} in {:.0} ms", stale.fence(), lease.fence(), wrote.as_secs_f64() * 1e3));
+        attempt!(ctx, lease.release().await, "release");
+    }
+    let now = attempt!(ctx, store.read(&ns.record("restored")).await, "read");
+    ensure!(ctx, now.as_ref().map(|r| r.value.as_slice()) == Some(b"restored".as_slice()), "data: {now:?}");
+    ctx.note(format!("after a restore from a snapshot taken 5 grants ago: {}", notes.join(", ")));
+    let _ = (w.release().await, x.release().await); // lost with the restore: either answer is fine
+    Ok(())
 }
 
 /// **Keys are independent, and a lock is not re-entrant** (catalogue C5, C18, C22). While one

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_conformance::memory::MemoryLockFactory;
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Restart, Timing};
 use palisade_postgres::{PostgresLockService, PostgresStore};
 
 fn postgres() -> impl FencedStoreFactory<Store = PostgresStore> {
@@ -59,8 +59,8 @@ impl LockServiceFactory for OwnPostgres {
     fn timing(&self) -> Timing {
         Timing::new(Duration::from_millis(400), Duration::from_millis(300))
     }
-    async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
-        let restarted = self.server.lock().unwrap().restart_keeping_data(keep_data);
+    async fn restart_server(&self, how: Restart) -> palisade_core::Result<()> {
+        let restarted = self.server.lock().unwrap().restart_as(how);
         restarted.map_err(|e| {
             palisade_core::Error::new(
                 palisade_core::ErrorKind::Unavailable,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_conformance::memory::MemoryLockFactory;
-use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Timing};
+use palisade_conformance::{FencedStoreFactory, LockServiceFactory, Restart, Timing};
 use palisade_sqlite::{SqliteLockService, SqliteStore};
 
 fn url() -> String {
@@ -41,16 +41,49 @@ palisade_conformance::certify!(sqlite_live_lock: pairing, lock_service = sqlite_
 
 /// The SQLite lock service on a database file of the restart scenario's own. Its "server" is
 /// the file: a restart with data is new connections to it, a restart without data is the file
-/// gone (a restore of nothing, a new machine), and the counters with it.
+/// gone (a restore of nothing, a new machine), and the counters with it; a snapshot is a copy
+/// of the file and its write-ahead log, and a restore puts the copy in place as new files
+/// (clients made before keep the old ones open: they are another machine's).
 struct OwnFile {
     path: std::path::PathBuf,
 }
+
+/// The database file and its write-ahead log (a copy needs both), and its shared-memory index.
+const FILES: [&str; 3] = ["", "-wal", "-shm"];
 
 impl OwnFile {
     fn new() -> Self {
         let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("palisade-sqlite-restart-{}.db", palisade_conformance::test_process_id()));
         OwnFile { path }
+    }
+
+    fn file(&self, suffix: &str, snapshot: bool) -> String {
+        format!("{}{}{suffix}", self.path.display(), if snapshot { ".snapshot" } else { "" })
+    }
+
+    /// Removes the database's files, or the snapshot's.
+    fn remove(&self, snapshot: bool) -> std::io::Result<()> {
+        for suffix in FILES {
+            match std::fs::remove_file(self.file(suffix, snapshot)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the database's files to the snapshot's (`to_snapshot`) or back, as new files.
+    fn copy(&self, to_snapshot: bool) -> std::io::Result<()> {
+        self.remove(to_snapshot)?;
+        // The index is rebuilt from the log by the next connection.
+        for suffix in ["", "-wal"] {
+            match std::fs::copy(self.file(suffix, !to_snapshot), self.file(suffix, to_snapshot)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     fn url(&self) -> String {
@@ -67,22 +100,19 @@ impl LockServiceFactory for OwnFile {
     fn timing(&self) -> Timing {
         Timing::new(Duration::from_millis(500), Duration::from_millis(300))
     }
-    async fn restart_server(&self, keep_data: bool) -> palisade_core::Result<()> {
-        if !keep_data {
-            for suffix in ["", "-wal", "-shm"] {
-                let file = format!("{}{suffix}", self.path.display());
-                match std::fs::remove_file(&file) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(palisade_core::Error::new(
-                            palisade_core::ErrorKind::Unavailable,
-                            "test",
-                            format!("removing {file}: {e}"),
-                        ));
-                    }
-                    _ => {}
-                }
-            }
-        }
-        Ok(())
+    async fn restart_server(&self, how: Restart) -> palisade_core::Result<()> {
+        let done = match how {
+            Restart::LoseData => self.remove(false),
+            Restart::Snapshot => self.copy(true),
+            Restart::FromSnapshot => self.copy(false),
+            _ => Ok(()),
+        };
+        done.map_err(|e| {
+            palisade_core::Error::new(
+                palisade_core::ErrorKind::Unavailable,
+                "test",
+                format!("{how:?} of {}: {e}", self.path.display()),
+            )
+        })
     }
 }
