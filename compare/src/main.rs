@@ -20,8 +20,8 @@ mod faults;
 mod local;
 mod perf;
 mod report;
-mod seed;
 mod target;
+mod warehouse;
 mod worker;
 
 use std::path::PathBuf;
@@ -61,25 +61,27 @@ pub struct CompareArgs {
     /// A fenced store URL (repeatable): sqlite://PATH, postgres://, dynamodb://TABLE?endpoint=….
     #[arg(long = "store")]
     pub stores: Vec<String>,
-    /// A small run (CI): fewer cycles, shorter windows, 200 seed jobs.
+    /// A small run (CI): fewer cycles, shorter windows, 200 jobs in the warehouse benchmark.
     #[arg(long)]
     pub quick: bool,
     /// Jobs in the warehouse benchmark per pair and mode (default 2000, --quick 200; the 1M-job
     /// run is 1000000).
-    #[arg(long)]
-    pub seed_jobs: Option<u64>,
-    /// Run only these parts (repeatable): `perf`, `faults`, `seed`. Default: all three.
+    /// (`--seed-jobs` is its former name, still accepted.)
+    #[arg(long, alias = "seed-jobs")]
+    pub warehouse_jobs: Option<u64>,
+    /// Run only these parts (repeatable): `perf`, `faults`, `warehouse` (formerly `seed`, still
+    /// accepted). Default: all three.
     #[arg(long = "only", value_enum)]
     pub only: Vec<Part>,
     /// Workers of the warehouse benchmark.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub seed_workers: u32,
+    #[arg(long, alias = "seed-workers", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub warehouse_workers: u32,
     /// SKUs (locks) of the warehouse benchmark.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub seed_skus: u32,
+    #[arg(long, alias = "seed-skus", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub warehouse_skus: u32,
     /// Every K-th job of the warehouse benchmark pauses past its TTL (0: never).
-    #[arg(long, default_value_t = 50)]
-    pub seed_pause_every: u64,
+    #[arg(long, alias = "seed-pause-every", default_value_t = 50)]
+    pub warehouse_pause_every: u64,
     /// The lease TTL of the fault scenarios, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(200..=60_000))]
     pub ttl_ms: u64,
@@ -98,8 +100,9 @@ pub enum Part {
     Perf,
     /// The fault matrix.
     Faults,
-    /// The warehouse benchmark.
-    Seed,
+    /// The warehouse benchmark (`seed`, its former name, is still accepted).
+    #[value(alias = "seed")]
+    Warehouse,
 }
 
 impl CompareArgs {

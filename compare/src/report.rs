@@ -11,8 +11,8 @@ use crate::charts;
 use crate::faults::{self, Cell};
 use crate::local::Local;
 use crate::perf::{self, LEADER, LockPerf, MUTEX, OURS, PERMIT, PrimitivePerf, RAW, READ, SAME, StorePerf, WRITE};
-use crate::seed::{self, SeedRun};
 use crate::target::{Backend, LockTarget, StoreTarget, shown};
+use crate::warehouse::{self, WarehouseRun};
 use crate::{CompareArgs, Part};
 use palisade_compare::measure::Plan;
 
@@ -25,8 +25,8 @@ struct Pair {
     lock: String,
     store: String,
     faults: Vec<Cell>,
-    seed: Vec<SeedRun>,
-    seed_error: Option<String>,
+    warehouse: Vec<WarehouseRun>,
+    warehouse_error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -61,13 +61,14 @@ fn progress(total: u64) -> ProgressBar {
 pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
     let started = std::time::Instant::now();
     let plan = if args.quick { Plan::quick() } else { Plan::full() };
-    let seed_plan = seed::SeedPlan {
-        jobs: args.seed_jobs.unwrap_or(if args.quick { 200 } else { 2000 }),
-        workers: args.seed_workers,
-        skus: args.seed_skus,
-        pause_every: args.seed_pause_every,
+    let warehouse_plan = warehouse::WarehousePlan {
+        jobs: args.warehouse_jobs.unwrap_or(if args.quick { 200 } else { 2000 }),
+        workers: args.warehouse_workers,
+        skus: args.warehouse_skus,
+        pause_every: args.warehouse_pause_every,
     };
-    let (run_perf, run_faults, run_seed) = (args.runs(Part::Perf), args.runs(Part::Faults), args.runs(Part::Seed));
+    let (run_perf, run_faults, run_warehouse) =
+        (args.runs(Part::Perf), args.runs(Part::Faults), args.runs(Part::Warehouse));
     let mut local = if args.local {
         eprintln!("starting loopback servers (Redis, 3 Redlock masters, etcd, ZooKeeper, PostgreSQL)…");
         Some(Local::start(LOCAL_SESSION_S)?)
@@ -209,10 +210,10 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
             } else {
                 bar.inc(7);
             }
-            let mut seed_runs = Vec::new();
-            let mut seed_error = None;
+            let mut warehouse_runs = Vec::new();
+            let mut warehouse_error = None;
             // An unfenced service has one mode only.
-            let modes: &[bool] = match (run_seed, lock.backend) {
+            let modes: &[bool] = match (run_warehouse, lock.backend) {
                 (false, _) => &[],
                 (true, Backend::Redlock) => &[true],
                 (true, _) => &[false, true],
@@ -222,9 +223,9 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
                     "{name}: warehouse benchmark ({})",
                     if unfenced { "unfenced" } else { "fenced" }
                 ));
-                match seed::run(&lock.url, &target.url, seed_plan, unfenced).await {
-                    Ok(r) => seed_runs.push(r),
-                    Err(e) => seed_error = Some(e),
+                match warehouse::run(&lock.url, &target.url, warehouse_plan, unfenced).await {
+                    Ok(r) => warehouse_runs.push(r),
+                    Err(e) => warehouse_error = Some(e),
                 }
                 bar.inc(1);
             }
@@ -232,8 +233,8 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
                 lock: lock.label.clone(),
                 store: target.label.clone(),
                 faults: cells,
-                seed: seed_runs,
-                seed_error,
+                warehouse: warehouse_runs,
+                warehouse_error,
             });
         }
     }
@@ -245,15 +246,15 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
         "fault_ttl_ms": args.ttl_ms,
         "local_session_s": LOCAL_SESSION_S,
         "plan": plan,
-        "parts": { "perf": run_perf, "faults": run_faults, "seed": run_seed },
-        "seed": { "jobs": seed_plan.jobs, "workers": seed_plan.workers, "skus": seed_plan.skus, "ttl_ms": 200, "pause_every": seed_plan.pause_every, "pause_ms": 450 },
+        "parts": { "perf": run_perf, "faults": run_faults, "warehouse": run_warehouse },
+        "warehouse": { "jobs": warehouse_plan.jobs, "workers": warehouse_plan.workers, "skus": warehouse_plan.skus, "ttl_ms": 200, "pause_every": warehouse_plan.pause_every, "pause_ms": 450 },
         "command": command_line(std::env::args()),
         "server_data_dir": palisade_lab::servers::server_root().display().to_string(),
         "sqlite_dir": std::env::temp_dir().display().to_string(),
     });
     let machine = machine();
     let date = today();
-    let report = json!({
+    let mut report = json!({
         "date": date,
         "machine": machine,
         "parameters": parameters,
@@ -262,6 +263,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
         "stores": store_rows,
         "pairs": pairs,
     });
+    add_former_names(&mut report);
     std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
     let write = |name: &str, text: String| {
         std::fs::write(args.out.join(name), text).map_err(|e| format!("{}: {e}", args.out.join(name).display()))
@@ -548,15 +550,15 @@ fn markdown(
             }
         }
     }
-    if args.runs(Part::Seed) {
+    if args.runs(Part::Warehouse) {
         let _ = writeln!(md, "\n## The warehouse benchmark\n");
         let _ = writeln!(
             md,
             "The warehouse simulation: {} allocation jobs on {} workers and {} SKUs, a job redelivered when not acknowledged within the TTL (200 ms), every {}th holder paused for 450 ms after reading the stock. Fenced: the write carries the fence and checks its preconditions atomically; unfenced: the incident's naive lock. Each job reads the stock and whether the job is done in one request, then writes: on PostgreSQL and SQLite one transaction on the warehouse's own tables (the fenced single-row `UPDATE inventory … WHERE fence <= $f` and the audit row if the job has none; unfenced, a blind decrement and audit row), on other stores one record batch.\n",
-            parameters["seed"]["jobs"],
-            parameters["seed"]["workers"],
-            parameters["seed"]["skus"],
-            parameters["seed"]["pause_every"],
+            parameters["warehouse"]["jobs"],
+            parameters["warehouse"]["workers"],
+            parameters["warehouse"]["skus"],
+            parameters["warehouse"]["pause_every"],
         );
         let _ = writeln!(
             md,
@@ -564,7 +566,7 @@ fn markdown(
         );
         let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
         for p in pairs {
-            for r in &p.seed {
+            for r in &p.warehouse {
                 let _ = writeln!(
                     md,
                     "| {} × {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
@@ -580,10 +582,10 @@ fn markdown(
                     r.jobs_per_sec
                 );
             }
-            if let Some(e) = &p.seed_error {
+            if let Some(e) = &p.warehouse_error {
                 let _ = writeln!(md, "| {} × {} | error | {e} |||||||", p.lock, p.store);
             }
-            if p.seed.len() == 1 && p.seed[0].mode == "unfenced" {
+            if p.warehouse.len() == 1 && p.warehouse[0].mode == "unfenced" {
                 let _ = writeln!(
                     md,
                     "| {} × {} | fenced | not possible: the service issues no fence ||||||| ",
@@ -594,7 +596,7 @@ fn markdown(
         let ratios: Vec<String> = pairs
             .iter()
             .filter_map(|p| {
-                let rate = |mode: &str| p.seed.iter().find(|r| r.mode == mode).map(|r| r.jobs_per_sec);
+                let rate = |mode: &str| p.warehouse.iter().find(|r| r.mode == mode).map(|r| r.jobs_per_sec);
                 let (f, u) = (rate("fenced")?, rate("unfenced")?);
                 (u > 0.0).then(|| format!("{} × {}: {:.2}×", p.lock, p.store, f / u))
             })
@@ -644,6 +646,27 @@ fn today() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The JSON report's former field names for the warehouse benchmark (`seed`, `seed_error`,
+/// `parameters.seed`, `parameters.parts.seed`), kept beside the current ones (`warehouse` …)
+/// so that scripts reading them go on working. Deprecated (see CHANGELOG.md): removed in 0.2.
+fn add_former_names(report: &mut serde_json::Value) {
+    let alias = |object: &mut serde_json::Value, current: &str, former: &str| {
+        if let Some(map) = object.as_object_mut()
+            && let Some(value) = map.get(current).cloned()
+        {
+            map.insert(former.to_string(), value);
+        }
+    };
+    alias(&mut report["parameters"], "warehouse", "seed");
+    alias(&mut report["parameters"]["parts"], "warehouse", "seed");
+    if let Some(pairs) = report["pairs"].as_array_mut() {
+        for pair in pairs {
+            alias(pair, "warehouse", "seed");
+            alias(pair, "warehouse_error", "seed_error");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -91,12 +91,12 @@ fn quick_local_comparison() {
             assert_eq!(partition["stale_accepted"], 0, "{name}: {partition}");
             assert!(partition["proceed_ms"].as_f64().is_some(), "{name}: {partition}");
         }
-        let seed = pair["seed"].as_array().unwrap();
-        assert_eq!(seed.len(), if redlock { 1 } else { 2 }, "{name}: {pair}");
-        let fenced = seed.iter().find(|r| r["mode"] == "fenced");
+        let warehouse = pair["warehouse"].as_array().unwrap();
+        assert_eq!(warehouse.len(), if redlock { 1 } else { 2 }, "{name}: {pair}");
+        let fenced = warehouse.iter().find(|r| r["mode"] == "fenced");
         match fenced {
             Some(r) => assert_eq!(r["duplicates"], 0, "{name}: {r}"),
-            None => assert!(redlock, "{name}: no fenced seed run"),
+            None => assert!(redlock, "{name}: no fenced run of the warehouse benchmark"),
         }
     }
     let named = |list: &Value, name: &str| list.as_array().unwrap().iter().filter(|v| v["name"] == name).count();
@@ -137,22 +137,53 @@ fn quick_local_comparison() {
 /// SQLite file) writes its report and no charts: charts without figures would be empty, and
 /// in a directory of an earlier full run they would overwrite its charts.
 #[test]
-fn a_seed_only_run_draws_no_charts() {
+fn a_warehouse_only_run_draws_no_charts() {
     let out_dir = tempfile::tempdir().unwrap();
-    let db = out_dir.path().join("seed.db");
+    let report = warehouse_only_run(out_dir.path(), &["--only", "warehouse", "--warehouse-jobs", "100"]);
+    assert_eq!(report["pairs"][0]["warehouse"][0]["jobs"], 100, "{report}");
+    let md = std::fs::read_to_string(out_dir.path().join("report.md")).unwrap();
+    assert!(md.contains("## The warehouse benchmark"), "{md}");
+    assert!(!md.contains(".svg"), "a warehouse-only report links charts: {md}");
+    for chart in ["latency.svg", "throughput.svg"] {
+        assert!(!out_dir.path().join(chart).exists(), "{chart} written by a warehouse-only run");
+    }
+}
+
+/// The flags and JSON fields the warehouse benchmark had before it was renamed (`--only seed`,
+/// `--seed-jobs` …, `seed` in the JSON) still work: the command line and its JSON are a
+/// contract.
+#[test]
+fn the_former_names_of_the_warehouse_benchmark_still_work() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let former =
+        ["--only", "seed", "--seed-jobs", "60", "--seed-workers", "2", "--seed-skus", "3", "--seed-pause-every", "0"];
+    let report = warehouse_only_run(out_dir.path(), &former);
+    let parameters = &report["parameters"];
+    assert_eq!(parameters["warehouse"]["jobs"], 60, "{parameters}");
+    assert_eq!(parameters["warehouse"]["workers"], 2, "{parameters}");
+    assert_eq!(parameters["warehouse"]["skus"], 3, "{parameters}");
+    assert_eq!(parameters["warehouse"]["pause_every"], 0, "{parameters}");
+    assert_eq!(parameters["seed"], parameters["warehouse"], "{parameters}");
+    assert_eq!(parameters["parts"]["seed"], true, "{parameters}");
+    assert_eq!(parameters["parts"]["perf"], false, "{parameters}");
+    let pair = &report["pairs"][0];
+    assert_eq!(pair["seed"], pair["warehouse"], "{pair}");
+    assert_eq!(pair["warehouse"][0]["jobs"], 60, "{pair}");
+}
+
+/// `palisade compare` of the in-memory lock service and a SQLite file in `dir` with `args`;
+/// its JSON report.
+fn warehouse_only_run(dir: &std::path::Path, args: &[&str]) -> Value {
+    let db = dir.join("warehouse.db");
     let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
-        .args(["compare", "--quick", "--only", "seed", "--seed-jobs", "100", "--lock", "memory://"])
+        .args(["compare", "--quick", "--lock", "memory://"])
+        .args(args)
         .arg("--store")
         .arg(format!("sqlite://{}", db.display()))
         .arg("--out")
-        .arg(out_dir.path())
+        .arg(dir)
         .output()
         .expect("run palisade compare");
     assert!(out.status.success(), "compare failed: {}", String::from_utf8_lossy(&out.stderr));
-    let md = std::fs::read_to_string(out_dir.path().join("report.md")).unwrap();
-    assert!(md.contains("## The warehouse benchmark"), "{md}");
-    assert!(!md.contains(".svg"), "a seed-only report links charts: {md}");
-    for chart in ["latency.svg", "throughput.svg"] {
-        assert!(!out_dir.path().join(chart).exists(), "{chart} written by a seed-only run");
-    }
+    serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
 }

@@ -191,7 +191,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn accepts_the_seed_key_and_renders_layout() {
+    fn accepts_the_warehouse_key_and_renders_layout() {
         let k = ResourceKey::new("alloc", "WH-01").unwrap();
         assert_eq!(k.to_string(), "alloc:WH-01");
         assert_eq!(k.lock_key(), "lock:{alloc:WH-01}");

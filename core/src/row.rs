@@ -1,4 +1,4 @@
-//! The seed's single-statement fenced write on a row of the application's own table.
+//! The fix's single-statement fenced write on a row of the application's own table.
 //!
 //! SQL stores run the statement with their driver (`update_row_fenced`); what it says, and
 //! what zero affected rows mean, is written once here.

@@ -63,7 +63,7 @@ pub trait FencedStore: Send + Sync + 'static {
         false
     }
 
-    /// Applies `batch` without any fence check and without touching watermarks: the seed's
+    /// Applies `batch` without any fence check and without touching watermarks: the incident's
     /// naive lock, kept for efficiency locks (which have no fence) and for comparisons.
     ///
     /// Behavior: like [`apply`](FencedStore::apply) minus the fence; records written this way

@@ -14,7 +14,7 @@
 //! **How this example prevents it.**
 //! - Every scheduler uses `try_lock`: if the job is held, it skips (no queue of schedulers).
 //! - The job works in chunks that each finish well under half the TTL, and acks progress after
-//!   every chunk by writing the job row **with the lease's fence** (the seed's advice).
+//!   every chunk by writing the job row **with the lease's fence** (the fix's advice).
 //! - The lease is renewed only while progress moves (`renew_on_progress`): a frozen runner stops
 //!   renewing, so its lease expires and another scheduler can resume from the acked chunk.
 //! - The result row is written with the fence too. When the frozen runner wakes, its next ack is
@@ -154,13 +154,13 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
     // Yesterday's events (a batch holds at most 64 operations).
     let mut expected = 0;
     for chunk in 0..CHUNKS {
-        let mut seed = WriteBatch::new();
+        let mut events = WriteBatch::new();
         for i in chunk * EVENTS_PER_CHUNK..(chunk + 1) * EVENTS_PER_CHUNK {
             let amount = i % 97 + 1;
             expected += amount;
-            seed = seed.put(job.event_key(i), amount.to_string());
+            events = events.put(job.event_key(i), amount.to_string());
         }
-        store.apply_unfenced(&seed).await?;
+        store.apply_unfenced(&events).await?;
     }
     let mut clients = Vec::new();
     for _ in 0..args.schedulers {

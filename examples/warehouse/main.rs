@@ -1,4 +1,4 @@
-//! # warehouse: the seed's incident, replayed
+//! # warehouse: the incident, replayed
 //!
 //! A warehouse allocation worker holds a lock while it decrements stock. A stop-the-world pause
 //! outlives the lock's TTL; another worker takes the lock and ships; the first wakes up and

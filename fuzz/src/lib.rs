@@ -1,9 +1,25 @@
-//! What the fuzz targets share: the property checks (stated once, with the property tests),
-//! write batches drawn from fuzz input, and a DynamoDB endpoint that answers whatever the fuzz
-//! input says, so that the adapter's requests and its reading of replies go through the real
-//! SDK.
+//! The fuzz targets ([`targets`]: one `run(&[u8])` each) and what they share: the property
+//! checks (stated once, with the property tests), write batches drawn from fuzz input, and a
+//! DynamoDB endpoint that answers whatever the fuzz input says, so that the adapter's requests
+//! and its reading of replies go through the real SDK.
+//!
+//! Two drivers feed them: `cargo test` replays every file of the committed corpus
+//! (`corpus/TARGET/`, `tests/corpus.rs`) on the stable toolchain, as part of every test run;
+//! libFuzzer explores from that corpus (`libfuzzer/`, `scripts/fuzz SECONDS`).
 
 #![forbid(unsafe_code)]
+
+pub mod targets;
+
+/// `data` as libFuzzer's typed targets decode their input: nothing for input shorter than the
+/// type's least size, else [`Arbitrary::arbitrary_take_rest`]. A corpus file therefore means
+/// the same input to both drivers.
+pub fn decode<'a, T: Arbitrary<'a>>(data: &'a [u8]) -> Option<T> {
+    if data.len() < T::size_hint(0).0 {
+        return None;
+    }
+    T::arbitrary_take_rest(arbitrary::Unstructured::new(data)).ok()
+}
 
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 

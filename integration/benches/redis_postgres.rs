@@ -173,7 +173,7 @@ async fn main() {
         println!();
     }
 
-    // PostgreSQL: the seed's single-statement form vs the same UPDATE unfenced, 8 writers on
+    // PostgreSQL: the fix's single-statement form vs the same UPDATE unfenced, 8 writers on
     // their own rows; and the record API fenced vs unfenced.
     let store =
         PostgresStore::open(PostgresConfig { max_connections: 16, ..PostgresConfig::new(&pg_url) }).await.unwrap();
@@ -212,9 +212,9 @@ async fn main() {
             }
         })
     };
-    let seed_form = {
+    let fix_form = {
         let (store, fences) = (store.clone(), Arc::clone(&fences));
-        Variant::new("seed form `UPDATE … WHERE fence <= $f` (`update_row_fenced`)", move |slot| {
+        Variant::new("the fix's form `UPDATE … WHERE fence <= $f` (`update_row_fenced`)", move |slot| {
             let (store, fence) = (store.clone(), next_fence(&fences, slot.task));
             async move {
                 let row = FencedRow { table, key_column: "sku", fence_column: "fence" };
@@ -256,7 +256,7 @@ async fn main() {
     };
     let pg_plan = Plan { window: Duration::from_secs(3), ..plan.clone() };
     let rates =
-        measure::throughput(&[plain, seed_form, record_plain, record_fenced], writers, &pg_plan, None).await.unwrap();
+        measure::throughput(&[plain, fix_form, record_plain, record_fenced], writers, &pg_plan, None).await.unwrap();
     println!(
         "## PostgreSQL, {writers} writers on their own rows ({}-s windows, {} interleaved rounds)\n",
         pg_plan.window.as_secs(),

@@ -1,5 +1,5 @@
 //! The DynamoDB store end to end against real servers (started by `scripts/test`): with the
-//! Redis and the etcd lock services through the end-to-end suite, the seed's SIGSTOP test on
+//! Redis and the etcd lock services through the end-to-end suite, the incident's SIGSTOP test on
 //! real `warehouse allocate --store dynamodb://…` processes, and the warehouse `simulate`
 //! fenced vs unfenced.
 //!
@@ -48,7 +48,7 @@ fn store_url(tag: &str) -> String {
     format!("dynamodb://wh-{tag}-{}?endpoint={}&region=us-east-1", std::process::id(), endpoint())
 }
 
-/// The seed's chaos test with DynamoDB as the store: a real holder process frozen past its TTL
+/// The incident's chaos test with DynamoDB as the store: a real holder process frozen past its TTL
 /// (Redis lock), a second process allocates, the thawed one is refused (exit 3); one decrement,
 /// no duplicate.
 #[test]
@@ -79,7 +79,7 @@ fn sigstop_holder_is_refused_by_dynamodb_after_it_thaws() {
     assert_eq!(shown["duplicate_jobs"], 0, "{shown}");
 }
 
-/// The seed's benchmark on DynamoDB: pauses past the TTL, fenced vs `--unfenced`.
+/// The warehouse benchmark on DynamoDB: pauses past the TTL, fenced vs `--unfenced`.
 #[test]
 fn simulate_on_dynamodb_fenced_has_no_duplicates_and_unfenced_does() {
     let simulate = |tag: &str, extra: &[&str]| {

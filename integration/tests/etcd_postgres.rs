@@ -35,7 +35,7 @@ fn urls() -> (String, String) {
     (format!("{}?session_ttl_s={SESSION_S}", require_env("PALISADE_ETCD_URL")), require_env("PALISADE_POSTGRES_URL"))
 }
 
-/// The seed's chaos test on etcd: a frozen holder stops its keep-alive, the server expires its
+/// The incident's chaos test on etcd: a frozen holder stops its keep-alive, the server expires its
 /// session, a second process allocates; the first is thawed and its write is refused (exit 3).
 #[test]
 fn sigstop_holder_is_refused_after_it_thaws() {

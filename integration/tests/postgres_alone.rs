@@ -1,7 +1,7 @@
 //! PostgreSQL alone: the lock service and the data in one database (started by `scripts/test`),
 //! no Redis, etcd or ZooKeeper. The warehouse takes its locks from the store's database when
-//! `--lock` is not given; the seed's SIGSTOP and SIGKILL chaos tests on real `warehouse
-//! allocate` processes, and the seed's simulation.
+//! `--lock` is not given; the incident's SIGSTOP and SIGKILL chaos tests on real `warehouse
+//! allocate` processes, and the warehouse simulation.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
@@ -39,7 +39,7 @@ fn pid(child: &std::process::Child) -> nix::unistd::Pid {
     nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap())
 }
 
-/// The seed's chaos test with nothing but PostgreSQL: a holder process frozen past its TTL, a
+/// The incident's chaos test with nothing but PostgreSQL: a holder process frozen past its TTL, a
 /// second process allocates, the first thaws and is refused (exit 3); one decrement.
 #[test]
 fn sigstop_holder_is_refused_with_postgres_alone() {
@@ -89,9 +89,9 @@ fn sigkill_holder_is_replaced_within_ttl_with_postgres_alone() {
     assert!(took < Duration::from_millis(1000 + 2000), "next holder took {took:?}");
 }
 
-/// The seed's simulation on PostgreSQL alone: no duplicate fenced, some unfenced.
+/// The warehouse simulation on PostgreSQL alone: no duplicate fenced, some unfenced.
 #[test]
-fn the_seed_simulation_with_postgres_alone() {
+fn the_warehouse_simulation_with_postgres_alone() {
     let store = database();
     let sim = |extra: &[&str]| {
         let out = common::warehouse()

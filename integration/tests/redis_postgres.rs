@@ -1,5 +1,5 @@
-//! Redis + PostgreSQL, the seed's architecture, against real servers (started by
-//! `scripts/test`): the end-to-end conformance suite, the seed's SIGSTOP and SIGKILL chaos tests on real `warehouse allocate` processes, and a Redis restart that loses
+//! Redis + PostgreSQL, the incident's architecture, against real servers (started by
+//! `scripts/test`): the end-to-end conformance suite, the incident's SIGSTOP and SIGKILL chaos tests on real `warehouse allocate` processes, and a Redis restart that loses
 //! every fence counter.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
@@ -32,7 +32,7 @@ fn urls() -> (String, String) {
     (require_env("PALISADE_REDIS_URL"), require_env("PALISADE_POSTGRES_URL"))
 }
 
-/// The seed's chaos test: a real holder process is frozen with SIGSTOP past its TTL; a second
+/// The incident's chaos test: a real holder process is frozen with SIGSTOP past its TTL; a second
 /// process allocates; the first is thawed and its write is refused (exit 3). Inventory shows
 /// exactly one decrement and the audit table no duplicate.
 #[test]

@@ -838,10 +838,10 @@ fn wait_etcd_healthy(members: &[&LoopbackServer]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `running`, `stopped` or `exited`, from `/proc` (an exited child not yet waited for is still
-/// listed there, as a zombie).
-/// SIGKILLs `root` and all its descendants, and returns their pids. Each is stopped first so
-/// that none forks after the tree was read.
+/// SIGKILLs `root` and all its descendants, and returns their pids. Every process found is
+/// stopped first (and seen stopped) and the tree read again until it grows no more, so that
+/// none forks after it was read. A descendant whose parent had already exited (reparented
+/// away) is not found.
 pub(crate) fn kill_tree(root: u32) -> Vec<u32> {
     use nix::sys::signal::{Signal, kill};
     let signal = |pid: u32, signal: Signal| {
@@ -851,15 +851,24 @@ pub(crate) fn kill_tree(root: u32) -> Vec<u32> {
     };
     let mut tree = vec![root];
     signal(root, Signal::SIGSTOP);
-    let mut next = 0;
-    while next < tree.len() {
-        for child in children_of(tree[next]) {
-            if !tree.contains(&child) {
-                signal(child, Signal::SIGSTOP);
-                tree.push(child);
-            }
+    loop {
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while tree.iter().any(|&pid| process_state(pid) == "running") && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        next += 1;
+        let parents = parents();
+        let found: Vec<u32> = parents
+            .iter()
+            .filter(|(pid, parent)| tree.contains(parent) && !tree.contains(pid))
+            .map(|(&pid, _)| pid)
+            .collect();
+        if found.is_empty() {
+            break;
+        }
+        for pid in found {
+            signal(pid, Signal::SIGSTOP);
+            tree.push(pid);
+        }
     }
     for &pid in &tree {
         signal(pid, Signal::SIGKILL);
@@ -867,20 +876,22 @@ pub(crate) fn kill_tree(root: u32) -> Vec<u32> {
     tree
 }
 
-/// The pids whose parent is `parent`.
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+/// Every process's parent, from one pass over `/proc`.
+fn parents() -> std::collections::BTreeMap<u32, u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Default::default() };
     entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        .filter_map(|entry| {
+            let pid = entry.ok()?.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
             // After the command name (in parentheses, which may hold spaces): state, then ppid.
-            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1));
-            ppid == Some(parent.to_string().as_str())
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
         })
         .collect()
 }
 
+/// `running`, `stopped` or `exited`, from `/proc` (an exited child not yet waited for is still
+/// listed there, as a zombie).
 fn process_state(pid: u32) -> &'static str {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The state follows the command name, which is in parentheses and may hold spaces.
@@ -1230,15 +1241,24 @@ impl PostgresServer {
     /// says; [`Restart::LoseData`] starts it with a new, empty database cluster.
     /// Returns once it accepts sessions (past crash recovery, not only listening).
     pub fn restart_as(&mut self, how: Restart) -> std::io::Result<()> {
+        self.server.kill();
+        let dir = self.server.dir().to_path_buf();
         if how == Restart::LoseData {
-            self.server.kill();
-            let dir = self.server.dir().to_path_buf();
             std::fs::remove_dir_all(dir.join("data"))?;
             initdb(&self.bin, &dir)?;
-            self.server.spawn()?;
         } else {
-            self.server.restart_as(how)?;
+            self.server.prepare_data(how)?;
         }
+        // Every process of the old server is gone (`kill`), so its lock files are stale; a
+        // restored one names a pid another process may have by now, which refuses the start.
+        let socket_lock = format!(".s.PGSQL.{}.lock", self.port());
+        for stale in [dir.join("data").join("postmaster.pid"), dir.join(socket_lock)] {
+            match std::fs::remove_file(&stale) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        self.server.spawn()?;
         self.wait_ready()
     }
 

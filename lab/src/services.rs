@@ -295,7 +295,7 @@ pub fn down(state: &Path) -> std::io::Result<()> {
         .lines()
         .filter_map(|line| {
             let (pid, name) = line.split_once(' ')?;
-            Some((Pid::from_raw(pid.parse().ok()?), name))
+            Some((Pid::from_raw(pid.parse::<i32>().ok().filter(|pid| *pid > 1)?), name))
         })
         .collect();
     for (pid, name) in &servers {

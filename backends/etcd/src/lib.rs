@@ -99,8 +99,9 @@ mod session;
 pub use config::EtcdConfig;
 pub use service::EtcdLockService;
 
-/// The pure parts that the fuzz targets (`fuzz/`) check: reachable only in a `cargo fuzz` build.
-#[cfg(fuzzing)]
+/// The pure parts that the fuzz targets (`fuzz/`) check: behind the `fuzzing` feature, with
+/// no stability promise.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::reply::TxnReply;

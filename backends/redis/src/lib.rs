@@ -129,8 +129,9 @@ mod waiters;
 pub use config::{RedisConfig, ReplicaAcks, TlsClientIdentity};
 pub use service::RedisLockService;
 
-/// The pure parts that the fuzz targets (`fuzz/`) check: reachable only in a `cargo fuzz` build.
-#[cfg(fuzzing)]
+/// The pure parts that the fuzz targets (`fuzz/`) check: behind the `fuzzing` feature, with
+/// no stability promise.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::connection::ClusterTarget;

@@ -50,8 +50,9 @@ pub use config::ZkConfig;
 pub use service::ZkLockService;
 pub use zookeeper_client;
 
-/// The pure parts that the fuzz targets (`fuzz/`) check: reachable only in a `cargo fuzz` build.
-#[cfg(fuzzing)]
+/// The pure parts that the fuzz targets (`fuzz/`) check: behind the `fuzzing` feature, with
+/// no stability promise.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::service::{fence_of, node_prefix, precedes, queue_order, sequence_of};

@@ -73,14 +73,14 @@ pub async fn equal_higher_lower<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -
     ensure!(ctx, wm == Some(Fence::new(11)), "watermark after fence 11 is {wm:?}");
     attempt!(
         ctx,
-        store.write_fenced(&res, gf(11), &WriteBatch::new().put(ns.record("seed"), b"s".to_vec())).await,
-        "seed record"
+        store.write_fenced(&res, gf(11), &WriteBatch::new().put(ns.record("existing"), b"s".to_vec())).await,
+        "the existing record"
     );
     let before = snapshot(ctx, &*store, &ns).await?;
     let stale = WriteBatch::new()
         .put(k.clone(), b"stale".to_vec())
         .put(ns.record("other"), b"x".to_vec())
-        .delete(ns.record("seed"));
+        .delete(ns.record("existing"));
     for presented in [10u64, 1] {
         let err = store.write_fenced(&res, own_grant(presented), &stale).await.err();
         let kind = err.as_ref().map(|e| e.kind());
@@ -109,7 +109,7 @@ pub async fn equal_higher_lower<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -
     // The duplicate did not take the watermark over: the first grant still writes.
     attempt!(
         ctx,
-        store.write_fenced(&res, gf(11), &WriteBatch::new().put(ns.record("seed"), b"s".to_vec())).await,
+        store.write_fenced(&res, gf(11), &WriteBatch::new().put(ns.record("existing"), b"s".to_vec())).await,
         "the first grant's next write with fence 11 (after another grant's duplicate was refused)"
     );
     // Watermarks are per resource.
@@ -200,7 +200,7 @@ pub async fn atomicity<F: FencedStoreFactory>(ctx: &Ctx, factory: &F) -> Outcome
                 &WriteBatch::new().put(qty.clone(), b"10".to_vec()).put(done.clone(), b"x".to_vec())
             )
             .await,
-        "seed"
+        "the first stock"
     );
     let before = snapshot(ctx, &*store, &ns).await?;
 
@@ -318,7 +318,7 @@ pub async fn stale_batches_of_every_shape<F: FencedStoreFactory>(ctx: &Ctx, fact
         store
             .write_fenced(&res, gf(5), &WriteBatch::new().put(a.clone(), b"A".to_vec()).put(b.clone(), b"B".to_vec()))
             .await,
-        "seed under fence 5"
+        "the existing record under fence 5"
     );
     let before = snapshot(ctx, &*store, &ns).await?;
     let shapes = [

@@ -74,8 +74,9 @@ pub use palisade_core::FencedRow;
 pub use store::{PostgresStore, RowKey, RowWatermark};
 pub use transaction::PgFencedTransaction;
 
-/// The pure parts that the fuzz targets (`fuzz/`) check: reachable only in a `cargo fuzz` build.
-#[cfg(fuzzing)]
+/// The pure parts that the fuzz targets (`fuzz/`) check: behind the `fuzzing` feature, with
+/// no stability promise.
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::store::{decode_refusal, encode_ops, failed_check};

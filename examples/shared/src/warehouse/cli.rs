@@ -21,7 +21,7 @@ pub fn millis(ms: i64) -> std::time::Duration {
 // Numbers are parsed as signed so that `--qty -5` is "out of range" for `--qty`, not an
 // unknown flag `-5`; the ranges are the contract (examples/warehouse/README.md).
 
-/// Warehouse allocation under a fenced lock: the seed's incident and its fix.
+/// Warehouse allocation under a fenced lock: the incident and its fix.
 #[derive(Debug, Parser)]
 #[command(name = "warehouse", version)]
 pub struct Cli {
@@ -116,7 +116,7 @@ pub struct SimulateArgs {
     /// Pause length in milliseconds (default: 2 × TTL + 50, longer than the TTL; 0 to 600000).
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_SIMULATE_MS))]
     pub pause_ms: Option<i64>,
-    /// Write without the fence check: the seed's naive lock.
+    /// Write without the fence check: the incident's naive lock.
     #[arg(long)]
     pub unfenced: bool,
     /// Print one JSON object on the last line instead of a human summary.

@@ -1,5 +1,5 @@
 //! The warehouse's data, and one allocation done right (or, with [`Mode::Unfenced`], done the
-//! seed's naive way).
+//! the incident's naive way).
 //!
 //! **On PostgreSQL and SQLite** the data is in tables of its own, as an application's is:
 //!
@@ -9,7 +9,7 @@
 //!                           qty BIGINT NOT NULL, fence BIGINT, PRIMARY KEY (job, attempt));
 //! ```
 //!
-//! A fenced allocation is one transaction of two statements: the seed's single-row statement
+//! A fenced allocation is one transaction of two statements: the fix's single-row statement
 //! on the stock (the store's `update_row_fenced_in`: `UPDATE inventory SET qty = qty - n,
 //! fence = f WHERE sku = s AND (fence IS NULL OR fence <= f)`), then the audit row, inserted
 //! only if the job has none yet (fencing rule 3: the "already done?" check is in the write).
@@ -38,7 +38,7 @@ use crate::sql::Db;
 pub enum Mode {
     /// Check the fence and the "already done?" condition in the store, atomically (rules 1–3).
     Fenced,
-    /// The seed's naive lock: check "done" before the pause, write blindly after it.
+    /// The incident's naive lock: check "done" before the pause, write blindly after it.
     Unfenced,
 }
 
@@ -222,12 +222,12 @@ impl Warehouse {
         }
     }
 
-    /// Seeds stock with no lock, before any worker runs (simulation set-up only).
-    pub async fn seed_stock(&self, sku: &str, qty: i64) -> palisade::Result<()> {
+    /// Puts a SKU's initial stock with no lock, before any worker runs (simulation set-up only).
+    pub async fn initial_stock(&self, sku: &str, qty: i64) -> palisade::Result<()> {
         match &self.data {
             #[cfg(feature = "postgres")]
-            Data::Postgres(store) => postgres::seed(store, &self.scoped(sku), qty).await,
-            Data::Sqlite(store) => sqlite::seed(store, &self.scoped(sku), qty).await,
+            Data::Postgres(store) => postgres::initial_stock(store, &self.scoped(sku), qty).await,
+            Data::Sqlite(store) => sqlite::initial_stock(store, &self.scoped(sku), qty).await,
             Data::Records { store, prefix } => {
                 store.apply_unfenced(&WriteBatch::new().put(format!("{prefix}/inventory/{sku}"), qty.to_string())).await
             }
@@ -313,7 +313,7 @@ mod sql {
          SELECT $1, $2, $3, $4, $5 WHERE NOT EXISTS (SELECT 1 FROM allocations WHERE job = $1)";
     pub const AUDIT: &str = "INSERT INTO allocations (job, attempt, sku, qty, fence) VALUES ($1, $2, $3, $4, $5)";
     pub const DECREMENT_BLIND: &str = "UPDATE inventory SET qty = qty - $2 WHERE sku = $1";
-    pub const SEED: &str = "INSERT INTO inventory (sku, qty, fence) VALUES ($1, $2, NULL) \
+    pub const INITIAL_STOCK: &str = "INSERT INTO inventory (sku, qty, fence) VALUES ($1, $2, NULL) \
          ON CONFLICT (sku) DO UPDATE SET qty = excluded.qty, fence = NULL";
     pub const ENSURE_ROW: &str =
         "INSERT INTO inventory (sku, qty, fence) VALUES ($1, 0, NULL) ON CONFLICT (sku) DO NOTHING";
@@ -338,8 +338,8 @@ macro_rules! sql_tables {
             #[allow(unused_imports)]
             use crate::sql::PgBegin as _;
 
-            pub(super) async fn seed(store: &$store, sku: &str, qty: i64) -> palisade::Result<()> {
-                sqlx::query(sql::SEED).bind(sku).bind(qty).execute(store.pool()).await.map_err($map_err)?;
+            pub(super) async fn initial_stock(store: &$store, sku: &str, qty: i64) -> palisade::Result<()> {
+                sqlx::query(sql::INITIAL_STOCK).bind(sku).bind(qty).execute(store.pool()).await.map_err($map_err)?;
                 Ok(())
             }
 
@@ -406,7 +406,7 @@ macro_rules! sql_tables {
                 tokio::time::sleep(pause).await;
                 let fence_column = fence.and_then(|f| i64::try_from(f.get()).ok());
                 let mut tx = store.begin().await?;
-                // Fenced: the seed's single-row statement (a stale fence changes no row), then
+                // Fenced: the fix's single-row statement (a stale fence changes no row), then
                 // the audit row only if the job has none. Unfenced: the same, blind.
                 let decremented = match fence {
                     Some(fence) => {

@@ -1,4 +1,4 @@
-//! The warehouse: the seed's incident, replayed (see `examples/warehouse/README.md` for the
+//! The warehouse: the incident, replayed (see `examples/warehouse/README.md` for the
 //! command-line contract).
 
 pub mod cli;

@@ -3,9 +3,9 @@
 //! The queue behaves like a real one: a job handed to a worker is handed out again if the
 //! worker has not acknowledged it within the TTL (a visibility timeout). So when a holder
 //! pauses past its TTL, its lock expires, its job is redelivered, another worker takes the lock
-//! and applies the job, and the paused holder then wakes and writes: the seed's incident.
+//! and applies the job, and the paused holder then wakes and writes: the incident.
 //! Redelivered jobs jump the queue, as a job whose deadline has passed would in a real system
-//! (and as the seed tells it: "another pod acquires the lock and completes the shipment").
+//! (and as the incident's write-up tells it: "another pod acquires the lock and completes the shipment").
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -123,7 +123,7 @@ async fn run_with<L: LockService + ?Sized>(
     let warehouse = Warehouse::connect(store, &run_id).await?;
     let initial = i64::try_from(settings.jobs).unwrap_or(i64::MAX);
     for s in 0..settings.skus {
-        warehouse.seed_stock(&sku_name(s), initial).await?;
+        warehouse.initial_stock(&sku_name(s), initial).await?;
     }
 
     let (tx, rx) = mpsc::unbounded_channel();

@@ -3,13 +3,10 @@
 //! are valid; a record key or a write batch is accepted exactly when the rules say so, and a
 //! refusal has the kind the contract gives (`InvalidKey` for a key, `InvalidArgument` else).
 
-#![no_main]
-
+use crate::checks::{batch_validation, record_key_validation, resource_key_round_trips, resource_key_text};
+use crate::{OpSpec, batch};
 use arbitrary::Arbitrary;
-use libfuzzer_sys::fuzz_target;
 use palisade_core::MAX_RECORD_VALUE_LEN;
-use palisade_fuzz::checks::{batch_validation, record_key_validation, resource_key_round_trips, resource_key_text};
-use palisade_fuzz::{OpSpec, batch};
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -20,7 +17,9 @@ struct Input {
     ops: Vec<OpSpec>,
 }
 
-fuzz_target!(|input: Input| {
+/// One fuzz input, decoded as libFuzzer's typed targets decode theirs ([`crate::decode`]).
+pub fn run(data: &[u8]) {
+    let Some(input) = crate::decode::<Input>(data) else { return };
     let verdicts = [
         resource_key_round_trips(&input.domain, &input.id),
         resource_key_text(&input.text),
@@ -33,4 +32,4 @@ fuzz_target!(|input: Input| {
             panic!("{why}");
         }
     }
-});
+}

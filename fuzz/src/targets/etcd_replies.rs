@@ -4,10 +4,7 @@
 //! is us" holds exactly when the get's first key is ours. Anything else is a `Backend` error,
 //! never a fence and never a panic.
 
-#![no_main]
-
 use arbitrary::Arbitrary;
-use libfuzzer_sys::fuzz_target;
 use palisade_core::ErrorKind;
 use palisade_etcd::fuzzing::TxnReply;
 
@@ -21,7 +18,9 @@ struct Input {
     get: u8,
 }
 
-fuzz_target!(|input: Input| {
+/// One fuzz input, decoded as libFuzzer's typed targets decode theirs ([`crate::decode`]).
+pub fn run(data: &[u8]) {
+    let Some(input) = crate::decode::<Input>(data) else { return };
     let reply = TxnReply {
         succeeded: input.succeeded,
         revision: input.revision,
@@ -61,4 +60,4 @@ fuzz_target!(|input: Input| {
     let first = reply.gets.get(get).and_then(|keys| keys.first());
     assert_eq!(reply.first_found(get), first.map(Vec::as_slice));
     assert_eq!(reply.first_found_is(get, &input.ours), first == Some(&input.ours));
-});
+}

@@ -8,7 +8,7 @@ use palisade_examples::warehouse::cli::{Cli, Command};
 
 /// One simulation's figures (from the warehouse's own report).
 #[derive(Debug, Clone, Serialize)]
-pub struct SeedRun {
+pub struct WarehouseRun {
     pub mode: String,
     pub jobs: u64,
     pub pauses: u64,
@@ -22,14 +22,14 @@ pub struct SeedRun {
 
 /// The benchmark's size: jobs, workers, SKUs, and how often a holder pauses past its TTL.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct SeedPlan {
+pub struct WarehousePlan {
     pub jobs: u64,
     pub workers: u32,
     pub skus: u32,
     pub pause_every: u64,
 }
 
-pub async fn run(lock: &str, store: &str, plan: SeedPlan, unfenced: bool) -> Result<SeedRun, String> {
+pub async fn run(lock: &str, store: &str, plan: WarehousePlan, unfenced: bool) -> Result<WarehouseRun, String> {
     let (jobs, workers, skus, every) =
         (plan.jobs.to_string(), plan.workers.to_string(), plan.skus.to_string(), plan.pause_every.to_string());
     let mut argv = vec![
@@ -55,7 +55,7 @@ pub async fn run(lock: &str, store: &str, plan: SeedPlan, unfenced: bool) -> Res
     let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
     let Command::Simulate(args) = &cli.command else { return Err("not a simulation".into()) };
     let r = palisade_examples::warehouse::simulate::simulate(&cli, args, true).await.map_err(|e| e.to_string())?;
-    Ok(SeedRun {
+    Ok(WarehouseRun {
         mode: r["mode"].as_str().unwrap_or("?").to_string(),
         jobs: r["jobs"].as_u64().unwrap_or(0),
         pauses: r["pauses"].as_u64().unwrap_or(0),

@@ -8,13 +8,10 @@
 //! Input: byte 0 picks the status, byte 1 the batch and whether it is fenced, the rest is the
 //! body (the seed corpus holds DynamoDB's own error bodies).
 
-#![no_main]
-
 use std::sync::LazyLock;
 
-use libfuzzer_sys::fuzz_target;
+use crate::dynamo::Harness;
 use palisade_core::{ErrorKind, Fence, GrantFence, GrantId, WriteBatch, WriteOp};
-use palisade_fuzz::dynamo::Harness;
 
 const STATUSES: &[u16] = &[400, 200, 500, 503, 400, 413, 404, 204];
 
@@ -33,7 +30,8 @@ fn batches() -> Vec<WriteBatch> {
 
 static BATCHES: LazyLock<Vec<WriteBatch>> = LazyLock::new(batches);
 
-fuzz_target!(|data: &[u8]| {
+/// One fuzz input: the bytes as they come.
+pub fn run(data: &[u8]) {
     let [status, shape, body @ ..] = data else { return };
     let harness = Harness::get();
     let status = STATUSES[usize::from(*status) % STATUSES.len()];
@@ -68,4 +66,4 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-});
+}

@@ -3,9 +3,6 @@
 //! A grant comes only from `{1, fence}` with a positive fence, read back exactly; "held" only
 //! from `{0, pttl}`; any other reply is a `Backend` error that is not retryable, never a panic.
 
-#![no_main]
-
-use libfuzzer_sys::fuzz_target;
 use palisade_core::{ErrorKind, Fence};
 use palisade_redis::scripts::{AcquireReply, decode_done};
 use redis::Value;
@@ -29,7 +26,8 @@ fn check_acquire(reply: &Value) {
     }
 }
 
-fuzz_target!(|data: &[u8]| {
+/// One fuzz input: the bytes as they come.
+pub fn run(data: &[u8]) {
     // Whatever bytes arrive, as the client parses them.
     if let Ok(reply) = redis::parse_redis_value(data) {
         check_acquire(&reply);
@@ -51,4 +49,4 @@ fuzz_target!(|data: &[u8]| {
     let held = Value::Array(vec![Value::Int(0), Value::BulkString(pttl.to_string().into_bytes())]);
     let remaining = std::time::Duration::from_millis(u64::try_from(pttl).unwrap_or(0).max(1));
     assert_eq!(AcquireReply::decode(&held, "k").ok(), Some(AcquireReply::Held { remaining }));
-});
+}

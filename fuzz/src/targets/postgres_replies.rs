@@ -4,12 +4,9 @@
 //! index) names exactly that operation, or none when the index is out of range. Any other
 //! message is read without a panic.
 
-#![no_main]
-
+use crate::{OpSpec, batch};
 use arbitrary::Arbitrary;
-use libfuzzer_sys::fuzz_target;
 use palisade_core::{Fence, GrantId};
-use palisade_fuzz::{OpSpec, batch};
 use palisade_postgres::fuzzing::{decode_refusal, failed_check};
 
 #[derive(Arbitrary, Debug)]
@@ -25,7 +22,9 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fuzz_target!(|input: Input| {
+/// One fuzz input, decoded as libFuzzer's typed targets decode theirs ([`crate::decode`]).
+pub fn run(data: &[u8]) {
+    let Some(input) = crate::decode::<Input>(data) else { return };
     let fence = input.fence >> 1; // a BIGINT's range
     let grant = GrantId::from_bytes(input.grant);
     assert_eq!(decode_refusal(&format!("{fence} {}", hex(&input.grant))), (Fence::new(fence), Some(grant)));
@@ -45,4 +44,4 @@ fuzz_target!(|input: Input| {
         let named = input.message.parse::<usize>().ok().and_then(|i| ops.get(i.checked_sub(1)?));
         assert_eq!(Some(op), named, "{:?}", input.message);
     }
-});
+}

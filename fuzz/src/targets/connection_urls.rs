@@ -4,13 +4,10 @@
 //! core parser gives back the user and password it was given. Raw text goes through every
 //! parser too, which must refuse it with a typed error rather than panic.
 
-#![no_main]
-
+use crate::checks::{hides_password, redaction_hides_password};
 use arbitrary::Arbitrary;
-use libfuzzer_sys::fuzz_target;
 use palisade_core::spi::{ConnectionUrl, encode_userinfo};
 use palisade_core::{ErrorKind, redact_url};
-use palisade_fuzz::checks::{hides_password, redaction_hides_password};
 
 const SCHEMES: &[&str] = &[
     "redis",
@@ -67,7 +64,9 @@ fn parsed_views(url: &str) -> Vec<(&'static str, Result<String, palisade_core::E
     ]
 }
 
-fuzz_target!(|parts: Parts| {
+/// One fuzz input, decoded as libFuzzer's typed targets decode theirs ([`crate::decode`]).
+pub fn run(data: &[u8]) {
+    let Some(parts) = crate::decode::<Parts>(data) else { return };
     let scheme = SCHEMES[usize::from(parts.scheme) % SCHEMES.len()];
     let user = lower(&parts.user, |c| c.is_ascii_lowercase() || c.is_ascii_digit(), 8);
     let password: String = "QZ"
@@ -165,4 +164,4 @@ fuzz_target!(|parts: Parts| {
             );
         }
     }
-});
+}

@@ -3,15 +3,12 @@
 //! refuse with the same kind; both keep the same watermark; afterwards both hold the same
 //! records, byte for byte.
 
-#![no_main]
-
 use std::collections::HashSet;
 use std::sync::LazyLock;
 
+use crate::{OpSpec, batch, checks, grant_fence, runtime};
 use arbitrary::Arbitrary;
-use libfuzzer_sys::fuzz_target;
 use palisade_core::{FencedStore, MemoryFencedStore, ResourceKey};
-use palisade_fuzz::{OpSpec, batch, checks, grant_fence, runtime};
 use palisade_sqlite::SqliteStore;
 
 /// One batch: unfenced (`None`), or under [`grant_fence`]'s fence and grant.
@@ -66,7 +63,9 @@ fn sqlite_against_memory(rt: &tokio::runtime::Runtime, sqlite: &SqliteStore, ste
     });
 }
 
-fuzz_target!(|steps: Vec<Step>| {
+/// One fuzz input, decoded as libFuzzer's typed targets decode theirs ([`crate::decode`]).
+pub fn run(data: &[u8]) {
+    let Some(steps) = crate::decode::<Vec<Step>>(data) else { return };
     let (rt, sqlite) = &*WORLD;
     sqlite_against_memory(rt, sqlite, &steps[..steps.len().min(6)]);
-});
+}

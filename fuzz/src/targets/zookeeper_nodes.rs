@@ -3,10 +3,7 @@
 //! any other name is not taken for a contender's; contenders sort into the order they were
 //! issued in, across the wrap; a node's `czxid` is its fence only when it is positive.
 
-#![no_main]
-
 use arbitrary::Arbitrary;
-use libfuzzer_sys::fuzz_target;
 use palisade_core::{ErrorKind, OwnerToken};
 use palisade_zookeeper::fuzzing::{fence_of, node_prefix, precedes, queue_order, sequence_of};
 
@@ -22,7 +19,9 @@ struct Input {
     czxid: i64,
 }
 
-fuzz_target!(|input: Input| {
+/// One fuzz input, decoded as libFuzzer's typed targets decode theirs ([`crate::decode`]).
+pub fn run(data: &[u8]) {
+    let Some(input) = crate::decode::<Input>(data) else { return };
     let prefix = node_prefix(OwnerToken::from_bytes(input.token));
     let node = format!("{prefix}{:010}", input.sequence);
     assert_eq!(sequence_of(&node), Some(input.sequence), "{node}");
@@ -58,4 +57,4 @@ fuzz_target!(|input: Input| {
         Ok(fence) => assert!(input.czxid > 0 && u64::try_from(input.czxid).ok() == Some(fence.get())),
         Err(e) => assert!((input.czxid <= 0 || input.czxid >= 1 << 48) && e.kind() == ErrorKind::Backend),
     }
-});
+}

@@ -2,12 +2,9 @@
 //! arguments are either refused as a usage error or parsed into values within the documented
 //! ranges; help and version come only when asked for; the lock URL follows from the store URL.
 
-#![no_main]
-
 use arbitrary::Arbitrary;
 use clap::Parser;
 use clap::error::ErrorKind;
-use libfuzzer_sys::fuzz_target;
 use palisade_examples::warehouse::cli::{Cli, Command, MAX_ALLOCATE_MS, MAX_QTY, MAX_SIMULATE_MS, MAX_THINK_MS};
 
 const WORDS: &[&str] = &[
@@ -50,7 +47,9 @@ enum Arg {
     Joined(u8, i64),
 }
 
-fuzz_target!(|args: Vec<Arg>| {
+/// One fuzz input, decoded as libFuzzer's typed targets decode theirs ([`crate::decode`]).
+pub fn run(data: &[u8]) {
+    let Some(args) = crate::decode::<Vec<Arg>>(data) else { return };
     let args: Vec<String> = args
         .iter()
         .take(16)
@@ -104,4 +103,4 @@ fuzz_target!(|args: Vec<Arg>| {
             let _ = e.render().to_string();
         }
     }
-});
+}

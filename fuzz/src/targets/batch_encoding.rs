@@ -7,15 +7,12 @@
 //!   condition), each with its record key and value as given; an invalid batch sends nothing.
 //! - SQLite: see `sqlite_batches`.
 
-#![no_main]
-
 use std::collections::HashSet;
 
+use crate::dynamo::Harness;
+use crate::{OpSpec, batch, checks, grant_fence};
 use arbitrary::Arbitrary;
-use libfuzzer_sys::fuzz_target;
 use palisade_core::{GrantFence, MAX_RECORD_VALUE_LEN, WriteBatch, WriteOp};
-use palisade_fuzz::dynamo::Harness;
-use palisade_fuzz::{OpSpec, batch, checks, grant_fence};
 use serde_json::Value;
 
 /// One batch: unfenced (`None`), or under [`grant_fence`]'s fence and grant.
@@ -112,7 +109,9 @@ fn dynamodb(batch: &WriteBatch, fence: Option<GrantFence>) {
     }
 }
 
-fuzz_target!(|steps: Vec<Step>| {
+/// One fuzz input, decoded as libFuzzer's typed targets decode theirs ([`crate::decode`]).
+pub fn run(data: &[u8]) {
+    let Some(steps) = crate::decode::<Vec<Step>>(data) else { return };
     for step in steps.iter().take(4) {
         let batch = batch(&step.ops);
         if let Err(why) = checks::batch_validation(&batch, MAX_RECORD_VALUE_LEN) {
@@ -121,4 +120,4 @@ fuzz_target!(|steps: Vec<Step>| {
         postgres(&batch);
         dynamodb(&batch, grant_fence(step.fenced));
     }
-});
+}

@@ -1,0 +1,5 @@
+//! libFuzzer's entry point for [`palisade_fuzz::targets::dynamodb_replies`].
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| palisade_fuzz::targets::dynamodb_replies::run(data));
