@@ -79,6 +79,7 @@
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The source tree by role: contract/ (what an author supplies and runs), harness/ (running a
 // scenario, its bounds, its child process), scenarios/, faults/. The public modules stay flat.

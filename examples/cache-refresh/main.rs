@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --example cache-refresh                      # embedded default
-//! cargo run --features redis,postgres --example cache-refresh -- --lock redis://… --store postgres://…
+//! cargo run --features redis,postgres,palisade-examples/postgres --example cache-refresh -- --lock redis://… --store postgres://…
 //! ```
 //!
 //! **What goes wrong without a fence.** A hot cache entry expires and a hundred readers miss at

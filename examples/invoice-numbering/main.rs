@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --example invoice-numbering                      # embedded default (SQLite)
-//! cargo run --features redis,postgres --example invoice-numbering -- --lock redis://… --store postgres://…
+//! cargo run --features redis,postgres,palisade-examples/postgres --example invoice-numbering -- --lock redis://… --store postgres://…
 //! ```
 //!
 //! **What goes wrong without a fence.** Invoice numbers must be consecutive per tenant (tax law in

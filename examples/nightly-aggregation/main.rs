@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --example nightly-aggregation                      # embedded default
-//! cargo run --features redis,postgres --example nightly-aggregation -- --lock redis://… --store postgres://…
+//! cargo run --features redis,postgres,palisade-examples/postgres --example nightly-aggregation -- --lock redis://… --store postgres://…
 //! ```
 //!
 //! **What goes wrong without a fence.** Several schedulers fire at midnight; a lock makes one of

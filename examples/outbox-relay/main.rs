@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --example outbox-relay                      # embedded default
-//! cargo run --features redis,postgres --example outbox-relay -- --lock redis://… --store postgres://…
+//! cargo run --features redis,postgres,palisade-examples/postgres --example outbox-relay -- --lock redis://… --store postgres://…
 //! ```
 //!
 //! **What goes wrong without a fence.** Several relay instances elect a leader with a lock; the

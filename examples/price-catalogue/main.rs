@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --example price-catalogue                 # embedded default
-//! cargo run --features redis,postgres --example price-catalogue -- --lock redis://… --store postgres://…
+//! cargo run --features redis,postgres,palisade-examples/postgres --example price-catalogue -- --lock redis://… --store postgres://…
 //! ```
 //!
 //! **What goes wrong without a fence.** Pricing services read the catalogue under a read lock

@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --example rate-limit                      # embedded default
-//! cargo run --features redis,postgres --example rate-limit -- --lock redis://… --store postgres://…
+//! cargo run --features redis,postgres,palisade-examples/postgres --example rate-limit -- --lock redis://… --store postgres://…
 //! ```
 //!
 //! **What goes wrong without a fence.** A partner allows 3 concurrent calls. Workers take a

@@ -8,9 +8,15 @@ use std::path::{Path, PathBuf};
 
 use palisade_fuzz::targets;
 
+/// One target at a time: the targets that talk to the in-process DynamoDB endpoint share it
+/// (what it answers is set per input), as they do in libFuzzer's one process. `cargo test`
+/// runs the tests of a binary on threads of one process.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs each file of `corpus/NAME` through `run`, and fails naming the file that panics.
 /// A target whose corpus is missing or empty fails too: the replay would prove nothing.
 fn replay(name: &str, run: fn(&[u8])) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(name);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))

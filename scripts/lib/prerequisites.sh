@@ -73,15 +73,26 @@ install_prerequisites() {
   export PALISADE_MOTO_PYTHON="$venv/bin/python"
 }
 
-# cargo-fuzz, pinned, from crates.io (scripts/fuzz): about half a minute to build.
-CARGO_FUZZ_VERSION=0.13.2
-install_cargo_fuzz() {
-  if cargo fuzz --version 2>/dev/null | grep -qF " $CARGO_FUZZ_VERSION"; then
+# A cargo subcommand, pinned, from crates.io, unless that version is installed already: `NAME
+# VERSION WHAT-NEEDS-IT`. The first install builds it (cargo-fuzz and cargo-hack in under a
+# minute, cargo-deny in a few); later runs on the same machine find it in ~/.cargo/bin.
+install_cargo_tool() {
+  local name=$1 version=$2 user=$3
+  if "$name" --version 2>/dev/null | grep -qF " $version" ||
+    cargo "${name#cargo-}" --version 2>/dev/null | grep -qF " $version"; then
     return 0
   fi
-  prereq_log "installing cargo-fuzz $CARGO_FUZZ_VERSION from crates.io"
-  if ! cargo install --quiet --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION"; then
-    prereq_log "could not install cargo-fuzz. scripts/fuzz needs crates.io."
+  prereq_log "installing $name $version from crates.io"
+  if ! cargo install --quiet --locked "$name" --version "$version"; then
+    prereq_log "could not install $name. $user needs crates.io."
     return 1
   fi
+}
+
+install_cargo_fuzz() { install_cargo_tool cargo-fuzz 0.13.2 scripts/fuzz; }
+
+# What the test command's packaging and dependency checks run.
+install_cargo_checks() {
+  install_cargo_tool cargo-hack 0.6.46 "the feature-matrix check" &&
+    install_cargo_tool cargo-deny 0.20.2 "the licence and dependency check"
 }

@@ -40,6 +40,7 @@
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 #[cfg(feature = "conformance")]

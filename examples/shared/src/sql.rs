@@ -58,7 +58,10 @@ impl Db {
         Err(Error::new(
             ErrorKind::InvalidConfig,
             example,
-            format!("{}: build with --features postgres for PostgreSQL", palisade::redact_url(url)),
+            format!(
+                "{}: build with --features postgres,palisade-examples/postgres for PostgreSQL",
+                palisade::redact_url(url)
+            ),
         ))
     }
 

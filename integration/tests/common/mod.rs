@@ -25,6 +25,9 @@ pub fn example(name: &str) -> Command {
         // The examples belong to the `palisade` package at the workspace root.
         build
             .args(["build", "--quiet", "-p", "palisade", "--all-features", "--examples"])
+            // The examples' own tables on PostgreSQL: a feature of their shared crate, which
+            // the published package's features do not name.
+            .args(["--features", "palisade-examples/postgres"])
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
         if release {
             build.arg("--release");
