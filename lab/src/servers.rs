@@ -354,7 +354,15 @@ impl Drop for LoopbackServer {
 }
 
 fn remove_dir_if_present(dir: &Path) -> std::io::Result<()> {
-    match std::fs::remove_dir_all(dir) {
+    absent_is_fine(std::fs::remove_dir_all(dir))
+}
+
+fn remove_file_if_present(file: &Path) -> std::io::Result<()> {
+    absent_is_fine(std::fs::remove_file(file))
+}
+
+fn absent_is_fine(removed: std::io::Result<()>) -> std::io::Result<()> {
+    match removed {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
@@ -882,23 +890,30 @@ fn parents() -> std::collections::BTreeMap<u32, u32> {
     entries
         .filter_map(|entry| {
             let pid = entry.ok()?.file_name().to_str()?.parse::<u32>().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // After the command name (in parentheses, which may hold spaces): state, then ppid.
-            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, ppid))
+            Some((pid, proc_stat(pid)?.1))
         })
         .collect()
+}
+
+/// A process's state letter and parent, from `/proc/PID/stat`: they follow the command name,
+/// which is in parentheses and may hold spaces.
+fn proc_stat(pid: u32) -> Option<(String, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.to_string();
+    Some((state, fields.next()?.parse().ok()?))
 }
 
 /// `running`, `stopped` or `exited`, from `/proc` (an exited child not yet waited for is still
 /// listed there, as a zombie).
 fn process_state(pid: u32) -> &'static str {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command name, which is in parentheses and may hold spaces.
-    match stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) {
-        None | Some("Z" | "X") => "exited",
-        Some("T" | "t") => "stopped",
-        Some(_) => "running",
+    match proc_stat(pid).map(|(state, _)| state) {
+        None => "exited",
+        Some(state) => match state.as_str() {
+            "Z" | "X" => "exited",
+            "T" | "t" => "stopped",
+            _ => "running",
+        },
     }
 }
 
@@ -1253,10 +1268,7 @@ impl PostgresServer {
         // restored one names a pid another process may have by now, which refuses the start.
         let socket_lock = format!(".s.PGSQL.{}.lock", self.port());
         for stale in [dir.join("data").join("postmaster.pid"), dir.join(socket_lock)] {
-            match std::fs::remove_file(&stale) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
+            remove_file_if_present(&stale)?;
         }
         self.server.spawn()?;
         self.wait_ready()

@@ -1417,33 +1417,23 @@ where
     attempt!(ctx, crate::e2e::write(&*store, &stale, &data("before")).await, "the write before the data loss");
     attempt!(ctx, factory.restart_server(Restart::LoseData).await, "restart without data");
     let third = client(ctx, factory).await?;
-    let options = LockOptions::ttl(timing.ttl * 4).wait(patience(timing.ttl));
-    let started = Instant::now();
-    let lease = match settle(|| third.lock_checked(&*store, &k, options)).await {
-        Ok(lease) => lease,
-        Err(e) if e.kind() == ErrorKind::FenceRegression => {
-            return Err(ctx.fail(format!(
-                "after a restart without data lock_checked refused ({e}): the service cannot move its fences past \
-                 the store's watermark by itself, so the resource stays stuck until an operator acts"
-            )));
-        }
-        Err(e) => return Err(ctx.fail(format!("lock_checked after a restart without data: {e}"))),
-    };
+    let (lease, wrote) = repaired_holder_writes(
+        ctx,
+        factory,
+        &third,
+        &*store,
+        &k,
+        "data-loss",
+        "a restart without data",
+        &data("after"),
+    )
+    .await?;
     ensure!(
         ctx,
         lease.fence() > stale.fence(),
         "after a restart without data lock_checked gave fence {}, not above the {} the store had accepted",
         lease.fence(),
         stale.fence()
-    );
-    attempt!(ctx, crate::e2e::write(&*store, &lease, &data("after")).await, "the new holder's write after the loss");
-    let wrote = started.elapsed();
-    let bound = patience(timing.ttl) * 2 + timing.round_trip() * 6;
-    ensure!(
-        ctx,
-        wrote <= bound,
-        "the new holder wrote {wrote:?} after lock_checked began, beyond the bound {bound:?} (two acquire waits and \
-         six round trips: the useless grant, its release, advance_fence, the watermark reads)"
     );
     let old = crate::e2e::write(&*store, &stale, &data("stale")).await;
     ensure!(
@@ -1464,6 +1454,53 @@ where
     let _ = stale.release().await; // lost with the data: NotHolder or Ok, either is fine here
     restored_from_an_older_snapshot(ctx, factory, &*store, &ns).await?;
     Ok(ctx.report())
+}
+
+/// After a data loss (`after` says which), `lock_checked` on `key` (named `name` in messages)
+/// must give `service`'s client a lease whose `batch` the store accepts, within two acquire
+/// waits and six round trips of `lock_checked`'s start (the useless grant, its release,
+/// `advance_fence`, the watermark reads). A `FenceRegression` leaves the resource stuck until
+/// an operator acts: a failure. Returns the lease and how long the write took to land.
+#[allow(clippy::too_many_arguments)]
+async fn repaired_holder_writes<F, St>(
+    ctx: &Ctx,
+    factory: &F,
+    service: &Arc<Service<F>>,
+    store: &St,
+    key: &ResourceKey,
+    name: &str,
+    after: &str,
+    batch: &WriteBatch,
+) -> Result<(palisade_core::Lease<Service<F>>, Duration), Failure>
+where
+    F: LockServiceFactory,
+    F::Service: LockService<Fencing = palisade_core::Fenced>,
+    St: palisade_core::FencedStore + ?Sized,
+{
+    let timing = factory.timing();
+    let options = LockOptions::ttl(timing.ttl * 4).wait(patience(timing.ttl));
+    let started = Instant::now();
+    let lease = match settle(|| service.lock_checked(store, key, options)).await {
+        Ok(lease) => lease,
+        Err(e) if e.kind() == ErrorKind::FenceRegression => {
+            return Err(ctx.fail(format!(
+                "after {after} lock_checked refused key `{name}` ({e}): the service cannot move its fences past \
+                 the store's watermark by itself, so the resource stays stuck until an operator acts"
+            )));
+        }
+        Err(e) => return Err(ctx.fail(format!("lock_checked of key `{name}` after {after}: {e}"))),
+    };
+    attempt!(ctx, crate::e2e::write(store, &lease, batch).await, "the new holder's write after the loss");
+    let wrote = started.elapsed();
+    let bound = patience(timing.ttl) * 2 + timing.round_trip() * 6;
+    ensure!(
+        ctx,
+        wrote <= bound,
+        "after {after} the new holder of key `{name}` wrote {wrote:?} after lock_checked began, beyond the bound \
+         {bound:?} (two acquire waits and six round trips: the useless grant, its release, advance_fence, the \
+         watermark reads)"
+    );
+    Ok((lease, wrote))
 }
 
 /// The partial loss of [`fences_survive_restart_or_are_repaired`]: the server is restored from
@@ -1508,39 +1545,14 @@ where
 
     attempt!(ctx, factory.restart_server(Restart::FromSnapshot).await, "restart from the snapshot");
     let restored = client(ctx, factory).await?;
-    let options = LockOptions::ttl(timing.ttl * 4).wait(patience(timing.ttl));
-    let bound = patience(timing.ttl) * 2 + timing.round_trip() * 6;
     let mut notes = Vec::new();
     for (k, record, stale, what) in
         [(&written, "restored", &w, "written"), (&unwritten, "restored-blank", &x, "unwritten")]
     {
         let batch = |value: &str| WriteBatch::new().put(ns.record(record), value.as_bytes().to_vec());
-        let started = Instant::now();
-        let lease = match settle(|| restored.lock_checked(store, k, options)).await {
-            Ok(lease) => lease,
-            Err(e) if e.kind() == ErrorKind::FenceRegression => {
-                return Err(ctx.fail(format!(
-                    "after a restore from an older snapshot lock_checked refused key `{what}` ({e}): the service \
-                     cannot move a counter that went back past the store's watermark, so the resource stays stuck \
-                     until an operator acts"
-                )));
-            }
-            Err(e) => {
-                return Err(ctx.fail(format!("lock_checked of key `{what}` after a restore from a snapshot: {e}")));
-            }
-        };
-        attempt!(
-            ctx,
-            crate::e2e::write(store, &lease, &batch("new")).await,
-            "the new holder's write after the restore"
-        );
-        let wrote = started.elapsed();
-        ensure!(
-            ctx,
-            wrote <= bound,
-            "after a restore from an older snapshot the new holder of key `{what}` wrote {wrote:?} after \
-             lock_checked began, beyond the bound {bound:?}"
-        );
+        let after = "a restore from an older snapshot";
+        let (lease, wrote) =
+            repaired_holder_writes(ctx, factory, &restored, store, k, what, after, &batch("new")).await?;
         let mut last = "new";
         match crate::e2e::write(store, stale, &batch("stale")).await {
             Err(e) if e.stale_fence_details().is_some() || matches!(e.kind(), ErrorKind::DuplicateFence { .. }) => {}
