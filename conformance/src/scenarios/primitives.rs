@@ -1,7 +1,9 @@
 //! Scenarios over every coordination primitive at once (semaphore, read-write lock, election),
 //! stamped by [`certify!`](macro@crate::certify) for every fenced lock service.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use palisade_core::{
@@ -13,7 +15,7 @@ use crate::harness::{Ctx, Outcome};
 use crate::latency::SlowLockService;
 use crate::lock::{client, key};
 use crate::store::store_client;
-use crate::{FencedStoreFactory, LockServiceFactory, Namespace, attempt, ensure};
+use crate::{FencedStoreFactory, LockServiceFactory, Namespace, attempt};
 
 /// Reader slots of the read-write lock and permits of the plain semaphore.
 const SLOTS: u32 = 128;
@@ -48,6 +50,13 @@ const QUEUED_SLOTS: u32 = 256;
 ///   within the round in progress and one more: n = 2 × 256 + 2.
 /// - `Election::campaign` on a free election: n = 1; the leader is still leading 2 TTLs later
 ///   (its renewals over the slow service kept it).
+///
+/// **Stalls.** The queue and the leader are renewed every third of the TTL, so a machine that
+/// stops the test process or the server longer than that can cost a correct holder its lock.
+/// Those two parts watch for stalls (how late a timer in the test fires; how long a probe's
+/// round trip takes): a lapse after a stall of at least a quarter of the TTL is noted in the
+/// report and the part runs once more on a fresh key; a lapse without one, or a second lapse,
+/// fails.
 ///
 /// A primitive that lets its lock expire meanwhile (extends it only between timed-out waits)
 /// loses it and starts over, again and again: `Timeout` on a lock nobody else holds.
@@ -126,17 +135,12 @@ where
     queued_head_keeps_its_place(ctx, &ns, &fast, &slow, ttl, bound(2 * QUEUED_SLOTS + 2)).await?;
 
     // The election.
-    let election = Election::new(Arc::clone(&slow), key(ctx, &ns, "election")?, ttl);
-    let started = Instant::now();
-    let leader = attempt!(ctx, election.campaign(bound(1)).await, "Election::campaign over the slow service");
-    ctx.note(format!("Election::campaign entered in {:.2?} (bound {:.2?})", started.elapsed(), bound(1)));
-    tokio::time::sleep(ttl * 2).await;
-    ensure!(
-        ctx,
-        !leader.is_lost(),
-        "the leader lost the lead within 2 TTLs: its renewals over the slow service failed"
-    );
-    attempt!(ctx, leader.resign().await, "the leader's resignation");
+    once_more_after_a_stall(ctx, ttl, "the election", |round| {
+        let key = key(ctx, &ns, &format!("election-{round}"));
+        let slow = Arc::clone(&slow);
+        async move { leader_keeps_its_lead(ctx, &key?, slow, ttl, bound(1)).await }
+    })
+    .await?;
     Ok(ctx.report())
 }
 
@@ -155,7 +159,130 @@ async fn queued_head_keeps_its_place<S>(
 where
     S: LockService<Fencing = Fenced> + ?Sized,
 {
-    let sem_key: ResourceKey = key(ctx, ns, "queued")?;
+    once_more_after_a_stall(ctx, ttl, "the queued semaphore's part", |round| {
+        let key = key(ctx, ns, &format!("queued-{round}"));
+        async move { queued_head_round(ctx, &key?, fast, slow, ttl, bound).await }
+    })
+    .await
+}
+
+/// A lock found lapsed although its holder renews it: what was seen, and the longest stall
+/// of the machine seen until then.
+struct Lapse {
+    message: String,
+    stall: Duration,
+}
+
+/// Runs `round` (given 0, then 1) until it ends without a [`Lapse`], at most twice.
+///
+/// A holder renews every third of its TTL, so a machine that stops the test process or the
+/// server for longer than that (a loaded CI host starting a JVM) can cost a correct holder its
+/// lock. A lapse after a stall of at least a quarter of the TTL is reported and the round runs
+/// once more; a lapse with no such stall, or a second one, fails. An implementation that lets
+/// its lock lapse while it works loses it again with no stall at all.
+async fn once_more_after_a_stall<F, Fut>(
+    ctx: &Ctx,
+    ttl: Duration,
+    what: &str,
+    mut round: F,
+) -> Result<(), crate::harness::Failure>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Result<Option<Lapse>, crate::harness::Failure>>,
+{
+    let Some(first) = round(0).await? else { return Ok(()) };
+    if first.stall < ttl / 4 {
+        return Err(ctx.fail(first.message));
+    }
+    ctx.note(format!(
+        "{what} ran again after a stall of more than a quarter of the TTL {ttl:?} (the machine, not the holder, \
+         missed a renewal): {}",
+        first.message
+    ));
+    match round(1).await? {
+        None => Ok(()),
+        Some(again) => {
+            Err(ctx.fail(format!("{} (and once before, after a stall of {:.2?})", again.message, first.stall)))
+        }
+    }
+}
+
+/// Measures the test process's stalls: how late a timer firing every `period` wakes up.
+struct StallWatch {
+    late_us: Arc<AtomicU64>,
+    _task: AbortOnDrop,
+}
+
+impl StallWatch {
+    fn start(period: Duration) -> Self {
+        let late_us = Arc::new(AtomicU64::new(0));
+        let task = {
+            let late_us = Arc::clone(&late_us);
+            tokio::spawn(async move {
+                loop {
+                    let slept = Instant::now();
+                    tokio::time::sleep(period).await;
+                    let late = slept.elapsed().saturating_sub(period);
+                    late_us.fetch_max(u64::try_from(late.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+                }
+            })
+        };
+        StallWatch { late_us, _task: AbortOnDrop(task) }
+    }
+
+    /// The longest stall so far.
+    fn longest(&self) -> Duration {
+        Duration::from_micros(self.late_us.load(Ordering::Relaxed))
+    }
+}
+
+/// The election's part: a campaign on a free election enters within `bound`, and the leader
+/// still leads 2 TTLs later.
+async fn leader_keeps_its_lead<S>(
+    ctx: &Ctx,
+    key: &ResourceKey,
+    slow: Arc<SlowLockService<S>>,
+    ttl: Duration,
+    bound: Duration,
+) -> Result<Option<Lapse>, crate::harness::Failure>
+where
+    S: LockService<Fencing = Fenced> + ?Sized,
+{
+    let election = Election::new(slow, key.clone(), ttl);
+    let started = Instant::now();
+    let leader = attempt!(ctx, election.campaign(bound).await, "Election::campaign over the slow service");
+    ctx.note(format!("Election::campaign entered in {:.2?} (bound {bound:.2?})", started.elapsed()));
+    let watch = StallWatch::start(ttl / 10);
+    tokio::time::sleep(ttl * 2).await;
+    if leader.is_lost() {
+        let _ = leader.resign().await;
+        return Ok(Some(Lapse {
+            message: format!(
+                "the leader lost the lead within 2 TTLs (the longest stall seen meanwhile: {:.2?}, TTL {ttl:?}): its \
+                 renewals over the slow service failed",
+                watch.longest()
+            ),
+            stall: watch.longest(),
+        }));
+    }
+    attempt!(ctx, leader.resign().await, "the leader's resignation");
+    Ok(None)
+}
+
+/// One run of the queued part on `sem_key`: `Ok(None)` when A kept its place and got the freed
+/// permit within `bound`, a [`Lapse`] when a probe found the queue free (the longest stall:
+/// the test process's timer or a probe's round trip).
+async fn queued_head_round<S>(
+    ctx: &Ctx,
+    sem_key: &ResourceKey,
+    fast: &Arc<S>,
+    slow: &Arc<SlowLockService<S>>,
+    ttl: Duration,
+    bound: Duration,
+) -> Result<Option<Lapse>, crate::harness::Failure>
+where
+    S: LockService<Fencing = Fenced> + ?Sized,
+{
     let holder = Semaphore::new(Arc::clone(fast), sem_key.clone(), QUEUED_SLOTS).and_then(Semaphore::queued);
     let holder = attempt!(ctx, holder, "semaphore");
     let queue = holder.queue().cloned().ok_or_else(|| ctx.fail("a queued semaphore has no queue"))?;
@@ -177,23 +304,32 @@ where
             }
         })
     };
+    let watch = StallWatch::start(ttl / 10);
     let _ticker = AbortOnDrop(ticker);
-    let a = Semaphore::new(Arc::clone(slow), sem_key, QUEUED_SLOTS).and_then(Semaphore::queued);
+    let a = Semaphore::new(Arc::clone(slow), sem_key.clone(), QUEUED_SLOTS).and_then(Semaphore::queued);
     let a = attempt!(ctx, a, "semaphore");
     let a = tokio::spawn(async move { a.acquire(LockOptions::ttl(ttl).wait(ttl * 3 + bound * 2)).await });
     tokio::time::sleep(ttl / 4).await;
     let headed = Instant::now();
+    let mut slowest_probe = Duration::ZERO;
     while headed.elapsed() < ttl * 2 {
+        let sent = Instant::now();
         let probe = attempt!(ctx, fast.try_lock(&queue, ttl).await, "probing the queue's lock");
+        slowest_probe = slowest_probe.max(sent.elapsed());
         if let Some(probe) = probe {
             let _ = probe.release().await;
             a.abort();
             release_all(held).await;
-            return Err(ctx.fail(format!(
-                "the queue's lock of a queued semaphore of {QUEUED_SLOTS} permits was free {:.2?} after its head, \
-                 A, started polling the permits over the slow service: the head lost the queue while it polled",
-                headed.elapsed() + ttl / 4
-            )));
+            let stall = watch.longest().max(slowest_probe);
+            return Ok(Some(Lapse {
+                message: format!(
+                    "the queue's lock of a queued semaphore of {QUEUED_SLOTS} permits was free {:.2?} after its \
+                     head, A, started polling the permits over the slow service (the longest stall seen meanwhile: \
+                     {stall:.2?}, TTL {ttl:?}): the head lost the queue while it polled",
+                    headed.elapsed() + ttl / 4
+                ),
+                stall,
+            }));
         }
         tokio::time::sleep(ttl / 10).await;
     }
@@ -207,7 +343,7 @@ where
         Ok(Ok(Ok(permit))) => {
             ctx.note(format!("the queued head got the freed permit in {:.2?} (bound {bound:.2?})", freed.elapsed()));
             let _ = permit.release().await;
-            Ok(())
+            Ok(None)
         }
         Ok(Ok(Err(e))) => Err(ctx.fail(format!("the head of the queue, A, failed: {e}"))),
         Ok(Err(e)) => Err(ctx.fail(format!("A panicked: {e}"))),
