@@ -4,1748 +4,1808 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+// One module, so that the test command can run these apart: they wait on TTLs and bounds and
+// use almost no CPU, so `scripts/test` runs them eight at a time (`--test-threads 8`) and skips
+// `broken_twins::` in the run that keeps one test per core.
+mod broken_twins {
 
-use palisade_conformance::memory::MemoryStoreFactory;
-use palisade_conformance::relay::{Relay, RelayLockService, RelayRetry};
-use palisade_conformance::{
-    Ctx, FencedStoreFactory, LockServiceFactory, Outcome, ProcessAccess, Restart, Timing, e2e, harness,
-};
-use palisade_conformance::{FaultProxy, FaultyClient};
-use palisade_core::spi::{async_trait, conflict_error};
-use palisade_core::{
-    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, FencedStore, Grant, GrantFence, LockService,
-    OwnerToken, Record, ResourceKey, Result, Ttl, WriteBatch, WriteOp,
-};
-use tokio::time::Instant;
+    use std::collections::{BTreeMap, HashMap};
+    use std::path::PathBuf;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
-// ---------------------------------------------------------------------------------------------
-// A lock service with one flaw at a time.
+    use palisade_conformance::memory::MemoryStoreFactory;
+    use palisade_conformance::relay::{Relay, RelayLockService, RelayRetry};
+    use palisade_conformance::{
+        Ctx, FencedStoreFactory, LockServiceFactory, Outcome, ProcessAccess, Restart, Timing, e2e, harness,
+    };
+    use palisade_conformance::{FaultProxy, FaultyClient};
+    use palisade_core::spi::{async_trait, conflict_error};
+    use palisade_core::{
+        Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, FencedStore, Grant, GrantFence, LockService,
+        OwnerToken, Record, ResourceKey, Result, Ttl, WriteBatch, WriteOp,
+    };
+    use tokio::time::Instant;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LockFlaw {
-    /// None: the control, which passes every lock scenario.
-    None,
-    /// Grants whether or not the key is held.
-    NoExclusion,
-    /// Release removes whoever holds the lock, whatever the token.
-    ReleaseIgnoresToken,
-    /// Grants never expire.
-    NeverExpires,
-    /// A takeover after expiry reuses the expired holder's fence.
-    FenceNotIncreasedAfterExpiry,
-    /// Extend says yes and does nothing.
-    ExtendDoesNothing,
-    /// `acquire` gives up at once (and does not validate its wait).
-    AcquireNeverWaits,
-    /// Fences jump by two while the service declares them gap-free.
-    GapsDeclaredGapFree,
-    /// Extend of an expired grant nobody took over brings it back to life.
-    ExtendResurrects,
-    /// A waiter sleeps until the holder's expiry instead of being woken by the release.
-    WakesOnlyAtExpiry,
-    /// A waiter reserves the lock while it waits and only a normal return gives the
-    /// reservation back: a cancelled waiter blocks everyone.
-    CancelLeaksReservation,
-    /// Declares FIFO waiting, but the newest waiter goes first.
-    NewestWaiterFirstDeclaredFifo,
-    /// Correct, but its test factory declares a 5 s expiry margin nothing explains.
-    UnexplainedMargin,
-    /// Extend re-creates a lock that is gone (`SET … PX` instead of a compare), so a holder
-    /// whose lock was deleted is never told (bug class 13).
-    ExtendRecreates,
-    /// Grants report twice the TTL the service enforces (a unit or rounding bug on the way
-    /// back, bug class 8): the holder's deadline outlives the server's.
-    OverstatesTtl,
-    /// The fence counter lives in the lock record, so a release deletes it (bug classes 2, 3).
-    CounterDeletedWithLock,
-    /// Every grant gets a keep-alive task that nothing stops (bug class 14).
-    RenewsForever,
-    /// Expiry is judged by the asking client's clock (bug class 9).
-    ClientClockExpiry,
-    /// Declares fences that survive a restart, but keeps its counters in memory (bug class 4).
-    CounterNotDurable,
-    /// Cannot move its counter (`advance_fence` unsupported, as etcd's revisions once were):
-    /// after a data loss every grant is below the store's watermark until an operator acts.
-    CannotAdvance,
-    /// Recovers from a wipe by itself (a counter that is missing starts past every fence ever
-    /// issued, as one seeded from the clock would) but cannot move a counter that exists: a
-    /// restore from an older snapshot leaves a key whose counter went back below the store's
-    /// watermark until an operator acts.
-    RepairsOnlyAMissingCounter,
-    /// A zero-wait `acquire` that finds the lock held answers `Timeout` but leaves its ticket in
-    /// the queue (a queue node created and not deleted when giving up at once).
-    ZeroWaitStaysQueued,
-    /// A repair (`advance_fence`) while the lock is held moves the holder's own fence, so the
-    /// holder can no longer extend or release it (the SQL services' repair once did this).
-    RepairStrandsTheHolder,
-    /// A non-zero wait lasts until the lock is granted, whatever its bound (a statement that
-    /// waits on a row lock inside the server).
-    WaitIgnoresItsBound,
-    /// The fence counter carries an expiry of two lock TTLs, so it is forgotten once the key
-    /// has been free that long (unlike `CounterDeletedWithLock`, it survives the release).
-    CounterForgottenWhenIdle,
-    /// The owner token belongs to the client (a connection id, a host name), not to the grant:
-    /// a client's repeated release of its old grant frees its new one.
-    TokenPerClient,
-    /// Extend of a lock that is gone answers success with what the key has left (nothing: the
-    /// minimum TTL), as a `PEXPIRE` + `PTTL` script with no compare would: the holder hears of
-    /// the loss from its own deadline only.
-    ExtendAnswersWhatIsLeft,
-    /// A grant made for an `acquire` whose future is dropped before the reply reaches the caller
-    /// is kept alive for good, as a session keep-alive keeps every grant made in the session.
-    CancelledGrantKeptAlive,
-    /// A zero wait (`try_acquire`, `acquire` with no wait) on a held lock waits for the lock to
-    /// come free, up to a lock timeout of seconds, instead of answering at once (a statement
-    /// that waits on the holder's row lock).
-    ZeroWaitBlocks,
-}
+    // ---------------------------------------------------------------------------------------------
+    // A lock service with one flaw at a time.
 
-/// How long a `ZeroWaitBlocks` zero wait may block: its lock timeout.
-const ROW_LOCK_TIMEOUT: Duration = Duration::from_millis(1500);
-
-/// The way back of an `acquire`'s reply, during which `CancelledGrantKeptAlive` can lose it.
-const REPLY_TRIP: Duration = Duration::from_millis(3);
-
-#[derive(Default, Clone)]
-struct Slot {
-    holder: Option<(OwnerToken, Instant)>,
-    last_fence: u64,
-    /// Tickets of the waiters in `acquire`, in arrival order.
-    waiters: Vec<u64>,
-    next_ticket: u64,
-    /// The holder's own fence was moved by a repair (`RepairStrandsTheHolder`).
-    stranded: bool,
-    /// When the last holder released the key (`CounterForgottenWhenIdle`).
-    released_at: Option<Instant>,
-    /// The TTL of the last grant (`CounterForgottenWhenIdle`).
-    last_ttl: Duration,
-}
-
-type Slots = Arc<Mutex<HashMap<ResourceKey, Slot>>>;
-
-struct BrokenLock {
-    flaw: LockFlaw,
-    /// The "server's" state, shared by every client of one factory.
-    slots: Slots,
-    /// The copy of `slots` the last `Restart::Snapshot` took.
-    saved: Arc<Mutex<Option<HashMap<ResourceKey, Slot>>>>,
-    /// How far this client's clock runs ahead (what a flawed service reads).
-    clock_ahead: Duration,
-    /// This client's own token (what `TokenPerClient` grants with).
-    client_token: OwnerToken,
-}
-
-#[async_trait]
-impl LockService for BrokenLock {
-    type Fencing = Fenced;
-
-    fn backend(&self) -> &'static str {
-        "broken"
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum LockFlaw {
+        /// None: the control, which passes every lock scenario.
+        None,
+        /// Grants whether or not the key is held.
+        NoExclusion,
+        /// Release removes whoever holds the lock, whatever the token.
+        ReleaseIgnoresToken,
+        /// Grants never expire.
+        NeverExpires,
+        /// A takeover after expiry reuses the expired holder's fence.
+        FenceNotIncreasedAfterExpiry,
+        /// Extend says yes and does nothing.
+        ExtendDoesNothing,
+        /// `acquire` gives up at once (and does not validate its wait).
+        AcquireNeverWaits,
+        /// Fences jump by two while the service declares them gap-free.
+        GapsDeclaredGapFree,
+        /// Extend of an expired grant nobody took over brings it back to life.
+        ExtendResurrects,
+        /// A waiter sleeps until the holder's expiry instead of being woken by the release.
+        WakesOnlyAtExpiry,
+        /// A waiter reserves the lock while it waits and only a normal return gives the
+        /// reservation back: a cancelled waiter blocks everyone.
+        CancelLeaksReservation,
+        /// Declares FIFO waiting, but the newest waiter goes first.
+        NewestWaiterFirstDeclaredFifo,
+        /// Correct, but its test factory declares a 5 s expiry margin nothing explains.
+        UnexplainedMargin,
+        /// Extend re-creates a lock that is gone (`SET … PX` instead of a compare), so a holder
+        /// whose lock was deleted is never told (bug class 13).
+        ExtendRecreates,
+        /// Grants report twice the TTL the service enforces (a unit or rounding bug on the way
+        /// back, bug class 8): the holder's deadline outlives the server's.
+        OverstatesTtl,
+        /// The fence counter lives in the lock record, so a release deletes it (bug classes 2, 3).
+        CounterDeletedWithLock,
+        /// Every grant gets a keep-alive task that nothing stops (bug class 14).
+        RenewsForever,
+        /// Expiry is judged by the asking client's clock (bug class 9).
+        ClientClockExpiry,
+        /// Declares fences that survive a restart, but keeps its counters in memory (bug class 4).
+        CounterNotDurable,
+        /// Cannot move its counter (`advance_fence` unsupported, as etcd's revisions once were):
+        /// after a data loss every grant is below the store's watermark until an operator acts.
+        CannotAdvance,
+        /// Recovers from a wipe by itself (a counter that is missing starts past every fence ever
+        /// issued, as one seeded from the clock would) but cannot move a counter that exists: a
+        /// restore from an older snapshot leaves a key whose counter went back below the store's
+        /// watermark until an operator acts.
+        RepairsOnlyAMissingCounter,
+        /// A zero-wait `acquire` that finds the lock held answers `Timeout` but leaves its ticket in
+        /// the queue (a queue node created and not deleted when giving up at once).
+        ZeroWaitStaysQueued,
+        /// A repair (`advance_fence`) while the lock is held moves the holder's own fence, so the
+        /// holder can no longer extend or release it (the SQL services' repair once did this).
+        RepairStrandsTheHolder,
+        /// A non-zero wait lasts until the lock is granted, whatever its bound (a statement that
+        /// waits on a row lock inside the server).
+        WaitIgnoresItsBound,
+        /// The fence counter carries an expiry of two lock TTLs, so it is forgotten once the key
+        /// has been free that long (unlike `CounterDeletedWithLock`, it survives the release).
+        CounterForgottenWhenIdle,
+        /// The owner token belongs to the client (a connection id, a host name), not to the grant:
+        /// a client's repeated release of its old grant frees its new one.
+        TokenPerClient,
+        /// Extend of a lock that is gone answers success with what the key has left (nothing: the
+        /// minimum TTL), as a `PEXPIRE` + `PTTL` script with no compare would: the holder hears of
+        /// the loss from its own deadline only.
+        ExtendAnswersWhatIsLeft,
+        /// A grant made for an `acquire` whose future is dropped before the reply reaches the caller
+        /// is kept alive for good, as a session keep-alive keeps every grant made in the session.
+        CancelledGrantKeptAlive,
+        /// A zero wait (`try_acquire`, `acquire` with no wait) on a held lock waits for the lock to
+        /// come free, up to a lock timeout of seconds, instead of answering at once (a statement
+        /// that waits on the holder's row lock).
+        ZeroWaitBlocks,
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fence_source: FenceSource::Counter,
-            fences_survive_release: true,
-            fences_survive_restart: true,
-            gap_free: true,
-            waiting: if self.flaw == LockFlaw::NewestWaiterFirstDeclaredFifo {
-                palisade_core::Waiting::NativeFifo
-            } else {
-                palisade_core::Waiting::Polling
-            },
-            ..Capabilities::default()
+    /// How long a `ZeroWaitBlocks` zero wait may block: its lock timeout.
+    const ROW_LOCK_TIMEOUT: Duration = Duration::from_millis(1500);
+
+    /// The way back of an `acquire`'s reply, during which `CancelledGrantKeptAlive` can lose it.
+    const REPLY_TRIP: Duration = Duration::from_millis(3);
+
+    #[derive(Default, Clone)]
+    struct Slot {
+        holder: Option<(OwnerToken, Instant)>,
+        last_fence: u64,
+        /// Tickets of the waiters in `acquire`, in arrival order.
+        waiters: Vec<u64>,
+        next_ticket: u64,
+        /// The holder's own fence was moved by a repair (`RepairStrandsTheHolder`).
+        stranded: bool,
+        /// When the last holder released the key (`CounterForgottenWhenIdle`).
+        released_at: Option<Instant>,
+        /// The TTL of the last grant (`CounterForgottenWhenIdle`).
+        last_ttl: Duration,
+    }
+
+    type Slots = Arc<Mutex<HashMap<ResourceKey, Slot>>>;
+
+    struct BrokenLock {
+        flaw: LockFlaw,
+        /// The "server's" state, shared by every client of one factory.
+        slots: Slots,
+        /// The copy of `slots` the last `Restart::Snapshot` took.
+        saved: Arc<Mutex<Option<HashMap<ResourceKey, Slot>>>>,
+        /// How far this client's clock runs ahead (what a flawed service reads).
+        clock_ahead: Duration,
+        /// This client's own token (what `TokenPerClient` grants with).
+        client_token: OwnerToken,
+    }
+
+    #[async_trait]
+    impl LockService for BrokenLock {
+        type Fencing = Fenced;
+
+        fn backend(&self) -> &'static str {
+            "broken"
         }
-    }
 
-    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
-        if self.flaw == LockFlaw::ZeroWaitBlocks {
-            let give_up = Instant::now() + ROW_LOCK_TIMEOUT;
-            while Instant::now() < give_up
-                && self.slots.lock().unwrap().get(key).and_then(|s| s.holder).is_some_and(|(_, e)| e > Instant::now())
-            {
-                tokio::time::sleep(Duration::from_millis(2)).await;
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                fence_source: FenceSource::Counter,
+                fences_survive_release: true,
+                fences_survive_restart: true,
+                gap_free: true,
+                waiting: if self.flaw == LockFlaw::NewestWaiterFirstDeclaredFifo {
+                    palisade_core::Waiting::NativeFifo
+                } else {
+                    palisade_core::Waiting::Polling
+                },
+                ..Capabilities::default()
             }
         }
-        self.attempt(key, ttl, None)
-    }
 
-    async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
-        if self.flaw == LockFlaw::ZeroWaitBlocks && wait.is_zero() {
-            return self
-                .try_acquire(key, ttl)
-                .await?
-                .ok_or_else(|| palisade_core::spi::timeout_error("broken", key, wait));
+        async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
+            if self.flaw == LockFlaw::ZeroWaitBlocks {
+                let give_up = Instant::now() + ROW_LOCK_TIMEOUT;
+                while Instant::now() < give_up
+                    && self
+                        .slots
+                        .lock()
+                        .unwrap()
+                        .get(key)
+                        .and_then(|s| s.holder)
+                        .is_some_and(|(_, e)| e > Instant::now())
+                {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            self.attempt(key, ttl, None)
         }
-        if self.flaw == LockFlaw::AcquireNeverWaits {
-            return self
-                .try_acquire(key, ttl)
-                .await?
-                .ok_or_else(|| palisade_core::spi::timeout_error("broken", key, wait));
+
+        async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+            if self.flaw == LockFlaw::ZeroWaitBlocks && wait.is_zero() {
+                return self
+                    .try_acquire(key, ttl)
+                    .await?
+                    .ok_or_else(|| palisade_core::spi::timeout_error("broken", key, wait));
+            }
+            if self.flaw == LockFlaw::AcquireNeverWaits {
+                return self
+                    .try_acquire(key, ttl)
+                    .await?
+                    .ok_or_else(|| palisade_core::spi::timeout_error("broken", key, wait));
+            }
+            palisade_core::spi::validate_wait(wait)?;
+            let wait =
+                if self.flaw == LockFlaw::WaitIgnoresItsBound && !wait.is_zero() { Duration::MAX / 4 } else { wait };
+            let give_up = Instant::now() + wait;
+            let ticket = {
+                let mut slots = self.slots.lock().unwrap();
+                let slot = slots.entry(key.clone()).or_default();
+                slot.next_ticket += 1;
+                slot.waiters.push(slot.next_ticket);
+                slot.next_ticket
+            };
+            // Correct implementations leave the queue however the wait ends, drop included.
+            let leave =
+                Leave { lock: self, key: key.clone(), ticket, armed: self.flaw != LockFlaw::CancelLeaksReservation };
+            let result = loop {
+                if let Some(g) = self.attempt(key, ttl, Some(ticket))? {
+                    break Ok(g);
+                }
+                let now = Instant::now();
+                if now >= give_up {
+                    if self.flaw == LockFlaw::ZeroWaitStaysQueued && wait.is_zero() {
+                        let mut leave = leave;
+                        leave.armed = false;
+                        return Err(palisade_core::spi::timeout_error("broken", key, wait));
+                    }
+                    break Err(palisade_core::spi::timeout_error("broken", key, wait));
+                }
+                let mut nap = Duration::from_millis(2);
+                if self.flaw == LockFlaw::WakesOnlyAtExpiry
+                    && let Some((_, expires)) = self.slots.lock().unwrap().get(key).and_then(|s| s.holder)
+                {
+                    nap = nap.max(expires.saturating_duration_since(now));
+                }
+                tokio::time::sleep(nap.min(give_up - now)).await;
+            };
+            leave.now();
+            if self.flaw == LockFlaw::CancelledGrantKeptAlive
+                && let Ok(g) = &result
+            {
+                let orphan =
+                    Orphan { slots: Arc::clone(&self.slots), key: key.clone(), token: g.token(), ttl, armed: true };
+                tokio::time::sleep(REPLY_TRIP).await;
+                orphan.delivered();
+            }
+            result
         }
-        palisade_core::spi::validate_wait(wait)?;
-        let wait = if self.flaw == LockFlaw::WaitIgnoresItsBound && !wait.is_zero() { Duration::MAX / 4 } else { wait };
-        let give_up = Instant::now() + wait;
-        let ticket = {
+
+        async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
+            let now = Instant::now();
+            let mut slots = self.slots.lock().unwrap();
+            if self.flaw == LockFlaw::ExtendAnswersWhatIsLeft
+                && slots.get(grant.key()).is_none_or(|s| s.holder.is_none())
+            {
+                return Ttl::new(Ttl::MIN);
+            }
+            if self.flaw == LockFlaw::ExtendRecreates
+                && let Some(slot) = slots.get_mut(grant.key())
+                && slot.holder.is_none()
+            {
+                slot.holder = Some((grant.token(), now + ttl.get()));
+                return Ok(ttl);
+            }
+            if slots.get(grant.key()).is_some_and(|s| s.stranded) {
+                return Err(Error::new(ErrorKind::NotHolder, "broken", "the row's fence is not the grant's"));
+            }
+            match slots.get_mut(grant.key()).and_then(|s| s.holder.as_mut()) {
+                Some((token, expires))
+                    if *token == grant.token() && (*expires > now || self.flaw == LockFlaw::ExtendResurrects) =>
+                {
+                    if self.flaw != LockFlaw::ExtendDoesNothing {
+                        *expires = now + ttl.get();
+                    }
+                    Ok(ttl)
+                }
+                _ => Err(Error::new(ErrorKind::NotHolder, "broken", "not held")),
+            }
+        }
+
+        async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
+            if matches!(self.flaw, LockFlaw::CannotAdvance | LockFlaw::RepairsOnlyAMissingCounter) {
+                return Err(Error::new(ErrorKind::Unsupported, "broken", "the counter cannot be moved"));
+            }
             let mut slots = self.slots.lock().unwrap();
             let slot = slots.entry(key.clone()).or_default();
-            slot.next_ticket += 1;
-            slot.waiters.push(slot.next_ticket);
-            slot.next_ticket
-        };
-        // Correct implementations leave the queue however the wait ends, drop included.
-        let leave =
-            Leave { lock: self, key: key.clone(), ticket, armed: self.flaw != LockFlaw::CancelLeaksReservation };
-        let result = loop {
-            if let Some(g) = self.attempt(key, ttl, Some(ticket))? {
-                break Ok(g);
-            }
+            slot.last_fence = slot.last_fence.max(floor.get());
+            slot.stranded = self.flaw == LockFlaw::RepairStrandsTheHolder && slot.holder.is_some();
+            Ok(())
+        }
+
+        async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
             let now = Instant::now();
-            if now >= give_up {
-                if self.flaw == LockFlaw::ZeroWaitStaysQueued && wait.is_zero() {
-                    let mut leave = leave;
-                    leave.armed = false;
-                    return Err(palisade_core::spi::timeout_error("broken", key, wait));
+            let mut slots = self.slots.lock().unwrap();
+            let Some(slot) = slots.get_mut(grant.key()) else {
+                return Err(Error::new(ErrorKind::NotHolder, "broken", "not held"));
+            };
+            let ours = slot.holder.is_some_and(|(t, e)| t == grant.token() && e > now) && !slot.stranded;
+            if ours || (self.flaw == LockFlaw::ReleaseIgnoresToken && slot.holder.is_some()) {
+                slot.holder = None;
+                slot.released_at = Some(now);
+                if self.flaw == LockFlaw::CounterDeletedWithLock {
+                    slots.remove(grant.key());
                 }
-                break Err(palisade_core::spi::timeout_error("broken", key, wait));
+                Ok(())
+            } else {
+                Err(Error::new(ErrorKind::NotHolder, "broken", "not held"))
             }
-            let mut nap = Duration::from_millis(2);
-            if self.flaw == LockFlaw::WakesOnlyAtExpiry
-                && let Some((_, expires)) = self.slots.lock().unwrap().get(key).and_then(|s| s.holder)
-            {
-                nap = nap.max(expires.saturating_duration_since(now));
-            }
-            tokio::time::sleep(nap.min(give_up - now)).await;
-        };
-        leave.now();
-        if self.flaw == LockFlaw::CancelledGrantKeptAlive
-            && let Ok(g) = &result
-        {
-            let orphan =
-                Orphan { slots: Arc::clone(&self.slots), key: key.clone(), token: g.token(), ttl, armed: true };
-            tokio::time::sleep(REPLY_TRIP).await;
-            orphan.delivered();
         }
-        result
     }
 
-    async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
-        let now = Instant::now();
-        let mut slots = self.slots.lock().unwrap();
-        if self.flaw == LockFlaw::ExtendAnswersWhatIsLeft && slots.get(grant.key()).is_none_or(|s| s.holder.is_none()) {
-            return Ttl::new(Ttl::MIN);
+    /// Keeps `token`'s grant of `key` alive until somebody else holds the key.
+    async fn renew_forever(slots: Slots, key: ResourceKey, token: OwnerToken, ttl: Ttl) {
+        loop {
+            tokio::time::sleep(ttl.get() / 3).await;
+            let mut slots = slots.lock().unwrap();
+            match slots.get_mut(&key).and_then(|s| s.holder.as_mut()) {
+                Some((t, expires)) if *t == token => *expires = Instant::now() + ttl.get(),
+                _ => return,
+            }
         }
-        if self.flaw == LockFlaw::ExtendRecreates
-            && let Some(slot) = slots.get_mut(grant.key())
-            && slot.holder.is_none()
-        {
-            slot.holder = Some((grant.token(), now + ttl.get()));
-            return Ok(ttl);
+    }
+
+    /// A grant on its way back to the caller of `acquire` (`CancelledGrantKeptAlive`): dropped
+    /// before delivery, the session keeps it alive.
+    struct Orphan {
+        slots: Slots,
+        key: ResourceKey,
+        token: OwnerToken,
+        ttl: Ttl,
+        armed: bool,
+    }
+
+    impl Orphan {
+        fn delivered(mut self) {
+            self.armed = false;
         }
-        if slots.get(grant.key()).is_some_and(|s| s.stranded) {
-            return Err(Error::new(ErrorKind::NotHolder, "broken", "the row's fence is not the grant's"));
-        }
-        match slots.get_mut(grant.key()).and_then(|s| s.holder.as_mut()) {
-            Some((token, expires))
-                if *token == grant.token() && (*expires > now || self.flaw == LockFlaw::ExtendResurrects) =>
+    }
+
+    impl Drop for Orphan {
+        fn drop(&mut self) {
+            if self.armed
+                && let Ok(runtime) = tokio::runtime::Handle::try_current()
             {
-                if self.flaw != LockFlaw::ExtendDoesNothing {
-                    *expires = now + ttl.get();
+                runtime.spawn(renew_forever(Arc::clone(&self.slots), self.key.clone(), self.token, self.ttl));
+            }
+        }
+    }
+
+    /// Takes a waiter's ticket out of the queue when its `acquire` ends or is dropped.
+    struct Leave<'a> {
+        lock: &'a BrokenLock,
+        key: ResourceKey,
+        ticket: u64,
+        armed: bool,
+    }
+
+    impl Leave<'_> {
+        fn now(mut self) {
+            self.remove();
+            self.armed = false;
+        }
+        fn remove(&self) {
+            if let Some(slot) = self.lock.slots.lock().unwrap().get_mut(&self.key) {
+                slot.waiters.retain(|t| *t != self.ticket);
+            }
+        }
+    }
+
+    impl Drop for Leave<'_> {
+        fn drop(&mut self) {
+            if self.armed {
+                self.remove();
+            }
+        }
+    }
+
+    impl BrokenLock {
+        /// One attempt; `ticket`: the caller is a waiter in `acquire`. Waiters go in arrival order
+        /// (or newest first, for that flaw), and a plain `try_acquire` defers to waiters.
+        fn attempt(&self, key: &ResourceKey, ttl: Ttl, ticket: Option<u64>) -> Result<Option<Grant<Fenced>>> {
+            let now = Instant::now();
+            let judged = if self.flaw == LockFlaw::ClientClockExpiry { now + self.clock_ahead } else { now };
+            let mut slots = self.slots.lock().unwrap();
+            let slot = slots.entry(key.clone()).or_default();
+            let held = slot.holder.is_some_and(|(_, expires)| expires > judged);
+            if held && self.flaw != LockFlaw::NoExclusion {
+                return Ok(None);
+            }
+            let next = if self.flaw == LockFlaw::NewestWaiterFirstDeclaredFifo {
+                slot.waiters.iter().max()
+            } else {
+                slot.waiters.first()
+            };
+            if next.is_some_and(|n| Some(*n) != ticket) && self.flaw != LockFlaw::NoExclusion {
+                return Ok(None);
+            }
+            let expired_takeover = slot.holder.is_some() && !held;
+            if self.flaw == LockFlaw::CounterForgottenWhenIdle {
+                let free_since = match slot.holder {
+                    Some((_, expires)) => Some(expires),
+                    None => slot.released_at,
+                };
+                if free_since.is_some_and(|t| t + slot.last_ttl * 2 <= now) {
+                    slot.last_fence = 0;
                 }
-                Ok(ttl)
             }
-            _ => Err(Error::new(ErrorKind::NotHolder, "broken", "not held")),
+            slot.last_ttl = ttl.get();
+            if self.flaw == LockFlaw::RepairsOnlyAMissingCounter && slot.last_fence == 0 {
+                // Microseconds since 1970: past every fence an earlier counter issued.
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                slot.last_fence = u64::try_from(now.as_micros()).unwrap_or(u64::MAX / 4);
+            }
+            slot.last_fence += match self.flaw {
+                LockFlaw::FenceNotIncreasedAfterExpiry if expired_takeover => 0,
+                LockFlaw::GapsDeclaredGapFree => 2,
+                _ => 1,
+            };
+            let token = if self.flaw == LockFlaw::TokenPerClient { self.client_token } else { OwnerToken::generate()? };
+            let expires =
+                if self.flaw == LockFlaw::NeverExpires { now + Duration::from_secs(3600) } else { now + ttl.get() };
+            slot.holder = Some((token, expires));
+            slot.stranded = false;
+            if self.flaw == LockFlaw::RenewsForever {
+                tokio::spawn(renew_forever(Arc::clone(&self.slots), key.clone(), token, ttl));
+            }
+            let told = if self.flaw == LockFlaw::OverstatesTtl { Ttl::new(ttl.get() * 2)? } else { ttl };
+            Ok(Some(Grant::new(key.clone(), token, Fence::new(slot.last_fence), told, now)))
         }
     }
 
-    async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
-        if matches!(self.flaw, LockFlaw::CannotAdvance | LockFlaw::RepairsOnlyAMissingCounter) {
-            return Err(Error::new(ErrorKind::Unsupported, "broken", "the counter cannot be moved"));
+    /// A broken service, and how its faulty client (over the relay) resends a request whose reply
+    /// was lost.
+    #[derive(Clone)]
+    struct BrokenLockFactory(Arc<BrokenLock>, RelayRetry);
+
+    impl BrokenLock {
+        /// Another client of the same "server", with its own token and a clock `ahead`.
+        fn sibling(&self, ahead: Duration) -> BrokenLock {
+            BrokenLock {
+                flaw: self.flaw,
+                slots: Arc::clone(&self.slots),
+                saved: Arc::clone(&self.saved),
+                clock_ahead: ahead,
+                client_token: OwnerToken::generate().unwrap(),
+            }
         }
-        let mut slots = self.slots.lock().unwrap();
-        let slot = slots.entry(key.clone()).or_default();
-        slot.last_fence = slot.last_fence.max(floor.get());
-        slot.stranded = self.flaw == LockFlaw::RepairStrandsTheHolder && slot.holder.is_some();
-        Ok(())
     }
 
-    async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
-        let now = Instant::now();
-        let mut slots = self.slots.lock().unwrap();
-        let Some(slot) = slots.get_mut(grant.key()) else {
-            return Err(Error::new(ErrorKind::NotHolder, "broken", "not held"));
-        };
-        let ours = slot.holder.is_some_and(|(t, e)| t == grant.token() && e > now) && !slot.stranded;
-        if ours || (self.flaw == LockFlaw::ReleaseIgnoresToken && slot.holder.is_some()) {
-            slot.holder = None;
-            slot.released_at = Some(now);
-            if self.flaw == LockFlaw::CounterDeletedWithLock {
-                slots.remove(grant.key());
+    impl BrokenLockFactory {
+        fn new(flaw: LockFlaw) -> Self {
+            let lock = BrokenLock {
+                flaw,
+                slots: Slots::default(),
+                saved: Arc::default(),
+                clock_ahead: Duration::ZERO,
+                client_token: OwnerToken::generate().unwrap(),
+            };
+            BrokenLockFactory(Arc::new(lock), RelayRetry::SameRequest)
+        }
+
+        /// A client: the shared one, or for `TokenPerClient` one of its own (with its own token).
+        fn lock(&self) -> Arc<BrokenLock> {
+            if self.0.flaw == LockFlaw::TokenPerClient {
+                Arc::new(self.0.sibling(Duration::ZERO))
+            } else {
+                Arc::clone(&self.0)
+            }
+        }
+
+        /// A correct service whose faulty client resends lost requests as `retry` says.
+        fn retrying(retry: RelayRetry) -> Self {
+            BrokenLockFactory(BrokenLockFactory::new(LockFlaw::None).0, retry)
+        }
+    }
+
+    #[async_trait]
+    impl LockServiceFactory for BrokenLockFactory {
+        type Service = BrokenLock;
+        async fn client(&self) -> Result<Arc<BrokenLock>> {
+            Ok(self.lock())
+        }
+        fn timing(&self) -> Timing {
+            let margin = if self.0.flaw == LockFlaw::UnexplainedMargin { 5000 } else { 50 };
+            Timing::new(Duration::from_millis(200), Duration::from_millis(margin))
+        }
+        fn process_access(&self) -> ProcessAccess {
+            ProcessAccess::Relay
+        }
+        async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
+            if let Some(slot) = self.0.slots.lock().unwrap().get_mut(key) {
+                slot.holder = None;
             }
             Ok(())
-        } else {
-            Err(Error::new(ErrorKind::NotHolder, "broken", "not held"))
         }
-    }
-}
-
-/// Keeps `token`'s grant of `key` alive until somebody else holds the key.
-async fn renew_forever(slots: Slots, key: ResourceKey, token: OwnerToken, ttl: Ttl) {
-    loop {
-        tokio::time::sleep(ttl.get() / 3).await;
-        let mut slots = slots.lock().unwrap();
-        match slots.get_mut(&key).and_then(|s| s.holder.as_mut()) {
-            Some((t, expires)) if *t == token => *expires = Instant::now() + ttl.get(),
-            _ => return,
+        async fn skewed_client(&self, ahead: Duration) -> Result<Arc<BrokenLock>> {
+            Ok(Arc::new(self.0.sibling(ahead)))
         }
-    }
-}
-
-/// A grant on its way back to the caller of `acquire` (`CancelledGrantKeptAlive`): dropped
-/// before delivery, the session keeps it alive.
-struct Orphan {
-    slots: Slots,
-    key: ResourceKey,
-    token: OwnerToken,
-    ttl: Ttl,
-    armed: bool,
-}
-
-impl Orphan {
-    fn delivered(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Orphan {
-    fn drop(&mut self) {
-        if self.armed
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(renew_forever(Arc::clone(&self.slots), self.key.clone(), self.token, self.ttl));
+        async fn faulty_client(&self) -> Result<FaultyClient<Fenced>> {
+            let relay = Relay::serve(self.lock()).await?;
+            let proxy = FaultProxy::start(relay.addr()).await?;
+            let client = RelayLockService::<Fenced>::connect_with(proxy.addr(), self.0.capabilities(), self.1).await?;
+            Ok(FaultyClient::new(Arc::new(client), vec![proxy]).keeping(relay))
         }
-    }
-}
-
-/// Takes a waiter's ticket out of the queue when its `acquire` ends or is dropped.
-struct Leave<'a> {
-    lock: &'a BrokenLock,
-    key: ResourceKey,
-    ticket: u64,
-    armed: bool,
-}
-
-impl Leave<'_> {
-    fn now(mut self) {
-        self.remove();
-        self.armed = false;
-    }
-    fn remove(&self) {
-        if let Some(slot) = self.lock.slots.lock().unwrap().get_mut(&self.key) {
-            slot.waiters.retain(|t| *t != self.ticket);
-        }
-    }
-}
-
-impl Drop for Leave<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.remove();
-        }
-    }
-}
-
-impl BrokenLock {
-    /// One attempt; `ticket`: the caller is a waiter in `acquire`. Waiters go in arrival order
-    /// (or newest first, for that flaw), and a plain `try_acquire` defers to waiters.
-    fn attempt(&self, key: &ResourceKey, ttl: Ttl, ticket: Option<u64>) -> Result<Option<Grant<Fenced>>> {
-        let now = Instant::now();
-        let judged = if self.flaw == LockFlaw::ClientClockExpiry { now + self.clock_ahead } else { now };
-        let mut slots = self.slots.lock().unwrap();
-        let slot = slots.entry(key.clone()).or_default();
-        let held = slot.holder.is_some_and(|(_, expires)| expires > judged);
-        if held && self.flaw != LockFlaw::NoExclusion {
-            return Ok(None);
-        }
-        let next = if self.flaw == LockFlaw::NewestWaiterFirstDeclaredFifo {
-            slot.waiters.iter().max()
-        } else {
-            slot.waiters.first()
-        };
-        if next.is_some_and(|n| Some(*n) != ticket) && self.flaw != LockFlaw::NoExclusion {
-            return Ok(None);
-        }
-        let expired_takeover = slot.holder.is_some() && !held;
-        if self.flaw == LockFlaw::CounterForgottenWhenIdle {
-            let free_since = match slot.holder {
-                Some((_, expires)) => Some(expires),
-                None => slot.released_at,
-            };
-            if free_since.is_some_and(|t| t + slot.last_ttl * 2 <= now) {
-                slot.last_fence = 0;
-            }
-        }
-        slot.last_ttl = ttl.get();
-        if self.flaw == LockFlaw::RepairsOnlyAMissingCounter && slot.last_fence == 0 {
-            // Microseconds since 1970: past every fence an earlier counter issued.
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            slot.last_fence = u64::try_from(now.as_micros()).unwrap_or(u64::MAX / 4);
-        }
-        slot.last_fence += match self.flaw {
-            LockFlaw::FenceNotIncreasedAfterExpiry if expired_takeover => 0,
-            LockFlaw::GapsDeclaredGapFree => 2,
-            _ => 1,
-        };
-        let token = if self.flaw == LockFlaw::TokenPerClient { self.client_token } else { OwnerToken::generate()? };
-        let expires =
-            if self.flaw == LockFlaw::NeverExpires { now + Duration::from_secs(3600) } else { now + ttl.get() };
-        slot.holder = Some((token, expires));
-        slot.stranded = false;
-        if self.flaw == LockFlaw::RenewsForever {
-            tokio::spawn(renew_forever(Arc::clone(&self.slots), key.clone(), token, ttl));
-        }
-        let told = if self.flaw == LockFlaw::OverstatesTtl { Ttl::new(ttl.get() * 2)? } else { ttl };
-        Ok(Some(Grant::new(key.clone(), token, Fence::new(slot.last_fence), told, now)))
-    }
-}
-
-/// A broken service, and how its faulty client (over the relay) resends a request whose reply
-/// was lost.
-#[derive(Clone)]
-struct BrokenLockFactory(Arc<BrokenLock>, RelayRetry);
-
-impl BrokenLock {
-    /// Another client of the same "server", with its own token and a clock `ahead`.
-    fn sibling(&self, ahead: Duration) -> BrokenLock {
-        BrokenLock {
-            flaw: self.flaw,
-            slots: Arc::clone(&self.slots),
-            saved: Arc::clone(&self.saved),
-            clock_ahead: ahead,
-            client_token: OwnerToken::generate().unwrap(),
-        }
-    }
-}
-
-impl BrokenLockFactory {
-    fn new(flaw: LockFlaw) -> Self {
-        let lock = BrokenLock {
-            flaw,
-            slots: Slots::default(),
-            saved: Arc::default(),
-            clock_ahead: Duration::ZERO,
-            client_token: OwnerToken::generate().unwrap(),
-        };
-        BrokenLockFactory(Arc::new(lock), RelayRetry::SameRequest)
-    }
-
-    /// A client: the shared one, or for `TokenPerClient` one of its own (with its own token).
-    fn lock(&self) -> Arc<BrokenLock> {
-        if self.0.flaw == LockFlaw::TokenPerClient {
-            Arc::new(self.0.sibling(Duration::ZERO))
-        } else {
-            Arc::clone(&self.0)
-        }
-    }
-
-    /// A correct service whose faulty client resends lost requests as `retry` says.
-    fn retrying(retry: RelayRetry) -> Self {
-        BrokenLockFactory(BrokenLockFactory::new(LockFlaw::None).0, retry)
-    }
-}
-
-#[async_trait]
-impl LockServiceFactory for BrokenLockFactory {
-    type Service = BrokenLock;
-    async fn client(&self) -> Result<Arc<BrokenLock>> {
-        Ok(self.lock())
-    }
-    fn timing(&self) -> Timing {
-        let margin = if self.0.flaw == LockFlaw::UnexplainedMargin { 5000 } else { 50 };
-        Timing::new(Duration::from_millis(200), Duration::from_millis(margin))
-    }
-    fn process_access(&self) -> ProcessAccess {
-        ProcessAccess::Relay
-    }
-    async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
-        if let Some(slot) = self.0.slots.lock().unwrap().get_mut(key) {
-            slot.holder = None;
-        }
-        Ok(())
-    }
-    async fn skewed_client(&self, ahead: Duration) -> Result<Arc<BrokenLock>> {
-        Ok(Arc::new(self.0.sibling(ahead)))
-    }
-    async fn faulty_client(&self) -> Result<FaultyClient<Fenced>> {
-        let relay = Relay::serve(self.lock()).await?;
-        let proxy = FaultProxy::start(relay.addr()).await?;
-        let client = RelayLockService::<Fenced>::connect_with(proxy.addr(), self.0.capabilities(), self.1).await?;
-        Ok(FaultyClient::new(Arc::new(client), vec![proxy]).keeping(relay))
-    }
-    /// A restart keeps the state (the counters are durable) unless data is lost, or the flaw
-    /// keeps them in memory; a snapshot is a copy of the state, which a restore brings back.
-    async fn restart_server(&self, how: Restart) -> Result<()> {
-        let mut slots = self.0.slots.lock().unwrap();
-        match how {
-            Restart::FromSnapshot => {
-                let saved = self.0.saved.lock().unwrap().clone();
-                *slots = saved.ok_or_else(|| Error::new(ErrorKind::Unavailable, "broken", "no snapshot"))?;
-            }
-            Restart::LoseData => slots.clear(),
-            _ if self.0.flaw == LockFlaw::CounterNotDurable => slots.clear(),
-            _ => {
-                if how == Restart::Snapshot {
-                    *self.0.saved.lock().unwrap() = Some(slots.clone());
+        /// A restart keeps the state (the counters are durable) unless data is lost, or the flaw
+        /// keeps them in memory; a snapshot is a copy of the state, which a restore brings back.
+        async fn restart_server(&self, how: Restart) -> Result<()> {
+            let mut slots = self.0.slots.lock().unwrap();
+            match how {
+                Restart::FromSnapshot => {
+                    let saved = self.0.saved.lock().unwrap().clone();
+                    *slots = saved.ok_or_else(|| Error::new(ErrorKind::Unavailable, "broken", "no snapshot"))?;
                 }
-            }
-        }
-        // Nobody holds a lock across a restart: the server forgot who did (Redis's keys
-        // expire by the same wall-clock, etcd's sessions end with their clients).
-        for slot in slots.values_mut() {
-            slot.holder = None;
-        }
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// A store with one flaw at a time.
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StoreFlaw {
-    /// None: the control, which passes every store scenario.
-    None,
-    /// Applies writes whatever their fence (the watermark only goes up).
-    AcceptsLowerFence,
-    /// Applies operations one by one and stops at a failed condition, keeping what it wrote.
-    PartialBatch,
-    /// Reports a stale write as success (the incident's "zero rows updated" bug).
-    SilentRejection,
-    /// Does not validate batches.
-    NoValidation,
-    /// Accepts a fence equal to the watermark from any grant (the rule before rule 2 knew grants).
-    AcceptsEqualFromAnyGrant,
-    /// Reads the watermark, then writes in a second step (bug class 18): another writer can
-    /// slip in between.
-    CheckThenWrite,
-    /// Checks the fence only when the batch has a `Put` (and then sets the watermark
-    /// unconditionally).
-    ChecksOnlyPuts,
-    /// One watermark per key domain (a table's worth) instead of one per resource.
-    WatermarkPerDomain,
-    /// Keeps watermarks in the client's memory: a new client starts with none.
-    WatermarkInClient,
-    /// Accepts fence 0 (an uninitialised fence).
-    AcceptsZero,
-    /// Answers `read_many` in key order, as a naive `WHERE key = ANY(…)` returns rows, instead
-    /// of the order asked.
-    ReadManyInKeyOrder,
-    /// Declares that fenced writes require a live lock, and checks only the fence.
-    ClaimsLiveLock,
-}
-
-type Watermarks = Arc<Mutex<HashMap<ResourceKey, GrantFence>>>;
-type Records = Arc<Mutex<BTreeMap<String, Record>>>;
-
-/// One client of a broken store. Records are shared by every client; so are watermarks,
-/// unless the flaw keeps them in the client.
-struct BrokenStore {
-    flaw: StoreFlaw,
-    watermarks: Watermarks,
-    records: Records,
-}
-
-impl BrokenStore {
-    /// Whose watermark a write to `res` checks and raises.
-    fn scope(&self, res: &ResourceKey) -> ResourceKey {
-        if self.flaw == StoreFlaw::WatermarkPerDomain {
-            ResourceKey::new(res.domain(), "all").unwrap()
-        } else {
-            res.clone()
-        }
-    }
-
-    /// The fence check; `Ok(true)`: go on and raise the watermark, `Ok(false)`: report success
-    /// without writing.
-    fn check(&self, current: Option<GrantFence>, presented: GrantFence, batch: &WriteBatch) -> Result<bool> {
-        let f = presented.fence();
-        if (f.get() == 0 && self.flaw != StoreFlaw::AcceptsZero) || f > Fence::MAX_STORABLE {
-            return Err(Error::new(ErrorKind::InvalidArgument, "broken", format!("fence {f} cannot be stored")));
-        }
-        if self.flaw == StoreFlaw::ChecksOnlyPuts && !batch.ops().iter().any(|op| matches!(op, WriteOp::Put { .. })) {
-            return Ok(true);
-        }
-        if let Some(c) = current.filter(|c| f < c.fence()) {
-            return match self.flaw {
-                StoreFlaw::AcceptsLowerFence => Ok(true),
-                StoreFlaw::SilentRejection => Ok(false),
-                _ => Err(Error::stale_fence("broken", f, c.fence())),
-            };
-        }
-        if current.is_some_and(|c| c.fence() == f && c.grant() != presented.grant())
-            && self.flaw != StoreFlaw::AcceptsEqualFromAnyGrant
-        {
-            return Err(Error::duplicate_fence("broken", f));
-        }
-        Ok(true)
-    }
-
-    async fn apply_ops(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
-        if self.flaw != StoreFlaw::NoValidation {
-            batch.validate()?;
-        }
-        if self.flaw == StoreFlaw::CheckThenWrite
-            && let Some((res, presented)) = fence
-        {
-            let current = self.watermarks.lock().unwrap().get(&self.scope(res)).copied();
-            if !self.check(current, presented, batch)? {
-                return Ok(());
-            }
-            tokio::task::yield_now().await; // the second round trip
-        }
-        let mut watermarks = self.watermarks.lock().unwrap();
-        let mut records = self.records.lock().unwrap();
-        if let Some((res, presented)) = fence
-            && self.flaw != StoreFlaw::CheckThenWrite
-            && !self.check(watermarks.get(&self.scope(res)).copied(), presented, batch)?
-        {
-            return Ok(());
-        }
-        let record_fence = fence.map(|(_, f)| f.fence());
-        let holds = |records: &BTreeMap<String, Record>, op: &WriteOp| match op {
-            WriteOp::Create { key, .. } => !records.contains_key(key),
-            WriteOp::Check { key, expected } => records.get(key).map(|r| &r.value) == expected.as_ref(),
-            _ => true,
-        };
-        if self.flaw != StoreFlaw::PartialBatch
-            && let Some(op) = batch.ops().iter().find(|op| !holds(&records, op))
-        {
-            return Err(conflict_error("broken", op));
-        }
-        if let Some((res, presented)) = fence {
-            let scope = self.scope(res);
-            let lower = watermarks.get(&scope).is_some_and(|c| presented.fence() < c.fence());
-            if !lower || self.flaw == StoreFlaw::ChecksOnlyPuts || self.flaw == StoreFlaw::CheckThenWrite {
-                watermarks.insert(scope, presented);
-            }
-        }
-        for op in batch.ops() {
-            if !holds(&records, op) {
-                return Err(conflict_error("broken", op));
-            }
-            match op {
-                WriteOp::Put { key, value } | WriteOp::Create { key, value } => {
-                    records.insert(key.clone(), Record { value: value.clone(), fence: record_fence });
-                }
-                WriteOp::Delete { key } => {
-                    records.remove(key);
-                }
-                WriteOp::Check { .. } => {}
-            }
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl FencedStore for BrokenStore {
-    fn backend(&self) -> &'static str {
-        "broken"
-    }
-    fn requires_live_lock(&self) -> bool {
-        self.flaw == StoreFlaw::ClaimsLiveLock
-    }
-    async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
-        self.apply_ops(Some((resource, fence)), batch).await
-    }
-    async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
-        self.apply_ops(None, batch).await
-    }
-    async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
-        Ok(self.watermarks.lock().unwrap().get(&self.scope(resource)).map(GrantFence::fence))
-    }
-    async fn read(&self, key: &str) -> Result<Option<Record>> {
-        if self.flaw != StoreFlaw::NoValidation {
-            palisade_core::spi::validate_record_key(key)?;
-        }
-        Ok(self.records.lock().unwrap().get(key).cloned())
-    }
-    async fn read_many(&self, keys: &[&str]) -> Result<Vec<Option<Record>>> {
-        let mut keys = keys.to_vec();
-        if self.flaw == StoreFlaw::ReadManyInKeyOrder {
-            keys.sort_unstable();
-        }
-        let mut out = Vec::new();
-        for key in keys {
-            out.push(self.read(key).await?);
-        }
-        Ok(out)
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
-        let records = self.records.lock().unwrap();
-        Ok(records.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, r)| (k.clone(), r.clone())).collect())
-    }
-}
-
-#[derive(Clone)]
-struct BrokenStoreFactory {
-    flaw: StoreFlaw,
-    watermarks: Watermarks,
-    records: Records,
-}
-
-impl BrokenStoreFactory {
-    fn new(flaw: StoreFlaw) -> Self {
-        BrokenStoreFactory { flaw, watermarks: Watermarks::default(), records: Records::default() }
-    }
-}
-
-#[async_trait]
-impl FencedStoreFactory for BrokenStoreFactory {
-    type Store = BrokenStore;
-    async fn client(&self) -> Result<Arc<BrokenStore>> {
-        let watermarks = if self.flaw == StoreFlaw::WatermarkInClient {
-            Watermarks::default()
-        } else {
-            Arc::clone(&self.watermarks)
-        };
-        Ok(Arc::new(BrokenStore { flaw: self.flaw, watermarks, records: Arc::clone(&self.records) }))
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-
-fn ctx(name: &'static str) -> Ctx {
-    Ctx::new(name, "")
-}
-
-/// The scenario must fail, and its failure must name `because` (so it failed for the flaw's
-/// reason, not for a broken relay, a failed spawn or a harness bug).
-#[track_caller]
-fn assert_fails_because(outcome: Outcome, what: &str, because: &str) {
-    match outcome {
-        Ok(report) => panic!("{what}: scenario `{}` passed against a broken implementation", report.scenario),
-        Err(failure) => {
-            let text = failure.to_string();
-            assert!(text.contains(because), "{what}: failed, but not because of {because:?}: {text}");
-            println!("{what}: failed as it must: {text}");
-        }
-    }
-}
-
-#[tokio::test]
-async fn no_exclusion_fails_mutual_exclusion() {
-    lock_flaw_fails(
-        LockFlaw::NoExclusion,
-        &[
-            ("mutual_exclusion", "while another held it"),
-            ("owner_only_release_and_extend", "the holder lost the lock"),
-            ("progress_gated_renewal", "another client took the lock"),
-            ("stale_release_and_extend_after_takeover", "freed the new holder's lock"),
-            ("lost_replies_leave_one_live_grant", "a double grant"),
-            ("cut_connections_keep_the_grant_or_report_it", "another client got its lock"),
-            ("partitioned_holder_loses_before_anyone_gains", "two holders"),
-            ("keys_are_independent", "not re-entrant"),
-            ("repair_keeps_the_holder", "another client got the lock its holder still holds"),
-            ("resent_release_never_frees_a_new_grant", "no exclusion"),
-        ],
-        &[
-            "waits_are_bounded",
-            "expiry_and_takeover",
-            "wait_and_handoff",
-            "cancelled_acquires_leave_no_residue",
-            "fifo_when_declared",
-            "fast_client_clock_takes_nothing_early",
-            "dead_waiter_is_never_granted",
-            // A held lock granted again to a zero-wait attempt: the same missing exclusion.
-            "zero_wait_is_one_attempt",
-            // The waiter is granted the held lock, so the holder's release finds it gone.
-            "acquire_cancelled_as_the_lock_frees",
-        ],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn release_ignoring_the_token_fails_owner_only() {
-    lock_flaw_fails(
-        LockFlaw::ReleaseIgnoresToken,
-        &[
-            ("owner_only_release_and_extend", "release with a foreign token"),
-            ("stale_release_and_extend_after_takeover", "release of the expired grant after a takeover"),
-            ("expiry_and_takeover", "release by the expired holder"),
-            ("lost_replies_leave_one_live_grant", "bug class 6"),
-            ("resent_release_never_frees_a_new_grant", "freed the same client's second grant"),
-        ],
-        &[],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_ttl_that_never_expires_fails_expiry() {
-    lock_flaw_fails(
-        LockFlaw::NeverExpires,
-        &[
-            ("expiry_and_takeover", "nobody could take the lock"),
-            ("stale_release_and_extend_after_takeover", "never free"),
-            ("dropped_client_lets_go", "no expiry at all"),
-        ],
-        &["fence_monotonicity"],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_fence_not_increased_after_expiry_fails_monotonicity_and_the_pause() {
-    lock_flaw_fails(
-        LockFlaw::FenceNotIncreasedAfterExpiry,
-        &[("fence_monotonicity", "not strictly increasing"), ("expiry_and_takeover", "not above the expired holder's")],
-        &[],
-    )
-    .await;
-    let f = BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry);
-    let outcome = e2e::paused_holder_in_process(&ctx("paused_holder_in_process"), &f, &MemoryStoreFactory::new()).await;
-    assert_fails_because(outcome, "FenceNotIncreasedAfterExpiry", "is not above A's");
-}
-
-#[tokio::test]
-async fn an_extend_that_does_nothing_fails_renewal() {
-    lock_flaw_fails(
-        LockFlaw::ExtendDoesNothing,
-        &[
-            ("progress_gated_renewal", "while its holder was making progress"),
-            ("partitioned_holder_loses_before_anyone_gains", "two holders"),
-        ],
-        &[],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn an_acquire_that_never_waits_fails_handoff_and_bad_input() {
-    lock_flaw_fails(
-        LockFlaw::AcquireNeverWaits,
-        &[("wait_and_handoff", "did not get the released lock"), ("bad_input", "above 24 h")],
-        &[
-            "mutual_exclusion",
-            "fence_monotonicity",
-            "fifo_when_declared",
-            "cancelled_acquires_leave_no_residue",
-            "partitioned_holder_loses_before_anyone_gains",
-            // Its waiter's acquire answers Timeout at once instead of waiting.
-            "acquire_cancelled_as_the_lock_frees",
-        ],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn gaps_in_declared_gap_free_fences_fail_monotonicity_and_load() {
-    lock_flaw_fails(
-        LockFlaw::GapsDeclaredGapFree,
-        &[
-            ("fence_monotonicity", "declared gap-free"),
-            ("lost_replies_leave_one_live_grant", "declared gap-free"),
-            ("keys_are_independent", "declared gap-free"),
-        ],
-        &[],
-    )
-    .await;
-    let f = BrokenLockFactory::new(LockFlaw::GapsDeclaredGapFree);
-    assert_fails_because(e2e::load(&ctx("load"), &f, &MemoryStoreFactory::new()).await, "GapsDeclaredGapFree", "gaps");
-}
-
-#[tokio::test]
-async fn a_store_accepting_lower_fences_fails_the_store_and_pause_scenarios() {
-    store_flaw_fails(
-        StoreFlaw::AcceptsLowerFence,
-        &[
-            ("equal_higher_lower", "below watermark 11 gave None"),
-            ("stale_batches_of_every_shape", "gave None"),
-            ("fence_comparison_matrix", "expected Err(StaleFence"),
-            ("watermark_scope", "accepted fence 9"),
-            ("atomicity", "a stale multi-operation write gave None"),
-        ],
-        &["concurrent_interleaved_fences", "store_race"],
-    )
-    .await;
-    let s = BrokenStoreFactory::new(StoreFlaw::AcceptsLowerFence);
-    let lf = palisade_conformance::memory::MemoryLockFactory::new();
-    assert_fails_because(
-        e2e::paused_holder_in_process(&ctx("paused_holder_in_process"), &lf, &s).await,
-        "AcceptsLowerFence",
-        "stale write gave None",
-    );
-    assert_fails_because(
-        e2e::stale_write_before_new_holder_writes(&ctx("stale_write_before_new_holder_writes"), &lf, &s).await,
-        "AcceptsLowerFence",
-        "A's write after B's gave Ok",
-    );
-}
-
-/// A store that says it requires a live lock but judges only the fence accepts a write from a
-/// holder whose lock expired, and a write from a holder whose lock was taken over but who
-/// wrote first: both scenarios fail for that reason.
-#[tokio::test]
-async fn a_store_claiming_a_live_lock_it_does_not_check_fails_the_live_lock_scenarios() {
-    let s = BrokenStoreFactory::new(StoreFlaw::ClaimsLiveLock);
-    let lf = palisade_conformance::memory::MemoryLockFactory::new();
-    assert_fails_because(
-        e2e::live_lock_when_declared(&ctx("live_lock_when_declared"), &lf, &s).await,
-        "ClaimsLiveLock",
-        "the expired holder's write gave Ok",
-    );
-    assert_fails_because(
-        e2e::stale_write_before_new_holder_writes(&ctx("stale_write_before_new_holder_writes"), &lf, &s).await,
-        "ClaimsLiveLock",
-        "A's write while B holds the lock gave Ok",
-    );
-    // The same store without the claim passes both.
-    let honest = BrokenStoreFactory::new(StoreFlaw::None);
-    e2e::live_lock_when_declared(&ctx("live_lock_when_declared"), &lf, &honest).await.unwrap();
-    e2e::stale_write_before_new_holder_writes(&ctx("stale_write_before_new_holder_writes"), &lf, &honest)
-        .await
-        .unwrap();
-}
-
-/// The SQLite file every process of this test binary can open.
-#[derive(Clone)]
-struct SharedSqlite;
-
-#[async_trait]
-impl FencedStoreFactory for SharedSqlite {
-    type Store = palisade_sqlite::SqliteStore;
-    async fn client(&self) -> Result<Arc<palisade_sqlite::SqliteStore>> {
-        let path: PathBuf = [env!("CARGO_TARGET_TMPDIR"), "palisade-broken.db"].iter().collect();
-        let url = format!("sqlite://{}?synchronous=normal&busy_timeout_ms=30000", path.display());
-        Ok(Arc::new(palisade_sqlite::SqliteStore::connect(&url).await?))
-    }
-}
-
-/// Runs a process-level scenario by hand (it re-executes this test) and returns whether it
-/// failed; in the child it just plays the holder.
-/// Each of `must_fail` must have failed with a message naming its reason, those in `may_fail`
-/// may have failed as a consequence, every other scenario must have passed: the flaw breaks one
-/// guarantee, and the suite says which.
-#[track_caller]
-fn judge(
-    flaw: &str,
-    outcomes: impl IntoIterator<Item = (&'static str, Outcome)>,
-    must_fail: &[(&str, &str)],
-    may_fail: &[&str],
-) {
-    for (name, outcome) in outcomes {
-        if let Some((_, because)) = must_fail.iter().find(|(n, _)| *n == name) {
-            assert_fails_because(outcome, flaw, because);
-        } else if let Err(failure) = outcome
-            && !may_fail.contains(&name)
-        {
-            panic!("{flaw} should fail only {must_fail:?} (and maybe {may_fail:?}), but also failed: {failure}");
-        }
-    }
-}
-
-/// Returns the failure message, or `None` if the scenario passed (or this is the child).
-fn process_scenario_failure(scenario: &'static str, test: &'static str, lf: BrokenLockFactory) -> Option<String> {
-    let name = harness::test_name(module_path!(), test);
-    let run = std::panic::catch_unwind(move || {
-        harness::run(scenario, &name, |ctx| async move {
-            match scenario {
-                "killed_holder" => e2e::killed_holder(&ctx, &lf, &SharedSqlite).await,
-                "semaphore_permit_holder_sigstop" => {
-                    palisade_conformance::frozen::semaphore_permit_holder_sigstop(&ctx, &lf, &SharedSqlite).await
-                }
-                _ => e2e::paused_holder_process(&ctx, &lf, &SharedSqlite).await,
-            }
-        })
-    });
-    let payload = run.err()?;
-    let message = payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_string()))
-        .unwrap_or_default();
-    Some(message)
-}
-
-#[test]
-fn a_fence_not_increased_after_expiry_fails_the_sigstop_scenario() {
-    let failure = process_scenario_failure(
-        "paused_holder_process",
-        "a_fence_not_increased_after_expiry_fails_the_sigstop_scenario",
-        BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
-    );
-    if !palisade_conformance::is_child_process() {
-        let failure = failure.expect("the SIGSTOP scenario passed against a broken fence");
-        assert!(failure.contains("is not above"), "the SIGSTOP scenario failed, but not for the fence: {failure}");
-    }
-}
-
-/// The frozen permit holder (a process stopped with SIGSTOP) on a service whose fence does not
-/// grow on an expired takeover: the next holder of its slot has its fence.
-#[test]
-fn a_fence_not_increased_after_expiry_fails_the_frozen_permit_holder_scenario() {
-    let failure = process_scenario_failure(
-        "semaphore_permit_holder_sigstop",
-        "a_fence_not_increased_after_expiry_fails_the_frozen_permit_holder_scenario",
-        BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
-    );
-    if !palisade_conformance::is_child_process() {
-        let failure = failure.expect("the frozen permit holder scenario passed against a broken fence");
-        assert!(failure.contains("is not above"), "it failed, but not for the fence: {failure}");
-    }
-}
-
-#[test]
-fn a_ttl_that_never_expires_fails_the_sigkill_scenario() {
-    let failure = process_scenario_failure(
-        "killed_holder",
-        "a_ttl_that_never_expires_fails_the_sigkill_scenario",
-        BrokenLockFactory::new(LockFlaw::NeverExpires),
-    );
-    if !palisade_conformance::is_child_process() {
-        let failure = failure.expect("the SIGKILL scenario passed against a lock that never expires");
-        assert!(
-            failure.contains("was not free within"),
-            "the SIGKILL scenario failed, but not for the expiry: {failure}"
-        );
-    }
-}
-
-/// Runs every store scenario against one broken store with `flaw`, and [`judge`]s them.
-async fn store_flaw_fails(flaw: StoreFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
-    let outcomes = palisade_conformance::store_outcomes(&BrokenStoreFactory::new(flaw)).await;
-    judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
-}
-
-#[tokio::test]
-async fn a_store_that_checks_then_writes_in_two_steps_fails_the_store_race() {
-    store_flaw_fails(StoreFlaw::CheckThenWrite, &[("store_race", "not one step")], &["concurrent_interleaved_fences"])
-        .await;
-}
-
-#[tokio::test]
-async fn a_store_that_checks_only_puts_fails_stale_batches_of_every_shape() {
-    store_flaw_fails(StoreFlaw::ChecksOnlyPuts, &[("stale_batches_of_every_shape", "Delete-only")], &[]).await;
-}
-
-#[tokio::test]
-async fn a_store_with_one_watermark_fails_watermark_scope() {
-    store_flaw_fails(
-        StoreFlaw::WatermarkPerDomain,
-        &[("watermark_scope", "watermarks are per resource"), ("equal_higher_lower", "another resource")],
-        &["fence_comparison_matrix"],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_store_keeping_watermarks_in_the_client_fails_watermark_scope() {
-    store_flaw_fails(
-        StoreFlaw::WatermarkInClient,
-        &[("watermark_scope", "a new client")],
-        &["store_race", "concurrent_interleaved_fences"],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_store_accepting_fence_zero_fails_the_comparison_matrix() {
-    store_flaw_fails(StoreFlaw::AcceptsZero, &[("fence_comparison_matrix", "fence 0")], &[]).await;
-}
-
-#[tokio::test]
-async fn a_store_answering_read_many_in_key_order_fails_read_many() {
-    store_flaw_fails(StoreFlaw::ReadManyInKeyOrder, &[("read_many_answers_like_read", "not in the order asked")], &[])
-        .await;
-}
-
-#[tokio::test]
-async fn the_broken_store_without_a_flaw_passes_every_store_scenario() {
-    // The control: each flaw test fails for its flaw, not for the harness.
-    store_flaw_fails(StoreFlaw::None, &[], &[]).await;
-}
-
-#[tokio::test]
-async fn a_store_applying_partial_batches_fails_atomicity() {
-    store_flaw_fails(StoreFlaw::PartialBatch, &[("atomicity", "left a partial write")], &[]).await;
-}
-
-#[tokio::test]
-async fn a_store_reporting_rejections_as_success_fails() {
-    store_flaw_fails(
-        StoreFlaw::SilentRejection,
-        &[
-            ("equal_higher_lower", "below watermark 11 gave None"),
-            ("stale_batches_of_every_shape", "gave None"),
-            ("fence_comparison_matrix", "expected Err(StaleFence"),
-            ("watermark_scope", "accepted fence 9"),
-            ("concurrent_interleaved_fences", "but the log holds"),
-            ("atomicity", "a stale multi-operation write gave None"),
-        ],
-        &["store_race"],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_store_without_validation_fails_bad_input() {
-    store_flaw_fails(
-        StoreFlaw::NoValidation,
-        &[("store_bad_input", "expected InvalidKey"), ("read_many_answers_like_read", "expected InvalidKey")],
-        &[],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_store_accepting_equal_fences_from_any_grant_fails_the_rule_2_scenarios() {
-    store_flaw_fails(
-        StoreFlaw::AcceptsEqualFromAnyGrant,
-        &[
-            ("equal_higher_lower", "from a second grant"),
-            ("stale_batches_of_every_shape", "DuplicateFence"),
-            ("fence_comparison_matrix", "DuplicateFence"),
-        ],
-        &[],
-    )
-    .await;
-}
-
-/// Runs every in-process lock scenario against one broken service with `flaw`, and [`judge`]s
-/// them.
-async fn lock_flaw_fails(flaw: LockFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
-    let outcomes = palisade_conformance::lock_outcomes(&BrokenLockFactory::new(flaw)).await;
-    judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
-}
-
-#[tokio::test]
-async fn the_broken_lock_without_a_flaw_passes_every_lock_scenario() {
-    lock_flaw_fails(LockFlaw::None, &[], &[]).await;
-}
-
-#[tokio::test]
-async fn an_extend_that_resurrects_an_expired_grant_fails_the_stale_extend_scenario() {
-    lock_flaw_fails(
-        LockFlaw::ExtendResurrects,
-        &[("stale_release_and_extend_after_takeover", "must not come back to life")],
-        &[],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_waiter_that_waits_for_the_expiry_fails_the_handoff_bound() {
-    lock_flaw_fails(
-        LockFlaw::WakesOnlyAtExpiry,
-        &[("wait_and_handoff", "missed its wake-up")],
-        &["fifo_when_declared"],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_cancelled_waiter_that_keeps_its_place_fails_the_cancellation_scenario() {
-    lock_flaw_fails(
-        LockFlaw::CancelLeaksReservation,
-        &[
-            ("cancelled_acquires_leave_no_residue", "left residue"),
-            // The waiter cancelled before the release keeps its place for good as well.
-            ("acquire_cancelled_as_the_lock_frees", "that nobody owns"),
-        ],
-        &[],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn newest_first_declared_fifo_fails_the_fifo_scenario() {
-    lock_flaw_fails(LockFlaw::NewestWaiterFirstDeclaredFifo, &[("fifo_when_declared", "declared FIFO")], &[]).await;
-}
-
-#[tokio::test]
-async fn an_unexplained_expiry_margin_fails_the_timing_check() {
-    lock_flaw_fails(LockFlaw::UnexplainedMargin, &[("declared_timing_is_explained", "is not explained")], &[]).await;
-}
-
-#[tokio::test]
-async fn a_client_resending_a_lost_acquire_as_a_new_request_fails_the_lost_reply_scenario() {
-    let outcomes = palisade_conformance::lock_outcomes(&BrokenLockFactory::retrying(RelayRetry::NewRequest)).await;
-    judge(
-        "resend as a new request",
-        outcomes,
-        &[("lost_replies_leave_one_live_grant", "its own first attempt holds")],
-        &[],
-    );
-}
-
-#[tokio::test]
-async fn a_release_resent_below_the_service_as_a_new_request_fails_the_lost_reply_scenario() {
-    let outcomes =
-        palisade_conformance::lock_outcomes(&BrokenLockFactory::retrying(RelayRetry::NewReleaseRequest)).await;
-    judge(
-        "release resent as a new request",
-        outcomes,
-        &[("lost_replies_leave_one_live_grant", "answered NotHolder")],
-        &[],
-    );
-}
-
-#[tokio::test]
-async fn a_client_giving_up_on_a_lost_acquire_reply_fails_the_lost_reply_scenario() {
-    let outcomes = palisade_conformance::lock_outcomes(&BrokenLockFactory::retrying(RelayRetry::Never)).await;
-    // It does not reconnect either: the first call after a cut connection is lost too.
-    judge(
-        "no resend",
-        outcomes,
-        &[("lost_replies_leave_one_live_grant", "an orphaned grant")],
-        &["cut_connections_keep_the_grant_or_report_it"],
-    );
-}
-
-#[tokio::test]
-async fn a_grant_overstating_its_ttl_fails_the_partition_scenario() {
-    lock_flaw_fails(
-        LockFlaw::OverstatesTtl,
-        &[("partitioned_holder_loses_before_anyone_gains", "two holders")],
-        &["expiry_and_takeover", "progress_gated_renewal"],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_counter_deleted_with_the_lock_fails_fence_monotonicity() {
-    lock_flaw_fails(
-        LockFlaw::CounterDeletedWithLock,
-        &[
-            ("fence_monotonicity", "not strictly increasing"),
-            ("keys_are_independent", "not increasing"),
-            ("lost_replies_leave_one_live_grant", "not increasing"),
-            ("repair_keeps_the_holder", "is not above the repair's floor"),
-            ("idle_key_keeps_its_counter", "forgotten with the idle key"),
-            ("resent_release_never_frees_a_new_grant", "is not above the first's"),
-        ],
-        &[],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_repair_that_moves_the_holders_fence_fails_the_repair_scenario() {
-    lock_flaw_fails(
-        LockFlaw::RepairStrandsTheHolder,
-        &[("repair_keeps_the_holder", "the repair stranded the holder: its extend after advance_fence gave")],
-        &[],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_wait_that_ignores_its_bound_fails_the_bounded_wait_scenario() {
-    lock_flaw_fails(
-        LockFlaw::WaitIgnoresItsBound,
-        &[("waits_are_bounded", "it ignored its wait")],
-        // wait_and_handoff checks a wait that runs out as well.
-        &["wait_and_handoff", "cancelled_acquires_leave_no_residue", "with_lock_releases_on_every_path", "bad_input"],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_keep_alive_nothing_stops_fails_the_dropped_client_scenario() {
-    lock_flaw_fails(
-        LockFlaw::RenewsForever,
-        &[("dropped_client_lets_go", "bug class 14"), ("progress_gated_renewal", "stalled holder still had the lock")],
-        &[
-            "expiry_and_takeover",
-            "stale_release_and_extend_after_takeover",
-            "fence_monotonicity",
-            "partitioned_holder_loses_before_anyone_gains",
-        ],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn expiry_by_the_client_clock_fails_the_clock_scenario() {
-    lock_flaw_fails(LockFlaw::ClientClockExpiry, &[("fast_client_clock_takes_nothing_early", "bug class 9")], &[])
-        .await;
-}
-
-/// The restart scenario (shape `restart`, not in `lock_outcomes`) on a broken lock.
-async fn restart_outcome(flaw: LockFlaw) -> Outcome {
-    let name = "fences_survive_restart_or_are_repaired";
-    let (lf, sf) = (BrokenLockFactory::new(flaw), MemoryStoreFactory::new());
-    palisade_conformance::lock::fences_survive_restart_or_are_repaired(&ctx(name), &lf, &sf).await
-}
-
-#[tokio::test]
-async fn the_broken_lock_without_a_flaw_keeps_and_repairs_fences_across_restarts() {
-    restart_outcome(LockFlaw::None).await.unwrap();
-}
-
-#[tokio::test]
-async fn a_counter_that_cannot_be_moved_fails_the_restart_scenario() {
-    assert_fails_because(restart_outcome(LockFlaw::CannotAdvance).await, "CannotAdvance", "until an operator acts");
-}
-
-#[tokio::test]
-async fn a_repair_of_missing_counters_only_fails_the_restore_from_a_snapshot() {
-    assert_fails_because(
-        restart_outcome(LockFlaw::RepairsOnlyAMissingCounter).await,
-        "RepairsOnlyAMissingCounter",
-        "after a restore from an older snapshot lock_checked refused key `written`",
-    );
-}
-
-#[tokio::test]
-async fn counters_in_memory_declared_durable_fail_the_restart_scenario() {
-    assert_fails_because(restart_outcome(LockFlaw::CounterNotDurable).await, "CounterNotDurable", "bug class 4");
-}
-
-#[tokio::test]
-async fn an_extend_that_recreates_a_deleted_lock_fails_the_lost_signal_scenario() {
-    lock_flaw_fails(
-        LockFlaw::ExtendRecreates,
-        &[("lost_signal_from_the_backend", "had not fired"), ("owner_only_release_and_extend", "extend after release")],
-        &[],
-    )
-    .await;
-}
-
-// ---------------------------------------------------------------------------------------------
-// A quorum lock over five in-memory services (Redlock's shape), with one flaw at a time.
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum QuorumFlaw {
-    /// None: the control.
-    None,
-    /// Grants when any one server said yes (bug class 17: a minority counted as success).
-    MinorityCounts,
-    /// A failed round leaves its partial grants in place (bug class 17: no rollback).
-    NoRollback,
-}
-
-type Node = Arc<dyn LockService<Fencing = Fenced>>;
-
-struct Quorum {
-    flaw: QuorumFlaw,
-    nodes: Vec<Node>,
-    /// Each grant's per-server grants, by the quorum grant's token.
-    held: Mutex<HashMap<OwnerToken, Vec<Option<Grant<Fenced>>>>>,
-}
-
-const NODE_TIMEOUT: Duration = Duration::from_millis(100);
-
-impl Quorum {
-    fn majority(&self) -> usize {
-        self.nodes.len() / 2 + 1
-    }
-
-    async fn on_each<T, Fut>(&self, op: impl Fn(usize, Node) -> Fut) -> Vec<Option<T>>
-    where
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        let mut out = Vec::new();
-        for (i, node) in self.nodes.iter().enumerate() {
-            out.push(tokio::time::timeout(NODE_TIMEOUT, op(i, Arc::clone(node))).await.ok().and_then(Result::ok));
-        }
-        out
-    }
-
-    /// Releases the grants on their servers; how many servers still held them.
-    async fn release_all(&self, grants: &[Option<Grant<Fenced>>]) -> usize {
-        let mut released = 0;
-        for (node, grant) in self.nodes.iter().zip(grants) {
-            if let Some(g) = grant
-                && let Ok(Ok(())) = tokio::time::timeout(NODE_TIMEOUT, node.release(g)).await
-            {
-                released += 1;
-            }
-        }
-        released
-    }
-}
-
-#[async_trait]
-impl LockService for Quorum {
-    type Fencing = palisade_core::Unfenced;
-
-    fn backend(&self) -> &'static str {
-        "broken-quorum"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fence_source: FenceSource::None,
-            replication: palisade_core::Replication::ClientMajority,
-            ..Capabilities::default()
-        }
-    }
-
-    async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<palisade_core::Unfenced>>> {
-        let requested_at = Instant::now();
-        // Each server's answer is awaited for the node timeout; one that comes later (held up
-        // by a partition) is released by its own task, unless the flaw forgets rollbacks.
-        let mut answers = Vec::new();
-        for node in &self.nodes {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let (node, key, forget) = (Arc::clone(node), key.clone(), self.flaw == QuorumFlaw::NoRollback);
-            tokio::spawn(async move {
-                if let Err(Ok(Some(late))) = tx.send(node.try_acquire(&key, ttl).await)
-                    && !forget
-                {
-                    let _ = node.release(&late).await;
-                }
-            });
-            answers.push(rx);
-        }
-        let mut grants: Vec<Option<Grant<Fenced>>> = Vec::new();
-        for rx in answers {
-            let answer = tokio::time::timeout_at(requested_at + NODE_TIMEOUT, rx).await;
-            grants.push(answer.ok().and_then(|r| r.ok()).and_then(|r| r.ok()).flatten());
-        }
-        let yes = grants.iter().filter(|g| g.is_some()).count();
-        let needed = if self.flaw == QuorumFlaw::MinorityCounts { 1 } else { self.majority() };
-        if yes >= needed {
-            let token = OwnerToken::generate()?;
-            self.held.lock().unwrap().insert(token, grants);
-            return Ok(Some(Grant::new(key.clone(), token, (), ttl, requested_at)));
-        }
-        if self.flaw != QuorumFlaw::NoRollback {
-            let _ = self.release_all(&grants).await;
-        }
-        Ok(None)
-    }
-
-    async fn extend(&self, grant: &Grant<palisade_core::Unfenced>, ttl: Ttl) -> Result<Ttl> {
-        let grants = self.held.lock().unwrap().get(&grant.token()).cloned();
-        let Some(grants) = grants else { return Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "not held")) };
-        let extended = self
-            .on_each(|i, node| {
-                let g = grants[i].clone();
-                async move {
-                    match g {
-                        Some(g) => node.extend(&g, ttl).await,
-                        None => Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "no grant here")),
+                Restart::LoseData => slots.clear(),
+                _ if self.0.flaw == LockFlaw::CounterNotDurable => slots.clear(),
+                _ => {
+                    if how == Restart::Snapshot {
+                        *self.0.saved.lock().unwrap() = Some(slots.clone());
                     }
                 }
-            })
-            .await;
-        if extended.iter().filter(|e| e.is_some()).count() >= self.majority() {
-            Ok(ttl)
-        } else {
-            Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "no majority extended"))
-        }
-    }
-
-    async fn release(&self, grant: &Grant<palisade_core::Unfenced>) -> Result<()> {
-        let grants = self.held.lock().unwrap().remove(&grant.token());
-        let Some(grants) = grants else { return Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "not held")) };
-        if self.release_all(&grants).await > 0 {
+            }
+            // Nobody holds a lock across a restart: the server forgot who did (Redis's keys
+            // expire by the same wall-clock, etcd's sessions end with their clients).
+            for slot in slots.values_mut() {
+                slot.holder = None;
+            }
             Ok(())
-        } else {
-            Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "no server held it any more"))
         }
     }
-}
 
-/// Clients of one quorum of five in-memory services; the faulty client reaches each service
-/// over the relay through a fault proxy of its own.
-struct QuorumFactory {
-    flaw: QuorumFlaw,
-    services: Vec<Arc<palisade_core::MemoryLockService>>,
-}
+    // ---------------------------------------------------------------------------------------------
+    // A store with one flaw at a time.
 
-impl QuorumFactory {
-    fn new(flaw: QuorumFlaw) -> Self {
-        QuorumFactory { flaw, services: (0..5).map(|_| Arc::new(palisade_core::MemoryLockService::new())).collect() }
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum StoreFlaw {
+        /// None: the control, which passes every store scenario.
+        None,
+        /// Applies writes whatever their fence (the watermark only goes up).
+        AcceptsLowerFence,
+        /// Applies operations one by one and stops at a failed condition, keeping what it wrote.
+        PartialBatch,
+        /// Reports a stale write as success (the incident's "zero rows updated" bug).
+        SilentRejection,
+        /// Does not validate batches.
+        NoValidation,
+        /// Accepts a fence equal to the watermark from any grant (the rule before rule 2 knew grants).
+        AcceptsEqualFromAnyGrant,
+        /// Reads the watermark, then writes in a second step (bug class 18): another writer can
+        /// slip in between.
+        CheckThenWrite,
+        /// Checks the fence only when the batch has a `Put` (and then sets the watermark
+        /// unconditionally).
+        ChecksOnlyPuts,
+        /// One watermark per key domain (a table's worth) instead of one per resource.
+        WatermarkPerDomain,
+        /// Keeps watermarks in the client's memory: a new client starts with none.
+        WatermarkInClient,
+        /// Accepts fence 0 (an uninitialised fence).
+        AcceptsZero,
+        /// Answers `read_many` in key order, as a naive `WHERE key = ANY(…)` returns rows, instead
+        /// of the order asked.
+        ReadManyInKeyOrder,
+        /// Declares that fenced writes require a live lock, and checks only the fence.
+        ClaimsLiveLock,
     }
 
-    fn quorum(&self, nodes: Vec<Node>) -> Quorum {
-        Quorum { flaw: self.flaw, nodes, held: Mutex::default() }
-    }
-}
+    type Watermarks = Arc<Mutex<HashMap<ResourceKey, GrantFence>>>;
+    type Records = Arc<Mutex<BTreeMap<String, Record>>>;
 
-#[async_trait]
-impl LockServiceFactory for QuorumFactory {
-    type Service = Quorum;
-    async fn client(&self) -> Result<Arc<Quorum>> {
-        Ok(Arc::new(self.quorum(self.services.iter().map(|s| Arc::clone(s) as Node).collect())))
+    /// One client of a broken store. Records are shared by every client; so are watermarks,
+    /// unless the flaw keeps them in the client.
+    struct BrokenStore {
+        flaw: StoreFlaw,
+        watermarks: Watermarks,
+        records: Records,
     }
-    fn timing(&self) -> Timing {
-        Timing::new(Duration::from_millis(500), Duration::from_millis(50))
-    }
-    fn process_access(&self) -> ProcessAccess {
-        ProcessAccess::Relay
-    }
-    /// The lock deleted on every server, as an operator flushing them would.
-    async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
-        for service in &self.services {
-            service.break_lock(key);
+
+    impl BrokenStore {
+        /// Whose watermark a write to `res` checks and raises.
+        fn scope(&self, res: &ResourceKey) -> ResourceKey {
+            if self.flaw == StoreFlaw::WatermarkPerDomain {
+                ResourceKey::new(res.domain(), "all").unwrap()
+            } else {
+                res.clone()
+            }
         }
-        Ok(())
+
+        /// The fence check; `Ok(true)`: go on and raise the watermark, `Ok(false)`: report success
+        /// without writing.
+        fn check(&self, current: Option<GrantFence>, presented: GrantFence, batch: &WriteBatch) -> Result<bool> {
+            let f = presented.fence();
+            if (f.get() == 0 && self.flaw != StoreFlaw::AcceptsZero) || f > Fence::MAX_STORABLE {
+                return Err(Error::new(ErrorKind::InvalidArgument, "broken", format!("fence {f} cannot be stored")));
+            }
+            if self.flaw == StoreFlaw::ChecksOnlyPuts && !batch.ops().iter().any(|op| matches!(op, WriteOp::Put { .. }))
+            {
+                return Ok(true);
+            }
+            if let Some(c) = current.filter(|c| f < c.fence()) {
+                return match self.flaw {
+                    StoreFlaw::AcceptsLowerFence => Ok(true),
+                    StoreFlaw::SilentRejection => Ok(false),
+                    _ => Err(Error::stale_fence("broken", f, c.fence())),
+                };
+            }
+            if current.is_some_and(|c| c.fence() == f && c.grant() != presented.grant())
+                && self.flaw != StoreFlaw::AcceptsEqualFromAnyGrant
+            {
+                return Err(Error::duplicate_fence("broken", f));
+            }
+            Ok(true)
+        }
+
+        async fn apply_ops(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
+            if self.flaw != StoreFlaw::NoValidation {
+                batch.validate()?;
+            }
+            if self.flaw == StoreFlaw::CheckThenWrite
+                && let Some((res, presented)) = fence
+            {
+                let current = self.watermarks.lock().unwrap().get(&self.scope(res)).copied();
+                if !self.check(current, presented, batch)? {
+                    return Ok(());
+                }
+                tokio::task::yield_now().await; // the second round trip
+            }
+            let mut watermarks = self.watermarks.lock().unwrap();
+            let mut records = self.records.lock().unwrap();
+            if let Some((res, presented)) = fence
+                && self.flaw != StoreFlaw::CheckThenWrite
+                && !self.check(watermarks.get(&self.scope(res)).copied(), presented, batch)?
+            {
+                return Ok(());
+            }
+            let record_fence = fence.map(|(_, f)| f.fence());
+            let holds = |records: &BTreeMap<String, Record>, op: &WriteOp| match op {
+                WriteOp::Create { key, .. } => !records.contains_key(key),
+                WriteOp::Check { key, expected } => records.get(key).map(|r| &r.value) == expected.as_ref(),
+                _ => true,
+            };
+            if self.flaw != StoreFlaw::PartialBatch
+                && let Some(op) = batch.ops().iter().find(|op| !holds(&records, op))
+            {
+                return Err(conflict_error("broken", op));
+            }
+            if let Some((res, presented)) = fence {
+                let scope = self.scope(res);
+                let lower = watermarks.get(&scope).is_some_and(|c| presented.fence() < c.fence());
+                if !lower || self.flaw == StoreFlaw::ChecksOnlyPuts || self.flaw == StoreFlaw::CheckThenWrite {
+                    watermarks.insert(scope, presented);
+                }
+            }
+            for op in batch.ops() {
+                if !holds(&records, op) {
+                    return Err(conflict_error("broken", op));
+                }
+                match op {
+                    WriteOp::Put { key, value } | WriteOp::Create { key, value } => {
+                        records.insert(key.clone(), Record { value: value.clone(), fence: record_fence });
+                    }
+                    WriteOp::Delete { key } => {
+                        records.remove(key);
+                    }
+                    WriteOp::Check { .. } => {}
+                }
+            }
+            Ok(())
+        }
     }
-    async fn faulty_client(&self) -> Result<FaultyClient<palisade_core::Unfenced>> {
-        let (mut nodes, mut proxies, mut relays) = (Vec::new(), Vec::new(), Vec::new());
-        for service in &self.services {
-            let relay = Relay::serve(Arc::clone(service)).await?;
-            let proxy = FaultProxy::start(relay.addr()).await?;
-            nodes.push(
-                Arc::new(RelayLockService::<Fenced>::connect(proxy.addr(), service.capabilities()).await?) as Node
+
+    #[async_trait]
+    impl FencedStore for BrokenStore {
+        fn backend(&self) -> &'static str {
+            "broken"
+        }
+        fn requires_live_lock(&self) -> bool {
+            self.flaw == StoreFlaw::ClaimsLiveLock
+        }
+        async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
+            self.apply_ops(Some((resource, fence)), batch).await
+        }
+        async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
+            self.apply_ops(None, batch).await
+        }
+        async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
+            Ok(self.watermarks.lock().unwrap().get(&self.scope(resource)).map(GrantFence::fence))
+        }
+        async fn read(&self, key: &str) -> Result<Option<Record>> {
+            if self.flaw != StoreFlaw::NoValidation {
+                palisade_core::spi::validate_record_key(key)?;
+            }
+            Ok(self.records.lock().unwrap().get(key).cloned())
+        }
+        async fn read_many(&self, keys: &[&str]) -> Result<Vec<Option<Record>>> {
+            let mut keys = keys.to_vec();
+            if self.flaw == StoreFlaw::ReadManyInKeyOrder {
+                keys.sort_unstable();
+            }
+            let mut out = Vec::new();
+            for key in keys {
+                out.push(self.read(key).await?);
+            }
+            Ok(out)
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
+            let records = self.records.lock().unwrap();
+            Ok(records.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, r)| (k.clone(), r.clone())).collect())
+        }
+    }
+
+    #[derive(Clone)]
+    struct BrokenStoreFactory {
+        flaw: StoreFlaw,
+        watermarks: Watermarks,
+        records: Records,
+    }
+
+    impl BrokenStoreFactory {
+        fn new(flaw: StoreFlaw) -> Self {
+            BrokenStoreFactory { flaw, watermarks: Watermarks::default(), records: Records::default() }
+        }
+    }
+
+    #[async_trait]
+    impl FencedStoreFactory for BrokenStoreFactory {
+        type Store = BrokenStore;
+        async fn client(&self) -> Result<Arc<BrokenStore>> {
+            let watermarks = if self.flaw == StoreFlaw::WatermarkInClient {
+                Watermarks::default()
+            } else {
+                Arc::clone(&self.watermarks)
+            };
+            Ok(Arc::new(BrokenStore { flaw: self.flaw, watermarks, records: Arc::clone(&self.records) }))
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------------
+
+    fn ctx(name: &'static str) -> Ctx {
+        Ctx::new(name, "")
+    }
+
+    /// The scenario must fail, and its failure must name `because` (so it failed for the flaw's
+    /// reason, not for a broken relay, a failed spawn or a harness bug).
+    #[track_caller]
+    fn assert_fails_because(outcome: Outcome, what: &str, because: &str) {
+        match outcome {
+            Ok(report) => panic!("{what}: scenario `{}` passed against a broken implementation", report.scenario),
+            Err(failure) => {
+                let text = failure.to_string();
+                assert!(text.contains(because), "{what}: failed, but not because of {because:?}: {text}");
+                println!("{what}: failed as it must: {text}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn no_exclusion_fails_mutual_exclusion() {
+        lock_flaw_fails(
+            LockFlaw::NoExclusion,
+            &[
+                ("mutual_exclusion", "while another held it"),
+                ("owner_only_release_and_extend", "the holder lost the lock"),
+                ("progress_gated_renewal", "another client took the lock"),
+                ("stale_release_and_extend_after_takeover", "freed the new holder's lock"),
+                ("lost_replies_leave_one_live_grant", "a double grant"),
+                ("cut_connections_keep_the_grant_or_report_it", "another client got its lock"),
+                ("partitioned_holder_loses_before_anyone_gains", "two holders"),
+                ("keys_are_independent", "not re-entrant"),
+                ("repair_keeps_the_holder", "another client got the lock its holder still holds"),
+                ("resent_release_never_frees_a_new_grant", "no exclusion"),
+            ],
+            &[
+                "waits_are_bounded",
+                "expiry_and_takeover",
+                "wait_and_handoff",
+                "cancelled_acquires_leave_no_residue",
+                "fifo_when_declared",
+                "fast_client_clock_takes_nothing_early",
+                "dead_waiter_is_never_granted",
+                // A held lock granted again to a zero-wait attempt: the same missing exclusion.
+                "zero_wait_is_one_attempt",
+                // The waiter is granted the held lock, so the holder's release finds it gone.
+                "acquire_cancelled_as_the_lock_frees",
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn release_ignoring_the_token_fails_owner_only() {
+        lock_flaw_fails(
+            LockFlaw::ReleaseIgnoresToken,
+            &[
+                ("owner_only_release_and_extend", "release with a foreign token"),
+                ("stale_release_and_extend_after_takeover", "release of the expired grant after a takeover"),
+                ("expiry_and_takeover", "release by the expired holder"),
+                ("lost_replies_leave_one_live_grant", "bug class 6"),
+                ("resent_release_never_frees_a_new_grant", "freed the same client's second grant"),
+            ],
+            &[],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_ttl_that_never_expires_fails_expiry() {
+        lock_flaw_fails(
+            LockFlaw::NeverExpires,
+            &[
+                ("expiry_and_takeover", "nobody could take the lock"),
+                ("stale_release_and_extend_after_takeover", "never free"),
+                ("dropped_client_lets_go", "no expiry at all"),
+            ],
+            &["fence_monotonicity"],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_fence_not_increased_after_expiry_fails_monotonicity_and_the_pause() {
+        lock_flaw_fails(
+            LockFlaw::FenceNotIncreasedAfterExpiry,
+            &[
+                ("fence_monotonicity", "not strictly increasing"),
+                ("expiry_and_takeover", "not above the expired holder's"),
+            ],
+            &[],
+        )
+        .await;
+        let f = BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry);
+        let outcome =
+            e2e::paused_holder_in_process(&ctx("paused_holder_in_process"), &f, &MemoryStoreFactory::new()).await;
+        assert_fails_because(outcome, "FenceNotIncreasedAfterExpiry", "is not above A's");
+    }
+
+    #[tokio::test]
+    async fn an_extend_that_does_nothing_fails_renewal() {
+        lock_flaw_fails(
+            LockFlaw::ExtendDoesNothing,
+            &[
+                ("progress_gated_renewal", "while its holder was making progress"),
+                ("partitioned_holder_loses_before_anyone_gains", "two holders"),
+            ],
+            &[],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn an_acquire_that_never_waits_fails_handoff_and_bad_input() {
+        lock_flaw_fails(
+            LockFlaw::AcquireNeverWaits,
+            &[("wait_and_handoff", "did not get the released lock"), ("bad_input", "above 24 h")],
+            &[
+                "mutual_exclusion",
+                "fence_monotonicity",
+                "fifo_when_declared",
+                "cancelled_acquires_leave_no_residue",
+                "partitioned_holder_loses_before_anyone_gains",
+                // Its waiter's acquire answers Timeout at once instead of waiting.
+                "acquire_cancelled_as_the_lock_frees",
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn gaps_in_declared_gap_free_fences_fail_monotonicity_and_load() {
+        lock_flaw_fails(
+            LockFlaw::GapsDeclaredGapFree,
+            &[
+                ("fence_monotonicity", "declared gap-free"),
+                ("lost_replies_leave_one_live_grant", "declared gap-free"),
+                ("keys_are_independent", "declared gap-free"),
+            ],
+            &[],
+        )
+        .await;
+        let f = BrokenLockFactory::new(LockFlaw::GapsDeclaredGapFree);
+        assert_fails_because(
+            e2e::load(&ctx("load"), &f, &MemoryStoreFactory::new()).await,
+            "GapsDeclaredGapFree",
+            "gaps",
+        );
+    }
+
+    #[tokio::test]
+    async fn a_store_accepting_lower_fences_fails_the_store_and_pause_scenarios() {
+        store_flaw_fails(
+            StoreFlaw::AcceptsLowerFence,
+            &[
+                ("equal_higher_lower", "below watermark 11 gave None"),
+                ("stale_batches_of_every_shape", "gave None"),
+                ("fence_comparison_matrix", "expected Err(StaleFence"),
+                ("watermark_scope", "accepted fence 9"),
+                ("atomicity", "a stale multi-operation write gave None"),
+            ],
+            &["concurrent_interleaved_fences", "store_race"],
+        )
+        .await;
+        let s = BrokenStoreFactory::new(StoreFlaw::AcceptsLowerFence);
+        let lf = palisade_conformance::memory::MemoryLockFactory::new();
+        assert_fails_because(
+            e2e::paused_holder_in_process(&ctx("paused_holder_in_process"), &lf, &s).await,
+            "AcceptsLowerFence",
+            "stale write gave None",
+        );
+        assert_fails_because(
+            e2e::stale_write_before_new_holder_writes(&ctx("stale_write_before_new_holder_writes"), &lf, &s).await,
+            "AcceptsLowerFence",
+            "A's write after B's gave Ok",
+        );
+    }
+
+    /// A store that says it requires a live lock but judges only the fence accepts a write from a
+    /// holder whose lock expired, and a write from a holder whose lock was taken over but who
+    /// wrote first: both scenarios fail for that reason.
+    #[tokio::test]
+    async fn a_store_claiming_a_live_lock_it_does_not_check_fails_the_live_lock_scenarios() {
+        let s = BrokenStoreFactory::new(StoreFlaw::ClaimsLiveLock);
+        let lf = palisade_conformance::memory::MemoryLockFactory::new();
+        assert_fails_because(
+            e2e::live_lock_when_declared(&ctx("live_lock_when_declared"), &lf, &s).await,
+            "ClaimsLiveLock",
+            "the expired holder's write gave Ok",
+        );
+        assert_fails_because(
+            e2e::stale_write_before_new_holder_writes(&ctx("stale_write_before_new_holder_writes"), &lf, &s).await,
+            "ClaimsLiveLock",
+            "A's write while B holds the lock gave Ok",
+        );
+        // The same store without the claim passes both.
+        let honest = BrokenStoreFactory::new(StoreFlaw::None);
+        e2e::live_lock_when_declared(&ctx("live_lock_when_declared"), &lf, &honest).await.unwrap();
+        e2e::stale_write_before_new_holder_writes(&ctx("stale_write_before_new_holder_writes"), &lf, &honest)
+            .await
+            .unwrap();
+    }
+
+    /// The SQLite file every process of this test binary can open.
+    #[derive(Clone)]
+    struct SharedSqlite;
+
+    #[async_trait]
+    impl FencedStoreFactory for SharedSqlite {
+        type Store = palisade_sqlite::SqliteStore;
+        async fn client(&self) -> Result<Arc<palisade_sqlite::SqliteStore>> {
+            let path: PathBuf = [env!("CARGO_TARGET_TMPDIR"), "palisade-broken.db"].iter().collect();
+            let url = format!("sqlite://{}?synchronous=normal&busy_timeout_ms=30000", path.display());
+            Ok(Arc::new(palisade_sqlite::SqliteStore::connect(&url).await?))
+        }
+    }
+
+    /// Runs a process-level scenario by hand (it re-executes this test) and returns whether it
+    /// failed; in the child it just plays the holder.
+    /// Each of `must_fail` must have failed with a message naming its reason, those in `may_fail`
+    /// may have failed as a consequence, every other scenario must have passed: the flaw breaks one
+    /// guarantee, and the suite says which.
+    #[track_caller]
+    fn judge(
+        flaw: &str,
+        outcomes: impl IntoIterator<Item = (&'static str, Outcome)>,
+        must_fail: &[(&str, &str)],
+        may_fail: &[&str],
+    ) {
+        for (name, outcome) in outcomes {
+            if let Some((_, because)) = must_fail.iter().find(|(n, _)| *n == name) {
+                assert_fails_because(outcome, flaw, because);
+            } else if let Err(failure) = outcome
+                && !may_fail.contains(&name)
+            {
+                panic!("{flaw} should fail only {must_fail:?} (and maybe {may_fail:?}), but also failed: {failure}");
+            }
+        }
+    }
+
+    /// Returns the failure message, or `None` if the scenario passed (or this is the child).
+    fn process_scenario_failure(scenario: &'static str, test: &'static str, lf: BrokenLockFactory) -> Option<String> {
+        let name = harness::test_name(module_path!(), test);
+        let run = std::panic::catch_unwind(move || {
+            harness::run(scenario, &name, |ctx| async move {
+                match scenario {
+                    "killed_holder" => e2e::killed_holder(&ctx, &lf, &SharedSqlite).await,
+                    "semaphore_permit_holder_sigstop" => {
+                        palisade_conformance::frozen::semaphore_permit_holder_sigstop(&ctx, &lf, &SharedSqlite).await
+                    }
+                    _ => e2e::paused_holder_process(&ctx, &lf, &SharedSqlite).await,
+                }
+            })
+        });
+        let payload = run.err()?;
+        let message = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_string()))
+            .unwrap_or_default();
+        Some(message)
+    }
+
+    #[test]
+    fn a_fence_not_increased_after_expiry_fails_the_sigstop_scenario() {
+        let failure = process_scenario_failure(
+            "paused_holder_process",
+            "a_fence_not_increased_after_expiry_fails_the_sigstop_scenario",
+            BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
+        );
+        if !palisade_conformance::is_child_process() {
+            let failure = failure.expect("the SIGSTOP scenario passed against a broken fence");
+            assert!(failure.contains("is not above"), "the SIGSTOP scenario failed, but not for the fence: {failure}");
+        }
+    }
+
+    /// The frozen permit holder (a process stopped with SIGSTOP) on a service whose fence does not
+    /// grow on an expired takeover: the next holder of its slot has its fence.
+    #[test]
+    fn a_fence_not_increased_after_expiry_fails_the_frozen_permit_holder_scenario() {
+        let failure = process_scenario_failure(
+            "semaphore_permit_holder_sigstop",
+            "a_fence_not_increased_after_expiry_fails_the_frozen_permit_holder_scenario",
+            BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
+        );
+        if !palisade_conformance::is_child_process() {
+            let failure = failure.expect("the frozen permit holder scenario passed against a broken fence");
+            assert!(failure.contains("is not above"), "it failed, but not for the fence: {failure}");
+        }
+    }
+
+    #[test]
+    fn a_ttl_that_never_expires_fails_the_sigkill_scenario() {
+        let failure = process_scenario_failure(
+            "killed_holder",
+            "a_ttl_that_never_expires_fails_the_sigkill_scenario",
+            BrokenLockFactory::new(LockFlaw::NeverExpires),
+        );
+        if !palisade_conformance::is_child_process() {
+            let failure = failure.expect("the SIGKILL scenario passed against a lock that never expires");
+            assert!(
+                failure.contains("was not free within"),
+                "the SIGKILL scenario failed, but not for the expiry: {failure}"
             );
-            proxies.push(proxy);
-            relays.push(relay);
         }
-        Ok(FaultyClient::new(Arc::new(self.quorum(nodes)), proxies).keeping(relays))
     }
-}
 
-/// Runs every lock scenario against the quorum with `flaw`, and [`judge`]s them.
-async fn quorum_flaw_fails(flaw: QuorumFlaw, must_fail: &[(&str, &str)]) {
-    // A quorum that counts a minority as success may also let a healed holder's extend succeed
-    // on the minority that still has its grant: that is the same flaw, seen by the partition
-    // scenario when the new holder's majority left one of the old holder's servers alone.
-    let may_fail: &[&str] =
-        if flaw == QuorumFlaw::MinorityCounts { &["partitioned_holder_loses_before_anyone_gains"] } else { &[] };
-    let outcomes = palisade_conformance::lock_outcomes(&QuorumFactory::new(flaw)).await;
-    judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
-}
+    /// Runs every store scenario against one broken store with `flaw`, and [`judge`]s them.
+    async fn store_flaw_fails(flaw: StoreFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
+        let outcomes = palisade_conformance::store_outcomes(&BrokenStoreFactory::new(flaw)).await;
+        judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
+    }
 
-#[tokio::test]
-async fn the_quorum_without_a_flaw_passes_every_lock_scenario() {
-    quorum_flaw_fails(QuorumFlaw::None, &[]).await;
-}
+    #[tokio::test]
+    async fn a_store_that_checks_then_writes_in_two_steps_fails_the_store_race() {
+        store_flaw_fails(
+            StoreFlaw::CheckThenWrite,
+            &[("store_race", "not one step")],
+            &["concurrent_interleaved_fences"],
+        )
+        .await;
+    }
 
-#[tokio::test]
-async fn a_quorum_counting_a_minority_fails_the_quorum_scenario() {
-    quorum_flaw_fails(
-        QuorumFlaw::MinorityCounts,
-        &[("quorum_faults_never_grant_a_minority", "a minority counted as a quorum")],
-    )
-    .await;
-}
+    #[tokio::test]
+    async fn a_store_that_checks_only_puts_fails_stale_batches_of_every_shape() {
+        store_flaw_fails(StoreFlaw::ChecksOnlyPuts, &[("stale_batches_of_every_shape", "Delete-only")], &[]).await;
+    }
 
-#[tokio::test]
-async fn a_quorum_without_rollback_fails_the_quorum_scenario() {
-    // Replies slower than the node timeout fail the acquire too, and its partial grants stay.
-    quorum_flaw_fails(
-        QuorumFlaw::NoRollback,
-        &[
-            ("quorum_faults_never_grant_a_minority", "not rolled back"),
-            ("slow_replies_still_complete", "an orphaned grant"),
-        ],
-    )
-    .await;
-}
+    #[tokio::test]
+    async fn a_store_with_one_watermark_fails_watermark_scope() {
+        store_flaw_fails(
+            StoreFlaw::WatermarkPerDomain,
+            &[("watermark_scope", "watermarks are per resource"), ("equal_higher_lower", "another resource")],
+            &["fence_comparison_matrix"],
+        )
+        .await;
+    }
 
-#[tokio::test]
-async fn a_zero_wait_that_stays_queued_fails_the_zero_wait_scenario() {
-    lock_flaw_fails(LockFlaw::ZeroWaitStaysQueued, &[("zero_wait_is_one_attempt", "left a queue entry")], &[]).await;
-}
+    #[tokio::test]
+    async fn a_store_keeping_watermarks_in_the_client_fails_watermark_scope() {
+        store_flaw_fails(
+            StoreFlaw::WatermarkInClient,
+            &[("watermark_scope", "a new client")],
+            &["store_race", "concurrent_interleaved_fences"],
+        )
+        .await;
+    }
 
-/// The semaphore scenarios on broken lock services: a service without exclusion gives more
-/// holders than permits, one whose fence does not grow on an expired takeover gives the
-/// paused permit holder's slot to the next holder with the same fence, and one that declares
-/// FIFO but serves the newest waiter first serves a queued semaphore's waiters out of order.
-/// The flawless control passes all three.
-#[tokio::test]
-async fn broken_locks_fail_the_semaphore_scenarios() {
-    use palisade_conformance::semaphore;
-    let store = BrokenStoreFactory::new(StoreFlaw::None);
-    assert_fails_because(
-        semaphore::semaphore_count_limit(&ctx("semaphore_count_limit"), &BrokenLockFactory::new(LockFlaw::NoExclusion))
+    #[tokio::test]
+    async fn a_store_accepting_fence_zero_fails_the_comparison_matrix() {
+        store_flaw_fails(StoreFlaw::AcceptsZero, &[("fence_comparison_matrix", "fence 0")], &[]).await;
+    }
+
+    #[tokio::test]
+    async fn a_store_answering_read_many_in_key_order_fails_read_many() {
+        store_flaw_fails(
+            StoreFlaw::ReadManyInKeyOrder,
+            &[("read_many_answers_like_read", "not in the order asked")],
+            &[],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn the_broken_store_without_a_flaw_passes_every_store_scenario() {
+        // The control: each flaw test fails for its flaw, not for the harness.
+        store_flaw_fails(StoreFlaw::None, &[], &[]).await;
+    }
+
+    #[tokio::test]
+    async fn a_store_applying_partial_batches_fails_atomicity() {
+        store_flaw_fails(StoreFlaw::PartialBatch, &[("atomicity", "left a partial write")], &[]).await;
+    }
+
+    #[tokio::test]
+    async fn a_store_reporting_rejections_as_success_fails() {
+        store_flaw_fails(
+            StoreFlaw::SilentRejection,
+            &[
+                ("equal_higher_lower", "below watermark 11 gave None"),
+                ("stale_batches_of_every_shape", "gave None"),
+                ("fence_comparison_matrix", "expected Err(StaleFence"),
+                ("watermark_scope", "accepted fence 9"),
+                ("concurrent_interleaved_fences", "but the log holds"),
+                ("atomicity", "a stale multi-operation write gave None"),
+            ],
+            &["store_race"],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_store_without_validation_fails_bad_input() {
+        store_flaw_fails(
+            StoreFlaw::NoValidation,
+            &[("store_bad_input", "expected InvalidKey"), ("read_many_answers_like_read", "expected InvalidKey")],
+            &[],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_store_accepting_equal_fences_from_any_grant_fails_the_rule_2_scenarios() {
+        store_flaw_fails(
+            StoreFlaw::AcceptsEqualFromAnyGrant,
+            &[
+                ("equal_higher_lower", "from a second grant"),
+                ("stale_batches_of_every_shape", "DuplicateFence"),
+                ("fence_comparison_matrix", "DuplicateFence"),
+            ],
+            &[],
+        )
+        .await;
+    }
+
+    /// Runs every in-process lock scenario against one broken service with `flaw`, and [`judge`]s
+    /// them.
+    async fn lock_flaw_fails(flaw: LockFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
+        let outcomes = palisade_conformance::lock_outcomes(&BrokenLockFactory::new(flaw)).await;
+        judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
+    }
+
+    #[tokio::test]
+    async fn the_broken_lock_without_a_flaw_passes_every_lock_scenario() {
+        lock_flaw_fails(LockFlaw::None, &[], &[]).await;
+    }
+
+    #[tokio::test]
+    async fn an_extend_that_resurrects_an_expired_grant_fails_the_stale_extend_scenario() {
+        lock_flaw_fails(
+            LockFlaw::ExtendResurrects,
+            &[("stale_release_and_extend_after_takeover", "must not come back to life")],
+            &[],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_waits_for_the_expiry_fails_the_handoff_bound() {
+        lock_flaw_fails(
+            LockFlaw::WakesOnlyAtExpiry,
+            &[("wait_and_handoff", "missed its wake-up")],
+            &["fifo_when_declared"],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_waiter_that_keeps_its_place_fails_the_cancellation_scenario() {
+        lock_flaw_fails(
+            LockFlaw::CancelLeaksReservation,
+            &[
+                ("cancelled_acquires_leave_no_residue", "left residue"),
+                // The waiter cancelled before the release keeps its place for good as well.
+                ("acquire_cancelled_as_the_lock_frees", "that nobody owns"),
+            ],
+            &[],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn newest_first_declared_fifo_fails_the_fifo_scenario() {
+        lock_flaw_fails(LockFlaw::NewestWaiterFirstDeclaredFifo, &[("fifo_when_declared", "declared FIFO")], &[]).await;
+    }
+
+    #[tokio::test]
+    async fn an_unexplained_expiry_margin_fails_the_timing_check() {
+        lock_flaw_fails(LockFlaw::UnexplainedMargin, &[("declared_timing_is_explained", "is not explained")], &[])
+            .await;
+    }
+
+    #[tokio::test]
+    async fn a_client_resending_a_lost_acquire_as_a_new_request_fails_the_lost_reply_scenario() {
+        let outcomes = palisade_conformance::lock_outcomes(&BrokenLockFactory::retrying(RelayRetry::NewRequest)).await;
+        judge(
+            "resend as a new request",
+            outcomes,
+            &[("lost_replies_leave_one_live_grant", "its own first attempt holds")],
+            &[],
+        );
+    }
+
+    #[tokio::test]
+    async fn a_release_resent_below_the_service_as_a_new_request_fails_the_lost_reply_scenario() {
+        let outcomes =
+            palisade_conformance::lock_outcomes(&BrokenLockFactory::retrying(RelayRetry::NewReleaseRequest)).await;
+        judge(
+            "release resent as a new request",
+            outcomes,
+            &[("lost_replies_leave_one_live_grant", "answered NotHolder")],
+            &[],
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_giving_up_on_a_lost_acquire_reply_fails_the_lost_reply_scenario() {
+        let outcomes = palisade_conformance::lock_outcomes(&BrokenLockFactory::retrying(RelayRetry::Never)).await;
+        // It does not reconnect either: the first call after a cut connection is lost too.
+        judge(
+            "no resend",
+            outcomes,
+            &[("lost_replies_leave_one_live_grant", "an orphaned grant")],
+            &["cut_connections_keep_the_grant_or_report_it"],
+        );
+    }
+
+    #[tokio::test]
+    async fn a_grant_overstating_its_ttl_fails_the_partition_scenario() {
+        lock_flaw_fails(
+            LockFlaw::OverstatesTtl,
+            &[("partitioned_holder_loses_before_anyone_gains", "two holders")],
+            &["expiry_and_takeover", "progress_gated_renewal"],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_counter_deleted_with_the_lock_fails_fence_monotonicity() {
+        lock_flaw_fails(
+            LockFlaw::CounterDeletedWithLock,
+            &[
+                ("fence_monotonicity", "not strictly increasing"),
+                ("keys_are_independent", "not increasing"),
+                ("lost_replies_leave_one_live_grant", "not increasing"),
+                ("repair_keeps_the_holder", "is not above the repair's floor"),
+                ("idle_key_keeps_its_counter", "forgotten with the idle key"),
+                ("resent_release_never_frees_a_new_grant", "is not above the first's"),
+            ],
+            &[],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_repair_that_moves_the_holders_fence_fails_the_repair_scenario() {
+        lock_flaw_fails(
+            LockFlaw::RepairStrandsTheHolder,
+            &[("repair_keeps_the_holder", "the repair stranded the holder: its extend after advance_fence gave")],
+            &[],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_wait_that_ignores_its_bound_fails_the_bounded_wait_scenario() {
+        lock_flaw_fails(
+            LockFlaw::WaitIgnoresItsBound,
+            &[("waits_are_bounded", "it ignored its wait")],
+            // wait_and_handoff checks a wait that runs out as well.
+            &[
+                "wait_and_handoff",
+                "cancelled_acquires_leave_no_residue",
+                "with_lock_releases_on_every_path",
+                "bad_input",
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_keep_alive_nothing_stops_fails_the_dropped_client_scenario() {
+        lock_flaw_fails(
+            LockFlaw::RenewsForever,
+            &[
+                ("dropped_client_lets_go", "bug class 14"),
+                ("progress_gated_renewal", "stalled holder still had the lock"),
+            ],
+            &[
+                "expiry_and_takeover",
+                "stale_release_and_extend_after_takeover",
+                "fence_monotonicity",
+                "partitioned_holder_loses_before_anyone_gains",
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn expiry_by_the_client_clock_fails_the_clock_scenario() {
+        lock_flaw_fails(LockFlaw::ClientClockExpiry, &[("fast_client_clock_takes_nothing_early", "bug class 9")], &[])
+            .await;
+    }
+
+    /// The restart scenario (shape `restart`, not in `lock_outcomes`) on a broken lock.
+    async fn restart_outcome(flaw: LockFlaw) -> Outcome {
+        let name = "fences_survive_restart_or_are_repaired";
+        let (lf, sf) = (BrokenLockFactory::new(flaw), MemoryStoreFactory::new());
+        palisade_conformance::lock::fences_survive_restart_or_are_repaired(&ctx(name), &lf, &sf).await
+    }
+
+    #[tokio::test]
+    async fn the_broken_lock_without_a_flaw_keeps_and_repairs_fences_across_restarts() {
+        restart_outcome(LockFlaw::None).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_counter_that_cannot_be_moved_fails_the_restart_scenario() {
+        assert_fails_because(restart_outcome(LockFlaw::CannotAdvance).await, "CannotAdvance", "until an operator acts");
+    }
+
+    #[tokio::test]
+    async fn a_repair_of_missing_counters_only_fails_the_restore_from_a_snapshot() {
+        assert_fails_because(
+            restart_outcome(LockFlaw::RepairsOnlyAMissingCounter).await,
+            "RepairsOnlyAMissingCounter",
+            "after a restore from an older snapshot lock_checked refused key `written`",
+        );
+    }
+
+    #[tokio::test]
+    async fn counters_in_memory_declared_durable_fail_the_restart_scenario() {
+        assert_fails_because(restart_outcome(LockFlaw::CounterNotDurable).await, "CounterNotDurable", "bug class 4");
+    }
+
+    #[tokio::test]
+    async fn an_extend_that_recreates_a_deleted_lock_fails_the_lost_signal_scenario() {
+        lock_flaw_fails(
+            LockFlaw::ExtendRecreates,
+            &[
+                ("lost_signal_from_the_backend", "had not fired"),
+                ("owner_only_release_and_extend", "extend after release"),
+            ],
+            &[],
+        )
+        .await;
+    }
+
+    // ---------------------------------------------------------------------------------------------
+    // A quorum lock over five in-memory services (Redlock's shape), with one flaw at a time.
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum QuorumFlaw {
+        /// None: the control.
+        None,
+        /// Grants when any one server said yes (bug class 17: a minority counted as success).
+        MinorityCounts,
+        /// A failed round leaves its partial grants in place (bug class 17: no rollback).
+        NoRollback,
+    }
+
+    type Node = Arc<dyn LockService<Fencing = Fenced>>;
+
+    struct Quorum {
+        flaw: QuorumFlaw,
+        nodes: Vec<Node>,
+        /// Each grant's per-server grants, by the quorum grant's token.
+        held: Mutex<HashMap<OwnerToken, Vec<Option<Grant<Fenced>>>>>,
+    }
+
+    const NODE_TIMEOUT: Duration = Duration::from_millis(100);
+
+    impl Quorum {
+        fn majority(&self) -> usize {
+            self.nodes.len() / 2 + 1
+        }
+
+        async fn on_each<T, Fut>(&self, op: impl Fn(usize, Node) -> Fut) -> Vec<Option<T>>
+        where
+            Fut: std::future::Future<Output = Result<T>>,
+        {
+            let mut out = Vec::new();
+            for (i, node) in self.nodes.iter().enumerate() {
+                out.push(tokio::time::timeout(NODE_TIMEOUT, op(i, Arc::clone(node))).await.ok().and_then(Result::ok));
+            }
+            out
+        }
+
+        /// Releases the grants on their servers; how many servers still held them.
+        async fn release_all(&self, grants: &[Option<Grant<Fenced>>]) -> usize {
+            let mut released = 0;
+            for (node, grant) in self.nodes.iter().zip(grants) {
+                if let Some(g) = grant
+                    && let Ok(Ok(())) = tokio::time::timeout(NODE_TIMEOUT, node.release(g)).await
+                {
+                    released += 1;
+                }
+            }
+            released
+        }
+    }
+
+    #[async_trait]
+    impl LockService for Quorum {
+        type Fencing = palisade_core::Unfenced;
+
+        fn backend(&self) -> &'static str {
+            "broken-quorum"
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                fence_source: FenceSource::None,
+                replication: palisade_core::Replication::ClientMajority,
+                ..Capabilities::default()
+            }
+        }
+
+        async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<palisade_core::Unfenced>>> {
+            let requested_at = Instant::now();
+            // Each server's answer is awaited for the node timeout; one that comes later (held up
+            // by a partition) is released by its own task, unless the flaw forgets rollbacks.
+            let mut answers = Vec::new();
+            for node in &self.nodes {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let (node, key, forget) = (Arc::clone(node), key.clone(), self.flaw == QuorumFlaw::NoRollback);
+                tokio::spawn(async move {
+                    if let Err(Ok(Some(late))) = tx.send(node.try_acquire(&key, ttl).await)
+                        && !forget
+                    {
+                        let _ = node.release(&late).await;
+                    }
+                });
+                answers.push(rx);
+            }
+            let mut grants: Vec<Option<Grant<Fenced>>> = Vec::new();
+            for rx in answers {
+                let answer = tokio::time::timeout_at(requested_at + NODE_TIMEOUT, rx).await;
+                grants.push(answer.ok().and_then(|r| r.ok()).and_then(|r| r.ok()).flatten());
+            }
+            let yes = grants.iter().filter(|g| g.is_some()).count();
+            let needed = if self.flaw == QuorumFlaw::MinorityCounts { 1 } else { self.majority() };
+            if yes >= needed {
+                let token = OwnerToken::generate()?;
+                self.held.lock().unwrap().insert(token, grants);
+                return Ok(Some(Grant::new(key.clone(), token, (), ttl, requested_at)));
+            }
+            if self.flaw != QuorumFlaw::NoRollback {
+                let _ = self.release_all(&grants).await;
+            }
+            Ok(None)
+        }
+
+        async fn extend(&self, grant: &Grant<palisade_core::Unfenced>, ttl: Ttl) -> Result<Ttl> {
+            let grants = self.held.lock().unwrap().get(&grant.token()).cloned();
+            let Some(grants) = grants else {
+                return Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "not held"));
+            };
+            let extended = self
+                .on_each(|i, node| {
+                    let g = grants[i].clone();
+                    async move {
+                        match g {
+                            Some(g) => node.extend(&g, ttl).await,
+                            None => Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "no grant here")),
+                        }
+                    }
+                })
+                .await;
+            if extended.iter().filter(|e| e.is_some()).count() >= self.majority() {
+                Ok(ttl)
+            } else {
+                Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "no majority extended"))
+            }
+        }
+
+        async fn release(&self, grant: &Grant<palisade_core::Unfenced>) -> Result<()> {
+            let grants = self.held.lock().unwrap().remove(&grant.token());
+            let Some(grants) = grants else {
+                return Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "not held"));
+            };
+            if self.release_all(&grants).await > 0 {
+                Ok(())
+            } else {
+                Err(Error::new(ErrorKind::NotHolder, "broken-quorum", "no server held it any more"))
+            }
+        }
+    }
+
+    /// Clients of one quorum of five in-memory services; the faulty client reaches each service
+    /// over the relay through a fault proxy of its own.
+    struct QuorumFactory {
+        flaw: QuorumFlaw,
+        services: Vec<Arc<palisade_core::MemoryLockService>>,
+    }
+
+    impl QuorumFactory {
+        fn new(flaw: QuorumFlaw) -> Self {
+            QuorumFactory {
+                flaw,
+                services: (0..5).map(|_| Arc::new(palisade_core::MemoryLockService::new())).collect(),
+            }
+        }
+
+        fn quorum(&self, nodes: Vec<Node>) -> Quorum {
+            Quorum { flaw: self.flaw, nodes, held: Mutex::default() }
+        }
+    }
+
+    #[async_trait]
+    impl LockServiceFactory for QuorumFactory {
+        type Service = Quorum;
+        async fn client(&self) -> Result<Arc<Quorum>> {
+            Ok(Arc::new(self.quorum(self.services.iter().map(|s| Arc::clone(s) as Node).collect())))
+        }
+        fn timing(&self) -> Timing {
+            Timing::new(Duration::from_millis(500), Duration::from_millis(50))
+        }
+        fn process_access(&self) -> ProcessAccess {
+            ProcessAccess::Relay
+        }
+        /// The lock deleted on every server, as an operator flushing them would.
+        async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
+            for service in &self.services {
+                service.break_lock(key);
+            }
+            Ok(())
+        }
+        async fn faulty_client(&self) -> Result<FaultyClient<palisade_core::Unfenced>> {
+            let (mut nodes, mut proxies, mut relays) = (Vec::new(), Vec::new(), Vec::new());
+            for service in &self.services {
+                let relay = Relay::serve(Arc::clone(service)).await?;
+                let proxy = FaultProxy::start(relay.addr()).await?;
+                nodes
+                    .push(Arc::new(RelayLockService::<Fenced>::connect(proxy.addr(), service.capabilities()).await?)
+                        as Node);
+                proxies.push(proxy);
+                relays.push(relay);
+            }
+            Ok(FaultyClient::new(Arc::new(self.quorum(nodes)), proxies).keeping(relays))
+        }
+    }
+
+    /// Runs every lock scenario against the quorum with `flaw`, and [`judge`]s them.
+    async fn quorum_flaw_fails(flaw: QuorumFlaw, must_fail: &[(&str, &str)]) {
+        // A quorum that counts a minority as success may also let a healed holder's extend succeed
+        // on the minority that still has its grant: that is the same flaw, seen by the partition
+        // scenario when the new holder's majority left one of the old holder's servers alone.
+        let may_fail: &[&str] =
+            if flaw == QuorumFlaw::MinorityCounts { &["partitioned_holder_loses_before_anyone_gains"] } else { &[] };
+        let outcomes = palisade_conformance::lock_outcomes(&QuorumFactory::new(flaw)).await;
+        judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
+    }
+
+    #[tokio::test]
+    async fn the_quorum_without_a_flaw_passes_every_lock_scenario() {
+        quorum_flaw_fails(QuorumFlaw::None, &[]).await;
+    }
+
+    #[tokio::test]
+    async fn a_quorum_counting_a_minority_fails_the_quorum_scenario() {
+        quorum_flaw_fails(
+            QuorumFlaw::MinorityCounts,
+            &[("quorum_faults_never_grant_a_minority", "a minority counted as a quorum")],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_quorum_without_rollback_fails_the_quorum_scenario() {
+        // Replies slower than the node timeout fail the acquire too, and its partial grants stay.
+        quorum_flaw_fails(
+            QuorumFlaw::NoRollback,
+            &[
+                ("quorum_faults_never_grant_a_minority", "not rolled back"),
+                ("slow_replies_still_complete", "an orphaned grant"),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_zero_wait_that_stays_queued_fails_the_zero_wait_scenario() {
+        lock_flaw_fails(LockFlaw::ZeroWaitStaysQueued, &[("zero_wait_is_one_attempt", "left a queue entry")], &[])
+            .await;
+    }
+
+    /// The semaphore scenarios on broken lock services: a service without exclusion gives more
+    /// holders than permits, one whose fence does not grow on an expired takeover gives the
+    /// paused permit holder's slot to the next holder with the same fence, and one that declares
+    /// FIFO but serves the newest waiter first serves a queued semaphore's waiters out of order.
+    /// The flawless control passes all three.
+    #[tokio::test]
+    async fn broken_locks_fail_the_semaphore_scenarios() {
+        use palisade_conformance::semaphore;
+        let store = BrokenStoreFactory::new(StoreFlaw::None);
+        assert_fails_because(
+            semaphore::semaphore_count_limit(
+                &ctx("semaphore_count_limit"),
+                &BrokenLockFactory::new(LockFlaw::NoExclusion),
+            )
             .await,
-        "NoExclusion",
-        "count limit broken",
-    );
-    assert_fails_because(
-        semaphore::semaphore_stale_permit_refused(
-            &ctx("semaphore_stale_permit_refused"),
-            &BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
-            &store,
+            "NoExclusion",
+            "count limit broken",
+        );
+        assert_fails_because(
+            semaphore::semaphore_stale_permit_refused(
+                &ctx("semaphore_stale_permit_refused"),
+                &BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
+                &store,
+            )
+            .await,
+            "FenceNotIncreasedAfterExpiry",
+            "after A's",
+        );
+        assert_fails_because(
+            semaphore::semaphore_fifo_when_declared(
+                &ctx("semaphore_fifo_when_declared"),
+                &BrokenLockFactory::new(LockFlaw::NewestWaiterFirstDeclaredFifo),
+            )
+            .await,
+            "NewestWaiterFirstDeclaredFifo",
+            "declares FIFO",
+        );
+        let control = BrokenLockFactory::new(LockFlaw::None);
+        semaphore::semaphore_fifo_when_declared(&ctx("semaphore_fifo_when_declared"), &control).await.unwrap();
+        semaphore::semaphore_count_limit(&ctx("semaphore_count_limit"), &control).await.unwrap();
+        semaphore::semaphore_stale_permit_refused(&ctx("semaphore_stale_permit_refused"), &control, &store)
+            .await
+            .unwrap();
+    }
+
+    /// The election scenario on broken lock services: without a fence that grows on an expired
+    /// takeover the new leader's term is not above the frozen one's; without exclusion the second
+    /// campaign does not wait for the first leader. The flawless control passes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn broken_locks_fail_the_election_scenario() {
+        use palisade_conformance::election;
+        let store = BrokenStoreFactory::new(StoreFlaw::None);
+        assert_fails_because(
+            election::election_frozen_leader_is_deposed(
+                &ctx("election_frozen_leader_is_deposed"),
+                &BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
+                &store,
+            )
+            .await,
+            "FenceNotIncreasedAfterExpiry",
+            "is not above A's",
+        );
+        assert_fails_because(
+            election::election_frozen_leader_is_deposed(
+                &ctx("election_frozen_leader_is_deposed"),
+                &BrokenLockFactory::new(LockFlaw::NoExclusion),
+                &store,
+            )
+            .await,
+            "NoExclusion",
+            "expected Timeout",
+        );
+        let control = BrokenLockFactory::new(LockFlaw::None);
+        election::election_frozen_leader_is_deposed(&ctx("election_frozen_leader_is_deposed"), &control, &store)
+            .await
+            .unwrap();
+    }
+
+    /// The read-write lock scenarios on broken lock services: without exclusion a writer shares
+    /// the lock with readers (or another writer); with a fence that does not grow on an expired
+    /// takeover, the reader entering after a stale writer presents the writer's own fence, which
+    /// the store refuses as issued twice. The flawless control passes both.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn broken_locks_fail_the_rwlock_scenarios() {
+        use palisade_conformance::rwlock;
+        let store = BrokenStoreFactory::new(StoreFlaw::None);
+        assert_fails_because(
+            rwlock::rwlock_readers_share_writers_exclude(
+                &ctx("rwlock_readers_share_writers_exclude"),
+                &BrokenLockFactory::new(LockFlaw::NoExclusion),
+                &store,
+            )
+            .await,
+            "NoExclusion",
+            "at once",
+        );
+        assert_fails_because(
+            rwlock::rwlock_stale_holders_refused(
+                &ctx("rwlock_stale_holders_refused"),
+                &BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
+                &store,
+            )
+            .await,
+            "FenceNotIncreasedAfterExpiry",
+            "issued it twice",
+        );
+        let control = BrokenLockFactory::new(LockFlaw::None);
+        rwlock::rwlock_readers_share_writers_exclude(&ctx("rwlock_readers_share_writers_exclude"), &control, &store)
+            .await
+            .unwrap();
+        rwlock::rwlock_stale_holders_refused(&ctx("rwlock_stale_holders_refused"), &control, &store).await.unwrap();
+    }
+
+    /// A counter that expires once its key has been free for two TTLs survives every release and
+    /// takeover the other scenarios make, and is gone after the idle time.
+    #[tokio::test]
+    async fn a_counter_forgotten_when_the_key_idles_fails_the_idle_key_scenario() {
+        lock_flaw_fails(
+            LockFlaw::CounterForgottenWhenIdle,
+            &[("idle_key_keeps_its_counter", "the counter was forgotten with the idle key")],
+            &[],
         )
-        .await,
-        "FenceNotIncreasedAfterExpiry",
-        "after A's",
-    );
-    assert_fails_because(
-        semaphore::semaphore_fifo_when_declared(
-            &ctx("semaphore_fifo_when_declared"),
-            &BrokenLockFactory::new(LockFlaw::NewestWaiterFirstDeclaredFifo),
+        .await;
+    }
+
+    #[tokio::test]
+    async fn an_owner_token_per_client_fails_the_resent_release_scenario() {
+        lock_flaw_fails(
+            LockFlaw::TokenPerClient,
+            &[("resent_release_never_frees_a_new_grant", "the owner token is the client's")],
+            &[],
         )
-        .await,
-        "NewestWaiterFirstDeclaredFifo",
-        "declares FIFO",
-    );
-    let control = BrokenLockFactory::new(LockFlaw::None);
-    semaphore::semaphore_fifo_when_declared(&ctx("semaphore_fifo_when_declared"), &control).await.unwrap();
-    semaphore::semaphore_count_limit(&ctx("semaphore_count_limit"), &control).await.unwrap();
-    semaphore::semaphore_stale_permit_refused(&ctx("semaphore_stale_permit_refused"), &control, &store).await.unwrap();
-}
+        .await;
+    }
 
-/// The election scenario on broken lock services: without a fence that grows on an expired
-/// takeover the new leader's term is not above the frozen one's; without exclusion the second
-/// campaign does not wait for the first leader. The flawless control passes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn broken_locks_fail_the_election_scenario() {
-    use palisade_conformance::election;
-    let store = BrokenStoreFactory::new(StoreFlaw::None);
-    assert_fails_because(
-        election::election_frozen_leader_is_deposed(
-            &ctx("election_frozen_leader_is_deposed"),
-            &BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
-            &store,
+    /// The lost-signal scenario passed this service before it compared the loss with the lease's
+    /// own deadline: the watchdog fired at a deadline the service's "success" had moved.
+    #[tokio::test]
+    async fn an_extend_answering_success_for_a_deleted_lock_fails_the_lost_signal_scenario() {
+        lock_flaw_fails(
+            LockFlaw::ExtendAnswersWhatIsLeft,
+            &[
+                ("lost_signal_from_the_backend", "the service never reported the loss"),
+                ("owner_only_release_and_extend", "extend after release"),
+            ],
+            &[],
         )
-        .await,
-        "FenceNotIncreasedAfterExpiry",
-        "is not above A's",
-    );
-    assert_fails_because(
-        election::election_frozen_leader_is_deposed(
-            &ctx("election_frozen_leader_is_deposed"),
-            &BrokenLockFactory::new(LockFlaw::NoExclusion),
-            &store,
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_acquire_whose_grant_lives_on_fails_the_cancel_scenario() {
+        lock_flaw_fails(
+            LockFlaw::CancelledGrantKeptAlive,
+            &[("acquire_cancelled_as_the_lock_frees", "that nobody owns")],
+            &[],
         )
-        .await,
-        "NoExclusion",
-        "expected Timeout",
-    );
-    let control = BrokenLockFactory::new(LockFlaw::None);
-    election::election_frozen_leader_is_deposed(&ctx("election_frozen_leader_is_deposed"), &control, &store)
-        .await
-        .unwrap();
-}
+        .await;
+    }
 
-/// The read-write lock scenarios on broken lock services: without exclusion a writer shares
-/// the lock with readers (or another writer); with a fence that does not grow on an expired
-/// takeover, the reader entering after a stale writer presents the writer's own fence, which
-/// the store refuses as issued twice. The flawless control passes both.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn broken_locks_fail_the_rwlock_scenarios() {
-    use palisade_conformance::rwlock;
-    let store = BrokenStoreFactory::new(StoreFlaw::None);
-    assert_fails_because(
-        rwlock::rwlock_readers_share_writers_exclude(
-            &ctx("rwlock_readers_share_writers_exclude"),
-            &BrokenLockFactory::new(LockFlaw::NoExclusion),
-            &store,
+    #[tokio::test]
+    async fn a_zero_wait_that_blocks_on_a_held_lock_fails_the_bounded_wait_scenarios() {
+        lock_flaw_fails(
+            LockFlaw::ZeroWaitBlocks,
+            &[
+                ("waits_are_bounded", "it waited"),
+                ("zero_wait_is_one_attempt", "it waited instead of making one attempt"),
+            ],
+            // A probe of a held lock blocks past its holder's grant (4 × 200 ms in most scenarios)
+            // and comes back with the lock: the scenarios that probe then see a second holder, or
+            // a holder that can no longer renew.
+            &[
+                "owner_only_release_and_extend",
+                "progress_gated_renewal",
+                "keys_are_independent",
+                "stale_release_and_extend_after_takeover",
+                "lost_replies_leave_one_live_grant",
+                "cut_connections_keep_the_grant_or_report_it",
+                "partitioned_holder_loses_before_anyone_gains",
+                "fast_client_clock_takes_nothing_early",
+                "repair_keeps_the_holder",
+                "resent_release_never_frees_a_new_grant",
+            ],
         )
-        .await,
-        "NoExclusion",
-        "at once",
-    );
-    assert_fails_because(
-        rwlock::rwlock_stale_holders_refused(
-            &ctx("rwlock_stale_holders_refused"),
-            &BrokenLockFactory::new(LockFlaw::FenceNotIncreasedAfterExpiry),
-            &store,
-        )
-        .await,
-        "FenceNotIncreasedAfterExpiry",
-        "issued it twice",
-    );
-    let control = BrokenLockFactory::new(LockFlaw::None);
-    rwlock::rwlock_readers_share_writers_exclude(&ctx("rwlock_readers_share_writers_exclude"), &control, &store)
-        .await
-        .unwrap();
-    rwlock::rwlock_stale_holders_refused(&ctx("rwlock_stale_holders_refused"), &control, &store).await.unwrap();
-}
+        .await;
+    }
 
-/// A counter that expires once its key has been free for two TTLs survives every release and
-/// takeover the other scenarios make, and is gone after the idle time.
-#[tokio::test]
-async fn a_counter_forgotten_when_the_key_idles_fails_the_idle_key_scenario() {
-    lock_flaw_fails(
-        LockFlaw::CounterForgottenWhenIdle,
-        &[("idle_key_keeps_its_counter", "the counter was forgotten with the idle key")],
-        &[],
-    )
-    .await;
-}
+    /// The duplicate-fence repair (a primitive-shaped scenario, not in `lock_outcomes`) on a
+    /// broken lock, with the memory store.
+    async fn duplicate_repair_outcome(flaw: LockFlaw) -> Outcome {
+        let name = "duplicate_fence_repair_keeps_the_holder";
+        let (lf, sf) = (BrokenLockFactory::new(flaw), MemoryStoreFactory::new());
+        palisade_conformance::liveness::duplicate_fence_repair_keeps_the_holder(&ctx(name), &lf, &sf).await
+    }
 
-#[tokio::test]
-async fn an_owner_token_per_client_fails_the_resent_release_scenario() {
-    lock_flaw_fails(
-        LockFlaw::TokenPerClient,
-        &[("resent_release_never_frees_a_new_grant", "the owner token is the client's")],
-        &[],
-    )
-    .await;
-}
+    #[tokio::test]
+    async fn the_broken_lock_without_a_flaw_keeps_the_holder_through_a_duplicate_fence_repair() {
+        duplicate_repair_outcome(LockFlaw::None).await.unwrap();
+    }
 
-/// The lost-signal scenario passed this service before it compared the loss with the lease's
-/// own deadline: the watchdog fired at a deadline the service's "success" had moved.
-#[tokio::test]
-async fn an_extend_answering_success_for_a_deleted_lock_fails_the_lost_signal_scenario() {
-    lock_flaw_fails(
-        LockFlaw::ExtendAnswersWhatIsLeft,
-        &[
-            ("lost_signal_from_the_backend", "the service never reported the loss"),
-            ("owner_only_release_and_extend", "extend after release"),
-        ],
-        &[],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_cancelled_acquire_whose_grant_lives_on_fails_the_cancel_scenario() {
-    lock_flaw_fails(
-        LockFlaw::CancelledGrantKeptAlive,
-        &[("acquire_cancelled_as_the_lock_frees", "that nobody owns")],
-        &[],
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_zero_wait_that_blocks_on_a_held_lock_fails_the_bounded_wait_scenarios() {
-    lock_flaw_fails(
-        LockFlaw::ZeroWaitBlocks,
-        &[("waits_are_bounded", "it waited"), ("zero_wait_is_one_attempt", "it waited instead of making one attempt")],
-        // A probe of a held lock blocks past its holder's grant (4 × 200 ms in most scenarios)
-        // and comes back with the lock: the scenarios that probe then see a second holder, or
-        // a holder that can no longer renew.
-        &[
-            "owner_only_release_and_extend",
-            "progress_gated_renewal",
-            "keys_are_independent",
-            "stale_release_and_extend_after_takeover",
-            "lost_replies_leave_one_live_grant",
-            "cut_connections_keep_the_grant_or_report_it",
-            "partitioned_holder_loses_before_anyone_gains",
-            "fast_client_clock_takes_nothing_early",
-            "repair_keeps_the_holder",
-            "resent_release_never_frees_a_new_grant",
-        ],
-    )
-    .await;
-}
-
-/// The duplicate-fence repair (a primitive-shaped scenario, not in `lock_outcomes`) on a
-/// broken lock, with the memory store.
-async fn duplicate_repair_outcome(flaw: LockFlaw) -> Outcome {
-    let name = "duplicate_fence_repair_keeps_the_holder";
-    let (lf, sf) = (BrokenLockFactory::new(flaw), MemoryStoreFactory::new());
-    palisade_conformance::liveness::duplicate_fence_repair_keeps_the_holder(&ctx(name), &lf, &sf).await
-}
-
-#[tokio::test]
-async fn the_broken_lock_without_a_flaw_keeps_the_holder_through_a_duplicate_fence_repair() {
-    duplicate_repair_outcome(LockFlaw::None).await.unwrap();
-}
-
-#[tokio::test]
-async fn a_repair_that_moves_the_holders_fence_fails_the_duplicate_fence_repair_scenario() {
-    assert_fails_because(
-        duplicate_repair_outcome(LockFlaw::RepairStrandsTheHolder).await,
-        "RepairStrandsTheHolder",
-        "the holder's extend after the repair",
-    );
+    #[tokio::test]
+    async fn a_repair_that_moves_the_holders_fence_fails_the_duplicate_fence_repair_scenario() {
+        assert_fails_because(
+            duplicate_repair_outcome(LockFlaw::RepairStrandsTheHolder).await,
+            "RepairStrandsTheHolder",
+            "the holder's extend after the repair",
+        );
+    }
 }
