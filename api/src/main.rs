@@ -2,19 +2,23 @@
 //! depend on (`palisade`, `palisade-core`, `palisade-conformance`), every feature on, rendered
 //! one item per line and compared with the baseline committed in `api/<crate>.txt`.
 //!
-//! `check` (the default, run by `scripts/test`) prints what was added and removed and fails if
-//! anything differs; `bless` writes the baselines. An intended change is blessed, committed with
-//! the code that made it, and noted in `CHANGELOG.md`.
+//! `check` (the default) prints what was added and removed and fails if anything differs;
+//! `bless` writes the baselines. An intended change is blessed, committed with the code that
+//! made it, and noted in `CHANGELOG.md`.
 //!
-//! Rustdoc's JSON output is unstable, so it is asked of the stable toolchain with
-//! `RUSTC_BOOTSTRAP=1`, and to rustdoc alone: this binary passes itself to cargo as `RUSTDOC`
-//! and, called that way, runs the real rustdoc with the variable set. (Setting it for cargo
-//! would change every dependency's fingerprint, so the steps before and after this one would
-//! build everything again.) The rendering is cargo-public-api's library (`public-api`), pinned
-//! to the JSON format this toolchain writes.
+//! Both run `cargo doc --workspace --no-deps --all-features` (with the caller's
+//! `RUSTDOCFLAGS`), so the test command's rustdoc step is this program: the same
+//! documentation build, and for the three crates rustdoc's JSON beside the HTML. Rustdoc's
+//! JSON output is unstable, so it is asked of the stable toolchain with `RUSTC_BOOTSTRAP=1`,
+//! and of rustdoc alone: this program passes itself to cargo as `RUSTDOC` and, called that
+//! way, runs the real rustdoc, then again with the variable set for JSON when the crate is
+//! one of the three. (Setting it for cargo would change every dependency's fingerprint, and
+//! the steps around this one would build everything again.) The rendering is
+//! cargo-public-api's library (`public-api`), pinned to the JSON format this toolchain writes.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::ffi::OsString;
+use std::path::Path;
 use std::process::{Command, ExitCode};
 
 /// The crates whose API is a promise: the facade, the traits backends implement, and the
@@ -24,7 +28,7 @@ const CRATES: [&str; 3] = ["palisade", "palisade-core", "palisade-conformance"];
 /// The rustdoc JSON format the pinned `public-api` reads.
 const FORMAT_VERSION: u64 = 57;
 
-/// Set when this binary runs as cargo's `RUSTDOC`.
+/// Set when this program runs as cargo's `RUSTDOC`.
 const AS_RUSTDOC: &str = "PALISADE_PUBLIC_API_AS_RUSTDOC";
 
 fn main() -> ExitCode {
@@ -49,33 +53,54 @@ fn main() -> ExitCode {
     }
 }
 
-/// The real rustdoc with this process's arguments, allowed unstable options.
+/// The real rustdoc with this process's arguments; then, for the library of one of
+/// [`CRATES`], the same again writing JSON (unstable options allowed for that run only).
 fn rustdoc() -> ExitCode {
-    let status = Command::new("rustdoc")
-        .args(std::env::args_os().skip(1))
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let status = match Command::new("rustdoc").args(&args).env_remove(AS_RUSTDOC).status() {
+        Ok(status) => status,
+        Err(e) => {
+            eprintln!("palisade-public-api: running rustdoc: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if !status.success() {
+        return ExitCode::from(u8::try_from(status.code().unwrap_or(1)).unwrap_or(1));
+    }
+    let after = |flag: &str| args.windows(2).find(|pair| pair[0] == flag).map(|pair| pair[1].clone());
+    let is_lib = after("--crate-type").is_some_and(|t| t == "lib");
+    let ours = after("--crate-name").is_some_and(|name| CRATES.iter().any(|c| name == c.replace('-', "_").as_str()));
+    if !(is_lib && ours) {
+        return ExitCode::SUCCESS;
+    }
+    let json = Command::new("rustdoc")
+        .args(&args)
+        .args(["-Z", "unstable-options", "--output-format", "json"])
         .env_remove(AS_RUSTDOC)
         .env("RUSTC_BOOTSTRAP", "1")
         .status();
-    match status {
+    match json {
         Ok(status) if status.success() => ExitCode::SUCCESS,
         Ok(status) => ExitCode::from(u8::try_from(status.code().unwrap_or(1)).unwrap_or(1)),
         Err(e) => {
-            eprintln!("palisade-public-api: running rustdoc: {e}");
+            eprintln!("palisade-public-api: running rustdoc for JSON: {e}");
             ExitCode::from(2)
         }
     }
 }
 
-/// Checks (or blesses) every crate; `Ok(false)` when an API differs from its baseline.
+/// Documents the workspace, then checks (or blesses) every crate's API; `Ok(false)` when one
+/// differs from its baseline.
 fn run(bless: bool) -> Result<bool, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().ok_or("the crate has no parent directory")?;
     let target = match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => root.join(dir),
         None => root.join("target"),
     };
+    document(root)?;
     let mut same = true;
     for name in CRATES {
-        let items = public_items(root, &target, name)?;
+        let items = public_items(&target, name)?;
         let baseline = root.join("api").join(format!("{name}.txt"));
         if bless {
             let text: String = items.iter().map(|item| format!("{item}\n")).collect();
@@ -114,8 +139,8 @@ fn run(bless: bool) -> Result<bool, String> {
     Ok(same)
 }
 
-/// The public items of crate `name`, one rendered line each.
-fn public_items(root: &Path, target: &Path, name: &str) -> Result<BTreeSet<String>, String> {
+/// `cargo doc --workspace --no-deps --all-features` with this program as rustdoc.
+fn document(root: &Path) -> Result<(), String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let this = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
     let mut command = Command::new(cargo);
@@ -134,14 +159,15 @@ fn public_items(root: &Path, target: &Path, name: &str) -> Result<BTreeSet<Strin
         .current_dir(root)
         .env("RUSTDOC", this)
         .env(AS_RUSTDOC, "1")
-        .args(["rustdoc", "--quiet", "--lib", "--all-features", "-p", name, "--"])
-        .args(["-Z", "unstable-options", "--output-format", "json"])
+        .args(["doc", "--workspace", "--no-deps", "--all-features"])
         .status()
-        .map_err(|e| format!("running cargo rustdoc for {name}: {e}"))?;
-    if !status.success() {
-        return Err(format!("cargo rustdoc for {name} failed ({status})"));
-    }
-    let json: PathBuf = target.join("doc").join(format!("{}.json", name.replace('-', "_")));
+        .map_err(|e| format!("running cargo doc: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo doc failed ({status})")) }
+}
+
+/// The public items of crate `name` from the JSON [`document`] left, one rendered line each.
+fn public_items(target: &Path, name: &str) -> Result<BTreeSet<String>, String> {
+    let json = target.join("doc").join(format!("{}.json", name.replace('-', "_")));
     let text = std::fs::read_to_string(&json).map_err(|e| format!("reading {}: {e}", json.display()))?;
     let format = serde_json::from_str::<serde_json::Value>(&text)
         .map_err(|e| format!("{} is not JSON: {e}", json.display()))?
