@@ -65,7 +65,7 @@ fn rustdoc() -> ExitCode {
         }
     };
     if !status.success() {
-        return ExitCode::from(u8::try_from(status.code().unwrap_or(1)).unwrap_or(1));
+        return failed(status);
     }
     let after = |flag: &str| args.windows(2).find(|pair| pair[0] == flag).map(|pair| pair[1].clone());
     let is_lib = after("--crate-type").is_some_and(|t| t == "lib");
@@ -81,12 +81,17 @@ fn rustdoc() -> ExitCode {
         .status();
     match json {
         Ok(status) if status.success() => ExitCode::SUCCESS,
-        Ok(status) => ExitCode::from(u8::try_from(status.code().unwrap_or(1)).unwrap_or(1)),
+        Ok(status) => failed(status),
         Err(e) => {
             eprintln!("palisade-public-api: running rustdoc for JSON: {e}");
             ExitCode::from(2)
         }
     }
+}
+
+/// Rustdoc's exit code, passed on to cargo (1 when it had none: killed by a signal).
+fn failed(status: std::process::ExitStatus) -> ExitCode {
+    ExitCode::from(status.code().and_then(|code| u8::try_from(code).ok()).unwrap_or(1))
 }
 
 /// Documents the workspace, then checks (or blesses) every crate's API; `Ok(false)` when one

@@ -207,19 +207,23 @@ where
     }
 }
 
-/// Measures the test process's stalls: how late a timer firing every `period` wakes up.
+/// Measures the test process's stalls: how late a timer firing every `period` wakes up. Each
+/// wake-up also ticks `progress`, when given (the holders that renew on progress keep working).
 struct StallWatch {
     late_us: Arc<AtomicU64>,
     _task: AbortOnDrop,
 }
 
 impl StallWatch {
-    fn start(period: Duration) -> Self {
+    fn start(period: Duration, progress: Option<Progress>) -> Self {
         let late_us = Arc::new(AtomicU64::new(0));
         let task = {
             let late_us = Arc::clone(&late_us);
             tokio::spawn(async move {
                 loop {
+                    if let Some(progress) = &progress {
+                        progress.tick();
+                    }
                     let slept = Instant::now();
                     tokio::time::sleep(period).await;
                     let late = slept.elapsed().saturating_sub(period);
@@ -252,7 +256,7 @@ where
     let started = Instant::now();
     let leader = attempt!(ctx, election.campaign(bound).await, "Election::campaign over the slow service");
     ctx.note(format!("Election::campaign entered in {:.2?} (bound {bound:.2?})", started.elapsed()));
-    let watch = StallWatch::start(ttl / 10);
+    let watch = StallWatch::start(ttl / 10, None);
     tokio::time::sleep(ttl * 2).await;
     if leader.is_lost() {
         let _ = leader.resign().await;
@@ -295,17 +299,7 @@ where
     // caps each grant at what the session has left, however long a TTL was asked for.
     let progress = Progress::new();
     let _renewals: Vec<_> = held.iter().map(|permit| permit.renew_on_progress(&progress)).collect();
-    let ticker = {
-        let progress = progress.clone();
-        tokio::spawn(async move {
-            loop {
-                progress.tick();
-                tokio::time::sleep(ttl / 10).await;
-            }
-        })
-    };
-    let watch = StallWatch::start(ttl / 10);
-    let _ticker = AbortOnDrop(ticker);
+    let watch = StallWatch::start(ttl / 10, Some(progress));
     let a = Semaphore::new(Arc::clone(slow), sem_key.clone(), QUEUED_SLOTS).and_then(Semaphore::queued);
     let a = attempt!(ctx, a, "semaphore");
     let a = tokio::spawn(async move { a.acquire(LockOptions::ttl(ttl).wait(ttl * 3 + bound * 2)).await });
