@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod claims;
 pub mod netns;
 pub mod servers;
 pub mod services;

@@ -22,7 +22,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// Subnets are `10.231.X.0/24`; `X` is drawn at random among those no interface uses.
+/// Subnets are `10.231.X.0/24`; `X` is drawn at random among those no interface uses and no other lab
+/// (of any process) holds.
 const FIRST_OCTETS: [u8; 2] = [10, 231];
 
 /// Worker threads of a [`Host::runtime`].
@@ -36,6 +37,9 @@ pub struct Lab {
     id: String,
     bridge: String,
     subnet: u8,
+    /// Held for the lab's life, so that a lab of another process never picks the same subnet
+    /// (`None` where claims cannot be made: see [`free_subnet`]).
+    _subnet_claim: Option<crate::claims::Claim>,
     next_host: AtomicU8,
 }
 
@@ -45,9 +49,9 @@ impl Lab {
     pub fn new() -> std::io::Result<Lab> {
         let id = random_hex(5);
         let bridge = format!("plb{id}");
-        let subnet = free_subnet()?;
+        let (subnet, _subnet_claim) = free_subnet()?;
         ip(&["link", "add", &bridge, "type", "bridge"])?;
-        let lab = Lab { id, bridge, subnet, next_host: AtomicU8::new(2) };
+        let lab = Lab { id, bridge, subnet, _subnet_claim, next_host: AtomicU8::new(2) };
         ip(&["addr", "add", &format!("{}/24", lab.address(1)), "dev", &lab.bridge])?;
         ip(&["link", "set", &lab.bridge, "up"])?;
         Ok(lab)
@@ -269,16 +273,24 @@ fn ip(args: &[&str]) -> std::io::Result<()> {
     Err(std::io::Error::other(format!("`ip {}` failed: {}{hint}", args.join(" "), said.trim())))
 }
 
-/// A third octet for `10.231.X.0/24` that no interface of the root namespace uses yet.
-fn free_subnet() -> std::io::Result<u8> {
+/// A third octet for `10.231.X.0/24` that no interface of the root namespace uses yet, claimed
+/// for this process ([`crate::claims`]): labs that processes running side by side create at the
+/// same moment, before either bridge has its address, get different subnets. Where claims
+/// cannot be made, only the interfaces are looked at.
+fn free_subnet() -> std::io::Result<(u8, Option<crate::claims::Claim>)> {
     let output = Command::new("ip").args(["-4", "-o", "addr", "show"]).output()?;
     let used = String::from_utf8_lossy(&output.stdout).into_owned();
     for _ in 0..100 {
         let mut byte = [0u8; 1];
         let _ = getrandom::fill(&mut byte);
         let x = byte[0].clamp(1, 254);
-        if !used.contains(&format!("{}.{}.{x}.", FIRST_OCTETS[0], FIRST_OCTETS[1])) {
-            return Ok(x);
+        if used.contains(&format!("{}.{}.{x}.", FIRST_OCTETS[0], FIRST_OCTETS[1])) {
+            continue;
+        }
+        match crate::claims::try_claim(&format!("subnet-{x}")) {
+            Ok(Some(claim)) => return Ok((x, Some(claim))),
+            Ok(None) => continue,
+            Err(_) => return Ok((x, None)),
         }
     }
     Err(std::io::Error::other("no free 10.231.X.0/24 subnet"))

@@ -724,6 +724,13 @@ pub fn server_root() -> PathBuf {
 /// before any of them binds, so the same port must not be picked twice meanwhile.
 static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
+/// Ports come in blocks of this many, each claimed by one process at a time.
+const BLOCK: u16 = 256;
+
+/// The blocks of ports this process has claimed ([`crate::claims`]), by first port: no other
+/// process hands out a port of them while this one runs.
+static BLOCKS: Mutex<Vec<(u16, crate::claims::Claim)>> = Mutex::new(Vec::new());
+
 /// A free port on 127.0.0.1 for a server to bind later.
 ///
 /// Chosen *below* the kernel's ephemeral range when there is room: a port taken from that range
@@ -732,15 +739,37 @@ static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 /// peers. (A CI run had a 3-member etcd cluster that never became healthy, with its output
 /// thrown away; this and a full disk, see [`server_root`], are the causes ruled out since, and
 /// the members' logs now come with such an error.)
+///
+/// That range is cut into blocks of 256 ports, and a process hands out ports only from blocks
+/// it has claimed: test binaries that run side by side never hand out the same port, even
+/// before either server binds it. Where no claim can be made (the temporary directory is not
+/// writable), ports are drawn at random from the whole range, as distinct within this process
+/// only.
 pub fn free_port() -> std::io::Result<u16> {
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let (low, high) = below_ephemeral_range();
+    let usable = |port: u16, handed_out: &BTreeSet<u16>| {
+        !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok()
+    };
     if high > low {
+        let mut blocks = BLOCKS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            let claimed = blocks.iter().flat_map(|&(first, _)| first..first.saturating_add(BLOCK).min(high));
+            if let Some(port) = claimed.into_iter().find(|&port| usable(port, &handed_out)) {
+                handed_out.insert(port);
+                return Ok(port);
+            }
+            match claim_a_block(low, high, &blocks) {
+                Ok(Some(block)) => blocks.push(block),
+                // Every block is another process's, or claims cannot be made here.
+                Ok(None) | Err(_) => break,
+            }
+        }
         for _ in 0..200 {
             let mut bytes = [0u8; 2];
             let _ = getrandom::fill(&mut bytes);
             let port = low + u16::from_le_bytes(bytes) % (high - low);
-            if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            if usable(port, &handed_out) {
                 handed_out.insert(port);
                 return Ok(port);
             }
@@ -753,6 +782,29 @@ pub fn free_port() -> std::io::Result<u16> {
             return Ok(port);
         }
     }
+}
+
+/// Claims a block of `[low, high)` that this process does not hold yet, starting at a random
+/// one (so that the processes that start together do not all try the same blocks first).
+fn claim_a_block(
+    low: u16,
+    high: u16,
+    held: &[(u16, crate::claims::Claim)],
+) -> std::io::Result<Option<(u16, crate::claims::Claim)>> {
+    let count = (high - low).div_ceil(BLOCK);
+    let mut bytes = [0u8; 2];
+    let _ = getrandom::fill(&mut bytes);
+    let start = u16::from_le_bytes(bytes) % count;
+    for i in 0..count {
+        let first = low + (start + i) % count * BLOCK;
+        if held.iter().any(|&(held, _)| held == first) {
+            continue;
+        }
+        if let Some(claim) = crate::claims::try_claim(&format!("ports-{first}"))? {
+            return Ok(Some((first, claim)));
+        }
+    }
+    Ok(None)
 }
 
 /// `[10000, first ephemeral port)`, empty if the kernel's ephemeral range starts below 11000.
@@ -1348,15 +1400,55 @@ mod tests {
         }
     }
 
+    /// The test command runs test binaries side by side: ports that two processes hand out at
+    /// the same time, before their servers bind them, must differ too.
+    #[test]
+    fn ports_of_two_processes_never_coincide() {
+        const COUNT: usize = 300;
+        let ours: BTreeSet<u16> = (0..COUNT).map(|_| free_port().unwrap()).collect();
+        let exe = std::env::current_exe().unwrap();
+        let output = Command::new(exe)
+            .args(["--exact", "servers::tests::hands_out_ports_to_another_process", "--nocapture"])
+            .env(PORTS_FOR_THE_PARENT, COUNT.to_string())
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let theirs: BTreeSet<u16> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| line.strip_prefix("port ")?.parse().ok())
+            .collect();
+        assert_eq!(theirs.len(), COUNT, "the other process printed {theirs:?}");
+        let both: Vec<&u16> = ours.intersection(&theirs).collect();
+        assert!(both.is_empty(), "handed out by both processes: {both:?}");
+    }
+
+    const PORTS_FOR_THE_PARENT: &str = "PALISADE_LAB_TEST_PORTS_FOR_THE_PARENT";
+
+    /// The other process of [`ports_of_two_processes_never_coincide`]: prints the ports it was
+    /// asked for, when run with [`PORTS_FOR_THE_PARENT`] set (a plain test run does nothing).
+    #[test]
+    fn hands_out_ports_to_another_process() {
+        if let Ok(count) = std::env::var(PORTS_FOR_THE_PARENT) {
+            for _ in 0..count.parse::<usize>().unwrap() {
+                println!("port {}", free_port().unwrap());
+            }
+        }
+    }
+
     /// A backend busy in a query does not notice that its postmaster died: a restart that
     /// killed only the postmaster found the old shared memory still attached and exited 1
     /// ("pre-existing shared memory block is still in use"), as in a CI run.
     #[test]
     fn a_postgres_restart_with_a_busy_backend_starts_again() {
+        const BUSY_FOR_A_MINUTE: &str = "SELECT count(*) FROM (SELECT generate_series(1, 1000000000)) AS busy";
         let mut server = PostgresServer::start().unwrap();
         let psql = postgres_bin_dir().unwrap().join("psql");
         let mut busy = Command::new(psql)
-            .args(["-X", "-q", "-d", &server.url(), "-c", "SELECT count(*) FROM generate_series(1, 10000000000)"])
+            // Busy on the CPU for a minute or two, and on nothing else: a set-returning function
+            // in the select list streams its rows, where one in FROM would store them all in
+            // temporary files. (A test binary killed at its bound orphaned this backend, which
+            // does not notice its postmaster is gone, and the rows it stored filled /dev/shm.)
+            .args(["-X", "-q", "-d", &server.url(), "-c", BUSY_FOR_A_MINUTE])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
