@@ -52,5 +52,6 @@ mod tests {
         assert!(try_claim(&name).unwrap().is_none(), "a held claim was granted twice");
         drop(first);
         assert!(try_claim(&name).unwrap().is_some(), "a dropped claim stayed held");
+        let _ = std::fs::remove_file(directory().join(&name));
     }
 }

@@ -741,10 +741,13 @@ static BLOCKS: Mutex<Vec<(u16, crate::claims::Claim)>> = Mutex::new(Vec::new());
 /// the members' logs now come with such an error.)
 ///
 /// That range is cut into blocks of 256 ports, and a process hands out ports only from blocks
-/// it has claimed: test binaries that run side by side never hand out the same port, even
-/// before either server binds it. Where no claim can be made (the temporary directory is not
-/// writable), ports are drawn at random from the whole range, as distinct within this process
-/// only.
+/// it has claimed (a lock on a file under `/tmp/palisade-lab-claims`): test binaries that run
+/// side by side never hand out the same port, even before either server binds it. Within a
+/// block, the search starts at a random port, so that a block claimed again right after its last
+/// holder exited does not give out the same ports first (a server that process left behind may
+/// still dial them). Where claims cannot protect the port, it is only distinct within this
+/// process: when no claim can be made (`/tmp/palisade-lab-claims` is not this user's to
+/// write), when every block is claimed, and when the ephemeral range leaves no room below it.
 pub fn free_port() -> std::io::Result<u16> {
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let (low, high) = below_ephemeral_range();
@@ -753,8 +756,14 @@ pub fn free_port() -> std::io::Result<u16> {
     };
     if high > low {
         let mut blocks = BLOCKS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut offset = [0u8; 1];
+        let _ = getrandom::fill(&mut offset);
         loop {
-            let claimed = blocks.iter().flat_map(|&(first, _)| first..first.saturating_add(BLOCK).min(high));
+            let claimed = blocks.iter().flat_map(|&(first, _)| {
+                let end = first.saturating_add(BLOCK).min(high);
+                let start = first + u16::from(offset[0]) % (end - first);
+                (start..end).chain(first..start)
+            });
             if let Some(port) = claimed.into_iter().find(|&port| usable(port, &handed_out)) {
                 handed_out.insert(port);
                 return Ok(port);

@@ -22,7 +22,6 @@ TEST_BINARIES_LONG_FIRST=(
   'palisade-integration: dynamodb_e2e'
   'palisade-conformance: broken'
   '*: conformance'
-  'palisade-integration: redis_postgres_soak'
   'palisade-integration: partitions'
   'palisade-redis: sentinel'
 )
@@ -31,25 +30,20 @@ TEST_BINARIES_LONG_FIRST=(
 # the test target's name (a file of tests/, or the package's crate for its unit tests).
 test_binary_label() {
   local package exe
-  if [ -f "$1/label" ]; then
-    cat "$1/label"
-    return
-  fi
   package=$(tr '\0' '\n' <"$1/env" | sed -n 's/^CARGO_PKG_NAME=//p')
   exe=$(tr '\0' '\n' <"$1/args" | head -n 1)
   exe=$(basename "$exe")
   printf '%s: %s\n' "$package" "${exe%-*}"
 }
 
-# Test binaries of which at most one runs at a time (beside any other): the certifications,
-# whose load scenario holds hundreds of grants and writes a second through the machine's
-# servers with a bound of 2 s on each call (two of them side by side failed it), and those
-# that start servers of their own by the dozen or a CPU-bound one (moto).
+# Test binaries of which at most one runs at a time (beside any light one): every
+# certification (found by its source, see is_heavy), whose load scenario holds 500 grants and
+# writes a second through the machine's servers with a bound of 2 s on each call (two of them
+# side by side failed it), and these, which start servers of their own by the dozen or lean on a
+# CPU-bound one (moto).
 TEST_BINARIES_HEAVY=(
-  '*: conformance'
   'palisade-integration: dynamodb_e2e'
   'palisade-integration: partitions'
-  'palisade-backend-template: certify'
 )
 
 # Test binaries that run alone, before the others: the Redis + PostgreSQL load test holds 500
@@ -79,14 +73,29 @@ test_binary_args() {
 run_test_binaries() {
   local jobs=$1 bound=$2
   shift 2
+  case "$jobs" in '' | *[!0-9]* | 0)
+    echo "run_test_binaries: JOBS must be a whole number of at least 1, not '$jobs'" >&2
+    return 1
+    ;;
+  esac
   local root work failed=0
   root=$(pwd)
   work=$(mktemp -d)
   mkdir "$work/binaries"
   local built=$SECONDS
-  PALISADE_TEST_BINARIES="$work/binaries" cargo test "$@" --lib --bins --tests \
-    --config "target.'cfg(all())'.runner = ['$root/scripts/lib/record-test-binary']" || failed=1
+  if ! PALISADE_TEST_BINARIES="$work/binaries" cargo test "$@" --lib --bins --tests \
+    --config "target.'cfg(all())'.runner = ['$root/scripts/lib/record-test-binary']"; then
+    echo "the test binaries did not build" >&2
+    rm -rf "$work"
+    return 1
+  fi
   echo "built the test binaries in $((SECONDS - built)) s"
+  if ! compgen -G "$work/binaries/binary.*" >/dev/null; then
+    # A runner set elsewhere (CARGO_TARGET_<triple>_RUNNER) takes precedence over ours.
+    echo "cargo ran no test binary through record-test-binary: is another runner configured?" >&2
+    rm -rf "$work"
+    return 1
+  fi
   # The doc tests run in the pool too, as one more job: compiling them is most of their minute,
   # which the binaries that wait on servers leave the CPU for.
   local doc="$work/binaries/binary.doc"
@@ -96,18 +105,21 @@ run_test_binaries() {
   printf '%s\0' cargo test "$@" --doc >"$doc/args"
   echo "doc tests" >"$doc/label"
 
-  # The long ones first, in the order listed; the rest in the order cargo ran them.
-  local ordered="$work/ordered" pattern record src
+  # Each binary's label, once; then the long ones first, in the order listed, and the rest in
+  # the order cargo ran them.
+  local ordered="$work/ordered" pattern record
   local -a records
   # (From a file, not a process substitution: `wait -n` below would take that for a job.)
   ls -1tr -d "$work"/binaries/binary.* >"$work/recorded"
   mapfile -t records <"$work/recorded"
+  for record in "${records[@]}"; do
+    [ -f "$record/label" ] || test_binary_label "$record" >"$record/label"
+  done
   : >"$ordered"
   for pattern in "${TEST_BINARIES_ALONE[@]}" "${TEST_BINARIES_LONG_FIRST[@]}" '*'; do
     for record in "${records[@]}"; do
-      src=$(test_binary_label "$record")
       # shellcheck disable=SC2254 # the pattern is a glob on purpose
-      case "$src" in $pattern) grep -qxF "$record" "$ordered" || echo "$record" >>"$ordered" ;; esac
+      case "$(cat "$record/label")" in $pattern) grep -qxF "$record" "$ordered" || echo "$record" >>"$ordered" ;; esac
     done
   done
 
@@ -126,7 +138,8 @@ run_test_binaries() {
     label=${label_of[$pid]}
     running=$((running - 1))
     [ "$status" -eq 0 ] || { verdict="FAILED (exit $status)"; failed=1; }
-    [ "$status" -ne 124 ] && [ "$status" -ne 137 ] || verdict="KILLED at its bound of $bound s"
+    [ "$status" -ne 124 ] || verdict="KILLED at its bound of $bound s"
+    [ "$status" -ne 137 ] || verdict="KILLED (at its bound of $bound s, or by the kernel: see dmesg)"
     printf '\n--- %s: %s, %d s ---\n' "$label" "$verdict" $((SECONDS - started_at[$pid]))
     cat "${log_of[$pid]}"
     summary+=("$(printf '%6d s  %6s s CPU  %-50s %s' $((SECONDS - started_at[$pid])) "$(cat "${log_of[$pid]%.log}.cpu" 2>/dev/null)" "$label" "$verdict")")
@@ -169,21 +182,31 @@ run_test_binaries() {
   wait_for_one() {
     status=0
     wait -n -p pid || status=$?
+    pid=${pid:-}
     [ "$pid" != "$heavy_pid" ] || heavy_pid=
     finish "$pid" "$status"
+  }
+  # Heavy: on the list, or a certification (its tests' file calls certify!, and every
+  # certification holds the load scenario's 500 grants a second).
+  is_heavy() {
+    local record=$1 label=$2 source
+    on_list "$label" "${TEST_BINARIES_HEAVY[@]}" && return 0
+    source="$(cat "$record/cwd")/tests/${label#*: }.rs"
+    [ -f "$source" ] && grep -q 'certify!' "$source"
   }
 
   # Those that run alone, one after the other; then the rest, JOBS at a time with at most one
   # heavy binary among them, the first in the order that may start taking the free slot.
-  local -a queue=() labels=()
+  local -a queue=() labels=() heavy=()
   while IFS= read -r record; do
-    label=$(test_binary_label "$record")
+    label=$(cat "$record/label")
     if on_list "$label" "${TEST_BINARIES_ALONE[@]}"; then
       launch "$record" "$label"
       while [ "$running" -gt 0 ]; do wait_for_one; done
     else
       queue+=("$record")
       labels+=("$label")
+      if is_heavy "$record" "$label"; then heavy+=(1); else heavy+=(0); fi
     fi
   done <"$ordered"
   local i pick
@@ -191,7 +214,7 @@ run_test_binaries() {
     pick=
     if [ "$running" -lt "$jobs" ]; then
       for i in "${!queue[@]}"; do
-        if [ -n "$heavy_pid" ] && on_list "${labels[$i]}" "${TEST_BINARIES_HEAVY[@]}"; then
+        if [ -n "$heavy_pid" ] && [ "${heavy[$i]}" -eq 1 ]; then
           continue
         fi
         pick=$i
@@ -203,9 +226,10 @@ run_test_binaries() {
       continue
     fi
     launch "${queue[$pick]}" "${labels[$pick]}"
-    ! on_list "${labels[$pick]}" "${TEST_BINARIES_HEAVY[@]}" || heavy_pid=$pid
+    [ "${heavy[$pick]}" -eq 0 ] || heavy_pid=$pid
     queue=("${queue[@]:0:pick}" "${queue[@]:pick+1}")
     labels=("${labels[@]:0:pick}" "${labels[@]:pick+1}")
+    heavy=("${heavy[@]:0:pick}" "${heavy[@]:pick+1}")
   done
   while [ "$running" -gt 0 ]; do wait_for_one; done
 
