@@ -756,15 +756,14 @@ pub fn free_port() -> std::io::Result<u16> {
     };
     if high > low {
         let mut blocks = BLOCKS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut offset = [0u8; 1];
-        let _ = getrandom::fill(&mut offset);
+        let offset = random_u16();
         loop {
-            let claimed = blocks.iter().flat_map(|&(first, _)| {
+            let mut claimed = blocks.iter().flat_map(|&(first, _)| {
                 let end = first.saturating_add(BLOCK).min(high);
-                let start = first + u16::from(offset[0]) % (end - first);
+                let start = first + offset % (end - first);
                 (start..end).chain(first..start)
             });
-            if let Some(port) = claimed.into_iter().find(|&port| usable(port, &handed_out)) {
+            if let Some(port) = claimed.find(|&port| usable(port, &handed_out)) {
                 handed_out.insert(port);
                 return Ok(port);
             }
@@ -775,9 +774,7 @@ pub fn free_port() -> std::io::Result<u16> {
             }
         }
         for _ in 0..200 {
-            let mut bytes = [0u8; 2];
-            let _ = getrandom::fill(&mut bytes);
-            let port = low + u16::from_le_bytes(bytes) % (high - low);
+            let port = low + random_u16() % (high - low);
             if usable(port, &handed_out) {
                 handed_out.insert(port);
                 return Ok(port);
@@ -801,9 +798,7 @@ fn claim_a_block(
     held: &[(u16, crate::claims::Claim)],
 ) -> std::io::Result<Option<(u16, crate::claims::Claim)>> {
     let count = (high - low).div_ceil(BLOCK);
-    let mut bytes = [0u8; 2];
-    let _ = getrandom::fill(&mut bytes);
-    let start = u16::from_le_bytes(bytes) % count;
+    let start = random_u16() % count;
     for i in 0..count {
         let first = low + (start + i) % count * BLOCK;
         if held.iter().any(|&(held, _)| held == first) {
@@ -814,6 +809,13 @@ fn claim_a_block(
         }
     }
     Ok(None)
+}
+
+/// A random number for spreading the port search (zero if the OS has no randomness to give).
+fn random_u16() -> u16 {
+    let mut bytes = [0u8; 2];
+    let _ = getrandom::fill(&mut bytes);
+    u16::from_le_bytes(bytes)
 }
 
 /// `[10000, first ephemeral port)`, empty if the kernel's ephemeral range starts below 11000.

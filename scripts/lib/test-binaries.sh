@@ -4,10 +4,10 @@
 # `cargo test` runs one test binary at a time, and most of the suite's binaries spend their time
 # waiting (on TTLs, on restarted servers, on partitions that heal), not on the CPU: one at a
 # time, CI waited 18 minutes for them. Here `cargo test` builds them as ever, but its runner
-# only records how it would run each binary (from which directory, with
-# which environment and arguments: record-test-binary); then they run a few at once, the
-# longest first, each with its output kept apart and printed whole when it ends, and a time
-# bound of its own: a binary that never returns fails the run instead of holding it.
+# only records how it would run each binary (from which directory, with which environment and
+# arguments: record-test-binary); then they run a few at once, the longest first, each with its
+# output kept apart and printed whole when it ends, and a time bound of its own: a binary that
+# never returns fails the run instead of holding it.
 #
 # Binaries running side by side share the machine's loopback: palisade-lab hands each process
 # ports and lab subnets no other process holds (lab/src/claims.rs), and every test names its
@@ -107,19 +107,21 @@ run_test_binaries() {
 
   # Each binary's label, once; then the long ones first, in the order listed, and the rest in
   # the order cargo ran them.
-  local ordered="$work/ordered" pattern record
-  local -a records
+  local pattern record
+  local -a records ordered=()
+  local -A label_for placed
   # (From a file, not a process substitution: `wait -n` below would take that for a job.)
   ls -1tr -d "$work"/binaries/binary.* >"$work/recorded"
   mapfile -t records <"$work/recorded"
   for record in "${records[@]}"; do
-    [ -f "$record/label" ] || test_binary_label "$record" >"$record/label"
+    if [ -f "$record/label" ]; then label_for[$record]=$(cat "$record/label"); else label_for[$record]=$(test_binary_label "$record"); fi
   done
-  : >"$ordered"
   for pattern in "${TEST_BINARIES_ALONE[@]}" "${TEST_BINARIES_LONG_FIRST[@]}" '*'; do
     for record in "${records[@]}"; do
       # shellcheck disable=SC2254 # the pattern is a glob on purpose
-      case "$(cat "$record/label")" in $pattern) grep -qxF "$record" "$ordered" || echo "$record" >>"$ordered" ;; esac
+      case "${label_for[$record]}" in $pattern)
+        [ -n "${placed[$record]:-}" ] || { ordered+=("$record"); placed[$record]=1; } ;;
+      esac
     done
   done
 
@@ -197,24 +199,24 @@ run_test_binaries() {
 
   # Those that run alone, one after the other; then the rest, JOBS at a time with at most one
   # heavy binary among them, the first in the order that may start taking the free slot.
-  local -a queue=() labels=() heavy=()
-  while IFS= read -r record; do
-    label=$(cat "$record/label")
+  local -a queue=()
+  local -A heavy_for
+  for record in "${ordered[@]}"; do
+    label=${label_for[$record]}
     if on_list "$label" "${TEST_BINARIES_ALONE[@]}"; then
       launch "$record" "$label"
       while [ "$running" -gt 0 ]; do wait_for_one; done
     else
       queue+=("$record")
-      labels+=("$label")
-      if is_heavy "$record" "$label"; then heavy+=(1); else heavy+=(0); fi
+      if is_heavy "$record" "$label"; then heavy_for[$record]=1; else heavy_for[$record]=0; fi
     fi
-  done <"$ordered"
+  done
   local i pick
   while [ "${#queue[@]}" -gt 0 ]; do
     pick=
     if [ "$running" -lt "$jobs" ]; then
       for i in "${!queue[@]}"; do
-        if [ -n "$heavy_pid" ] && [ "${heavy[$i]}" -eq 1 ]; then
+        if [ -n "$heavy_pid" ] && [ "${heavy_for[${queue[$i]}]}" -eq 1 ]; then
           continue
         fi
         pick=$i
@@ -225,11 +227,10 @@ run_test_binaries() {
       wait_for_one
       continue
     fi
-    launch "${queue[$pick]}" "${labels[$pick]}"
-    [ "${heavy[$pick]}" -eq 0 ] || heavy_pid=$pid
+    record=${queue[$pick]}
+    launch "$record" "${label_for[$record]}"
+    [ "${heavy_for[$record]}" -eq 0 ] || heavy_pid=$pid
     queue=("${queue[@]:0:pick}" "${queue[@]:pick+1}")
-    labels=("${labels[@]:0:pick}" "${labels[@]:pick+1}")
-    heavy=("${heavy[@]:0:pick}" "${heavy[@]:pick+1}")
   done
   while [ "$running" -gt 0 ]; do wait_for_one; done
 
