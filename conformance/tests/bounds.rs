@@ -235,7 +235,7 @@ async fn a_store_that_hangs_fails_its_scenarios_naming_the_call() {
         Ok(_) => panic!("a store whose reads hang passed equal_higher_lower"),
         Err(failure) => failure.message.clone(),
     };
-    assert!(failure.starts_with("`read(") && failure.contains("did not answer within its bound 2 s"), "{failure}");
+    assert!(failure.starts_with("`read(") && failure.contains("did not answer within its bound 5 s"), "{failure}");
 }
 
 #[tokio::test]

@@ -111,7 +111,7 @@ pub struct Timing {
 
 impl Timing {
     /// Timing with `ttl` and `expiry_margin`, and the default round-trip allowance
-    /// ([`DEFAULT_ROUND_TRIP`](crate::bounds::DEFAULT_ROUND_TRIP), 2 s).
+    /// ([`DEFAULT_ROUND_TRIP`](crate::bounds::DEFAULT_ROUND_TRIP), 5 s).
     pub fn new(ttl: Duration, expiry_margin: Duration) -> Self {
         Timing { ttl, expiry_margin, round_trip: crate::bounds::DEFAULT_ROUND_TRIP }
     }
@@ -125,7 +125,7 @@ impl Timing {
         self
     }
 
-    /// The round-trip allowance of every call: default 2 s, generous on purpose (CI runs the
+    /// The round-trip allowance of every call: default 5 s, generous on purpose (CI runs the
     /// suite on two cores shared with the servers), see [`with_round_trip`](Self::with_round_trip).
     pub fn round_trip(&self) -> Duration {
         self.round_trip
@@ -305,7 +305,7 @@ pub trait FencedStoreFactory: Send + Sync {
 
     /// What one call to the store may take before the suite fails the scenario (see
     /// [`bounds`](crate::bounds)): a store call waits for nobody, so this is its whole bound.
-    /// Default: 2 s ([`DEFAULT_ROUND_TRIP`](crate::bounds::DEFAULT_ROUND_TRIP)), generous on
+    /// Default: 5 s ([`DEFAULT_ROUND_TRIP`](crate::bounds::DEFAULT_ROUND_TRIP)), generous on
     /// purpose (CI runs the suite on two cores shared with the servers). Declare more for a
     /// store whose test server is remote or slow under load; never to cover a call that hangs.
     fn round_trip(&self) -> Duration {

@@ -58,9 +58,12 @@ use crate::{
 };
 
 /// The round-trip allowance a factory declares unless it says otherwise: generous, because CI
-/// runs the suite on two shared cores next to the servers, and a bound is there to catch calls
-/// that hang or ignore their wait, not slow ones.
-pub const DEFAULT_ROUND_TRIP: Duration = Duration::from_secs(2);
+/// runs the suite on two shared cores next to the servers and another test binary, and a bound
+/// is there to catch calls that hang or ignore their wait, not slow ones. (2 s was once too
+/// little: a TLS `try_acquire` answered after 2.4 s while two binaries shared the cores.) The
+/// scenarios that judge how *long* a call took measure a warm round trip first and allow a
+/// multiple of it, so this allowance does not loosen them.
+pub const DEFAULT_ROUND_TRIP: Duration = Duration::from_secs(5);
 
 /// How many violations a failure message names; the rest are counted.
 const NAMED_VIOLATIONS: usize = 3;
