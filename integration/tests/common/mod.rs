@@ -22,6 +22,19 @@ pub fn example(name: &str) -> Command {
         let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let mut build = Command::new(env!("CARGO"));
+        // What cargo told this test binary about its package: build scripts that read those
+        // variables (ring's) would see them change, run again, and rebuild everything above
+        // them, here and in the next plain build. Without them this build is the one the test
+        // command runs before the tests (scripts/test), so it finds the examples fresh.
+        for (key, _) in std::env::vars_os() {
+            let name = key.to_string_lossy();
+            if ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CRATE_", "CARGO_BIN_", "CARGO_PRIMARY_", "CARGO_TARGET_TMPDIR"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+            {
+                build.env_remove(&key);
+            }
+        }
         // The examples belong to the `palisade` package at the workspace root.
         build
             .args(["build", "--quiet", "-p", "palisade", "--all-features", "--examples"])
