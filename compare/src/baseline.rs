@@ -47,6 +47,16 @@ where
     })
 }
 
+/// Whether a reply of Palisade's acquire script is a grant: a positive fence (an integer below
+/// 2⁵³, a decimal string from there on); "held" is `{0, pttl}`.
+fn granted_fence(reply: &redis::Value) -> bool {
+    match reply {
+        redis::Value::Int(fence) => *fence > 0,
+        redis::Value::BulkString(_) => true,
+        _ => false,
+    }
+}
+
 fn redis_err(e: redis::RedisError) -> String {
     format!("raw redis: {e}")
 }
@@ -81,6 +91,46 @@ pub async fn redis_set_nx(name: impl Into<String>, url: &str, prefix: &str) -> R
     }))
 }
 
+/// The least a fenced Redis lock can send: one script that takes the lock with `SET NX PX` and,
+/// when it did, returns `INCR` of the fence counter; one compare-and-delete script to release.
+/// No resend safety, no exact fences above 2⁵³, no waiters woken: the line Palisade's own
+/// scripts are measured against.
+pub async fn redis_minimal_fenced(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+    static ACQUIRE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
+             return redis.call('INCR', KEYS[2]) end return 0",
+        )
+    });
+    static RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+        )
+    });
+    let conn = redis_conn(url).await?;
+    let prefix = format!("{prefix}.minimal");
+    Ok(Variant::new(name, move |slot| {
+        let mut conn = conn.clone();
+        let resource = format!("{prefix}:t{}k{}", slot.task, slot.key);
+        async move {
+            let (lock, fence) = (format!("lock:{{{resource}}}"), format!("fence:{{{resource}}}"));
+            let granted: i64 = ACQUIRE
+                .key(&lock)
+                .key(&fence)
+                .arg("token")
+                .arg(30_000)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(redis_err)?;
+            if granted < 1 {
+                return Err(format!("{lock} was held"));
+            }
+            let _: i64 = RELEASE.key(&lock).arg("token").invoke_async(&mut conn).await.map_err(redis_err)?;
+            Ok(())
+        }
+    }))
+}
+
 /// Palisade-redis's own acquire and release scripts, sent through the redis crate directly:
 /// what the server's script execution costs without any of Palisade's client code.
 pub async fn redis_scripts(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
@@ -94,7 +144,7 @@ pub async fn redis_scripts(name: impl Into<String>, url: &str, prefix: &str) -> 
         async move {
             let (lock, fence) = (format!("lock:{{{resource}}}"), format!("fence:{{{resource}}}"));
             let channel = format!("palisade:released:{lock}");
-            let (granted, _): (i64, String) = acquire
+            let granted: redis::Value = acquire
                 .key(&lock)
                 .key(&fence)
                 .arg("token")
@@ -102,7 +152,7 @@ pub async fn redis_scripts(name: impl Into<String>, url: &str, prefix: &str) -> 
                 .invoke_async(&mut conn)
                 .await
                 .map_err(redis_err)?;
-            if granted != 1 {
+            if !granted_fence(&granted) {
                 return Err(format!("{lock} was held"));
             }
             let _: i64 =
@@ -141,7 +191,7 @@ async fn raw_handoffs(client: redis::Client, prefix: &str, n: usize) -> Result<V
                 if messages.next().await.is_none() {
                     return Err("the subscription ended".to_string());
                 }
-                let (granted, _): (i64, String) = acquire
+                let granted: redis::Value = acquire
                     .key(&lock)
                     .key(&fence)
                     .arg("b")
@@ -149,7 +199,7 @@ async fn raw_handoffs(client: redis::Client, prefix: &str, n: usize) -> Result<V
                     .invoke_async(&mut waiter_conn)
                     .await
                     .map_err(redis_err)?;
-                if granted != 1 {
+                if !granted_fence(&granted) {
                     return Err("the raw waiter was not granted".into());
                 }
                 let _ = tx.send(Instant::now());
@@ -159,10 +209,24 @@ async fn raw_handoffs(client: redis::Client, prefix: &str, n: usize) -> Result<V
     };
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let (granted, _): (i64, String) =
+        let granted: redis::Value =
             acquire.key(&lock).key(&fence).arg("a").arg(30_000).invoke_async(&mut holder).await.map_err(redis_err)?;
-        if granted != 1 {
+        if !granted_fence(&granted) {
             return Err("the raw holder was not granted".into());
+        }
+        // The waiter's attempt that finds the lock held and marks it, as the service's waiters
+        // do: the release of an unmarked lock publishes nothing.
+        let held: redis::Value = acquire
+            .key(&lock)
+            .key(&fence)
+            .arg("b")
+            .arg(30_000)
+            .arg("wait")
+            .invoke_async(&mut holder)
+            .await
+            .map_err(redis_err)?;
+        if !matches!(held, redis::Value::Array(_)) {
+            return Err("the raw waiter's attempt was granted a held lock".into());
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
         let _: i64 = release.key(&lock).arg("a").arg(&watched).invoke_async(&mut holder).await.map_err(redis_err)?;

@@ -21,6 +21,11 @@ pub const RAW: &str = "raw";
 /// client (Redis: the same scripts; etcd: the same txns): Palisade ÷ this is the client's cost.
 pub const SAME: &str = "same operations, raw";
 
+/// The name of the variant sending the minimal fenced recipe through the raw client (Redis:
+/// `SET NX PX` then `INCR` in one script, a compare-and-delete script): Palisade ÷ this is what
+/// its guarantees beyond the fence cost.
+pub const MINIMAL: &str = "minimal fenced recipe, raw";
+
 /// A lock service's figures: latency, throughput at each concurrency and handoff, for Palisade
 /// (`OURS`) and, where the backend has one, its raw operation (`RAW`).
 #[derive(Debug, Clone, Serialize)]
@@ -89,6 +94,7 @@ pub async fn lock_perf(backend: Backend, url: &str, plan: &Plan) -> Result<LockP
         Backend::Memory => {}
         Backend::Redis => {
             variants.push(baseline::redis_set_nx(RAW, url, &prefix).await?);
+            variants.push(baseline::redis_minimal_fenced(MINIMAL, url, &prefix).await?);
             variants.push(baseline::redis_scripts(SAME, url, &prefix).await?);
             handoffs.push(baseline::redis_handoff(RAW, url, &prefix).await?);
         }

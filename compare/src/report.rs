@@ -10,7 +10,9 @@ use serde_json::json;
 use crate::charts;
 use crate::faults::{self, Cell};
 use crate::local::Local;
-use crate::perf::{self, LEADER, LockPerf, MUTEX, OURS, PERMIT, PrimitivePerf, RAW, READ, SAME, StorePerf, WRITE};
+use crate::perf::{
+    self, LEADER, LockPerf, MINIMAL, MUTEX, OURS, PERMIT, PrimitivePerf, RAW, READ, SAME, StorePerf, WRITE,
+};
 use crate::target::{Backend, LockTarget, StoreTarget, shown};
 use crate::warehouse::{self, WarehouseRun};
 use crate::{CompareArgs, Part};
@@ -440,42 +442,20 @@ fn markdown(
             }
             let _ = writeln!(md, "{row}");
         }
-        let same: Vec<(&LockRow, &LockPerf)> = locks
-            .iter()
-            .filter_map(|l| Some((l, l.perf.as_ref()?)))
-            .filter(|(_, p)| p.latency(SAME).is_some())
-            .collect();
-        if !same.is_empty() {
-            let _ = writeln!(
-                md,
-                "\nPalisade ÷ the very server operations it sends, through the raw client (Redis: its two scripts; etcd: its two txns), in the same rounds: what Palisade's client code costs.\n"
-            );
-            let mut header = String::from("| lock service | p50 ratio |");
-            let mut rule = String::from("|---|---|");
-            for c in &plan.concurrency {
-                let _ = write!(header, " {c} task{} |", if *c == 1 { "" } else { "s" });
-                rule.push_str("---|");
-            }
-            let _ = writeln!(md, "{header}\n{rule}");
-            for (l, p) in same {
-                let mut row = format!("| {} |", l.label);
-                match (p.latency(OURS), p.latency(SAME)) {
-                    (Some(o), Some(s)) => {
-                        let _ = write!(row, " {:.2}× |", o.ratio_to(s));
-                    }
-                    _ => row.push_str(" – |"),
-                }
-                for &c in &plan.concurrency {
-                    match (p.rate(OURS, c), p.rate(SAME, c)) {
-                        (Some(o), Some(s)) => {
-                            let _ = write!(row, " {:.2}× |", o.ratio_to(s));
-                        }
-                        _ => row.push_str(" – |"),
-                    }
-                }
-                let _ = writeln!(md, "{row}");
-            }
-        }
+        reference_table(
+            &mut md,
+            locks,
+            plan,
+            SAME,
+            "Palisade ÷ the very server operations it sends, through the raw client (Redis: its two scripts; etcd: its two txns), in the same rounds: what Palisade's client code costs.",
+        );
+        reference_table(
+            &mut md,
+            locks,
+            plan,
+            MINIMAL,
+            "Palisade ÷ the minimal fenced recipe, through the raw client, in the same rounds (Redis: `SET NX PX` then `INCR` in one script, and a compare-and-delete script): the least any lock with a fence can send, so what Palisade's guarantees cost beyond the fence itself (resends that find their own grant, exact fences above 2⁵³, waiters woken).",
+        );
         if locks.iter().any(|l| l.perf.is_some()) {
             let _ = writeln!(md, "\n![latency](latency.svg)\n\n![throughput](throughput.svg)\n");
         }
@@ -609,6 +589,45 @@ fn markdown(
 }
 
 /// The command line for the report, every URL without its password (reports get committed).
+/// A table of Palisade ÷ the variant `reference` (latency, then throughput at each
+/// concurrency), for the lock services measured with it; nothing when none was.
+fn reference_table(md: &mut String, locks: &[LockRow], plan: &Plan, reference: &str, intro: &str) {
+    let rows: Vec<(&LockRow, &LockPerf)> = locks
+        .iter()
+        .filter_map(|l| Some((l, l.perf.as_ref()?)))
+        .filter(|(_, p)| p.latency(reference).is_some())
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(md, "\n{intro}\n");
+    let mut header = String::from("| lock service | p50 ratio |");
+    let mut rule = String::from("|---|---|");
+    for c in &plan.concurrency {
+        let _ = write!(header, " {c} task{} |", if *c == 1 { "" } else { "s" });
+        rule.push_str("---|");
+    }
+    let _ = writeln!(md, "{header}\n{rule}");
+    for (l, p) in rows {
+        let mut row = format!("| {} |", l.label);
+        match (p.latency(OURS), p.latency(reference)) {
+            (Some(o), Some(s)) => {
+                let _ = write!(row, " {:.2}× |", o.ratio_to(s));
+            }
+            _ => row.push_str(" – |"),
+        }
+        for &c in &plan.concurrency {
+            match (p.rate(OURS, c), p.rate(reference, c)) {
+                (Some(o), Some(s)) => {
+                    let _ = write!(row, " {:.2}× |", o.ratio_to(s));
+                }
+                _ => row.push_str(" – |"),
+            }
+        }
+        let _ = writeln!(md, "{row}");
+    }
+}
+
 fn command_line(args: impl Iterator<Item = String>) -> String {
     args.map(|a| if a.contains("://") { shown(&a) } else { a }).collect::<Vec<_>>().join(" ")
 }

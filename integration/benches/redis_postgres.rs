@@ -61,6 +61,13 @@ async fn main() {
 
     let variants = [
         baseline::redis_set_nx("raw `SET NX PX` + `DEL`", &redis_url, &prefix).await.unwrap(),
+        baseline::redis_minimal_fenced(
+            "minimal fenced pair (`SET NX PX` then `INCR` in one script; a compare-and-delete script)",
+            &redis_url,
+            &prefix,
+        )
+        .await
+        .unwrap(),
         baseline::redis_scripts("the same two Lua scripts through the redis crate", &redis_url, &prefix).await.unwrap(),
         rslock(&redis_url, &prefix),
         baseline::service("`try_acquire` + `release`", Arc::clone(&svc), &prefix, ttl),
@@ -71,17 +78,24 @@ async fn main() {
             ttl,
         ),
     ];
-    let [raw, scripts, theirs, ours, lease] = &variants;
+    let [raw, minimal, scripts, theirs, ours, lease] = &variants;
     let latency = measure::latency(&variants, &plan, None).await.unwrap();
-    let [raw_l, scripts_l, theirs_l, ours_l, lease_l] = &latency[..] else { unreachable!() };
+    let [raw_l, minimal_l, scripts_l, theirs_l, ours_l, lease_l] = &latency[..] else { unreachable!() };
     println!(
         "## Uncontended acquire + release ({} cycles per variant per round, one task, one connection)\n",
         plan.cycles
     );
-    println!("| path | p50 ms (rounds) | p99 ms | p50 ÷ raw | p50 ÷ same scripts |");
-    println!("|---|---|---|---|---|");
-    for l in [raw_l, scripts_l, theirs_l, ours_l, lease_l] {
-        println!("| {} | {} | {:.2} | {:.2} |", l.name, l.cells(), l.ratio_to(raw_l), l.ratio_to(scripts_l));
+    println!("| path | p50 ms (rounds) | p99 ms | p50 ÷ raw | p50 ÷ minimal fenced | p50 ÷ same scripts |");
+    println!("|---|---|---|---|---|---|");
+    for l in [raw_l, minimal_l, scripts_l, theirs_l, ours_l, lease_l] {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.2} |",
+            l.name,
+            l.cells(),
+            l.ratio_to(raw_l),
+            l.ratio_to(minimal_l),
+            l.ratio_to(scripts_l)
+        );
     }
     println!(
         "\n`Lease` ÷ trait level: {:.2}; rslock ÷ `try_acquire` + `release`: {:.2} (rslock sends `SET NX PX` and a compare-delete script: no fence).\n",
@@ -94,21 +108,25 @@ async fn main() {
         plan.window.as_secs_f64()
     );
     println!(
-        "| tasks | raw /s | same scripts /s | rslock /s | palisade /s | `Lease` /s | palisade ÷ raw | ÷ same scripts | ÷ rslock | `Lease` ÷ palisade |"
+        "| tasks | raw /s | minimal fenced /s | same scripts /s | rslock /s | palisade /s | `Lease` /s | palisade ÷ raw | \
+         palisade ÷ minimal fenced | same scripts ÷ minimal fenced | palisade ÷ same scripts | ÷ rslock | `Lease` ÷ palisade |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    let tp = [raw.clone(), scripts.clone(), theirs.clone(), ours.clone(), lease.clone()];
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let tp = [raw.clone(), minimal.clone(), scripts.clone(), theirs.clone(), ours.clone(), lease.clone()];
     for &tasks in &plan.concurrency {
         let rates = measure::throughput(&tp, tasks, &plan, None).await.unwrap();
-        let [r, sc, th, o, le] = &rates[..] else { unreachable!() };
+        let [r, mi, sc, th, o, le] = &rates[..] else { unreachable!() };
         println!(
-            "| {tasks} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {tasks} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             r.per_sec.rate_cell(),
+            mi.per_sec.rate_cell(),
             sc.per_sec.rate_cell(),
             th.per_sec.rate_cell(),
             o.per_sec.rate_cell(),
             le.per_sec.rate_cell(),
             o.ratio_to(r),
+            o.ratio_to(mi),
+            sc.ratio_to(mi),
             o.ratio_to(sc),
             o.ratio_to(th),
             le.ratio_to(o)

@@ -2,17 +2,20 @@
 //!
 //! Palisade's Redis lock service: the incident's fix (a fenced lock), done atomically.
 //!
-//! - **Acquire is one round trip**: one Lua script checks that `lock:{d:id}` is absent, then runs
-//!   `INCR fence:{d:id}` and `SET lock:{d:id} TOKEN PX ttl`, returning the fence as the key's
-//!   decimal string (exact above 2⁵³, where Lua's doubles are not). There is never a lock
+//! - **Acquire is one round trip**: one Lua script runs `SET lock:{d:id} TOKEN NX PX ttl` and,
+//!   when it took the lock, `INCR fence:{d:id}`, returning the fence (read back as the key's
+//!   decimal string from 2⁵³ on, where Lua's doubles are not exact). There is never a lock
 //!   without a fence nor a fence spent without a lock: a counter that cannot be incremented fails
-//!   the script before the lock is set. The braces are a Redis Cluster hash tag:
-//!   both keys live in one slot, so the script is legal on a cluster too.
+//!   the script, which deletes the lock it just set. The braces are a Redis Cluster hash tag:
+//!   the keys live in one slot, so the script is legal on a cluster too.
 //! - **Fence keys never expire** and the library never deletes them.
 //! - **Release and extend** are compare-token scripts: only the holder's 128-bit owner token
 //!   can release or extend. A release publishes on `palisade:released:lock:{d:id}`, which wakes
-//!   waiters at once; waiters also wake when the holder's remaining TTL (returned by the
-//!   acquire script) runs out, and every 250 ms at the latest.
+//!   waiters at once, but only for a lock a waiter marked: the attempt that finds the lock held,
+//!   from a caller that will wait, appends `+` to the holder's token in the same script, so an
+//!   uncontended release (a compare-and-delete) publishes nothing. Waiters also wake when the
+//!   holder's remaining TTL (returned by the acquire script) runs out, and every 250 ms at the
+//!   latest.
 //! - **Eviction guard**: at connect, `maxmemory-policy` must be `noeviction`: `volatile-*`
 //!   policies evict held locks (their keys carry a PX expiry) and `allkeys-*` ones fence keys.
 //!   Anything else fails the connection unless [`RedisConfig::allow_eviction`] is set.

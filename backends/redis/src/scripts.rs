@@ -2,6 +2,7 @@
 //! very same scripts through a raw client as a baseline; applications use
 //! [`RedisLockService`](crate::RedisLockService).
 
+use std::fmt;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -10,37 +11,64 @@ use redis::{Script, Value};
 
 use crate::service::BACKEND;
 
-/// KEYS: lock, fence. ARGV: token, ttl ms.
-/// Returns `{1, fence}` when granted, `{0, pttl}` when held (pttl: the holder's remaining ms),
-/// each as a decimal string: Lua numbers are doubles, inexact above 2⁵³, so the fence is read
-/// back from the key rather than passed through Lua. `INCR` runs before `SET`: a counter Redis
-/// cannot increment fails the script before any lock is taken.
+/// KEYS: lock, fence. ARGV: token, ttl ms, and `wait` from a caller that will wait if the lock
+/// is held.
+///
+/// Returns the fence when granted, `{0, pttl}` when held (pttl: the holder's remaining ms). The
+/// fence is an integer reply when the counter is below 2⁵³, and a decimal string read back from
+/// the key from there on: Lua numbers are doubles, exact only below 2⁵³. (A bare integer, not
+/// a table: building the reply table cost Redis a tenth of the script.)
+///
+/// A fresh grant is `SET NX PX` then `INCR`, the least any fenced lock can do in one round
+/// trip. The `INCR` runs through `pcall`: a counter Redis cannot increment fails the script
+/// and deletes the lock it just took, so no lock is left held without a grant.
 ///
 /// Idempotent per token: a lock already held by `token` is this very request sent again after
 /// its reply was lost, and gets the grant back (the counter moves only on a grant, so it still
 /// holds that grant's fence) instead of a second grant or "held" by its own orphan.
+///
+/// A caller that will wait marks the held lock in the same step that tells it "held" (the
+/// holder's token gets a [`WAITED_ON`] suffix, `APPEND` keeps its expiry), so that no release
+/// can fall between the two unheard: [`RELEASE`] publishes only for a marked lock. The mark
+/// lives exactly as long as the grant it marks, and every later "held" answer to a waiting
+/// caller marks the next grant.
 pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+        if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+            local fence = redis.pcall('INCR', KEYS[2])
+            if type(fence) == 'table' then
+                redis.call('DEL', KEYS[1])
+                return fence
+            end
+            if fence < 9007199254740992 then
+                return fence
+            end
+            return redis.call('GET', KEYS[2])
+        end
         local holder = redis.call('GET', KEYS[1])
-        if not holder then
-            redis.call('INCR', KEYS[2])
-            redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-            return {1, redis.call('GET', KEYS[2])}
+        if holder == ARGV[1] or holder == ARGV[1] .. '+' then
+            return redis.call('GET', KEYS[2])
         end
-        if holder == ARGV[1] then
-            return {1, redis.call('GET', KEYS[2])}
+        if ARGV[3] == 'wait' and holder and string.sub(holder, -1) ~= '+' then
+            redis.call('APPEND', KEYS[1], '+')
         end
-        return {0, tostring(redis.call('PTTL', KEYS[1]))}
+        return {0, redis.call('PTTL', KEYS[1])}
         ",
     )
 });
 
-/// KEYS: lock. ARGV: token, ttl ms. Returns 1 if the caller held the lock and it was extended.
+/// The suffix a waiting caller's [`ACQUIRE`] appends to a held lock's value (the holder's
+/// token, in hex, so never ending in it otherwise): someone waits, and the release publishes.
+pub const WAITED_ON: &str = "+";
+
+/// KEYS: lock. ARGV: token, ttl ms. Returns 1 if the caller held the lock (waited on or not)
+/// and it was extended.
 pub static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-        if redis.call('GET', KEYS[1]) == ARGV[1] then
+        local holder = redis.call('GET', KEYS[1])
+        if holder == ARGV[1] or holder == ARGV[1] .. '+' then
             return redis.call('PEXPIRE', KEYS[1], ARGV[2])
         end
         return 0
@@ -48,11 +76,19 @@ pub static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
-/// KEYS: lock. ARGV: token, release channel. Returns 1 if the caller held the lock.
+/// KEYS: lock. ARGV: token, release channel. Returns 1 if the caller held the lock. Publishes
+/// on the channel only when a waiter marked the lock ([`WAITED_ON`]): an uncontended release is
+/// a compare-and-delete and nothing more (a `PUBLISH` is matched against every client's pattern
+/// subscription, and on a cluster sent to every node).
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-        if redis.call('GET', KEYS[1]) == ARGV[1] then
+        local holder = redis.call('GET', KEYS[1])
+        if holder == ARGV[1] then
+            redis.call('DEL', KEYS[1])
+            return 1
+        end
+        if holder == ARGV[1] .. '+' then
             redis.call('DEL', KEYS[1])
             redis.call('PUBLISH', ARGV[2], '1')
             return 1
@@ -72,10 +108,13 @@ pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
 pub static RELEASE_MARKED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-        if redis.call('GET', KEYS[1]) == ARGV[1] then
+        local holder = redis.call('GET', KEYS[1])
+        if holder == ARGV[1] or holder == ARGV[1] .. '+' then
             redis.call('DEL', KEYS[1])
             redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
-            redis.call('PUBLISH', ARGV[2], '1')
+            if holder ~= ARGV[1] then
+                redis.call('PUBLISH', ARGV[2], '1')
+            end
             return 1
         end
         return redis.call('EXISTS', KEYS[2])
@@ -117,10 +156,10 @@ pub enum AcquireReply {
 }
 
 impl AcquireReply {
-    /// Decodes an [`ACQUIRE`] reply: an array of an integer flag and a bulk string, `{1, fence}`
-    /// with a decimal fence from 1 to 2⁶⁴−1, or `{0, pttl}` with a decimal pttl. Anything else
-    /// (another shape, a flag other than 0 or 1, a fence that is not a positive integer) is a
-    /// [`ErrorKind::Backend`] error naming `fence_key`: never a grant, never "held".
+    /// Decodes an [`ACQUIRE`] reply: a fence from 1 to 2⁶⁴−1 (an integer, or a decimal string)
+    /// is a grant, `{0, pttl}` with an integer pttl is "held". Anything else (another shape, a
+    /// fence that is not a positive integer, a flag other than 0) is a [`ErrorKind::Backend`]
+    /// error naming `fence_key`: never a grant, never "held".
     pub fn decode(reply: &Value, fence_key: &str) -> Result<Self> {
         let unexpected = |why: &str| {
             Error::new(
@@ -129,24 +168,31 @@ impl AcquireReply {
                 format!("unexpected acquire reply ({why}) for {fence_key}: {reply:?}"),
             )
         };
-        // Read off the reply's own shape, not through the client's lenient conversions: a Lua
-        // integer arrives as an integer, `GET` and `tostring` as bulk strings.
-        let Value::Array(items) = reply else { return Err(unexpected("not an array")) };
-        let [Value::Int(flag), Value::BulkString(value)] = items.as_slice() else {
-            return Err(unexpected("not an integer and a string"));
+        let not_a_fence = |shown: &dyn fmt::Debug| {
+            Error::new(ErrorKind::Backend, BACKEND, format!("fence key {fence_key} holds {shown:?}"))
         };
-        let value = std::str::from_utf8(value).map_err(|_| unexpected("not UTF-8"))?;
-        match flag {
-            1 => match value.parse::<u64>() {
+        // Read off the reply's own shape, not through the client's lenient conversions: a Lua
+        // number arrives as an integer, `GET` as a bulk string of decimal digits.
+        match reply {
+            Value::Int(fence) => match u64::try_from(*fence) {
                 Ok(fence) if fence > 0 => Ok(AcquireReply::Granted(Fence::new(fence))),
-                _ => Err(Error::new(ErrorKind::Backend, BACKEND, format!("fence key {fence_key} holds {value:?}"))),
+                _ => Err(not_a_fence(fence)),
             },
-            0 => {
-                let pttl = value.parse::<i64>().map_err(|_| unexpected("a PTTL that is not an integer"))?;
-                let remaining = u64::try_from(pttl).ok().filter(|&ms| ms > 0).unwrap_or(1);
+            Value::BulkString(bytes) => {
+                let text = std::str::from_utf8(bytes).map_err(|_| unexpected("not UTF-8"))?;
+                match text.parse::<u64>() {
+                    Ok(fence) if fence > 0 => Ok(AcquireReply::Granted(Fence::new(fence))),
+                    _ => Err(not_a_fence(&text)),
+                }
+            }
+            Value::Array(items) => {
+                let [Value::Int(0), Value::Int(pttl)] = items.as_slice() else {
+                    return Err(unexpected("not `{0, pttl}`"));
+                };
+                let remaining = u64::try_from(*pttl).ok().filter(|&ms| ms > 0).unwrap_or(1);
                 Ok(AcquireReply::Held { remaining: Duration::from_millis(remaining) })
             }
-            _ => Err(unexpected("a flag other than 0 or 1")),
+            _ => Err(unexpected("neither a fence nor `{0, pttl}`")),
         }
     }
 }
@@ -173,20 +219,35 @@ mod tests {
     /// conversions also took a RESP3 double `0.0` as "not the holder").
     #[test]
     fn replies_decode_only_in_the_scripts_shapes() {
-        let granted = Value::Array(vec![Value::Int(1), bulk("42")]);
+        let granted = Value::Int(42);
         assert_eq!(AcquireReply::decode(&granted, "f").unwrap(), AcquireReply::Granted(Fence::new(42)));
-        let held = Value::Array(vec![Value::Int(0), bulk("-2")]);
+        let granted = bulk("42");
+        assert_eq!(AcquireReply::decode(&granted, "f").unwrap(), AcquireReply::Granted(Fence::new(42)));
+        let big = bulk("18446744073709551615");
+        assert_eq!(AcquireReply::decode(&big, "f").unwrap(), AcquireReply::Granted(Fence::new(u64::MAX)));
+        let held = Value::Array(vec![Value::Int(0), Value::Int(-2)]);
         assert_eq!(
             AcquireReply::decode(&held, "f").unwrap(),
             AcquireReply::Held { remaining: Duration::from_millis(1) }
         );
+        let held = Value::Array(vec![Value::Int(0), Value::Int(1500)]);
+        assert_eq!(
+            AcquireReply::decode(&held, "f").unwrap(),
+            AcquireReply::Held { remaining: Duration::from_millis(1500) }
+        );
         for odd in [
-            Value::Array(vec![Value::Int(2), bulk("42")]),
-            Value::Array(vec![Value::Int(1), bulk("0")]),
-            Value::Array(vec![Value::Int(1), bulk("4x")]),
-            Value::Array(vec![Value::Double(1.0), bulk("42")]),
-            Value::Array(vec![Value::Int(1), bulk("42"), bulk("7")]),
-            Value::Int(1),
+            Value::Int(0),
+            Value::Int(-3),
+            bulk("0"),
+            bulk("4x"),
+            bulk("18446744073709551616"),
+            Value::Double(42.0),
+            Value::Nil,
+            Value::Array(vec![Value::Int(1), bulk("42")]),
+            Value::Array(vec![Value::Int(0), bulk("-2")]),
+            Value::Array(vec![Value::Int(2), Value::Int(5)]),
+            Value::Array(vec![Value::Int(0), Value::Int(5), Value::Int(7)]),
+            Value::Array(vec![Value::Double(0.0), Value::Int(5)]),
         ] {
             assert_eq!(AcquireReply::decode(&odd, "f").unwrap_err().kind(), ErrorKind::Backend, "{odd:?}");
         }

@@ -255,12 +255,17 @@ impl RedisLockService {
         .with_retryable(true))
     }
 
-    async fn attempt(&self, key: &ResourceKey, ttl: Ttl) -> Result<AttemptOutcome<Grant<Fenced>>> {
+    /// One acquire script. `waiting`: the caller will wait if the lock is held, so the script
+    /// marks a held lock for its release to publish (`scripts::WAITED_ON`).
+    async fn attempt(&self, key: &ResourceKey, ttl: Ttl, waiting: bool) -> Result<AttemptOutcome<Grant<Fenced>>> {
         let token = OwnerToken::generate()?;
         let requested_at = Instant::now();
         let mut script = redis::cmd("EVALSHA");
         script.arg(ACQUIRE.get_hash()).arg(2).arg(key.lock_key()).arg(key.fence_key());
         script.arg(&token.to_hex()[..]).arg(ttl.as_millis_ceil());
+        if waiting {
+            script.arg("wait");
+        }
         let mut pipe = redis::pipe();
         pipe.add_command(script);
         if let Some(acks) = self.config.replica_acks {
@@ -331,7 +336,7 @@ impl LockService for RedisLockService {
     }
 
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
-        match self.attempt(key, ttl).await? {
+        match self.attempt(key, ttl, false).await? {
             AttemptOutcome::Granted(grant) => Ok(Some(grant)),
             AttemptOutcome::Held { .. } => Ok(None),
         }
@@ -340,7 +345,7 @@ impl LockService for RedisLockService {
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
         validate_wait(wait)?;
         let give_up = Instant::now() + wait;
-        if let AttemptOutcome::Granted(grant) = self.attempt(key, ttl).await? {
+        if let AttemptOutcome::Granted(grant) = self.attempt(key, ttl, !wait.is_zero()).await? {
             return Ok(grant);
         }
         if wait.is_zero() {
@@ -355,9 +360,11 @@ impl LockService for RedisLockService {
             return Err(palisade_core::spi::timeout_error(BACKEND, key, wait));
         }
         let released = || self.waiters.watch(&Waiters::channel(&key.lock_key()));
-        wait_for_release(BACKEND, key, left, released, Some(MAX_WAIT_STEP), || self.attempt(key, ttl)).await.map_err(
-            |e| if e.kind() == ErrorKind::Timeout { palisade_core::spi::timeout_error(BACKEND, key, wait) } else { e },
-        )
+        wait_for_release(BACKEND, key, left, released, Some(MAX_WAIT_STEP), || self.attempt(key, ttl, true))
+            .await
+            .map_err(|e| {
+                if e.kind() == ErrorKind::Timeout { palisade_core::spi::timeout_error(BACKEND, key, wait) } else { e }
+            })
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {

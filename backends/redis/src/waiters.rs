@@ -1,7 +1,8 @@
 //! Waking waiters when a lock is released: one pattern subscription per client, kept on the
 //! server that publishes.
 //!
-//! The release script publishes on `palisade:released:<lock key>`. Each client keeps one
+//! The release script publishes on `palisade:released:<lock key>` (when a waiter marked the
+//! lock: `scripts::WAITED_ON`). Each client keeps one
 //! pub/sub connection subscribed to `palisade:released:*` and wakes the local waiters of that
 //! key. Notifications are an optimisation: a waiter also wakes when the holder's TTL runs out
 //! and at least every 250 ms, so a lost message or a broken subscription only costs latency.

@@ -1,6 +1,10 @@
-//! Connecting to Redis servers of the test's own: passwords, eviction policies, bad URLs.
+//! Connecting to Redis servers of the test's own: passwords, eviction policies, bad URLs; and
+//! what the scripts do on the server (exact fences, failed increments, release notifications).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use palisade_conformance::require_env;
 use palisade_core::{ErrorKind, LockService, ResourceKey, Ttl};
@@ -151,4 +155,77 @@ async fn a_failed_increment_leaves_no_lock_held() {
     assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
     let held: i64 = redis::cmd("EXISTS").arg(key.lock_key()).query_async(&mut conn).await.unwrap();
     assert_eq!(held, 0, "the lock stayed held after a failed grant");
+}
+
+/// Fences on both sides of 2⁵³, where a Lua number stops being exact: the script returns the
+/// `INCR` reply itself below it and reads the counter back as text from it on.
+#[tokio::test]
+async fn fences_are_exact_across_two_to_the_53() {
+    let server = own_redis(&[]);
+    let svc = RedisLockService::connect(&server.redis_url()).await.unwrap();
+    let key = ResourceKey::new("edge", "fence").unwrap();
+    let start = (1u64 << 53) - 3;
+    svc.advance_fence(&key, palisade_core::Fence::new(start)).await.unwrap();
+    let ttl = Ttl::from_millis(5_000).unwrap();
+    for step in 1..=4 {
+        let grant = svc.try_acquire(&key, ttl).await.unwrap().unwrap();
+        assert_eq!(grant.fence().get(), start + step, "grant {step} after {start}");
+        svc.release(&grant).await.unwrap();
+    }
+}
+
+/// How many `PUBLISH` commands the server ran, scripts' included (`INFO commandstats`).
+async fn publishes(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_publish:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// A release notifies only when someone waits. Uncontended cycles (`try_acquire`, and an
+/// `acquire` that is granted at once) and a release that a `try_acquire` found held send no
+/// `PUBLISH`: on the server a publish is matched against every client's pattern subscription,
+/// and on a cluster sent to every node. A waiter marks the lock with the attempt that finds it
+/// held, so the release that follows publishes, and the waiter holds the lock.
+#[tokio::test]
+async fn a_release_publishes_only_when_someone_waits() {
+    let server = own_redis(&[]);
+    let url = server.redis_url();
+    let svc = RedisLockService::connect(&url).await.unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = ResourceKey::new("quiet", "release").unwrap();
+    let ttl = Ttl::from_millis(30_000).unwrap();
+    for _ in 0..20 {
+        let grant = svc.try_acquire(&key, ttl).await.unwrap().unwrap();
+        svc.release(&grant).await.unwrap();
+    }
+    let grant = svc.acquire(&key, ttl, Duration::from_secs(5)).await.unwrap();
+    let other = RedisLockService::connect(&url).await.unwrap();
+    assert!(other.try_acquire(&key, ttl).await.unwrap().is_none(), "held");
+    svc.release(&grant).await.unwrap();
+    assert_eq!(publishes(&mut conn).await, 0, "releases nobody waited for published");
+
+    let holder = svc.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let waiter = Arc::new(RedisLockService::connect(&url).await.unwrap());
+    let waiting = {
+        let (waiter, key) = (Arc::clone(&waiter), key.clone());
+        tokio::spawn(async move { waiter.acquire(&key, ttl, Duration::from_secs(30)).await })
+    };
+    let looked = Instant::now();
+    loop {
+        let value: Option<String> = redis::cmd("GET").arg(key.lock_key()).query_async(&mut conn).await.unwrap();
+        if value.is_some_and(|v| v.ends_with(palisade_redis::scripts::WAITED_ON)) {
+            break;
+        }
+        assert!(looked.elapsed() < Duration::from_secs(10), "the waiter left no mark on {}", key.lock_key());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The marked holder still renews, and a `try_acquire` (which will not wait) marks nothing.
+    svc.extend(&holder, ttl).await.unwrap();
+    svc.release(&holder).await.unwrap();
+    let granted = waiting.await.unwrap().unwrap();
+    assert!(granted.fence() > holder.fence());
+    assert_eq!(publishes(&mut conn).await, 1, "the release with a waiter published once");
+    waiter.release(&granted).await.unwrap();
 }

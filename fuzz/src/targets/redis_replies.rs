@@ -1,26 +1,33 @@
 //! Replies from Redis as the backend decodes them: the input is raw RESP, parsed by the redis
 //! client's own parser and handed to the decoders of the acquire, extend and release scripts.
-//! A grant comes only from `{1, fence}` with a positive fence, read back exactly; "held" only
-//! from `{0, pttl}`; any other reply is a `Backend` error that is not retryable, never a panic.
+//! A grant comes only from a positive fence (an integer, or a decimal string from 2⁵³ on), read
+//! back exactly; "held" only from `{0, pttl}`; any other reply is a `Backend` error that is not
+//! retryable, never a panic.
 
 use palisade_core::{ErrorKind, Fence};
 use palisade_redis::scripts::{AcquireReply, decode_done};
 use redis::Value;
 
+/// The decimal text of an integer or bulk string reply; `None` for any other value.
+fn shown(value: &Value) -> Option<String> {
+    match value {
+        Value::Int(n) => Some(n.to_string()),
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        _ => None,
+    }
+}
+
 fn check_acquire(reply: &Value) {
     match AcquireReply::decode(reply, "fence-key") {
         Ok(AcquireReply::Granted(fence)) => {
-            let Value::Array(items) = reply else { panic!("granted from a non-array {reply:?}") };
-            let [Value::Int(1), Value::BulkString(shown)] = items.as_slice() else { panic!("granted from {reply:?}") };
             assert!(fence.get() >= 1, "fence 0 from {reply:?}");
-            let shown = String::from_utf8_lossy(shown);
-            assert_eq!(shown.parse::<u64>().ok(), Some(fence.get()), "{reply:?}");
+            assert!(matches!(reply, Value::Int(_) | Value::BulkString(_)), "granted from {reply:?}");
+            assert_eq!(shown(reply).and_then(|s| s.parse::<u64>().ok()), Some(fence.get()), "{reply:?}");
         }
         Ok(AcquireReply::Held { remaining }) => {
             let Value::Array(items) = reply else { panic!("held from a non-array {reply:?}") };
-            let [Value::Int(0), Value::BulkString(pttl)] = items.as_slice() else { panic!("held from {reply:?}") };
+            let [Value::Int(0), Value::Int(_)] = items.as_slice() else { panic!("held from {reply:?}") };
             assert!(remaining.as_millis() >= 1, "{reply:?}");
-            assert!(String::from_utf8_lossy(pttl).parse::<i64>().is_ok(), "{reply:?}");
         }
         Err(e) => assert!(e.kind() == ErrorKind::Backend && !e.is_retryable(), "{e:?}"),
     }
@@ -43,10 +50,13 @@ pub fn run(data: &[u8]) {
     }
     let n = u64::from_le_bytes(word);
     let fence = n.max(1);
-    let granted = Value::Array(vec![Value::Int(1), Value::BulkString(fence.to_string().into_bytes())]);
+    let granted = Value::BulkString(fence.to_string().into_bytes());
     assert_eq!(AcquireReply::decode(&granted, "k").ok(), Some(AcquireReply::Granted(Fence::new(fence))));
+    if let Ok(small) = i64::try_from(fence) {
+        assert_eq!(AcquireReply::decode(&Value::Int(small), "k").ok(), Some(AcquireReply::Granted(Fence::new(fence))));
+    }
     let pttl = i64::from_le_bytes(word);
-    let held = Value::Array(vec![Value::Int(0), Value::BulkString(pttl.to_string().into_bytes())]);
     let remaining = std::time::Duration::from_millis(u64::try_from(pttl).unwrap_or(0).max(1));
+    let held = Value::Array(vec![Value::Int(0), Value::Int(pttl)]);
     assert_eq!(AcquireReply::decode(&held, "k").ok(), Some(AcquireReply::Held { remaining }));
 }
