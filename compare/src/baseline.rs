@@ -47,8 +47,9 @@ where
     })
 }
 
-/// Whether a reply of Palisade's acquire script is a grant: a positive fence (an integer below
-/// 2⁵³, a decimal string from there on); "held" is `{0, pttl}`.
+/// Whether an acquire script's reply is a grant: a positive fence (Palisade's: an integer below
+/// 2⁵³, a decimal string from there on, and `{0, pttl}` when held; the minimal pair's: 0 when
+/// held).
 fn granted_fence(reply: &redis::Value) -> bool {
     match reply {
         redis::Value::Int(fence) => *fence > 0,
@@ -107,43 +108,35 @@ pub async fn redis_minimal_fenced(name: impl Into<String>, url: &str, prefix: &s
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
         )
     });
-    let conn = redis_conn(url).await?;
-    let prefix = format!("{prefix}.minimal");
-    Ok(Variant::new(name, move |slot| {
-        let mut conn = conn.clone();
-        let resource = format!("{prefix}:t{}k{}", slot.task, slot.key);
-        async move {
-            let (lock, fence) = (format!("lock:{{{resource}}}"), format!("fence:{{{resource}}}"));
-            let granted: i64 = ACQUIRE
-                .key(&lock)
-                .key(&fence)
-                .arg("token")
-                .arg(30_000)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(redis_err)?;
-            if granted < 1 {
-                return Err(format!("{lock} was held"));
-            }
-            let _: i64 = RELEASE.key(&lock).arg("token").invoke_async(&mut conn).await.map_err(redis_err)?;
-            Ok(())
-        }
-    }))
+    script_pair(name, url, &format!("{prefix}.minimal"), ACQUIRE.clone(), RELEASE.clone(), false).await
 }
 
 /// Palisade-redis's own acquire and release scripts, sent through the redis crate directly:
 /// what the server's script execution costs without any of Palisade's client code.
 pub async fn redis_scripts(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
-    let conn = redis_conn(url).await?;
     let (acquire, release) = (palisade::redis::scripts::ACQUIRE.clone(), palisade::redis::scripts::RELEASE.clone());
-    let prefix = format!("{prefix}.scripts");
+    script_pair(name, url, &format!("{prefix}.scripts"), acquire, release, true).await
+}
+
+/// A cycle of two scripts on one connection manager: `acquire` (KEYS: lock, fence; ARGV:
+/// token, ttl ms) and, when it granted, `release` (KEYS: lock; ARGV: token, and the lock's
+/// release channel if `channel`).
+async fn script_pair(
+    name: impl Into<String>,
+    url: &str,
+    prefix: &str,
+    acquire: redis::Script,
+    release: redis::Script,
+    channel: bool,
+) -> Result<Variant, String> {
+    let conn = redis_conn(url).await?;
+    let prefix = prefix.to_string();
     Ok(Variant::new(name, move |slot| {
         let mut conn = conn.clone();
         let (acquire, release) = (acquire.clone(), release.clone());
         let resource = format!("{prefix}:t{}k{}", slot.task, slot.key);
         async move {
             let (lock, fence) = (format!("lock:{{{resource}}}"), format!("fence:{{{resource}}}"));
-            let channel = format!("palisade:released:{lock}");
             let granted: redis::Value = acquire
                 .key(&lock)
                 .key(&fence)
@@ -155,8 +148,12 @@ pub async fn redis_scripts(name: impl Into<String>, url: &str, prefix: &str) -> 
             if !granted_fence(&granted) {
                 return Err(format!("{lock} was held"));
             }
-            let _: i64 =
-                release.key(&lock).arg("token").arg(&channel).invoke_async(&mut conn).await.map_err(redis_err)?;
+            let mut release = release.key(&lock);
+            release.arg("token");
+            if channel {
+                release.arg(format!("palisade:released:{lock}"));
+            }
+            let _: i64 = release.invoke_async(&mut conn).await.map_err(redis_err)?;
             Ok(())
         }
     }))
