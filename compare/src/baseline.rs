@@ -262,19 +262,25 @@ pub fn etcd_txn(name: impl Into<String>, client: &etcd_client::Client, lease: i6
 }
 
 /// The very txns Palisade's etcd service sends, through the raw client: put a contender key
-/// on `lease` if no key exists under the resource's prefix, then delete that key.
+/// on `lease` if no key exists under the resource's prefix, reading the service's epoch in the
+/// same txn (the key the fence's epoch lives in, absent until a data loss), then delete that
+/// key.
 pub fn etcd_same_txns(name: impl Into<String>, client: &etcd_client::Client, lease: i64, prefix: &str) -> Variant {
     use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
     let kv = client.kv_client();
     let prefix = format!("{prefix}/same");
+    let epoch = format!("{prefix}/epoch");
     Variant::new(name, move |slot| {
         let mut kv = kv.clone();
         let resource = format!("{prefix}/t{}k{}/", slot.task, slot.key);
         let key = format!("{resource}{}", slot.n);
+        let epoch = epoch.clone();
         async move {
-            let txn = Txn::new()
-                .when([Compare::create_revision(resource, CompareOp::Equal, 0).with_prefix()])
-                .and_then([TxnOp::put(key.clone(), "token", Some(PutOptions::new().with_lease(lease)))]);
+            let txn =
+                Txn::new().when([Compare::create_revision(resource, CompareOp::Equal, 0).with_prefix()]).and_then([
+                    TxnOp::put(key.clone(), "token", Some(PutOptions::new().with_lease(lease))),
+                    TxnOp::get(epoch, None),
+                ]);
             if !kv.txn(txn).await.map_err(etcd_err)?.succeeded() {
                 return Err(format!("{key} was held"));
             }

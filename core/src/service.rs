@@ -286,6 +286,7 @@ pub fn timeout_error(backend: &'static str, key: &ResourceKey, wait: Duration) -
 pub struct Backoff {
     ceiling: Duration,
     max: Duration,
+    /// The jitter's state; 0 until the first delay is drawn (xorshift never reaches 0).
     rng: u64,
 }
 
@@ -296,15 +297,22 @@ impl Backoff {
     }
 
     /// Backoff from `first` doubling up to `max`.
+    ///
+    /// Costs nothing until the first delay: the jitter is seeded from the operating system then,
+    /// so a request that answers at once (most do) makes no system call for a backoff it never
+    /// used.
     pub fn with_bounds(first: Duration, max: Duration) -> Self {
-        let mut seed = [0u8; 8];
-        // A failed seed only makes the jitter predictable; it never affects safety.
-        let _ = getrandom::fill(&mut seed);
-        Backoff { ceiling: first, max, rng: u64::from_le_bytes(seed) | 1 }
+        Backoff { ceiling: first, max, rng: 0 }
     }
 
     /// The next delay to sleep.
     pub fn next_delay(&mut self) -> Duration {
+        if self.rng == 0 {
+            let mut seed = [0u8; 8];
+            // A failed seed only makes the jitter predictable; it never affects safety.
+            let _ = getrandom::fill(&mut seed);
+            self.rng = u64::from_le_bytes(seed) | 1;
+        }
         // xorshift64: fast, seeded from the OS, good enough for jitter.
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;

@@ -143,12 +143,29 @@ where
         std::time::Duration::from_millis(5),
         std::time::Duration::from_millis(100),
     );
+    // An attempt refused before it left this process is sent again after a backoff, unless
+    // that would be past the give-up.
+    let mut retry_after = |e: EtcdError| {
+        let retry = Instant::now() + backoff.next_delay();
+        if retry >= give_up { Err(map(e, what, writes)) } else { Ok(retry) }
+    };
     let resend_at = || idempotent.then(|| Instant::now() + RESEND_IDEMPOTENT_AFTER);
-    let mut in_flight: Vec<Pin<Box<Fut>>> = vec![Box::pin(send())];
-    // Attempts that may have reached a server: every one sent, but those refused before
-    // they left this process.
-    let mut reached = 1usize;
-    let mut next_send = resend_at();
+    // The common case on its own: the first attempt answers before a resend is due. It costs
+    // one timer and no list of attempts, which on a busy client is a visible share of what a
+    // request costs beside the raw client's (issue 37).
+    let mut first = Box::pin(send());
+    let first_due = resend_at().map_or(give_up, |at| at.min(give_up));
+    // What is in flight, how many attempts may have reached a server (every one sent but
+    // those refused before they left this process), and when the next one goes.
+    let (mut in_flight, mut reached, mut next_send): (Vec<Pin<Box<Fut>>>, usize, Option<Instant>) =
+        match tokio::time::timeout_at(first_due, first.as_mut()).await {
+            Ok(Ok(value)) => return Ok(Answer { value, resent: false }),
+            Ok(Err(e)) if never_sent(&e) => (Vec::new(), 0, Some(retry_after(e)?)),
+            Ok(Err(e)) => return Err(map(e, what, writes)),
+            Err(_) if !idempotent || Instant::now() >= give_up => return Err(timed_out(what, writes)),
+            // Unanswered for the resend interval: the loop sends it again at once, beside it.
+            Err(_) => (vec![first], 1, Some(Instant::now())),
+        };
     loop {
         let event = {
             let answered = std::future::poll_fn(|cx| {
@@ -183,10 +200,7 @@ where
                     Ok(value) => return Ok(Answer { value, resent: reached > 1 }),
                     Err(e) if never_sent(&e) => {
                         reached -= 1;
-                        let retry = Instant::now() + backoff.next_delay();
-                        if retry >= give_up {
-                            return Err(map(e, what, writes));
-                        }
+                        let retry = retry_after(e)?;
                         next_send = Some(next_send.map_or(retry, |at| at.min(retry)));
                     }
                     // Another attempt may still answer.

@@ -1,6 +1,7 @@
 //! The lock service: one txn per uncontended acquire, FIFO waiting by watching the
 //! predecessor, and a local expiry per grant so a silent holder's lock is given up on time.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +39,8 @@ struct Inner {
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     held: Arc<HeldGrants>,
     stop: CancellationToken,
+    /// The key that holds the service's epoch (`<prefix>epoch`), absent until a recovery.
+    epoch_key: String,
 }
 
 /// How long a connection may stay silent before the client pings it: etcd's default
@@ -102,9 +105,11 @@ impl EtcdLockService {
                     }
                     err
                 })?;
+        let epoch_key = format!("{}epoch", config.key_prefix);
         let inner = Arc::new(Inner {
             client,
             config,
+            epoch_key,
             session: tokio::sync::Mutex::new(None),
             held: HeldGrants::new(),
             stop: CancellationToken::new(),
@@ -163,7 +168,23 @@ impl EtcdLockService {
     /// Every contender of a resource shares the `<prefix>lock:{domain:id}/` prefix; the
     /// closing brace keeps one resource's prefix from matching another's.
     pub fn contender_key(&self, key: &ResourceKey, token: OwnerToken) -> String {
-        format!("{}{token}", self.inner.resource_prefix(key))
+        contender_key(self.inner.resource_prefix(key), token)
+    }
+
+    /// A grant's contender key, and whether this service holds the grant. The key is the
+    /// grant's handle when this service holds a grant under that handle and fence (it made the
+    /// handle from the key), and is built from the resource and token otherwise: a handle of
+    /// anyone else's is never taken for a key to delete.
+    fn held_key<'g>(&self, grant: &'g Grant<Fenced>) -> (Cow<'g, str>, bool) {
+        let fence = grant.fence().get();
+        match grant.handle() {
+            Some(handle) if self.inner.held.holds(handle, fence) => (Cow::Borrowed(handle), true),
+            _ => {
+                let id = self.contender_key(grant.key(), grant.token());
+                let held = self.inner.held.holds(&id, fence);
+                (Cow::Owned(id), held)
+            }
+        }
     }
 }
 
@@ -189,11 +210,6 @@ impl Inner {
         format!("{}{}/", self.config.key_prefix, key.lock_key())
     }
 
-    /// The key that holds the service's epoch (`<prefix>epoch`), absent until a recovery.
-    fn epoch_key(&self) -> String {
-        format!("{}epoch", self.config.key_prefix)
-    }
-
     /// The live session, starting a new one if there is none or the last one was lost.
     async fn session(&self) -> Result<Arc<Session>> {
         let mut slot = self.session.lock().await;
@@ -212,11 +228,13 @@ impl Inner {
 
     /// One txn within the request timeout. A txn that never left this process (the member it
     /// was routed to is down) is sent again, to another member, until the timeout; so is a
-    /// read-only one (`!writes`) that a silent member leaves unanswered for a second.
-    async fn txn(&self, txn: Txn, what: &str, writes: bool) -> Result<TxnResponse> {
+    /// read-only one (`!writes`) that a silent member leaves unanswered for a second. `txn`
+    /// builds each attempt's request: a clone of one built beforehand would cost every
+    /// request a copy that only a resend needs.
+    async fn txn(&self, txn: impl Fn() -> Txn, what: &str, writes: bool) -> Result<TxnResponse> {
         with_failover(self.config.request_timeout, what, writes, !writes, || {
             let mut kv = self.client.kv_client();
-            let txn = txn.clone();
+            let txn = txn();
             async move { kv.txn(txn).await }
         })
         .await
@@ -287,33 +305,34 @@ impl Inner {
     fn grant(
         self: &Arc<Self>,
         key: &ResourceKey,
-        token: OwnerToken,
+        contender: &Contender,
         fence: Fence,
         ttl: Ttl,
         sent_at: Instant,
         session: &Arc<Session>,
     ) -> Result<Grant<Fenced>> {
-        let etcd_key = format!("{}{token}", self.resource_prefix(key));
+        let etcd_key = contender.key.as_str();
         let granted = Inner::cap(session, ttl, sent_at)?;
         let fence_value = fence.get();
-        let grant = Grant::new(key.clone(), token, fence, granted, sent_at).with_handle(etcd_key.clone());
+        // The handle is the contender key, so extend and release need not build it again.
+        let handle: Arc<str> = Arc::from(etcd_key);
+        let grant = Grant::new(key.clone(), contender.token, fence, granted, sent_at).with_handle(Arc::clone(&handle));
         // At the local deadline: delete our key (owner-checked), in the background if need be.
         let give_up: GiveUp = {
-            let (inner, session_lost, key) =
-                (Arc::downgrade(self), session.lost.clone(), etcd_key.clone().into_bytes());
+            let (inner, session_lost) = (Arc::downgrade(self), session.lost.clone());
             Box::new(move || {
                 Box::pin(async move {
                     let Some(inner) = inner.upgrade() else { return };
-                    if let Err(e) = inner.delete_own(&key).await {
+                    if let Err(e) = inner.delete_own(handle.as_bytes()).await {
                         warn!(error = %e, "could not delete an expired lock key; retrying in the background");
-                        inner.abandon(key, session_lost);
+                        inner.abandon(handle.as_bytes().to_vec(), session_lost);
                     }
                 })
             })
         };
         // The grant's own lost token is the one that fires: the lease watchdog listens to it.
         self.held.hold(
-            etcd_key,
+            etcd_key.to_owned(),
             fence_value,
             sent_at + granted.get(),
             grant.lost_token().clone(),
@@ -322,6 +341,42 @@ impl Inner {
         );
         Ok(grant)
     }
+}
+
+/// One contender for a resource: a fresh owner token and its etcd key,
+/// `<prefix>lock:{domain:id}/<token>`, whose value is the token.
+struct Contender {
+    token: OwnerToken,
+    key: String,
+    /// Where the resource's prefix ends in `key`.
+    split: usize,
+}
+
+impl Contender {
+    fn new(inner: &Inner, resource: &ResourceKey) -> Result<Contender> {
+        let token = OwnerToken::generate()?;
+        let key = inner.resource_prefix(resource);
+        let split = key.len();
+        Ok(Contender { token, key: contender_key(key, token), split })
+    }
+
+    /// Every contender's key for the resource starts with this.
+    fn prefix(&self) -> &str {
+        &self.key[..self.split]
+    }
+
+    /// The key's value: the token, the key's last part.
+    fn value(&self) -> &str {
+        &self.key[self.split..]
+    }
+}
+
+/// A contender's key: the resource's prefix, then the token.
+fn contender_key(mut prefix: String, token: OwnerToken) -> String {
+    use std::fmt::Write;
+    // Writing to a String cannot fail.
+    let _ = write!(prefix, "{token}");
+    prefix
 }
 
 /// What a delete of our own key found.
@@ -393,19 +448,22 @@ impl LockService for EtcdLockService {
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
         let inner = &self.inner;
         let session = inner.session().await?;
-        let token = OwnerToken::generate()?;
-        let prefix = inner.resource_prefix(key);
-        let etcd_key = format!("{prefix}{token}");
+        let contender = Contender::new(inner, key)?;
+        let etcd_key = contender.key.as_str();
         let sent_at = Instant::now();
-        let txn = Txn::new().when([Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix()]).and_then([
-            TxnOp::put(etcd_key.clone(), token.to_string(), Some(PutOptions::new().with_lease(session.id))),
-            TxnOp::get(inner.epoch_key(), None),
-        ]);
+        let txn = || {
+            Txn::new().when([Compare::create_revision(contender.prefix(), CompareOp::Equal, 0).with_prefix()]).and_then(
+                [
+                    TxnOp::put(etcd_key, contender.value(), Some(PutOptions::new().with_lease(session.id))),
+                    TxnOp::get(inner.epoch_key.as_str(), None),
+                ],
+            )
+        };
         let resp = match inner.txn(txn, "acquire", true).await {
             Ok(resp) => resp,
             Err(e) => {
                 // The put may have landed: a ghost holder would block the key while we live.
-                inner.abandon(etcd_key.into_bytes(), session.lost.clone());
+                inner.abandon(etcd_key.as_bytes().to_vec(), session.lost.clone());
                 return Err(e);
             }
         };
@@ -413,12 +471,12 @@ impl LockService for EtcdLockService {
         if !reply.succeeded {
             return Ok(None);
         }
-        let granted = reply.fence(0).and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
+        let granted = reply.fence(0).and_then(|fence| inner.grant(key, &contender, fence, ttl, sent_at, &session));
         if granted.is_err() {
             // Our key is on the session lease but no deadline tracks it (the session's local
             // deadline passed during the txn): if the session renews, it would block the
             // resource for the life of the process. Delete it.
-            inner.abandon(etcd_key.into_bytes(), session.lost.clone());
+            inner.abandon(etcd_key.as_bytes().to_vec(), session.lost.clone());
         }
         granted.map(Some)
     }
@@ -436,21 +494,22 @@ impl LockService for EtcdLockService {
         let give_up = Instant::now() + wait;
         let inner = &self.inner;
         let session = inner.session().await?;
-        let token = OwnerToken::generate()?;
-        let prefix = inner.resource_prefix(key);
-        let etcd_key = format!("{prefix}{token}");
+        let contender = Contender::new(inner, key)?;
+        let (etcd_key, prefix, value) = (contender.key.as_str(), contender.prefix(), contender.value());
         let mut sent_at = Instant::now();
         let first = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
-        let txn = Txn::new().and_then([
-            TxnOp::put(etcd_key.clone(), token.to_string(), Some(PutOptions::new().with_lease(session.id))),
-            TxnOp::get(prefix.clone(), Some(first)),
-            // The epoch as of our key's creation: fences grow in the queue's order.
-            TxnOp::get(inner.epoch_key(), None),
-        ]);
+        let txn = || {
+            Txn::new().and_then([
+                TxnOp::put(etcd_key, value, Some(PutOptions::new().with_lease(session.id))),
+                TxnOp::get(prefix, Some(first.clone())),
+                // The epoch as of our key's creation: fences grow in the queue's order.
+                TxnOp::get(inner.epoch_key.as_str(), None),
+            ])
+        };
         // From here on our key may exist: every way out without the lock must remove it.
         let mut place = QueuePlace {
             inner: Arc::clone(inner),
-            etcd_key: etcd_key.clone().into_bytes(),
+            etcd_key: etcd_key.as_bytes().to_vec(),
             session_lost: session.lost.clone(),
             armed: true,
         };
@@ -470,11 +529,13 @@ impl LockService for EtcdLockService {
                     .with_max_create_revision(revision - 1)
                     .with_sort(SortTarget::Create, SortOrder::Descend)
                     .with_limit(1);
-                let txn = Txn::new().and_then([
-                    TxnOp::get(etcd_key.clone(), None),
-                    TxnOp::get(prefix.clone(), Some(ahead)),
-                    TxnOp::get(inner.epoch_key(), None),
-                ]);
+                let txn = || {
+                    Txn::new().and_then([
+                        TxnOp::get(etcd_key, None),
+                        TxnOp::get(prefix, Some(ahead.clone())),
+                        TxnOp::get(inner.epoch_key.as_str(), None),
+                    ])
+                };
                 let resp = match inner.txn(txn, "acquire (queue check)", false).await {
                     Ok(r) => r,
                     Err(e) => {
@@ -514,7 +575,7 @@ impl LockService for EtcdLockService {
             .ok_or_else(|| Error::new(ErrorKind::Backend, BACKEND, "etcd answered without the read of the epoch"))
             .and_then(|read| decode_epoch(read.as_deref()))
             .and_then(|epoch| compose_fence(epoch, revision));
-        let granted = fence.and_then(|fence| inner.grant(key, token, fence, ttl, sent_at, &session));
+        let granted = fence.and_then(|fence| inner.grant(key, &contender, fence, ttl, sent_at, &session));
         // Still armed if the grant failed (the session's local deadline passed meanwhile): the
         // place's drop deletes our key instead of leaving it on a lease that may yet renew.
         place.armed = granted.is_err();
@@ -526,19 +587,18 @@ impl LockService for EtcdLockService {
     /// the local deadline; the session's keep-alive is what keeps the key on the server.
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         let inner = &self.inner;
-        let id = self.contender_key(grant.key(), grant.token());
-        let etcd_key = id.clone().into_bytes();
         let fence_value = grant.fence().get();
         let revision = revision_of(grant.fence());
         let not_holder =
             || Error::new(ErrorKind::NotHolder, BACKEND, format!("{} is not held by this grant", grant.key()));
-        if !inner.held.holds(&id, fence_value) {
+        let (id, held) = self.held_key(grant);
+        if !held {
             return Err(not_holder());
         }
         let session = inner.session.lock().await.clone();
         let Some(session) = session else { return Err(not_holder()) };
         let sent_at = Instant::now();
-        let txn = Txn::new().when([Compare::create_revision(etcd_key.clone(), CompareOp::Equal, revision)]);
+        let txn = || Txn::new().when([Compare::create_revision(id.as_bytes(), CompareOp::Equal, revision)]);
         if !inner.txn(txn, "extend", false).await?.succeeded() {
             if inner.held.forget(&id, fence_value) {
                 warn!(key = %grant.key(), "etcd lock key vanished (session expired?); the grant is lost");
@@ -552,16 +612,14 @@ impl LockService for EtcdLockService {
     /// Deletes our key if it is still the one created at the grant's fence.
     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
         let inner = &self.inner;
-        let id = self.contender_key(grant.key(), grant.token());
-        let held = inner.held.holds(&id, grant.fence().get());
+        let (id, held) = self.held_key(grant);
         inner.held.forget(&id, grant.fence().get());
-        let etcd_key = id.into_bytes();
-        let deleted = match inner.delete_own(&etcd_key).await {
+        let deleted = match inner.delete_own(id.as_bytes()).await {
             Ok(deleted) => deleted,
             Err(e) => {
                 // Not held by us any more either way; make sure the key goes.
                 if let Some(session) = inner.session.lock().await.clone() {
-                    inner.abandon(etcd_key, session.lost.clone());
+                    inner.abandon(id.as_bytes().to_vec(), session.lost.clone());
                 }
                 return Err(e);
             }
@@ -588,25 +646,29 @@ impl LockService for EtcdLockService {
     async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
         let inner = &self.inner;
         let wanted = epoch_above(floor)?;
-        let epoch_key = inner.epoch_key();
+        let epoch_key = inner.epoch_key.as_str();
         // A compare-and-set loop: create the key, or raise a lower value; a concurrent raise
         // to as much or more ends it too. etcd compares values byte by byte: the fixed-width
         // text orders as the number.
         for _ in 0..8 {
-            let create = Txn::new()
-                .when([Compare::create_revision(epoch_key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(epoch_key.clone(), encode_epoch(wanted), None)])
-                .or_else([TxnOp::get(epoch_key.clone(), None)]);
+            let create = || {
+                Txn::new()
+                    .when([Compare::create_revision(epoch_key, CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(epoch_key, encode_epoch(wanted), None)])
+                    .or_else([TxnOp::get(epoch_key, None)])
+            };
             let created = inner.txn(create, "advance the epoch", true).await?;
             let reply = TxnReply::of(&created);
             let now = if reply.succeeded { None } else { reply.values.first().cloned().flatten() };
             if reply.succeeded || decode_epoch(now.as_deref())? >= wanted {
                 break;
             }
-            let raise = Txn::new()
-                .when([Compare::value(epoch_key.clone(), CompareOp::Less, encode_epoch(wanted))])
-                .and_then([TxnOp::put(epoch_key.clone(), encode_epoch(wanted), None)])
-                .or_else([TxnOp::get(epoch_key.clone(), None)]);
+            let raise = || {
+                Txn::new()
+                    .when([Compare::value(epoch_key, CompareOp::Less, encode_epoch(wanted))])
+                    .and_then([TxnOp::put(epoch_key, encode_epoch(wanted), None)])
+                    .or_else([TxnOp::get(epoch_key, None)])
+            };
             let raised = TxnReply::of(&inner.txn(raise, "advance the epoch", true).await?);
             let now = if raised.succeeded { None } else { raised.values.first().cloned().flatten() };
             if raised.succeeded || (now.is_some() && decode_epoch(now.as_deref())? >= wanted) {
@@ -615,7 +677,7 @@ impl LockService for EtcdLockService {
             // The key was deleted between the two txns: create it again.
         }
         let epoch = TxnReply::of(
-            &inner.txn(Txn::new().and_then([TxnOp::get(epoch_key, None)]), "read the epoch", false).await?,
+            &inner.txn(|| Txn::new().and_then([TxnOp::get(epoch_key, None)]), "read the epoch", false).await?,
         );
         let epoch = decode_epoch(epoch.values.first().cloned().flatten().as_deref())?;
         if epoch < wanted {
