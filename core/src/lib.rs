@@ -118,6 +118,7 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 /// implementation is built from. Application code does not need them.
 ///
 /// - waiting loops: [`poll_acquire`](spi::poll_acquire) (polling with [`Backoff`](spi::Backoff)),
+///   [`poll_acquire_woken`](spi::poll_acquire_woken) (polling that some releases also wake),
 ///   [`wait_for_release`](spi::wait_for_release) (woken by release notifications),
 ///   [`timeout_error`](spi::timeout_error), [`validate_wait`](spi::validate_wait);
 /// - local deadlines for session-based locks: [`HeldGrants`](spi::HeldGrants);
@@ -134,7 +135,9 @@ pub mod spi {
     pub use crate::epoch::EpochFence;
     pub use crate::held::{GiveUp, HeldGrants};
     pub use crate::key::parse_any_resource_key;
-    pub use crate::service::{AttemptOutcome, Backoff, poll_acquire, timeout_error, wait_for_release};
+    pub use crate::service::{
+        AttemptOutcome, Backoff, poll_acquire, poll_acquire_woken, timeout_error, wait_for_release,
+    };
     pub use crate::store::{
         conflict_error, explain_refusal, fence_refusal, lock_not_live, quote_sql_identifier, storable_fence,
         validate_record_key,

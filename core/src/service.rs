@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -248,28 +249,84 @@ pub async fn poll_acquire<G, F, Fut>(
     backend: &'static str,
     key: &ResourceKey,
     wait: Duration,
-    mut backoff: Backoff,
+    backoff: Backoff,
     retry_retryable: bool,
-    mut attempt: F,
+    attempt: F,
 ) -> Result<G>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<G>>>,
 {
+    poll_acquire_woken(backend, key, wait, backoff, retry_retryable, || None::<Arc<Notify>>, attempt).await
+}
+
+/// [`poll_acquire`] that some releases can also wake: a service that hears of a part of its
+/// releases (those of its own process, say) but must still poll for the others.
+///
+/// The first attempt runs bare, as in [`poll_acquire`]. Only when it is not granted does it
+/// ask `released` for a notifier (`None`: plain polling); from then on it registers before
+/// each attempt, so a release between the attempt and the sleep is not missed, and sleeps
+/// until the notifier fires or `backoff`'s next delay passes, whichever is first. The
+/// notifier (any handle that derefs to a [`Notify`], so that it can end a subscription when
+/// dropped) is kept until the wait ends.
+pub async fn poll_acquire_woken<G, F, Fut, N, W>(
+    backend: &'static str,
+    key: &ResourceKey,
+    wait: Duration,
+    mut backoff: Backoff,
+    retry_retryable: bool,
+    released: N,
+    mut attempt: F,
+) -> Result<G>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<G>>>,
+    N: FnOnce() -> Option<W>,
+    W: std::ops::Deref<Target = Notify>,
+{
     validate_wait(wait)?;
     let give_up = Instant::now() + wait;
+    let mut released = Some(released);
+    let mut notifier: Option<W> = None;
     loop {
-        let last_error = match attempt().await {
-            Ok(Some(grant)) => return Ok(grant),
-            Ok(None) => None,
-            Err(e) if retry_retryable && e.is_retryable() => Some(e),
-            Err(e) => return Err(e),
+        // Until the first attempt fails there is no notifier: then `unheard` is the delay to
+        // sleep if no notifier comes either.
+        let unheard = {
+            let notified = notifier.as_deref().map(Notify::notified);
+            tokio::pin!(notified);
+            if let Some(notified) = notified.as_mut().as_pin_mut() {
+                notified.enable();
+            }
+            let last_error = match attempt().await {
+                Ok(Some(grant)) => return Ok(grant),
+                Ok(None) => None,
+                Err(e) if retry_retryable && e.is_retryable() => Some(e),
+                Err(e) => return Err(e),
+            };
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(last_error.unwrap_or_else(|| timeout_error(backend, key, wait)));
+            }
+            let delay = backoff.next_delay().min(give_up - now);
+            match notified.as_mut().as_pin_mut() {
+                Some(notified) => {
+                    tokio::select! {
+                        () = notified => {}
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    None
+                }
+                None => Some(delay),
+            }
         };
-        let now = Instant::now();
-        if now >= give_up {
-            return Err(last_error.unwrap_or_else(|| timeout_error(backend, key, wait)));
+        if let Some(delay) = unheard {
+            // Subscribe, and try again at once if a notifier came: a release may have passed
+            // unheard since the attempt.
+            notifier = released.take().and_then(|subscribe| subscribe());
+            if notifier.is_none() {
+                tokio::time::sleep(delay).await;
+            }
         }
-        tokio::time::sleep(backoff.next_delay().min(give_up - now)).await;
     }
 }
 

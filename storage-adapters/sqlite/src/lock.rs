@@ -1,14 +1,18 @@
 //! The SQLite lock service: locks and their fence counters in the same file as the data.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::spi::{Backoff, poll_acquire, storable_fence};
+use palisade_core::spi::{Backoff, poll_acquire_woken, storable_fence};
 use palisade_core::{
     Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, OwnerToken,
     ResourceKey, Result, Ttl, Waiting,
 };
 use sqlx::Row;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::db::map_err;
@@ -32,9 +36,10 @@ const ONE_ATTEMPT: Duration = Duration::from_millis(100);
 /// Each acquire, extend and release is one statement. Expiry is judged by the machine's wall
 /// clock (every process on one machine reads the same one): a clock stepped back lengthens
 /// holds by as much, one stepped forward ends them early — and in either case the store's fence
-/// check still refuses a stale holder's write. Waiting polls with backoff (2 ms doubling to
-/// 250 ms). A file shared over a network file system is not supported (SQLite's own locking is
-/// unreliable there).
+/// check still refuses a stale holder's write. A release by a lock service of this process on
+/// the same file wakes this process's waiters for the key at once; releases by other processes,
+/// and expiries, are found by polling with backoff (2 ms doubling to 250 ms). A file shared over a network
+/// file system is not supported (SQLite's own locking is unreliable there).
 ///
 /// **One writer at a time.** SQLite lets one transaction write the file at a time, and every
 /// acquire, extend and release writes. So while a fenced transaction ([`SqliteStore::begin_fenced`],
@@ -138,6 +143,74 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// This process's waiters for the locks of one file, by key, woken when a lock service of this
+/// process releases the key. Releases by other processes, and expiries, are met by polling:
+/// SQLite has no way to tell another process that a row changed.
+#[derive(Debug, Default)]
+pub(crate) struct Releases {
+    /// How many waiters are subscribed: a release looks no further while nobody waits.
+    waiting: AtomicUsize,
+    by_key: Mutex<HashMap<String, Weak<Notify>>>,
+}
+
+impl Releases {
+    /// Wakes this process's waiters for `key` (a lock of the key was just released).
+    fn released(&self, key: &ResourceKey) {
+        if self.waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        if let Some(notify) = self.lock().get(&key.to_string()).and_then(Weak::upgrade) {
+            notify.notify_waiters();
+        }
+    }
+
+    /// A waiter's subscription to `key`'s releases, until it is dropped.
+    fn subscribe(&self, key: &ResourceKey) -> Subscription<'_> {
+        let key = key.to_string();
+        let mut by_key = self.lock();
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let notify = match by_key.get(&key).and_then(Weak::upgrade) {
+            Some(notify) => notify,
+            None => {
+                let notify = Arc::new(Notify::new());
+                by_key.insert(key.clone(), Arc::downgrade(&notify));
+                notify
+            }
+        };
+        Subscription { releases: self, key, notify }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Notify>>> {
+        self.by_key.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One waiter's subscription to a key's releases (see [`Releases`]).
+struct Subscription<'a> {
+    releases: &'a Releases,
+    key: String,
+    notify: Arc<Notify>,
+}
+
+impl std::ops::Deref for Subscription<'_> {
+    type Target = Notify;
+
+    fn deref(&self) -> &Notify {
+        &self.notify
+    }
+}
+
+impl Drop for Subscription<'_> {
+    fn drop(&mut self) {
+        let mut by_key = self.releases.lock();
+        self.releases.waiting.fetch_sub(1, Ordering::SeqCst);
+        // Under the map's lock nobody else can take a new handle: the last one removes the key.
+        if Arc::strong_count(&self.notify) == 1 {
+            by_key.remove(&self.key);
+        }
+    }
+}
+
 #[async_trait]
 impl LockService for SqliteLockService {
     type Fencing = Fenced;
@@ -206,8 +279,10 @@ impl LockService for SqliteLockService {
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
-        // SQLITE_BUSY from another process's long transaction is retryable: keep waiting.
-        poll_acquire(BACKEND, key, wait, Backoff::new(), true, || self.try_acquire(key, ttl)).await
+        // SQLITE_BUSY from another process's long transaction is retryable: keep waiting. A
+        // release in this process wakes the wait at once; other processes' are polled for.
+        let subscribe = || Some(self.store.releases().subscribe(key));
+        poll_acquire_woken(BACKEND, key, wait, Backoff::new(), true, subscribe, || self.try_acquire(key, ttl)).await
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
@@ -219,7 +294,10 @@ impl LockService for SqliteLockService {
 
     async fn release(&self, grant: &Grant<Fenced>) -> Result<()> {
         match self.execute(RELEASE, grant, None).await? {
-            1 => Ok(()),
+            1 => {
+                self.store.releases().released(grant.key());
+                Ok(())
+            }
             _ => Err(Self::not_holder(grant)),
         }
     }

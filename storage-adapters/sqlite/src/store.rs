@@ -21,6 +21,7 @@ use tracing::debug;
 use crate::config::{SqliteConfig, Synchronous, quote_ident, shown_path};
 use crate::db::BACKEND;
 pub use crate::db::map_err;
+use crate::lock::Releases;
 use crate::transaction::{FencedTransaction, WriteTransaction};
 
 /// The SQL for a configured pair of tables, built once.
@@ -95,29 +96,37 @@ fn sql(s: &str) -> AssertSqlSafe<String> {
 pub struct SqliteStore {
     pool: SqlitePool,
     statements: Arc<Statements>,
-    writers: WriteGate,
+    shared: Arc<SharedFile>,
     busy_timeout: Duration,
 }
 
-/// SQLite admits one writer at a time, and a writer that finds the database locked sleeps in
-/// the busy handler (up to 100 ms a try) however soon the lock frees. Writers of this process
-/// therefore queue here first, in arrival order, and meet the busy handler only when another
-/// process holds the lock. Every store opened on the same file in this process shares one gate.
-type WriteGate = Arc<tokio::sync::Mutex<()>>;
+/// What every store opened on the same file in this process shares.
+#[derive(Debug, Default)]
+pub(crate) struct SharedFile {
+    /// SQLite admits one writer at a time, and a writer that finds the database locked sleeps
+    /// in the busy handler (up to 100 ms a try) however soon the lock frees. Writers of this
+    /// process therefore queue here first, in arrival order, and meet the busy handler only
+    /// when another process holds the lock.
+    writers: Arc<tokio::sync::Mutex<()>>,
+    /// This process's lock waiters, woken by this process's releases.
+    releases: Releases,
+}
 
-fn write_gate(path: Option<&std::path::Path>) -> WriteGate {
-    static GATES: std::sync::LazyLock<Mutex<HashMap<PathBuf, std::sync::Weak<tokio::sync::Mutex<()>>>>> =
+/// The file's shared state: one per file in this process (by canonical path), and one per
+/// store for an in-memory database (`None`), which no other store reaches.
+fn shared_file(path: Option<&std::path::Path>) -> Arc<SharedFile> {
+    static FILES: std::sync::LazyLock<Mutex<HashMap<PathBuf, std::sync::Weak<SharedFile>>>> =
         std::sync::LazyLock::new(Mutex::default);
-    let Some(path) = path else { return WriteGate::default() };
+    let Some(path) = path else { return Arc::default() };
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let mut gates = GATES.lock().unwrap_or_else(PoisonError::into_inner);
-    gates.retain(|_, gate| gate.strong_count() > 0);
-    if let Some(gate) = gates.get(&path).and_then(std::sync::Weak::upgrade) {
-        return gate;
+    let mut files = FILES.lock().unwrap_or_else(PoisonError::into_inner);
+    files.retain(|_, file| file.strong_count() > 0);
+    if let Some(file) = files.get(&path).and_then(std::sync::Weak::upgrade) {
+        return file;
     }
-    let gate = WriteGate::default();
-    gates.insert(path, Arc::downgrade(&gate));
-    gate
+    let file = Arc::<SharedFile>::default();
+    files.insert(path, Arc::downgrade(&file));
+    file
 }
 
 impl SqliteStore {
@@ -168,15 +177,9 @@ impl SqliteStore {
         let mut backoff =
             palisade_core::spi::Backoff::with_bounds(Duration::from_millis(5), Duration::from_millis(200));
         loop {
-            let writers = write_gate(config.path.as_deref());
-            match open_once(
-                pool_options.clone(),
-                options.clone(),
-                Arc::clone(&statements),
-                writers,
-                config.busy_timeout,
-            )
-            .await
+            let shared = shared_file(config.path.as_deref());
+            match open_once(pool_options.clone(), options.clone(), Arc::clone(&statements), shared, config.busy_timeout)
+                .await
             {
                 Ok(store) => {
                     debug!(path = ?config.path, "sqlite fenced store open");
@@ -223,7 +226,7 @@ impl SqliteStore {
         let path = pool.connect_options().get_filename().to_path_buf();
         let in_memory = crate::db::is_in_memory(&path);
         let store = SqliteStore {
-            writers: write_gate((!in_memory).then_some(path.as_path())),
+            shared: shared_file((!in_memory).then_some(path.as_path())),
             pool,
             statements: Arc::new(Statements::new(&c.fences_table, &c.records_table, false)?),
             busy_timeout: c.busy_timeout,
@@ -235,13 +238,13 @@ impl SqliteStore {
     /// This process's turn to write if it comes within `bound`; `None` if another writer of
     /// the process (an open transaction) keeps it longer.
     pub(crate) async fn writer_within(&self, bound: Duration) -> Option<tokio::sync::OwnedMutexGuard<()>> {
-        tokio::time::timeout(bound, Arc::clone(&self.writers).lock_owned()).await.ok()
+        tokio::time::timeout(bound, Arc::clone(&self.shared.writers).lock_owned()).await.ok()
     }
 
     /// Waits for this process's turn to write, as long as the busy timeout allows (a
     /// transaction left open elsewhere in the process must not hang every writer forever).
     pub(crate) async fn writer(&self) -> Result<tokio::sync::OwnedMutexGuard<()>> {
-        tokio::time::timeout(self.busy_timeout, Arc::clone(&self.writers).lock_owned()).await.map_err(|_| {
+        tokio::time::timeout(self.busy_timeout, Arc::clone(&self.shared.writers).lock_owned()).await.map_err(|_| {
             Error::new(
                 ErrorKind::Unavailable,
                 BACKEND,
@@ -257,6 +260,11 @@ impl SqliteStore {
     /// The connection pool, for your own reads and schema.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// This process's waiters for the file's locks, woken by this process's releases.
+    pub(crate) fn releases(&self) -> &Releases {
+        &self.shared.releases
     }
 
     /// Starts a transaction for your own statements under `lease`'s fence.
@@ -401,7 +409,7 @@ async fn open_once(
     pool_options: SqlitePoolOptions,
     options: SqliteConnectOptions,
     statements: Arc<Statements>,
-    writers: WriteGate,
+    shared: Arc<SharedFile>,
     busy_timeout: Duration,
 ) -> Result<SqliteStore> {
     let path = options.get_filename().to_path_buf();
@@ -423,7 +431,7 @@ async fn open_once(
         }
         err
     })?;
-    let store = SqliteStore { pool, statements, writers, busy_timeout };
+    let store = SqliteStore { pool, statements, shared, busy_timeout };
     store.migrate().await?;
     Ok(store)
 }
