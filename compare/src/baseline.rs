@@ -425,3 +425,89 @@ pub async fn sqlite_row(name: impl Into<String>, url: &str, prefix: &str) -> Res
         }
     }))
 }
+
+/// The minimal fenced row lock on PostgreSQL, through sqlx, on a table of its own: one
+/// `INSERT … ON CONFLICT DO UPDATE … WHERE free OR expired RETURNING fence` takes the row and
+/// issues the next fence (no row back: held), and `UPDATE … SET owner = NULL` releases it. The
+/// row stays, so its fence survives the release: the least a fenced lock in a table can do.
+pub async fn postgres_minimal_fenced(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(16).connect(url).await.map_err(sql_err)?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS palisade_minimal_locks (resource TEXT PRIMARY KEY, owner TEXT, \
+         expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .map_err(sql_err)?;
+    let prefix = format!("{prefix}.minimal");
+    Ok(Variant::new(name, move |slot| {
+        let pool = pool.clone();
+        let key = format!("{prefix}:t{}k{}", slot.task, slot.key);
+        async move {
+            let fence: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO palisade_minimal_locks AS l (resource, owner, expires_at, fence) \
+                 VALUES ($1, 'token', clock_timestamp() + interval '30 seconds', 1) \
+                 ON CONFLICT (resource) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, \
+                 fence = l.fence + 1 WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() RETURNING l.fence",
+            )
+            .bind(&key)
+            .fetch_optional(&pool)
+            .await
+            .map_err(sql_err)?;
+            if fence.is_none() {
+                return Err(format!("{key} was held"));
+            }
+            sqlx::query("UPDATE palisade_minimal_locks SET owner = NULL WHERE resource = $1 AND owner = 'token'")
+                .bind(&key)
+                .execute(&pool)
+                .await
+                .map_err(sql_err)?;
+            Ok(())
+        }
+    }))
+}
+
+/// The same minimal fenced row lock in the SQLite file at `url` (its own pool, as
+/// [`sqlite_row`]'s).
+pub async fn sqlite_minimal_fenced(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+    let store = palisade::sqlite::SqliteStore::connect(url).await.map_err(|e| e.to_string())?;
+    let pool = store.pool().clone();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS palisade_minimal_locks (resource TEXT PRIMARY KEY NOT NULL, owner TEXT, \
+         expires_at_ms INTEGER NOT NULL, fence INTEGER NOT NULL) WITHOUT ROWID",
+    )
+    .execute(&pool)
+    .await
+    .map_err(sql_err)?;
+    let prefix = format!("{prefix}.minimal");
+    Ok(Variant::new(name, move |slot| {
+        let pool = pool.clone();
+        let key = format!("{prefix}:t{}k{}", slot.task, slot.key);
+        async move {
+            let now_ms = i64::try_from(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis(),
+            )
+            .unwrap_or(i64::MAX);
+            let fence: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO palisade_minimal_locks AS l (resource, owner, expires_at_ms, fence) \
+                 VALUES (?1, 'token', ?2 + 30000, 1) \
+                 ON CONFLICT (resource) DO UPDATE SET owner = excluded.owner, expires_at_ms = excluded.expires_at_ms, \
+                 fence = l.fence + 1 WHERE l.owner IS NULL OR l.expires_at_ms <= ?2 RETURNING fence",
+            )
+            .bind(&key)
+            .bind(now_ms)
+            .fetch_optional(&pool)
+            .await
+            .map_err(sql_err)?;
+            if fence.is_none() {
+                return Err(format!("{key} was held"));
+            }
+            sqlx::query("UPDATE palisade_minimal_locks SET owner = NULL WHERE resource = ?1 AND owner = 'token'")
+                .bind(&key)
+                .execute(&pool)
+                .await
+                .map_err(sql_err)?;
+            Ok(())
+        }
+    }))
+}

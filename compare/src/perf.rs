@@ -22,8 +22,9 @@ pub const RAW: &str = "raw";
 pub const SAME: &str = "same operations, raw";
 
 /// The name of the variant sending the minimal fenced recipe through the raw client (Redis:
-/// `SET NX PX` then `INCR` in one script, a compare-and-delete script): Palisade ÷ this is what
-/// its guarantees beyond the fence cost.
+/// `SET NX PX` then `INCR` in one script, a compare-and-delete script; PostgreSQL and SQLite:
+/// one upsert that takes a free or expired row and returns its next fence, an update that
+/// clears the owner): Palisade ÷ this is what its guarantees beyond the fence cost.
 pub const MINIMAL: &str = "minimal fenced recipe, raw";
 
 /// A lock service's figures: latency, throughput at each concurrency and handoff, for Palisade
@@ -117,8 +118,14 @@ pub async fn lock_perf(backend: Backend, url: &str, plan: &Plan) -> Result<LockP
             let client = zk::Client::connect(&hosts).await.map_err(|e| format!("raw zookeeper: {e}"))?;
             variants.push(baseline::zk_create(RAW, &client, &prefix, plan).await?);
         }
-        Backend::Postgres => variants.push(baseline::postgres_row(RAW, url, &prefix).await?),
-        Backend::Sqlite => variants.push(baseline::sqlite_row(RAW, url, &prefix).await?),
+        Backend::Postgres => {
+            variants.push(baseline::postgres_row(RAW, url, &prefix).await?);
+            variants.push(baseline::postgres_minimal_fenced(MINIMAL, url, &prefix).await?);
+        }
+        Backend::Sqlite => {
+            variants.push(baseline::sqlite_row(RAW, url, &prefix).await?);
+            variants.push(baseline::sqlite_minimal_fenced(MINIMAL, url, &prefix).await?);
+        }
     }
     variants.push(ours);
     Ok(LockPerf {

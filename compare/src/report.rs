@@ -454,7 +454,7 @@ fn markdown(
             locks,
             plan,
             MINIMAL,
-            "Palisade ÷ the minimal fenced recipe, through the raw client, in the same rounds (Redis: `SET NX PX` then `INCR` in one script, and a compare-and-delete script): the least any lock with a fence can send, so what Palisade's guarantees cost beyond the fence itself (resends that find their own grant, exact fences above 2⁵³, waiters woken).",
+            "Palisade ÷ the minimal fenced recipe, through the raw client, in the same rounds (Redis: `SET NX PX` then `INCR` in one script, and a compare-and-delete script; PostgreSQL and SQLite: one `INSERT … ON CONFLICT DO UPDATE … WHERE` free or expired `RETURNING` the next fence, and an `UPDATE` that clears the owner): the least any lock with a fence can send, so what Palisade's guarantees cost beyond the fence itself (resends that find their own grant, exact fences above 2⁵³ or a repair's floor, waiters woken, a holder's open transaction never waited on).",
         );
         if locks.iter().any(|l| l.perf.is_some()) {
             let _ = writeln!(md, "\n![latency](latency.svg)\n\n![throughput](throughput.svg)\n");
