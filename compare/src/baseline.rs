@@ -349,164 +349,108 @@ fn sql_err(e: sqlx::Error) -> String {
 }
 
 /// The plain row lock on PostgreSQL, through sqlx (the client Palisade's service uses), on a
-/// table of its own: `INSERT … ON CONFLICT DO NOTHING` of the slot's row (no row back: held),
-/// then `DELETE` it. No fence, no expiry check: the cheapest lock a table can give.
+/// table of its own: `INSERT … ON CONFLICT DO NOTHING` of the slot's row (no row inserted:
+/// held), then `DELETE` it. No fence, no expiry check: the cheapest lock a table can give.
 pub async fn postgres_row(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(16).connect(url).await.map_err(sql_err)?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS palisade_raw_locks (resource TEXT PRIMARY KEY, owner TEXT NOT NULL, \
-         expires_at TIMESTAMPTZ NOT NULL)",
-    )
-    .execute(&pool)
-    .await
-    .map_err(sql_err)?;
-    let prefix = format!("{prefix}.raw");
-    Ok(Variant::new(name, move |slot| {
-        let pool = pool.clone();
-        let key = format!("{prefix}:t{}k{}", slot.task, slot.key);
-        async move {
-            let taken = sqlx::query(
-                "INSERT INTO palisade_raw_locks (resource, owner, expires_at) \
-                 VALUES ($1, 'token', clock_timestamp() + interval '30 seconds') ON CONFLICT DO NOTHING",
-            )
-            .bind(&key)
-            .execute(&pool)
-            .await
-            .map_err(sql_err)?
-            .rows_affected();
-            if taken != 1 {
-                return Err(format!("{key} was held"));
-            }
-            sqlx::query("DELETE FROM palisade_raw_locks WHERE resource = $1 AND owner = 'token'")
-                .bind(&key)
-                .execute(&pool)
-                .await
-                .map_err(sql_err)?;
-            Ok(())
-        }
-    }))
-}
-
-/// The same plain row lock in the SQLite file at `url` (its own pool, as a second process
-/// would have; writes queue on the file's lock as the service's do).
-pub async fn sqlite_row(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
-    let store = palisade::sqlite::SqliteStore::connect(url).await.map_err(|e| e.to_string())?;
-    let pool = store.pool().clone();
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS palisade_raw_locks (resource TEXT PRIMARY KEY NOT NULL, owner TEXT NOT NULL, \
-         expires_at_ms INTEGER NOT NULL) WITHOUT ROWID",
-    )
-    .execute(&pool)
-    .await
-    .map_err(sql_err)?;
-    let prefix = format!("{prefix}.raw");
-    Ok(Variant::new(name, move |slot| {
-        let pool = pool.clone();
-        let key = format!("{prefix}:t{}k{}", slot.task, slot.key);
-        async move {
-            let taken = sqlx::query(
-                "INSERT INTO palisade_raw_locks (resource, owner, expires_at_ms) VALUES (?1, 'token', 0) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(&key)
-            .execute(&pool)
-            .await
-            .map_err(sql_err)?
-            .rows_affected();
-            if taken != 1 {
-                return Err(format!("{key} was held"));
-            }
-            sqlx::query("DELETE FROM palisade_raw_locks WHERE resource = ?1 AND owner = 'token'")
-                .bind(&key)
-                .execute(&pool)
-                .await
-                .map_err(sql_err)?;
-            Ok(())
-        }
-    }))
+    let statements = RowLock {
+        create: "CREATE TABLE IF NOT EXISTS palisade_raw_locks (resource TEXT PRIMARY KEY, owner TEXT NOT NULL, \
+                 expires_at TIMESTAMPTZ NOT NULL)",
+        take: "INSERT INTO palisade_raw_locks (resource, owner, expires_at) \
+               VALUES ($1, 'token', clock_timestamp() + interval '30 seconds') ON CONFLICT DO NOTHING",
+        release: "DELETE FROM palisade_raw_locks WHERE resource = $1 AND owner = 'token'",
+    };
+    postgres_row_lock(name, url, &format!("{prefix}.raw"), statements).await
 }
 
 /// The minimal fenced row lock on PostgreSQL, through sqlx, on a table of its own: one
 /// `INSERT … ON CONFLICT DO UPDATE … WHERE free OR expired RETURNING fence` takes the row and
-/// issues the next fence (no row back: held), and `UPDATE … SET owner = NULL` releases it. The
+/// issues the next fence (no row taken: held), and `UPDATE … SET owner = NULL` releases it. The
 /// row stays, so its fence survives the release: the least a fenced lock in a table can do.
 pub async fn postgres_minimal_fenced(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+    let statements = RowLock {
+        create: "CREATE TABLE IF NOT EXISTS palisade_minimal_locks (resource TEXT PRIMARY KEY, owner TEXT, \
+                 expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL)",
+        take: "INSERT INTO palisade_minimal_locks AS l (resource, owner, expires_at, fence) \
+               VALUES ($1, 'token', clock_timestamp() + interval '30 seconds', 1) \
+               ON CONFLICT (resource) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, \
+               fence = l.fence + 1 WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() RETURNING l.fence",
+        release: "UPDATE palisade_minimal_locks SET owner = NULL WHERE resource = $1 AND owner = 'token'",
+    };
+    postgres_row_lock(name, url, &format!("{prefix}.minimal"), statements).await
+}
+
+/// The same plain row lock in the SQLite file at `url` (its own pool, as a second process
+/// would have; writes queue on the file's lock as the service's do). `?2` is the time in
+/// milliseconds, which the plain lock stores and never reads.
+pub async fn sqlite_row(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+    let statements = RowLock {
+        create: "CREATE TABLE IF NOT EXISTS palisade_raw_locks (resource TEXT PRIMARY KEY NOT NULL, owner TEXT NOT NULL, \
+                 expires_at_ms INTEGER NOT NULL) WITHOUT ROWID",
+        take: "INSERT INTO palisade_raw_locks (resource, owner, expires_at_ms) VALUES (?1, 'token', ?2) \
+               ON CONFLICT DO NOTHING",
+        release: "DELETE FROM palisade_raw_locks WHERE resource = ?1 AND owner = 'token'",
+    };
+    sqlite_row_lock(name, url, &format!("{prefix}.raw"), statements).await
+}
+
+/// The same minimal fenced row lock in the SQLite file at `url` (its own pool, as
+/// [`sqlite_row`]'s; `?2` is the time in milliseconds, expiry by the machine's clock).
+pub async fn sqlite_minimal_fenced(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+    let statements = RowLock {
+        create: "CREATE TABLE IF NOT EXISTS palisade_minimal_locks (resource TEXT PRIMARY KEY NOT NULL, owner TEXT, \
+                 expires_at_ms INTEGER NOT NULL, fence INTEGER NOT NULL) WITHOUT ROWID",
+        take: "INSERT INTO palisade_minimal_locks AS l (resource, owner, expires_at_ms, fence) \
+               VALUES (?1, 'token', ?2 + 30000, 1) \
+               ON CONFLICT (resource) DO UPDATE SET owner = excluded.owner, expires_at_ms = excluded.expires_at_ms, \
+               fence = l.fence + 1 WHERE l.owner IS NULL OR l.expires_at_ms <= ?2 RETURNING fence",
+        release: "UPDATE palisade_minimal_locks SET owner = NULL WHERE resource = ?1 AND owner = 'token'",
+    };
+    sqlite_row_lock(name, url, &format!("{prefix}.minimal"), statements).await
+}
+
+/// A lock kept as a table row: the table, the statement that takes the slot's row (one row
+/// taken or none: held) and the one that lets it go, each bound to the slot's key first.
+struct RowLock {
+    create: &'static str,
+    take: &'static str,
+    release: &'static str,
+}
+
+async fn postgres_row_lock(name: impl Into<String>, url: &str, prefix: &str, lock: RowLock) -> Result<Variant, String> {
     let pool = sqlx::postgres::PgPoolOptions::new().max_connections(16).connect(url).await.map_err(sql_err)?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS palisade_minimal_locks (resource TEXT PRIMARY KEY, owner TEXT, \
-         expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL)",
-    )
-    .execute(&pool)
-    .await
-    .map_err(sql_err)?;
-    let prefix = format!("{prefix}.minimal");
+    sqlx::query(lock.create).execute(&pool).await.map_err(sql_err)?;
+    let prefix = prefix.to_string();
     Ok(Variant::new(name, move |slot| {
         let pool = pool.clone();
         let key = format!("{prefix}:t{}k{}", slot.task, slot.key);
         async move {
-            let fence: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO palisade_minimal_locks AS l (resource, owner, expires_at, fence) \
-                 VALUES ($1, 'token', clock_timestamp() + interval '30 seconds', 1) \
-                 ON CONFLICT (resource) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, \
-                 fence = l.fence + 1 WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() RETURNING l.fence",
-            )
-            .bind(&key)
-            .fetch_optional(&pool)
-            .await
-            .map_err(sql_err)?;
-            if fence.is_none() {
+            let taken = sqlx::query(lock.take).bind(&key).execute(&pool).await.map_err(sql_err)?.rows_affected();
+            if taken != 1 {
                 return Err(format!("{key} was held"));
             }
-            sqlx::query("UPDATE palisade_minimal_locks SET owner = NULL WHERE resource = $1 AND owner = 'token'")
-                .bind(&key)
-                .execute(&pool)
-                .await
-                .map_err(sql_err)?;
+            sqlx::query(lock.release).bind(&key).execute(&pool).await.map_err(sql_err)?;
             Ok(())
         }
     }))
 }
 
-/// The same minimal fenced row lock in the SQLite file at `url` (its own pool, as
-/// [`sqlite_row`]'s).
-pub async fn sqlite_minimal_fenced(name: impl Into<String>, url: &str, prefix: &str) -> Result<Variant, String> {
+async fn sqlite_row_lock(name: impl Into<String>, url: &str, prefix: &str, lock: RowLock) -> Result<Variant, String> {
     let store = palisade::sqlite::SqliteStore::connect(url).await.map_err(|e| e.to_string())?;
     let pool = store.pool().clone();
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS palisade_minimal_locks (resource TEXT PRIMARY KEY NOT NULL, owner TEXT, \
-         expires_at_ms INTEGER NOT NULL, fence INTEGER NOT NULL) WITHOUT ROWID",
-    )
-    .execute(&pool)
-    .await
-    .map_err(sql_err)?;
-    let prefix = format!("{prefix}.minimal");
+    sqlx::query(lock.create).execute(&pool).await.map_err(sql_err)?;
+    let prefix = prefix.to_string();
     Ok(Variant::new(name, move |slot| {
         let pool = pool.clone();
         let key = format!("{prefix}:t{}k{}", slot.task, slot.key);
         async move {
-            let now_ms = i64::try_from(
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis(),
-            )
-            .unwrap_or(i64::MAX);
-            let fence: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO palisade_minimal_locks AS l (resource, owner, expires_at_ms, fence) \
-                 VALUES (?1, 'token', ?2 + 30000, 1) \
-                 ON CONFLICT (resource) DO UPDATE SET owner = excluded.owner, expires_at_ms = excluded.expires_at_ms, \
-                 fence = l.fence + 1 WHERE l.owner IS NULL OR l.expires_at_ms <= ?2 RETURNING fence",
-            )
-            .bind(&key)
-            .bind(now_ms)
-            .fetch_optional(&pool)
-            .await
-            .map_err(sql_err)?;
-            if fence.is_none() {
+            let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let now_ms = i64::try_from(now_ms.as_millis()).unwrap_or(i64::MAX);
+            let taken =
+                sqlx::query(lock.take).bind(&key).bind(now_ms).execute(&pool).await.map_err(sql_err)?.rows_affected();
+            if taken != 1 {
                 return Err(format!("{key} was held"));
             }
-            sqlx::query("UPDATE palisade_minimal_locks SET owner = NULL WHERE resource = ?1 AND owner = 'token'")
-                .bind(&key)
-                .execute(&pool)
-                .await
-                .map_err(sql_err)?;
+            sqlx::query(lock.release).bind(&key).execute(&pool).await.map_err(sql_err)?;
             Ok(())
         }
     }))
