@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -150,7 +150,8 @@ fn millis(d: Duration) -> i64 {
 pub(crate) struct Releases {
     /// How many waiters are subscribed: a release looks no further while nobody waits.
     waiting: AtomicUsize,
-    by_key: Mutex<HashMap<String, Weak<Notify>>>,
+    /// Each key's notifier and how many subscriptions hold it.
+    by_key: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
 }
 
 impl Releases {
@@ -159,7 +160,7 @@ impl Releases {
         if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
-        if let Some(notify) = self.lock().get(&key.to_string()).and_then(Weak::upgrade) {
+        if let Some((notify, _)) = self.lock().get(&key.to_string()) {
             notify.notify_waiters();
         }
     }
@@ -169,18 +170,13 @@ impl Releases {
         let key = key.to_string();
         let mut by_key = self.lock();
         self.waiting.fetch_add(1, Ordering::SeqCst);
-        let notify = match by_key.get(&key).and_then(Weak::upgrade) {
-            Some(notify) => notify,
-            None => {
-                let notify = Arc::new(Notify::new());
-                by_key.insert(key.clone(), Arc::downgrade(&notify));
-                notify
-            }
-        };
+        let (notify, subscribed) = by_key.entry(key.clone()).or_insert_with(|| (Arc::new(Notify::new()), 0));
+        *subscribed += 1;
+        let notify = Arc::clone(notify);
         Subscription { releases: self, key, notify }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Notify>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<Notify>, usize)>> {
         self.by_key.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -204,9 +200,12 @@ impl Drop for Subscription<'_> {
     fn drop(&mut self) {
         let mut by_key = self.releases.lock();
         self.releases.waiting.fetch_sub(1, Ordering::SeqCst);
-        // Under the map's lock nobody else can take a new handle: the last one removes the key.
-        if Arc::strong_count(&self.notify) == 1 {
-            by_key.remove(&self.key);
+        // Counted under the map's lock, so the key's last subscription, and only it, removes it.
+        if let Some((_, subscribed)) = by_key.get_mut(&self.key) {
+            *subscribed = subscribed.saturating_sub(1);
+            if *subscribed == 0 {
+                by_key.remove(&self.key);
+            }
         }
     }
 }
@@ -311,5 +310,43 @@ impl LockService for SqliteLockService {
             .await
             .map_err(map_err)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Subscriptions to one key, ended in any order, leave nothing behind, and a release wakes
+    /// the subscriptions alive when it comes.
+    #[tokio::test]
+    async fn the_waiters_table_keeps_only_live_subscriptions() {
+        let releases = Arc::new(Releases::default());
+        let key = ResourceKey::new("alloc", "WH-01").unwrap_or_else(|e| panic!("{e}"));
+        {
+            let (a, b) = (releases.subscribe(&key), releases.subscribe(&key));
+            let woken = b.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            drop(a);
+            releases.released(&key);
+            tokio::time::timeout(Duration::from_secs(1), woken).await.unwrap_or_else(|_| panic!("not woken"));
+        }
+        assert!(releases.lock().is_empty() && releases.waiting.load(Ordering::SeqCst) == 0);
+        // Two ends at once on two threads, many times: no entry survives its subscriptions.
+        for _ in 0..200 {
+            let subs: Vec<_> = (0..2).map(|_| Arc::clone(&releases)).collect();
+            let handles: Vec<_> = subs
+                .into_iter()
+                .map(|r| {
+                    let key = key.clone();
+                    std::thread::spawn(move || drop(r.subscribe(&key)))
+                })
+                .collect();
+            for h in handles {
+                h.join().unwrap_or_else(|_| panic!("thread"));
+            }
+        }
+        assert!(releases.lock().is_empty(), "entries left: {:?}", releases.lock().keys().collect::<Vec<_>>());
     }
 }

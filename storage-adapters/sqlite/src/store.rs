@@ -112,13 +112,27 @@ pub(crate) struct SharedFile {
     releases: Releases,
 }
 
+/// A file's name for [`shared_file`]: its real path, or for a file not created yet (a store
+/// opening a new file looks it up before the file exists), its directory's real path and its
+/// name, so that every spelling of one file (relative, through a symbolic link) is one name.
+fn file_identity(path: &std::path::Path) -> PathBuf {
+    if let Ok(real) = std::fs::canonicalize(path) {
+        return real;
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    match (std::fs::canonicalize(dir), path.file_name()) {
+        (Ok(dir), Some(name)) => dir.join(name),
+        _ => std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+    }
+}
+
 /// The file's shared state: one per file in this process (by canonical path), and one per
 /// store for an in-memory database (`None`), which no other store reaches.
 fn shared_file(path: Option<&std::path::Path>) -> Arc<SharedFile> {
     static FILES: std::sync::LazyLock<Mutex<HashMap<PathBuf, std::sync::Weak<SharedFile>>>> =
         std::sync::LazyLock::new(Mutex::default);
     let Some(path) = path else { return Arc::default() };
-    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let path = file_identity(path);
     let mut files = FILES.lock().unwrap_or_else(PoisonError::into_inner);
     files.retain(|_, file| file.strong_count() > 0);
     if let Some(file) = files.get(&path).and_then(std::sync::Weak::upgrade) {
@@ -650,5 +664,28 @@ impl FencedStore for SqliteStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
         sql::list_records(&self.pool, &self.statements.list, prefix, map_err).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file not created yet is known by its directory's real path and its name, so two
+    /// spellings of it (here through a symbolic link to its directory), and the file once
+    /// created, share one writer gate and one table of waiters.
+    #[test]
+    #[cfg(unix)]
+    fn spellings_of_a_file_not_yet_created_share_its_state() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap_or_else(|e| panic!("mkdir: {e}"));
+        std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap_or_else(|e| panic!("symlink: {e}"));
+        let plain = real.join("new.db");
+        let linked = dir.path().join("link").join("new.db");
+        let first = shared_file(Some(&plain));
+        assert!(Arc::ptr_eq(&first, &shared_file(Some(&linked))), "two spellings, two gates");
+        std::fs::write(&plain, b"").unwrap_or_else(|e| panic!("create: {e}"));
+        assert!(Arc::ptr_eq(&first, &shared_file(Some(&linked))), "the file once created, another gate");
     }
 }
