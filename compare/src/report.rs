@@ -588,7 +588,6 @@ fn markdown(
     md
 }
 
-/// The command line for the report, every URL without its password (reports get committed).
 /// A table of Palisade ÷ the variant `reference` (latency, then throughput at each
 /// concurrency), for the lock services measured with it; nothing when none was.
 fn reference_table(md: &mut String, locks: &[LockRow], plan: &Plan, reference: &str, intro: &str) {
@@ -628,6 +627,7 @@ fn reference_table(md: &mut String, locks: &[LockRow], plan: &Plan, reference: &
     }
 }
 
+/// The command line for the report, every URL without its password (reports get committed).
 fn command_line(args: impl Iterator<Item = String>) -> String {
     args.map(|a| if a.contains("://") { shown(&a) } else { a }).collect::<Vec<_>>().join(" ")
 }

@@ -1,7 +1,6 @@
 //! The SQLite lock service: locks and their fence counters in the same file as the data.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -38,8 +37,8 @@ const ONE_ATTEMPT: Duration = Duration::from_millis(100);
 /// holds by as much, one stepped forward ends them early — and in either case the store's fence
 /// check still refuses a stale holder's write. A release by a lock service of this process on
 /// the same file wakes this process's waiters for the key at once; releases by other processes,
-/// and expiries, are found by polling with backoff (2 ms doubling to 250 ms). A file shared over a network
-/// file system is not supported (SQLite's own locking is unreliable there).
+/// and expiries, are found by polling with backoff (2 ms doubling to 250 ms). A file shared
+/// over a network file system is not supported (SQLite's own locking is unreliable there).
 ///
 /// **One writer at a time.** SQLite lets one transaction write the file at a time, and every
 /// acquire, extend and release writes. So while a fenced transaction ([`SqliteStore::begin_fenced`],
@@ -148,19 +147,19 @@ fn millis(d: Duration) -> i64 {
 /// SQLite has no way to tell another process that a row changed.
 #[derive(Debug, Default)]
 pub(crate) struct Releases {
-    /// How many waiters are subscribed: a release looks no further while nobody waits.
-    waiting: AtomicUsize,
-    /// Each key's notifier and how many subscriptions hold it.
+    /// Each key's notifier and how many subscriptions hold it; empty while nobody waits, so an
+    /// uncontended release looks no further.
     by_key: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
 }
 
 impl Releases {
     /// Wakes this process's waiters for `key` (a lock of the key was just released).
     fn released(&self, key: &ResourceKey) {
-        if self.waiting.load(Ordering::SeqCst) == 0 {
+        let by_key = self.lock();
+        if by_key.is_empty() {
             return;
         }
-        if let Some((notify, _)) = self.lock().get(&key.to_string()) {
+        if let Some((notify, _)) = by_key.get(&key.to_string()) {
             notify.notify_waiters();
         }
     }
@@ -169,7 +168,6 @@ impl Releases {
     fn subscribe(&self, key: &ResourceKey) -> Subscription<'_> {
         let key = key.to_string();
         let mut by_key = self.lock();
-        self.waiting.fetch_add(1, Ordering::SeqCst);
         let (notify, subscribed) = by_key.entry(key.clone()).or_insert_with(|| (Arc::new(Notify::new()), 0));
         *subscribed += 1;
         let notify = Arc::clone(notify);
@@ -199,7 +197,6 @@ impl std::ops::Deref for Subscription<'_> {
 impl Drop for Subscription<'_> {
     fn drop(&mut self) {
         let mut by_key = self.releases.lock();
-        self.releases.waiting.fetch_sub(1, Ordering::SeqCst);
         // Counted under the map's lock, so the key's last subscription, and only it, removes it.
         if let Some((_, subscribed)) = by_key.get_mut(&self.key) {
             *subscribed = subscribed.saturating_sub(1);
@@ -332,7 +329,7 @@ mod tests {
             releases.released(&key);
             tokio::time::timeout(Duration::from_secs(1), woken).await.unwrap_or_else(|_| panic!("not woken"));
         }
-        assert!(releases.lock().is_empty() && releases.waiting.load(Ordering::SeqCst) == 0);
+        assert!(releases.lock().is_empty());
         // Two ends at once on two threads, many times: no entry survives its subscriptions.
         for _ in 0..200 {
             let subs: Vec<_> = (0..2).map(|_| Arc::clone(&releases)).collect();
