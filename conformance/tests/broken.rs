@@ -107,6 +107,12 @@ mod broken_twins {
         /// come free, up to a lock timeout of seconds, instead of answering at once (a statement
         /// that waits on the holder's row lock).
         ZeroWaitBlocks,
+        /// Declares native waiting, but its waiters poll with backoff (2 ms doubling to 250 ms),
+        /// as the trait's default `acquire` does.
+        NativeDeclaredPolls,
+        /// Declares native waiting and wakes `acquire`'s waiters, but leaves `acquire_any` to the
+        /// trait's default, which polls: a semaphore's waiters are not woken.
+        NativeDeclaredAnyPolls,
     }
 
     /// How long a `ZeroWaitBlocks` zero wait may block: its lock timeout.
@@ -158,10 +164,10 @@ mod broken_twins {
                 fences_survive_release: true,
                 fences_survive_restart: true,
                 gap_free: true,
-                waiting: if self.flaw == LockFlaw::NewestWaiterFirstDeclaredFifo {
-                    palisade_core::Waiting::NativeFifo
-                } else {
-                    palisade_core::Waiting::Polling
+                waiting: match self.flaw {
+                    LockFlaw::NewestWaiterFirstDeclaredFifo => palisade_core::Waiting::NativeFifo,
+                    LockFlaw::NativeDeclaredPolls | LockFlaw::NativeDeclaredAnyPolls => palisade_core::Waiting::Native,
+                    _ => palisade_core::Waiting::Polling,
                 },
                 ..Capabilities::default()
             }
@@ -191,6 +197,11 @@ mod broken_twins {
                     .try_acquire(key, ttl)
                     .await?
                     .ok_or_else(|| palisade_core::spi::timeout_error("broken", key, wait));
+            }
+            if self.flaw == LockFlaw::NativeDeclaredPolls {
+                let backoff = palisade_core::spi::Backoff::new();
+                let attempt = || self.try_acquire(key, ttl);
+                return palisade_core::spi::poll_acquire("broken", key, wait, backoff, false, attempt).await;
             }
             if self.flaw == LockFlaw::AcquireNeverWaits {
                 return self
@@ -1176,6 +1187,27 @@ mod broken_twins {
             LockFlaw::WakesOnlyAtExpiry,
             &[("wait_and_handoff", "missed its wake-up")],
             &["fifo_when_declared"],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_service_declaring_native_waiting_whose_waiters_poll_fails_the_wake_up_bound() {
+        lock_flaw_fails(
+            LockFlaw::NativeDeclaredPolls,
+            &[("releases_wake_waiters", "acquire: median handoff")],
+            // A poll may come after the hold's first TTL.
+            &["wait_and_handoff"],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_service_declaring_native_waiting_whose_acquire_any_polls_fails_the_wake_up_bound() {
+        lock_flaw_fails(
+            LockFlaw::NativeDeclaredAnyPolls,
+            &[("releases_wake_waiters", "acquire_any (one of three keys released): median handoff")],
+            &[],
         )
         .await;
     }

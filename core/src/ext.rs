@@ -318,6 +318,36 @@ fn service_id<S: ?Sized>(service: &Arc<S>) -> usize {
 }
 
 /// [`ErrorKind::Reentrant`] if an enclosing `with_lock` of this task holds `key` from `service`.
+/// [`LockServiceExt::lock`] on whichever of `keys` is free first
+/// ([`LockService::acquire_any`]): a semaphore's permit. The same validation, re-entry
+/// refusal, span and metrics as `lock`.
+pub(crate) async fn lock_any<S: LockService + ?Sized>(
+    service: &Arc<S>,
+    keys: &[ResourceKey],
+    options: LockOptions,
+) -> Result<Lease<S>> {
+    let LockOptions { ttl, wait } = options;
+    let ttl = Ttl::new(ttl)?;
+    crate::spi::validate_wait(wait)?;
+    for key in keys {
+        refuse_reentry(service, key)?;
+    }
+    let backend = service.backend();
+    let started = Instant::now();
+    let span = tracing::debug_span!("lock.acquire_any", backend, keys = keys.len());
+    match service.acquire_any(keys, ttl, wait).instrument(span).await {
+        Ok(grant) => {
+            metrics::record_acquire(backend, "acquired", Some(started.elapsed()));
+            Ok(Lease::new(Arc::clone(service), grant))
+        }
+        Err(e) => {
+            let outcome = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
+            metrics::record_acquire(backend, outcome, None);
+            Err(e)
+        }
+    }
+}
+
 fn refuse_reentry<S: LockService + ?Sized>(service: &Arc<S>, key: &ResourceKey) -> Result<()> {
     let id = service_id(service);
     let held = SCOPED.try_with(|held| held.iter().any(|(s, k)| *s == id && k == key)).unwrap_or(false);

@@ -35,9 +35,12 @@ pub const MAX_PERMITS: u32 = 1024;
 /// share of a job, its connection to a rate-limited API); data that all permit holders update
 /// together needs a mutex, not a semaphore.
 ///
-/// **Waiting** polls every slot with backoff (2 ms doubling to 250 ms): no order among
-/// waiters. [`queued`](Semaphore::queued) puts waiters in a queue first: the lock on `key` with
-/// `~queue` appended, whose holder alone polls the slots, so waiters are served in the queue
+/// **Waiting** takes whichever slot is free first ([`LockService::acquire_any`]): on a service
+/// that notifies releases ([`Waiting::Native`](crate::Waiting::Native) or
+/// [`NativeFifo`](crate::Waiting::NativeFifo)) the release of any slot wakes the waiters at
+/// once; on a polling service they poll every slot with backoff (2 ms doubling to 250 ms). No
+/// order among waiters. [`queued`](Semaphore::queued) puts waiters in a queue first: the lock
+/// on `key` with `~queue` appended, whose holder alone waits for the slots, so waiters are served in the queue
 /// lock's order: **arrival order** on services that queue waiters
 /// ([`Capabilities::fifo`](crate::Capabilities::fifo): etcd, ZooKeeper), at the cost of two
 /// more lock operations per wait. [`try_acquire`](Semaphore::try_acquire) never queues. A
@@ -150,19 +153,20 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
     }
 
     /// Takes a permit for `options.ttl`, waiting up to `options.wait` for one to come free
-    /// (polling the slots with backoff; in the queue's order when [`queued`](Semaphore::queued));
+    /// (woken by a release where the service notifies, polling the slots with backoff
+    /// elsewhere; in the queue's order when [`queued`](Semaphore::queued));
     /// [`ErrorKind::Timeout`] if none does. A zero wait makes one round over the slots.
     pub async fn acquire(&self, options: LockOptions) -> Result<Lease<S>> {
         validate_wait(options.wait)?;
         let give_up = Instant::now() + options.wait;
-        let Some(queue) = &self.queue else { return self.poll(options.ttl, give_up, options.wait).await };
+        let Some(queue) = &self.queue else { return self.any_slot(options.ttl, options.wait).await };
         loop {
             let left = give_up.saturating_duration_since(Instant::now());
             // The head of the queue; the service's waiting order decides who is next.
             let head = self.service.lock(queue, LockOptions::ttl(options.ttl).wait(left)).await?;
             // Kept alive by time while it polls: one round over many slots may outlast the TTL.
             let held = gate::Held::new(&head, options.ttl);
-            let polled = held.wait_for(give_up, |wait| self.poll(options.ttl, Instant::now() + wait, wait)).await;
+            let polled = held.wait_for(give_up, |wait| self.any_slot(options.ttl, wait)).await;
             held.stop().await;
             let _ = head.release().await;
             match polled {
@@ -178,20 +182,17 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
         }
     }
 
-    /// Polls the slots with backoff until one is free or `give_up` passes (a timeout naming
-    /// `wait`).
-    async fn poll(&self, ttl: Duration, give_up: Instant, wait: Duration) -> Result<Lease<S>> {
-        let mut backoff = crate::spi::Backoff::new();
-        loop {
-            if let Some(lease) = self.try_acquire(ttl).await? {
-                return Ok(lease);
-            }
-            let now = Instant::now();
-            if now >= give_up {
-                return Err(timeout_error(self.service.backend(), &self.key, wait));
-            }
-            tokio::time::sleep(backoff.next_delay().min(give_up - now)).await;
-        }
+    /// Takes whichever slot is free first, waiting up to `wait`
+    /// ([`LockService::acquire_any`]: woken by a release of any slot where the service
+    /// notifies, polled elsewhere); a timeout names the semaphore.
+    async fn any_slot(&self, ttl: Duration, wait: Duration) -> Result<Lease<S>> {
+        let start = self.next_start.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut order = Vec::with_capacity(self.slots.len());
+        order.extend_from_slice(&self.slots[start..]);
+        order.extend_from_slice(&self.slots[..start]);
+        crate::ext::lock_any(&self.service, &order, LockOptions::ttl(ttl).wait(wait)).await.map_err(|e| {
+            if e.kind() == ErrorKind::Timeout { timeout_error(self.service.backend(), &self.key, wait) } else { e }
+        })
     }
 }
 
@@ -236,6 +237,40 @@ mod tests {
         }
         let long = ResourceKey::new("sem", "z".repeat(crate::MAX_ID_LEN)).unwrap();
         assert_eq!(Semaphore::new(locks, long, 2).unwrap_err().kind(), ErrorKind::InvalidKey);
+    }
+
+    #[tokio::test]
+    async fn a_release_wakes_the_permit_waiters() {
+        let locks = Arc::new(MemoryLockService::new());
+        let sem = Semaphore::new(Arc::clone(&locks), ResourceKey::new("sem", "wake").unwrap(), 2).unwrap();
+        let ttl = Duration::from_secs(10);
+        let mut handoffs = Vec::new();
+        for _ in 0..5 {
+            let (a, b) = (sem.try_acquire(ttl).await.unwrap().unwrap(), sem.try_acquire(ttl).await.unwrap().unwrap());
+            let waiter = {
+                let sem = sem.clone();
+                tokio::spawn(async move {
+                    let permit = sem.acquire(LockOptions::ttl(ttl).wait(Duration::from_secs(5))).await;
+                    (permit, Instant::now())
+                })
+            };
+            // Long enough for a polling waiter's backoff to reach its 250 ms ceiling.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let slot = b.key().clone();
+            b.release().await.unwrap();
+            let released = Instant::now();
+            let (permit, got_at) = waiter.await.unwrap();
+            let permit = permit.unwrap();
+            assert_eq!(permit.key(), &slot, "the released slot");
+            handoffs.push(got_at - released);
+            permit.release().await.unwrap();
+            a.release().await.unwrap();
+        }
+        handoffs.sort();
+        assert!(
+            handoffs[2] < Duration::from_millis(20),
+            "handoffs (sorted) {handoffs:?}: the waiter polled, nobody woke it"
+        );
     }
 
     #[tokio::test]

@@ -90,6 +90,30 @@ pub trait LockService: Send + Sync + 'static {
         poll_acquire(self.backend(), key, wait, Backoff::new(), false, || self.try_acquire(key, ttl)).await
     }
 
+    /// Takes the lock on whichever of `keys` is free first, waiting up to `wait` for one of them
+    /// to be released or to expire; the grant's [`key`](Grant::key) says which. This is how a
+    /// [`Semaphore`](crate::Semaphore) waits for any of its permits.
+    ///
+    /// Behavior:
+    /// - Everything `acquire` guarantees, for the key granted. One grant at most: a call leaves
+    ///   no other of its keys held, and no queue entry behind.
+    /// - Every round tries the keys in the order given and takes the first one free.
+    /// - A `wait` of zero makes exactly one round; an empty `keys` is
+    ///   [`ErrorKind::InvalidArgument`]; a `wait` above 24 h too.
+    /// - When none comes free within `wait`: [`ErrorKind::Timeout`] (retryable).
+    /// - A service that declares native waiting ([`Waiting::Native`](crate::Waiting::Native) or
+    ///   [`NativeFifo`](crate::Waiting::NativeFifo)) wakes the waiter when any of the keys is
+    ///   released, as its `acquire` does for one key (no order among these waiters).
+    /// - The default implementation polls rounds of `try_acquire` with exponential backoff and
+    ///   full jitter (2 ms doubling up to 250 ms): right for a polling service, and what a
+    ///   native one must override.
+    async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Self::Fencing>> {
+        let first = first_of(self.backend(), keys)?;
+        poll_acquire(self.backend(), first, wait, Backoff::new(), false, || try_each(self, keys, ttl))
+            .await
+            .map_err(|e| timeout_of_any(e, self.backend(), keys, wait))
+    }
+
     /// Extends the grant so it expires `ttl` from now, and returns the TTL actually granted,
     /// counted from when the request was sent.
     ///
@@ -157,6 +181,9 @@ impl<S: LockService + ?Sized> LockService for Arc<S> {
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Self::Fencing>> {
         (**self).acquire(key, ttl, wait).await
     }
+    async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Self::Fencing>> {
+        (**self).acquire_any(keys, ttl, wait).await
+    }
     async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<Ttl> {
         (**self).extend(grant, ttl).await
     }
@@ -196,12 +223,35 @@ pub async fn wait_for_release<G, F, Fut, N>(
     wait: Duration,
     released: N,
     max_step: Option<Duration>,
+    attempt: F,
+) -> Result<G>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<AttemptOutcome<G>>>,
+    N: FnOnce() -> Arc<Notify>,
+{
+    wait_for_any_release(backend, key, wait, || [released()], max_step, attempt).await
+}
+
+/// [`wait_for_release`] for several keys at once (an
+/// [`acquire_any`](LockService::acquire_any) override): `attempt` makes one round over the
+/// keys and reports, when all are held, the soonest any holder runs out; `released` returns a
+/// notifier per key (any handle that derefs to a [`Notify`]), and a release of any of them
+/// wakes the waiter. `key` names the wait in the [`ErrorKind::Timeout`] it gives up with.
+pub async fn wait_for_any_release<G, F, Fut, N, I, W>(
+    backend: &'static str,
+    key: &ResourceKey,
+    wait: Duration,
+    released: N,
+    max_step: Option<Duration>,
     mut attempt: F,
 ) -> Result<G>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<AttemptOutcome<G>>>,
-    N: FnOnce() -> std::sync::Arc<tokio::sync::Notify>,
+    N: FnOnce() -> I,
+    I: IntoIterator<Item = W>,
+    W: std::ops::Deref<Target = Notify>,
 {
     validate_wait(wait)?;
     let give_up = Instant::now() + wait;
@@ -211,11 +261,9 @@ where
     if wait.is_zero() {
         return Err(timeout_error(backend, key, wait));
     }
-    let released = released();
+    let released: Vec<W> = released().into_iter().collect();
     loop {
-        let notified = released.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
+        let mut notified = registered(&released);
         let remaining = match attempt().await? {
             AttemptOutcome::Granted(grant) => return Ok(grant),
             AttemptOutcome::Held { remaining } => remaining,
@@ -231,10 +279,36 @@ where
         }
         let wake = now.checked_add(step).map_or(give_up, |t| t.min(give_up));
         tokio::select! {
-            _ = notified => {}
-            _ = tokio::time::sleep_until(wake) => {}
+            () = any_fired(&mut notified) => {}
+            () = tokio::time::sleep_until(wake) => {}
         }
     }
+}
+
+/// A wait on each notifier, registered at once: a release from now on is not missed.
+fn registered<W: std::ops::Deref<Target = Notify>>(
+    notifiers: &[W],
+) -> Vec<std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>>> {
+    notifiers
+        .iter()
+        .map(|n| {
+            let mut notified = Box::pin(n.notified());
+            notified.as_mut().enable();
+            notified
+        })
+        .collect()
+}
+
+/// Completes when any of the registered waits does; never, when there are none.
+async fn any_fired(notified: &mut [std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>>]) {
+    std::future::poll_fn(|cx| {
+        if notified.iter_mut().any(|n| n.as_mut().poll(cx).is_ready()) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
 }
 
 /// The waiting loop of a service that polls (the default [`LockService::acquire`], and
@@ -264,12 +338,13 @@ where
 /// releases (those of its own process, say) but must still poll for the others.
 ///
 /// The first attempt runs bare, as in [`poll_acquire`]. Only when it is not granted does it
-/// ask `released` for a notifier (`None`: plain polling); from then on it registers before
-/// each attempt, so a release between the attempt and the sleep is not missed, and sleeps
-/// until the notifier fires or `backoff`'s next delay passes, whichever is first. The
-/// notifier (any handle that derefs to a [`Notify`], so that it can end a subscription when
-/// dropped) is kept until the wait ends.
-pub async fn poll_acquire_woken<G, F, Fut, N, W>(
+/// ask `released` for its notifiers (none, as `None`: plain polling; one per key when the
+/// attempt is a round over several keys); from then on it registers before each attempt, so
+/// a release between the attempt and the sleep is not missed, and sleeps until a notifier
+/// fires or `backoff`'s next delay passes, whichever is first. The notifiers (any handle that
+/// derefs to a [`Notify`], so that it can end a subscription when dropped) are kept until the
+/// wait ends.
+pub async fn poll_acquire_woken<G, F, Fut, N, I, W>(
     backend: &'static str,
     key: &ResourceKey,
     wait: Duration,
@@ -281,22 +356,19 @@ pub async fn poll_acquire_woken<G, F, Fut, N, W>(
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<G>>>,
-    N: FnOnce() -> Option<W>,
+    N: FnOnce() -> I,
+    I: IntoIterator<Item = W>,
     W: std::ops::Deref<Target = Notify>,
 {
     validate_wait(wait)?;
     let give_up = Instant::now() + wait;
     let mut released = Some(released);
-    let mut notifier: Option<W> = None;
+    let mut notifiers: Vec<W> = Vec::new();
     loop {
         // Until the first attempt fails there is no notifier: then `unheard` is the delay to
         // sleep if no notifier comes either.
         let unheard = {
-            let notified = notifier.as_deref().map(Notify::notified);
-            tokio::pin!(notified);
-            if let Some(notified) = notified.as_mut().as_pin_mut() {
-                notified.enable();
-            }
+            let mut notified = registered(&notifiers);
             let last_error = match attempt().await {
                 Ok(Some(grant)) => return Ok(grant),
                 Ok(None) => None,
@@ -308,26 +380,62 @@ where
                 return Err(last_error.unwrap_or_else(|| timeout_error(backend, key, wait)));
             }
             let delay = backoff.next_delay().min(give_up - now);
-            match notified.as_mut().as_pin_mut() {
-                Some(notified) => {
-                    tokio::select! {
-                        () = notified => {}
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                    None
+            if notified.is_empty() {
+                Some(delay)
+            } else {
+                tokio::select! {
+                    () = any_fired(&mut notified) => {}
+                    () = tokio::time::sleep(delay) => {}
                 }
-                None => Some(delay),
+                None
             }
         };
         if let Some(delay) = unheard {
             // Subscribe, and try again at once if a notifier came: a release may have passed
             // unheard since the attempt.
-            notifier = released.take().and_then(|subscribe| subscribe());
-            if notifier.is_none() {
+            if let Some(subscribe) = released.take() {
+                notifiers = subscribe().into_iter().collect();
+            }
+            if notifiers.is_empty() {
                 tokio::time::sleep(delay).await;
             }
         }
     }
+}
+
+/// The first of `keys`, which names an [`acquire_any`](LockService::acquire_any) wait; none
+/// is [`ErrorKind::InvalidArgument`].
+pub fn first_of<'k>(backend: &'static str, keys: &'k [ResourceKey]) -> Result<&'k ResourceKey> {
+    keys.first().ok_or_else(|| Error::new(ErrorKind::InvalidArgument, backend, "acquire_any needs at least one key"))
+}
+
+/// One round of `try_acquire` over `keys`, in order: the first grant, or `None` when every
+/// key is held.
+async fn try_each<S: LockService + ?Sized>(
+    service: &S,
+    keys: &[ResourceKey],
+    ttl: Ttl,
+) -> Result<Option<Grant<S::Fencing>>> {
+    for key in keys {
+        if let Some(grant) = service.try_acquire(key, ttl).await? {
+            return Ok(Some(grant));
+        }
+    }
+    Ok(None)
+}
+
+/// An [`acquire_any`](LockService::acquire_any) wait's timeout names every key it waited
+/// for (the loops name the first); any other error passes unchanged.
+pub fn timeout_of_any(e: Error, backend: &'static str, keys: &[ResourceKey], wait: Duration) -> Error {
+    if e.kind() != ErrorKind::Timeout || keys.len() < 2 {
+        return e;
+    }
+    let (first, last) = (&keys[0], &keys[keys.len() - 1]);
+    Error::new(
+        ErrorKind::Timeout,
+        backend,
+        format!("none of the {} locks {first} … {last} was free within {wait:?}", keys.len()),
+    )
 }
 
 /// The [`ErrorKind::Timeout`] error for a wait that ran out.

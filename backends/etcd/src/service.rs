@@ -446,39 +446,40 @@ impl LockService for EtcdLockService {
     /// One txn: if nobody holds or waits for `key`, create this contender's key on the
     /// session lease; its create revision is the fence.
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
-        let inner = &self.inner;
-        let session = inner.session().await?;
-        let contender = Contender::new(inner, key)?;
-        let etcd_key = contender.key.as_str();
-        let sent_at = Instant::now();
-        let txn = || {
-            Txn::new().when([Compare::create_revision(contender.prefix(), CompareOp::Equal, 0).with_prefix()]).and_then(
-                [
-                    TxnOp::put(etcd_key, contender.value(), Some(PutOptions::new().with_lease(session.id))),
-                    TxnOp::get(inner.epoch_key.as_str(), None),
-                ],
-            )
+        self.attempt(key, ttl).await.map(|(grant, _)| grant)
+    }
+
+    /// Rounds of `try_acquire` over the keys; between rounds, one watch over the range of
+    /// their prefixes, from the revision of the round's first txn, wakes the waiter at the
+    /// first delete in it (a release, an expiry, a waiter leaving), so nothing deleted since
+    /// the round looked is missed. No queue entry is made: these waiters are not in the keys'
+    /// FIFO order, and leave nothing behind when cancelled.
+    async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        let first = palisade_core::spi::first_of(BACKEND, keys)?;
+        validate_wait(wait)?;
+        let give_up = Instant::now() + wait;
+        let prefixes: Vec<String> = keys.iter().map(|k| self.inner.resource_prefix(k)).collect();
+        let (Some(low), Some(high)) = (prefixes.iter().min(), prefixes.iter().max()) else {
+            return Err(timeout_error(BACKEND, first, wait));
         };
-        let resp = match inner.txn(txn, "acquire", true).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                // The put may have landed: a ghost holder would block the key while we live.
-                inner.abandon(etcd_key.as_bytes().to_vec(), session.lost.clone());
-                return Err(e);
+        let range_end = prefix_end(high.as_bytes());
+        let timed_out = || palisade_core::spi::timeout_of_any(timeout_error(BACKEND, first, wait), BACKEND, keys, wait);
+        loop {
+            let mut watch_from: Option<i64> = None;
+            for key in keys {
+                let (grant, next) = self.attempt(key, ttl).await?;
+                if let Some(grant) = grant {
+                    return Ok(grant);
+                }
+                watch_from.get_or_insert(next);
             }
-        };
-        let reply = TxnReply::of(&resp);
-        if !reply.succeeded {
-            return Ok(None);
+            let Some(from) = watch_from.filter(|_| Instant::now() < give_up) else { return Err(timed_out()) };
+            let session = self.inner.session().await?;
+            let range = (low.as_bytes().to_vec(), Some(range_end.clone()));
+            if !self.wait_for_delete(range, from, give_up, &session).await? {
+                return Err(timed_out());
+            }
         }
-        let granted = reply.fence(0).and_then(|fence| inner.grant(key, &contender, fence, ttl, sent_at, &session));
-        if granted.is_err() {
-            // Our key is on the session lease but no deadline tracks it (the session's local
-            // deadline passed during the txn): if the session renews, it would block the
-            // resource for the life of the process. Delete it.
-            inner.abandon(etcd_key.as_bytes().to_vec(), session.lost.clone());
-        }
-        granted.map(Some)
     }
 
     /// Joins the resource's queue (one txn that also says who is first), then watches the
@@ -555,7 +556,7 @@ impl LockService for EtcdLockService {
                     break; // nobody ahead: ours
                 };
                 let watch_from = reply.next_revision()?;
-                let waited = self.wait_for_delete(predecessor, watch_from, give_up, &session).await;
+                let waited = self.wait_for_delete((predecessor, None), watch_from, give_up, &session).await;
                 match waited {
                     Ok(true) => {}
                     Ok(false) => {
@@ -694,11 +695,51 @@ impl LockService for EtcdLockService {
 }
 
 impl EtcdLockService {
-    /// Waits until `key` is deleted (true), or `give_up` passes (false). Watches from
-    /// `from_revision`, so a deletion between our read and the watch is not missed.
+    /// [`try_acquire`](LockService::try_acquire), and the revision to watch from for what
+    /// happens after its txn.
+    async fn attempt(&self, key: &ResourceKey, ttl: Ttl) -> Result<(Option<Grant<Fenced>>, i64)> {
+        let inner = &self.inner;
+        let session = inner.session().await?;
+        let contender = Contender::new(inner, key)?;
+        let etcd_key = contender.key.as_str();
+        let sent_at = Instant::now();
+        let txn = || {
+            Txn::new().when([Compare::create_revision(contender.prefix(), CompareOp::Equal, 0).with_prefix()]).and_then(
+                [
+                    TxnOp::put(etcd_key, contender.value(), Some(PutOptions::new().with_lease(session.id))),
+                    TxnOp::get(inner.epoch_key.as_str(), None),
+                ],
+            )
+        };
+        let resp = match inner.txn(txn, "acquire", true).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                // The put may have landed: a ghost holder would block the key while we live.
+                inner.abandon(etcd_key.as_bytes().to_vec(), session.lost.clone());
+                return Err(e);
+            }
+        };
+        let reply = TxnReply::of(&resp);
+        let next = reply.next_revision()?;
+        if !reply.succeeded {
+            return Ok((None, next));
+        }
+        let granted = reply.fence(0).and_then(|fence| inner.grant(key, &contender, fence, ttl, sent_at, &session));
+        if granted.is_err() {
+            // Our key is on the session lease but no deadline tracks it (the session's local
+            // deadline passed during the txn): if the session renews, it would block the
+            // resource for the life of the process. Delete it.
+            inner.abandon(etcd_key.as_bytes().to_vec(), session.lost.clone());
+        }
+        granted.map(|grant| (Some(grant), next))
+    }
+
+    /// Waits until `key` is deleted (true), or `give_up` passes (false); with a range end, until
+    /// any key in `[key, end)` is. Watches from `from_revision`, so a deletion between our read
+    /// and the watch is not missed.
     async fn wait_for_delete(
         &self,
-        key: Vec<u8>,
+        (key, range_end): (Vec<u8>, Option<Vec<u8>>),
         from_revision: i64,
         give_up: Instant,
         session: &Arc<Session>,
@@ -707,7 +748,10 @@ impl EtcdLockService {
             palisade_core::spi::Backoff::with_bounds(Duration::from_millis(5), Duration::from_millis(100));
         let mut stream = loop {
             let mut watcher = self.inner.client.watch_client();
-            let options = WatchOptions::new().with_start_revision(from_revision);
+            let mut options = WatchOptions::new().with_start_revision(from_revision);
+            if let Some(end) = &range_end {
+                options = options.with_range(end.clone());
+            }
             let opened = timeout(self.inner.config.request_timeout, watcher.watch(key.clone(), Some(options)));
             let opened = tokio::select! {
                 () = sleep_until(give_up) => return Ok(false),
@@ -742,4 +786,18 @@ impl EtcdLockService {
             }
         }
     }
+}
+
+/// The end of the range of keys that start with `prefix` (etcd's prefix range end): the prefix
+/// with its last byte below 0xff raised by one and what follows it dropped.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // All 0xff: every key after it.
+    vec![0]
 }

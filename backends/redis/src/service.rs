@@ -6,7 +6,9 @@ use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::spi::{AttemptOutcome, validate_wait, wait_for_release};
+use palisade_core::spi::{
+    AttemptOutcome, first_of, timeout_of_any, validate_wait, wait_for_any_release, wait_for_release,
+};
 use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
     Ttl, Waiting,
@@ -365,6 +367,44 @@ impl LockService for RedisLockService {
             .map_err(|e| {
                 if e.kind() == ErrorKind::Timeout { palisade_core::spi::timeout_error(BACKEND, key, wait) } else { e }
             })
+    }
+
+    async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        let first = first_of(BACKEND, keys)?;
+        validate_wait(wait)?;
+        let give_up = Instant::now() + wait;
+        // As `acquire`, over every key: a round that may wait marks the holders it finds, so
+        // their releases publish.
+        let round = |mark: bool| async move {
+            let mut soonest = Duration::MAX;
+            for key in keys {
+                match self.attempt(key, ttl, mark).await? {
+                    AttemptOutcome::Granted(grant) => return Ok(AttemptOutcome::Granted(grant)),
+                    AttemptOutcome::Held { remaining } => soonest = soonest.min(remaining),
+                }
+            }
+            Ok(AttemptOutcome::Held { remaining: soonest })
+        };
+        if let AttemptOutcome::Granted(grant) = round(!wait.is_zero()).await? {
+            return Ok(grant);
+        }
+        if !wait.is_zero() {
+            self.waiters.ready(wait.min(SUBSCRIBE_WAIT)).await;
+        }
+        let left = give_up.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timeout_of_any(palisade_core::spi::timeout_error(BACKEND, first, wait), BACKEND, keys, wait));
+        }
+        let released =
+            || keys.iter().map(|key| self.waiters.watch(&Waiters::channel(&key.lock_key()))).collect::<Vec<_>>();
+        wait_for_any_release(BACKEND, first, left, released, Some(MAX_WAIT_STEP), || round(true)).await.map_err(|e| {
+            let e = if e.kind() == ErrorKind::Timeout {
+                palisade_core::spi::timeout_error(BACKEND, first, wait)
+            } else {
+                e
+            };
+            timeout_of_any(e, BACKEND, keys, wait)
+        })
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {

@@ -677,6 +677,58 @@ impl LockService for ZkLockService {
         inner.grant(key, (token, path, fence), ttl, sent_at, &session).map(Some)
     }
 
+    /// Rounds of `try_acquire` over the keys; between rounds, an existence watch on the first
+    /// contender of each key (its holder, or the waiter it goes to next) wakes the waiter when
+    /// any of them leaves. Not the node just ahead in a queue: these waiters join no queue, so
+    /// they are not in the keys' FIFO order, and leave no node behind when cancelled. A key
+    /// found with no contender at all is tried again at once.
+    async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        let first = palisade_core::spi::first_of(BACKEND, keys)?;
+        validate_wait(wait)?;
+        let give_up = Instant::now() + wait;
+        let gave_up = || palisade_core::spi::timeout_of_any(timeout_error(BACKEND, first, wait), BACKEND, keys, wait);
+        let inner = &self.inner;
+        'round: loop {
+            for key in keys {
+                if let Some(grant) = self.try_acquire(key, ttl).await? {
+                    return Ok(grant);
+                }
+            }
+            if Instant::now() >= give_up {
+                return Err(gave_up());
+            }
+            let session = inner.session().await?;
+            let mut watchers = Vec::with_capacity(keys.len());
+            for key in keys {
+                let contenders = inner.contenders(&session, &inner.parent(key)).await?;
+                let Some((_, head)) = contenders.first() else { continue 'round };
+                let watched = timeout(inner.config.request_timeout, session.client.check_and_watch_stat(head))
+                    .await
+                    .map_err(|_| timed_out("watch", false))?
+                    .map_err(|e| map(e, "watch", false))?;
+                match watched {
+                    (Some(_), watcher) => watchers.push(Box::pin(watcher.changed())),
+                    (None, _) => continue 'round,
+                }
+            }
+            let any_left = std::future::poll_fn(|cx| {
+                if watchers.iter_mut().any(|w| w.as_mut().poll(cx).is_ready()) {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
+                }
+            });
+            tokio::select! {
+                () = any_left => {}
+                () = sleep_until(give_up) => return Err(gave_up()),
+                () = session.lost.cancelled() => {
+                    return Err(Error::new(ErrorKind::LeaseLost, BACKEND, "the ZooKeeper session ended while waiting")
+                        .with_retryable(true));
+                }
+            }
+        }
+    }
+
     /// The lock recipe: our node joins the queue; we watch only the node just ahead of ours
     /// (no herd), and re-check on every event. Before declaring the lock ours we re-read our
     /// node and require its ephemeral owner to be this session (a node left by an expired

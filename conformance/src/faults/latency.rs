@@ -91,6 +91,12 @@ impl<S: LockService + ?Sized> LockService for SlowLockService<S> {
         self.inner.acquire(key, ttl, wait).await
     }
 
+    async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Self::Fencing>> {
+        // A round tries every key: the latency of each (as a round of `try_acquire` would pay).
+        tokio::time::sleep(self.latency.saturating_mul(u32::try_from(keys.len()).unwrap_or(u32::MAX))).await;
+        self.inner.acquire_any(keys, ttl, wait).await
+    }
+
     async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<Ttl> {
         tokio::time::sleep(self.latency).await;
         self.inner.extend(grant, ttl).await

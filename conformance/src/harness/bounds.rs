@@ -345,6 +345,15 @@ impl<S: LockService + ?Sized> LockService for BoundedLockService<S> {
         self.bounds.run(self.bounds.lock_bound(Some(wait)), name, self.inner.acquire(key, ttl, wait)).await
     }
 
+    async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Self::Fencing>> {
+        let first = keys.first().map(ToString::to_string).unwrap_or_default();
+        let name = || format!("acquire_any({first} and {} more, wait {})", keys.len().saturating_sub(1), Seconds(wait));
+        // A round tries every key: one round trip each.
+        let mut bound = self.bounds.lock_bound(Some(wait));
+        bound.round_trip = bound.round_trip.saturating_mul(u32::try_from(keys.len().max(1)).unwrap_or(u32::MAX));
+        self.bounds.run(bound, name, self.inner.acquire_any(keys, ttl, wait)).await
+    }
+
     async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<Ttl> {
         let name = || format!("extend({}, ttl {})", grant.key(), Seconds(ttl.get()));
         self.bounds.run(self.bounds.lock_bound(None), name, self.inner.extend(grant, ttl)).await

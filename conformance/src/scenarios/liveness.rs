@@ -6,6 +6,7 @@
 //! past its TTLs, a release repeated after its reply was lost, an acquire dropped as the lock
 //! frees. They run in the [registry](crate::registry).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_core::{ErrorKind, Fence, Fencing, Grant, LockService, REGRESSION_GAP, ResourceKey, Ttl};
@@ -767,5 +768,128 @@ where
         "fence {f} duplicated; repaired: {repaired}; new holder after {:.0} ms with fence {new_fence}",
         took.as_secs_f64() * 1e3
     ));
+    Ok(ctx.report())
+}
+
+/// How many handoffs [`releases_wake_waiters`] times for each way of waiting.
+const WAKE_ROUNDS: usize = 9;
+
+/// **A release wakes the waiters of a service that says it notifies** (`LockService::acquire`
+/// and `acquire_any`; [`Waiting::Native`](palisade_core::Waiting::Native) and
+/// [`NativeFifo`](palisade_core::Waiting::NativeFifo)). First, on every service, what
+/// `acquire_any` promises of any waiting: it takes the first free key in the order given, a
+/// zero wait on held keys is one round and `Timeout`, no keys is `InvalidArgument`. Then, on
+/// a service that declares native waiting, nine handoffs of one key (`acquire`) and nine of
+/// the middle one of three keys all held (`acquire_any`): the waiter waits 300 ms (a polling
+/// waiter's backoff has reached its 250 ms ceiling by then), the holder releases, and the
+/// median time from the release's answer to the waiter's grant must be within 20 ms + two of
+/// the service's round trips. A waiter that polls misses it (the median time to its next
+/// attempt is about 70 ms); a polling service passes this part with a note.
+pub async fn releases_wake_waiters<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let keys: Vec<ResourceKey> =
+        ["wake-0", "wake-1", "wake-2"].iter().map(|id| key(ctx, &ns, id)).collect::<Result<_, _>>()?;
+    let timing = factory.timing();
+    let long = attempt!(ctx, Ttl::new(timing.ttl * 4), "ttl");
+    let (holder, waiter) = (client(ctx, factory).await?, client(ctx, factory).await?);
+    let (round_trip, _) = measured_allowance(ctx, waiter.as_ref(), &key(ctx, &ns, "wake-rtt")?, long).await?;
+
+    // What every service's acquire_any promises, the default implementation's included.
+    let empty = waiter.acquire_any(&[], long, Duration::ZERO).await.err().map(|e| e.kind());
+    ensure!(
+        ctx,
+        empty == Some(ErrorKind::InvalidArgument),
+        "acquire_any of no keys gave {empty:?}, expected InvalidArgument"
+    );
+    let Some(first) = attempt!(ctx, holder.try_acquire(&keys[0], long).await, "try_acquire") else {
+        return Err(ctx.fail("a fresh key was reported busy"));
+    };
+    let next = attempt!(ctx, waiter.acquire_any(&keys, long, Duration::ZERO).await, "acquire_any with one key held");
+    ensure!(
+        ctx,
+        next.key() == &keys[1],
+        "acquire_any took {} while {} was the first free key in the order given",
+        next.key(),
+        keys[1]
+    );
+    let Some(last) = attempt!(ctx, holder.try_acquire(&keys[2], long).await, "try_acquire") else {
+        return Err(ctx.fail("a fresh key was reported busy"));
+    };
+    let started = Instant::now();
+    let zero = waiter.acquire_any(&keys, long, Duration::ZERO).await;
+    let took = started.elapsed();
+    let kind = zero.as_ref().err().map(palisade_core::Error::kind);
+    ensure!(
+        ctx,
+        kind == Some(ErrorKind::Timeout),
+        "acquire_any with a zero wait on three held keys gave {kind:?}, expected Timeout"
+    );
+    let one_round = (round_trip * 30).max(Duration::from_secs(1));
+    ensure!(
+        ctx,
+        took <= one_round,
+        "acquire_any with a zero wait took {took:?}: more than a round (allowed {one_round:?})"
+    );
+    for grant in [&first, &last] {
+        attempt!(ctx, holder.release(grant).await, "release");
+    }
+    attempt!(ctx, waiter.release(&next).await, "release");
+
+    if waiter.capabilities().waiting == palisade_core::Waiting::Polling {
+        ctx.note("acquire_any checked; the service polls (Waiting::Polling): no wake-up to time");
+        return Ok(ctx.report());
+    }
+    let allowed = Duration::from_millis(20) + round_trip * 2;
+    for any in [false, true] {
+        let mut handoffs = Vec::with_capacity(WAKE_ROUNDS);
+        for _ in 0..WAKE_ROUNDS {
+            let mut held = Vec::new();
+            for k in if any { &keys[..] } else { &keys[1..2] } {
+                let Some(g) = attempt!(ctx, holder.try_acquire(k, long).await, "try_acquire") else {
+                    return Err(ctx.fail(format!("{k} is busy after every holder released it")));
+                };
+                held.push(g);
+            }
+            let task = {
+                let (waiter, keys) = (Arc::clone(&waiter), keys.clone());
+                let wait = patience(timing.ttl);
+                tokio::spawn(async move {
+                    let grant = if any {
+                        waiter.acquire_any(&keys, long, wait).await
+                    } else {
+                        waiter.acquire(&keys[1], long, wait).await
+                    };
+                    (grant, Instant::now())
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let middle = if any { &held[1] } else { &held[0] };
+            attempt!(ctx, holder.release(middle).await, "holder release");
+            let released = Instant::now();
+            let (grant, got_at) = attempt!(ctx, task.await, "waiter task");
+            let grant = attempt!(ctx, grant, "the waiter did not get the released lock");
+            ensure!(ctx, grant.key() == &keys[1], "the waiter got {}, which nobody released", grant.key());
+            handoffs.push(got_at.saturating_duration_since(released));
+            attempt!(ctx, waiter.release(&grant).await, "waiter release");
+            for g in held.iter().filter(|g| !std::ptr::eq(*g, middle)) {
+                attempt!(ctx, holder.release(g).await, "holder release");
+            }
+        }
+        handoffs.sort();
+        let median = handoffs[WAKE_ROUNDS / 2];
+        let how = if any { "acquire_any (one of three keys released)" } else { "acquire" };
+        let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1e3);
+        ensure!(
+            ctx,
+            median <= allowed,
+            "{how}: median handoff {} ms, more than {} ms (20 ms + two round trips of {} ms): the service declares {:?} but its waiter was not woken by the release (handoffs {:?} ms)",
+            ms(median),
+            ms(allowed),
+            ms(round_trip),
+            waiter.capabilities().waiting,
+            handoffs.iter().map(|d| ms(*d)).collect::<Vec<_>>()
+        );
+        ctx.note(format!("{how}: handoff median {} ms, max {} ms", ms(median), ms(handoffs[WAKE_ROUNDS - 1])));
+    }
     Ok(ctx.report())
 }

@@ -44,7 +44,7 @@ const QUEUED_SLOTS: u32 = 256;
 /// - `RwLock::read` on a free lock: gate, slot, confirmation, gate release: n = 4.
 /// - `Semaphore::acquire` (plain) with 127 of its 128 permits held: at most one round over the
 ///   slots before it finds the free one: n = 128 + 1.
-/// - `Semaphore::queued` with every permit held: waiter A takes the queue and polls the
+/// - `Semaphore::queued` with every permit held: waiter A takes the queue and waits for the
 ///   permits; for 2 TTLs its queue lock stays held (a probe never finds it free: a head that
 ///   lost it would let later waiters jump ahead); then one permit is freed, and A gets it
 ///   within the round in progress and one more: n = 2 × 256 + 2.
@@ -145,7 +145,7 @@ where
 }
 
 /// The queued semaphore's part of [`primitives_enter_over_a_slow_service`]: with every
-/// permit held, A (over the slow service) heads the queue and polls; for 2 TTLs a probe (over
+/// permit held, A (over the slow service) heads the queue and waits; for 2 TTLs a probe (over
 /// the fast client) finds the queue's lock held every tenth of a TTL; then one permit is freed
 /// and A gets it within `bound`.
 async fn queued_head_keeps_its_place<S>(

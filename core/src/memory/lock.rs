@@ -7,7 +7,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::spi::{AttemptOutcome, wait_for_release};
+use crate::spi::{AttemptOutcome, first_of, timeout_of_any, wait_for_any_release, wait_for_release};
 use crate::{
     Capabilities, Deployment, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting,
 };
@@ -164,6 +164,30 @@ impl LockService for MemoryLockService {
             },
         )
         .await
+    }
+
+    async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        let first = first_of(BACKEND, keys)?;
+        wait_for_any_release(
+            BACKEND,
+            first,
+            wait,
+            || keys.iter().map(|key| self.released_notify(key)).collect::<Vec<_>>(),
+            None,
+            || async {
+                let mut soonest: Option<Instant> = None;
+                for key in keys {
+                    match self.attempt(key, ttl)? {
+                        Attempt::Granted(grant) => return Ok(AttemptOutcome::Granted(grant)),
+                        Attempt::Held { until } => soonest = Some(soonest.map_or(until, |s| s.min(until))),
+                    }
+                }
+                let until = soonest.unwrap_or_else(Instant::now);
+                Ok(AttemptOutcome::Held { remaining: until.saturating_duration_since(Instant::now()) })
+            },
+        )
+        .await
+        .map_err(|e| timeout_of_any(e, BACKEND, keys, wait))
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {

@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::spi::{AttemptOutcome, Backoff, storable_fence, wait_for_release};
+use palisade_core::spi::{
+    AttemptOutcome, Backoff, first_of, storable_fence, timeout_of_any, wait_for_any_release, wait_for_release,
+};
 use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, OwnerToken, ResourceKey,
     Result, Ttl, Waiting,
@@ -405,6 +407,31 @@ impl LockService for PostgresLockService {
         };
         let attempt = || self.attempt(key, ttl, listening.load(std::sync::atomic::Ordering::Relaxed));
         wait_for_release(BACKEND, key, wait, notifier, Some(MAX_STEP), attempt).await
+    }
+
+    async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        let first = first_of(BACKEND, keys)?;
+        // As `acquire`, over every key: once a round found them all held, the waiter listens
+        // on each and every later round marks the rows it finds held.
+        let listening = std::sync::atomic::AtomicBool::new(false);
+        let notifiers = || {
+            listening.store(true, std::sync::atomic::Ordering::Relaxed);
+            keys.iter().map(|key| self.notifier(key)).collect::<Vec<_>>()
+        };
+        let round = || async {
+            let waiting = listening.load(std::sync::atomic::Ordering::Relaxed);
+            let mut soonest = Duration::MAX;
+            for key in keys {
+                match self.attempt(key, ttl, waiting).await? {
+                    AttemptOutcome::Granted(grant) => return Ok(AttemptOutcome::Granted(grant)),
+                    AttemptOutcome::Held { remaining } => soonest = soonest.min(remaining),
+                }
+            }
+            Ok(AttemptOutcome::Held { remaining: soonest })
+        };
+        wait_for_any_release(BACKEND, first, wait, notifiers, Some(MAX_STEP), round)
+            .await
+            .map_err(|e| timeout_of_any(e, BACKEND, keys, wait))
     }
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {

@@ -79,6 +79,12 @@ impl LockService for TemplateLockService {
         self.state.acquire(key, ttl, wait).await
     }
 
+    /// A service that notifies releases wakes these waiters too (a semaphore's); the trait's
+    /// default polls, and certification fails it where native waiting is declared.
+    async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
+        self.state.acquire_any(keys, ttl, wait).await
+    }
+
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         self.state.extend(grant, ttl).await
     }
