@@ -18,6 +18,7 @@
 mod charts;
 mod faults;
 mod local;
+mod memory;
 mod perf;
 mod report;
 mod target;
@@ -91,6 +92,11 @@ pub struct CompareArgs {
     /// Also print the JSON report on stdout (last line).
     #[arg(long)]
     pub json: bool,
+    /// Sample a server process's resident memory once a second for the whole run, and report
+    /// it at the start, at its peak and at the end (repeatable): `NAME=PID`, such as
+    /// `etcd=1234`. A process whose memory cannot be read is an error at once.
+    #[arg(long = "watch-memory", value_name = "NAME=PID")]
+    pub watch_memory: Vec<String>,
 }
 
 /// A part of the comparison.

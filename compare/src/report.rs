@@ -10,6 +10,7 @@ use serde_json::json;
 use crate::charts;
 use crate::faults::{self, Cell};
 use crate::local::Local;
+use crate::memory::{self, Watched};
 use crate::perf::{
     self, LEADER, LockPerf, MINIMAL, MUTEX, OURS, PERMIT, PrimitivePerf, RAW, READ, SAME, StorePerf, WRITE,
 };
@@ -93,6 +94,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
     if locks.is_empty() || stores.is_empty() {
         return Err("nothing to compare: give --local, or at least one --lock and one --store".into());
     }
+    let sampler = memory::Sampler::start(&args.watch_memory)?;
     let pairs_n =
         locks.iter().map(|(l, _)| stores.iter().filter(|s| l.backend.pairs_with(&s.url)).count()).sum::<usize>() as u64;
     let bar = progress(locks.len() as u64 + stores.len() as u64 + pairs_n * 9);
@@ -241,6 +243,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
         }
     }
     bar.finish_and_clear();
+    let memory = sampler.finish().await;
     drop(local);
 
     let parameters = json!({
@@ -264,6 +267,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
         "locks": lock_rows,
         "stores": store_rows,
         "pairs": pairs,
+        "memory": memory,
     });
     add_former_names(&mut report);
     std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
@@ -290,6 +294,7 @@ pub async fn compare(args: CompareArgs) -> Result<ExitCode, String> {
             &lock_rows,
             &store_rows,
             &pairs,
+            &memory,
             &args,
         ),
     )?;
@@ -340,6 +345,7 @@ fn markdown(
     locks: &[LockRow],
     stores: &[StoreRow],
     pairs: &[Pair],
+    memory: &[Watched],
     args: &CompareArgs,
 ) -> String {
     let mut md = String::new();
@@ -583,6 +589,53 @@ fn markdown(
             .collect();
         if !ratios.is_empty() {
             let _ = writeln!(md, "\nFenced ÷ unfenced throughput in the same setup: {}.", ratios.join("; "));
+        }
+        let tenths: Vec<(&Pair, &WarehouseRun)> = pairs
+            .iter()
+            .flat_map(|p| p.warehouse.iter().map(move |r| (p, r)))
+            .filter(|(_, r)| r.tenths_jobs_per_sec.len() == 10)
+            .collect();
+        if !tenths.is_empty() {
+            let _ = writeln!(
+                md,
+                "\nJobs/s within each tenth of the jobs, in the order they were done: a job that costs more as the run goes on (a server whose history or tables grow) shows as a falling row. Last ÷ first is the last tenth's rate ÷ the first's.\n"
+            );
+            let _ = writeln!(
+                md,
+                "| lock service × store | mode | 1st | 2nd | 3rd | 4th | 5th | 6th | 7th | 8th | 9th | 10th | last ÷ first |"
+            );
+            let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+            for (p, r) in tenths {
+                let rates: Vec<String> = r.tenths_jobs_per_sec.iter().map(|v| format!("{v:.0}")).collect();
+                let ratio = match (r.tenths_jobs_per_sec.first(), r.tenths_jobs_per_sec.last()) {
+                    (Some(&first), Some(&last)) if first > 0.0 => format!("{:.2}", last / first),
+                    _ => "–".into(),
+                };
+                let _ = writeln!(md, "| {} × {} | {} | {} | {ratio} |", p.lock, p.store, r.mode, rates.join(" | "));
+            }
+        }
+    }
+    if !memory.is_empty() {
+        let _ = writeln!(md, "\n## Server memory\n");
+        let _ = writeln!(
+            md,
+            "The resident set (`VmRSS`) of the processes named with `--watch-memory`, read once a second for the whole run.\n"
+        );
+        let _ = writeln!(md, "| process | pid | at the start | peak (when) | at the end | samples |");
+        let _ = writeln!(md, "|---|---|---|---|---|---|");
+        let mib = |kib: u64| format!("{:.0} MiB", kib as f64 / 1024.0);
+        for w in memory {
+            let end = if w.gone { format!("{} (then gone)", mib(w.end_kib)) } else { mib(w.end_kib) };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} ({} s) | {end} | {} |",
+                w.name,
+                w.pid,
+                mib(w.start_kib),
+                mib(w.peak_kib),
+                w.peak_at_s,
+                w.samples
+            );
         }
     }
     md

@@ -18,6 +18,8 @@ pub struct WarehouseRun {
     pub lost_updates: i64,
     pub jobs_per_sec: f64,
     pub elapsed_ms: u64,
+    /// Jobs/s within each tenth of the jobs, in the order they were done (empty below 10 jobs).
+    pub tenths_jobs_per_sec: Vec<f64>,
 }
 
 /// The benchmark's size: jobs, workers, SKUs, and how often a holder pauses past its TTL.
@@ -65,5 +67,9 @@ pub async fn run(lock: &str, store: &str, plan: WarehousePlan, unfenced: bool) -
         lost_updates: r["lost_updates"].as_i64().unwrap_or(0),
         jobs_per_sec: r["jobs_per_sec"].as_f64().unwrap_or(0.0),
         elapsed_ms: r["elapsed_ms"].as_u64().unwrap_or(0),
+        tenths_jobs_per_sec: r["tenths_jobs_per_sec"]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect())
+            .unwrap_or_default(),
     })
 }

@@ -774,8 +774,8 @@ where
 /// How many handoffs [`releases_wake_waiters`] times for each way of waiting.
 const WAKE_ROUNDS: usize = 9;
 
-/// **A release wakes the waiters of a service that says it notifies** (`LockService::acquire`
-/// and `acquire_any`; [`Waiting::Native`](palisade_core::Waiting::Native) and
+/// **A release wakes the waiters of a service that says it notifies** (catalogue C26, bug
+/// class 15 for polling; `LockService::acquire` and `acquire_any`; [`Waiting::Native`](palisade_core::Waiting::Native) and
 /// [`NativeFifo`](palisade_core::Waiting::NativeFifo)). First, on every service, what
 /// `acquire_any` promises of any waiting: it takes the first free key in the order given, a
 /// zero wait on held keys is one round and `Timeout`, no keys is `InvalidArgument`. Then, on

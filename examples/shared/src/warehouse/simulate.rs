@@ -52,6 +52,58 @@ struct Sim<L: LockService + ?Sized> {
     counters: Counters,
     job_done: Vec<AtomicBool>,
     acquire_latencies: std::sync::Mutex<Vec<Duration>>,
+    tenths: Tenths,
+}
+
+/// When each tenth of the jobs was done: whether the cost of a job grows with the work done
+/// (a store or lock service that slows down as its history grows).
+struct Tenths {
+    /// What the marks count from.
+    epoch: Instant,
+    /// Microseconds from `epoch` to the moment the k+1-th tenth of the jobs was done.
+    marks: [AtomicU64; 10],
+}
+
+impl Tenths {
+    fn new() -> Self {
+        Tenths { epoch: Instant::now(), marks: Default::default() }
+    }
+
+    /// The number of jobs done by the end of tenth `k` (1 to 10) of `jobs`.
+    fn boundary(jobs: u64, k: u64) -> u64 {
+        u64::try_from(u128::from(jobs) * u128::from(k) / 10).unwrap_or(jobs)
+    }
+
+    /// Records the moment the `done`-th job of `jobs` was done, when it ends a tenth.
+    fn done(&self, done: u64, jobs: u64) {
+        if jobs < 10 {
+            return;
+        }
+        for k in 1..=10u64 {
+            if done == Tenths::boundary(jobs, k) {
+                let micros = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+                self.marks[usize::try_from(k - 1).unwrap_or(0)].store(micros, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Jobs per second within each tenth of the jobs, the first counted from `started`; empty
+    /// for fewer than ten jobs.
+    fn rates(&self, started: Instant, jobs: u64) -> Vec<f64> {
+        if jobs < 10 {
+            return Vec::new();
+        }
+        let mut from = started.saturating_duration_since(self.epoch).as_secs_f64();
+        (1..=10u64)
+            .map(|k| {
+                let to = self.marks[usize::try_from(k - 1).unwrap_or(0)].load(Ordering::SeqCst) as f64 / 1e6;
+                let n = (Tenths::boundary(jobs, k) - Tenths::boundary(jobs, k - 1)) as f64;
+                let rate = n / (to - from).max(1e-9);
+                from = to;
+                (rate * 10.0).round() / 10.0
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -138,6 +190,7 @@ async fn run_with<L: LockService + ?Sized>(
         counters: Counters::default(),
         job_done: (0..settings.jobs).map(|_| AtomicBool::new(false)).collect(),
         acquire_latencies: std::sync::Mutex::new(Vec::with_capacity(usize::try_from(settings.jobs).unwrap_or(0))),
+        tenths: Tenths::new(),
     });
     for job in 0..settings.jobs {
         let _ = sim.queue.send(Delivery { job, attempt: 1 });
@@ -167,7 +220,7 @@ async fn run_with<L: LockService + ?Sized>(
     let elapsed = started.elapsed();
     progress.finish();
 
-    report(&sim, elapsed).await
+    report(&sim, started, elapsed).await
 }
 
 fn sku_name(s: u32) -> String {
@@ -271,12 +324,17 @@ async fn process<L: LockService + ?Sized>(sim: &Sim<L>, delivery: Delivery, work
         }
     };
     if finished && !sim.job_done[job_index(delivery.job)].swap(true, Ordering::SeqCst) {
-        sim.counters.finished_jobs.fetch_add(1, Ordering::SeqCst);
+        let done = sim.counters.finished_jobs.fetch_add(1, Ordering::SeqCst) + 1;
+        sim.tenths.done(done, sim.args.jobs);
     }
     let _ = lease.release().await; // NotHolder after a pause is expected
 }
 
-async fn report<L: LockService + ?Sized>(sim: &Sim<L>, elapsed: Duration) -> Result<serde_json::Value, AppError> {
+async fn report<L: LockService + ?Sized>(
+    sim: &Sim<L>,
+    started: Instant,
+    elapsed: Duration,
+) -> Result<serde_json::Value, AppError> {
     let audit = sim.warehouse.audit(None).await?;
     let allocations: usize = audit.values().sum();
     let duplicates = audit.values().filter(|&&n| n > 1).count();
@@ -296,6 +354,11 @@ async fn report<L: LockService + ?Sized>(sim: &Sim<L>, elapsed: Duration) -> Res
     };
     let c = &sim.counters;
     let secs = elapsed.as_secs_f64().max(1e-9);
+    let tenths = sim.tenths.rates(started, sim.args.jobs);
+    let last_vs_first = match (tenths.first(), tenths.last()) {
+        (Some(&first), Some(&last)) if first > 0.0 => json!((last / first * 100.0).round() / 100.0),
+        _ => serde_json::Value::Null,
+    };
     Ok(json!({
         "mode": if sim.args.mode == Mode::Fenced { "fenced" } else { "unfenced" },
         "run": sim.run_id,
@@ -320,6 +383,8 @@ async fn report<L: LockService + ?Sized>(sim: &Sim<L>, elapsed: Duration) -> Res
         "jobs_per_sec": (sim.args.jobs as f64 / secs * 10.0).round() / 10.0,
         "acquire_p50_ms": (pct(50.0) * 1000.0).round() / 1000.0,
         "acquire_p99_ms": (pct(99.0) * 1000.0).round() / 1000.0,
+        "tenths_jobs_per_sec": tenths,
+        "last_tenth_vs_first": last_vs_first,
         "lock": sim.locks.backend(),
         "store": sim.warehouse.backend(),
     }))
