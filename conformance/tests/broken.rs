@@ -791,6 +791,8 @@ mod broken_twins {
                 "zero_wait_is_one_attempt",
                 // The waiter is granted the held lock, so the holder's release finds it gone.
                 "acquire_cancelled_as_the_lock_frees",
+                // acquire_any takes the first key, held or not.
+                "releases_wake_waiters",
             ],
         )
         .await;
@@ -1228,7 +1230,13 @@ mod broken_twins {
 
     #[tokio::test]
     async fn newest_first_declared_fifo_fails_the_fifo_scenario() {
-        lock_flaw_fails(LockFlaw::NewestWaiterFirstDeclaredFifo, &[("fifo_when_declared", "declared FIFO")], &[]).await;
+        lock_flaw_fails(
+            LockFlaw::NewestWaiterFirstDeclaredFifo,
+            &[("fifo_when_declared", "declared FIFO")],
+            // It declares native waiting but leaves acquire_any to the trait's default, which polls.
+            &["releases_wake_waiters"],
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -1814,6 +1822,8 @@ mod broken_twins {
                 "fast_client_clock_takes_nothing_early",
                 "repair_keeps_the_holder",
                 "resent_release_never_frees_a_new_grant",
+                // The zero-wait round blocks until its first key comes free, then takes it.
+                "releases_wake_waiters",
             ],
         )
         .await;
