@@ -32,6 +32,7 @@ pub struct Sampler {
     watched: Arc<Mutex<Vec<Watched>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    started: tokio::time::Instant,
 }
 
 /// Parses `NAME=PID`.
@@ -72,10 +73,10 @@ impl Sampler {
         }
         let watched = Arc::new(Mutex::new(watched));
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let started = tokio::time::Instant::now();
         let task = (!specs.is_empty()).then(|| {
             let watched = Arc::clone(&watched);
             tokio::spawn(async move {
-                let started = tokio::time::Instant::now();
                 loop {
                     tokio::select! {
                         _ = &mut stopped => return,
@@ -98,7 +99,7 @@ impl Sampler {
                 }
             })
         });
-        Ok(Sampler { watched, stop: Some(stop), task })
+        Ok(Sampler { watched, stop: Some(stop), task, started })
     }
 
     /// Stops sampling and returns what was seen.
@@ -109,7 +110,21 @@ impl Sampler {
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
-        self.watched.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        let mut watched = self.watched.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        // The end is now, not the last tick.
+        for w in watched.iter_mut().filter(|w| !w.gone) {
+            match resident_kib(w.pid) {
+                Some(rss) => {
+                    w.samples += 1;
+                    w.end_kib = rss;
+                    if rss > w.peak_kib {
+                        (w.peak_kib, w.peak_at_s) = (rss, self.started.elapsed().as_secs());
+                    }
+                }
+                None => w.gone = true,
+            }
+        }
+        watched
     }
 }
 

@@ -317,7 +317,6 @@ fn service_id<S: ?Sized>(service: &Arc<S>) -> usize {
     Arc::as_ptr(service).cast::<()>().addr()
 }
 
-/// [`ErrorKind::Reentrant`] if an enclosing `with_lock` of this task holds `key` from `service`.
 /// [`LockServiceExt::lock`] on whichever of `keys` is free first
 /// ([`LockService::acquire_any`]): a semaphore's permit. The same validation, re-entry
 /// refusal, span and metrics as `lock`.
@@ -348,6 +347,7 @@ pub(crate) async fn lock_any<S: LockService + ?Sized>(
     }
 }
 
+/// [`ErrorKind::Reentrant`] if an enclosing `with_lock` of this task holds `key` from `service`.
 fn refuse_reentry<S: LockService + ?Sized>(service: &Arc<S>, key: &ResourceKey) -> Result<()> {
     let id = service_id(service);
     let held = SCOPED.try_with(|held| held.iter().any(|(s, k)| *s == id && k == key)).unwrap_or(false);

@@ -109,7 +109,7 @@ impl<S: LockService<Fencing = Fenced> + ?Sized> Semaphore<S> {
 
     /// The same semaphore with waiters served in order: [`acquire`](Semaphore::acquire) first
     /// takes its place in a queue (the lock on `key` with `~queue` appended), and only the head
-    /// of the queue polls the permit slots. Arrival order on a service that queues waiters
+    /// of the queue waits for the permit slots. Arrival order on a service that queues waiters
     /// (etcd, ZooKeeper); elsewhere the queue lock's own waiting order. Every waiter must use a
     /// queued semaphore for the order to hold. A key too long for the queue's key is
     /// [`ErrorKind::InvalidKey`].

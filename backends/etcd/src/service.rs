@@ -453,7 +453,8 @@ impl LockService for EtcdLockService {
     /// their prefixes, from the revision of the round's first txn, wakes the waiter at the
     /// first delete in it (a release, an expiry, a waiter leaving), so nothing deleted since
     /// the round looked is missed. No queue entry is made: these waiters are not in the keys'
-    /// FIFO order, and leave nothing behind when cancelled.
+    /// FIFO order. Dropped mid-round, the txn in flight leaves nothing behind (its key, if the
+    /// put landed, is deleted in the background).
     async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
         let first = palisade_core::spi::first_of(BACKEND, keys)?;
         validate_wait(wait)?;
@@ -711,27 +712,28 @@ impl EtcdLockService {
                 ],
             )
         };
-        let resp = match inner.txn(txn, "acquire", true).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                // The put may have landed: a ghost holder would block the key while we live.
-                inner.abandon(etcd_key.as_bytes().to_vec(), session.lost.clone());
-                return Err(e);
-            }
+        // Until the answer is in, the put may have landed: a ghost holder on the session lease
+        // would block the key for as long as the process lives. An error, a grant that cannot
+        // be tracked, or the call dropped mid-txn (a waiting `acquire_any` given up by its
+        // caller) deletes it.
+        let mut place = QueuePlace {
+            inner: Arc::clone(inner),
+            etcd_key: etcd_key.as_bytes().to_vec(),
+            session_lost: session.lost.clone(),
+            armed: true,
         };
+        let resp = inner.txn(txn, "acquire", true).await?;
         let reply = TxnReply::of(&resp);
         let next = reply.next_revision()?;
         if !reply.succeeded {
+            place.armed = false;
             return Ok((None, next));
         }
-        let granted = reply.fence(0).and_then(|fence| inner.grant(key, &contender, fence, ttl, sent_at, &session));
-        if granted.is_err() {
-            // Our key is on the session lease but no deadline tracks it (the session's local
-            // deadline passed during the txn): if the session renews, it would block the
-            // resource for the life of the process. Delete it.
-            inner.abandon(etcd_key.as_bytes().to_vec(), session.lost.clone());
-        }
-        granted.map(|grant| (Some(grant), next))
+        // An error here (the session's local deadline passed during the txn: no deadline
+        // tracks our key) leaves the place armed, and its drop deletes the key.
+        let grant = reply.fence(0).and_then(|fence| inner.grant(key, &contender, fence, ttl, sent_at, &session))?;
+        place.armed = false;
+        Ok((Some(grant), next))
     }
 
     /// Waits until `key` is deleted (true), or `give_up` passes (false); with a range end, until

@@ -93,10 +93,15 @@ impl Tenths {
         if jobs < 10 {
             return Vec::new();
         }
+        // Two workers ending tenths one job apart may store their marks out of order (each
+        // counts, then reads the clock): the marks, sorted, are the moments the tenths ended.
+        let mut marks: Vec<u64> = self.marks.iter().map(|m| m.load(Ordering::SeqCst)).collect();
+        marks.sort_unstable();
         let mut from = started.saturating_duration_since(self.epoch).as_secs_f64();
         (1..=10u64)
-            .map(|k| {
-                let to = self.marks[usize::try_from(k - 1).unwrap_or(0)].load(Ordering::SeqCst) as f64 / 1e6;
+            .zip(marks)
+            .map(|(k, mark)| {
+                let to = mark as f64 / 1e6;
                 let n = (Tenths::boundary(jobs, k) - Tenths::boundary(jobs, k - 1)) as f64;
                 let rate = n / (to - from).max(1e-9);
                 from = to;
