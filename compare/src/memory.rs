@@ -52,6 +52,22 @@ fn resident_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Reads each watched process's resident set, `at` seconds into the run.
+fn sample(watched: &mut [Watched], at: u64) {
+    for w in watched.iter_mut().filter(|w| !w.gone) {
+        match resident_kib(w.pid) {
+            Some(rss) => {
+                w.samples += 1;
+                w.end_kib = rss;
+                if rss > w.peak_kib {
+                    (w.peak_kib, w.peak_at_s) = (rss, at);
+                }
+            }
+            None => w.gone = true,
+        }
+    }
+}
+
 impl Sampler {
     /// Starts sampling `specs` (`NAME=PID` each); an unreadable process is an error at once.
     pub fn start(specs: &[String]) -> Result<Sampler, String> {
@@ -82,20 +98,7 @@ impl Sampler {
                         _ = &mut stopped => return,
                         () = tokio::time::sleep(EVERY) => {}
                     }
-                    let at = started.elapsed().as_secs();
-                    let mut watched = watched.lock().unwrap_or_else(PoisonError::into_inner);
-                    for w in watched.iter_mut().filter(|w| !w.gone) {
-                        match resident_kib(w.pid) {
-                            Some(rss) => {
-                                w.samples += 1;
-                                w.end_kib = rss;
-                                if rss > w.peak_kib {
-                                    (w.peak_kib, w.peak_at_s) = (rss, at);
-                                }
-                            }
-                            None => w.gone = true,
-                        }
-                    }
+                    sample(&mut watched.lock().unwrap_or_else(PoisonError::into_inner), started.elapsed().as_secs());
                 }
             })
         });
@@ -112,18 +115,7 @@ impl Sampler {
         }
         let mut watched = self.watched.lock().unwrap_or_else(PoisonError::into_inner).clone();
         // The end is now, not the last tick.
-        for w in watched.iter_mut().filter(|w| !w.gone) {
-            match resident_kib(w.pid) {
-                Some(rss) => {
-                    w.samples += 1;
-                    w.end_kib = rss;
-                    if rss > w.peak_kib {
-                        (w.peak_kib, w.peak_at_s) = (rss, self.started.elapsed().as_secs());
-                    }
-                }
-                None => w.gone = true,
-            }
-        }
+        sample(&mut watched, self.started.elapsed().as_secs());
         watched
     }
 }

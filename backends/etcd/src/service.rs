@@ -399,6 +399,16 @@ struct QueuePlace {
 }
 
 impl QueuePlace {
+    /// Our key `etcd_key`, which may exist from now on, deleted unless disarmed.
+    fn armed(inner: &Arc<Inner>, etcd_key: &str, session: &Session) -> QueuePlace {
+        QueuePlace {
+            inner: Arc::clone(inner),
+            etcd_key: etcd_key.as_bytes().to_vec(),
+            session_lost: session.lost.clone(),
+            armed: true,
+        }
+    }
+
     async fn leave(mut self) {
         self.armed = false;
         let mut kv = self.inner.client.kv_client();
@@ -509,12 +519,7 @@ impl LockService for EtcdLockService {
             ])
         };
         // From here on our key may exist: every way out without the lock must remove it.
-        let mut place = QueuePlace {
-            inner: Arc::clone(inner),
-            etcd_key: etcd_key.as_bytes().to_vec(),
-            session_lost: session.lost.clone(),
-            armed: true,
-        };
+        let mut place = QueuePlace::armed(inner, etcd_key, &session);
         let resp = inner.txn(txn, "acquire", true).await?;
         let reply = TxnReply::of(&resp);
         let revision = reply.revision()?;
@@ -716,12 +721,7 @@ impl EtcdLockService {
         // would block the key for as long as the process lives. An error, a grant that cannot
         // be tracked, or the call dropped mid-txn (a waiting `acquire_any` given up by its
         // caller) deletes it.
-        let mut place = QueuePlace {
-            inner: Arc::clone(inner),
-            etcd_key: etcd_key.as_bytes().to_vec(),
-            session_lost: session.lost.clone(),
-            armed: true,
-        };
+        let mut place = QueuePlace::armed(inner, etcd_key, &session);
         let resp = inner.txn(txn, "acquire", true).await?;
         let reply = TxnReply::of(&resp);
         let next = reply.next_revision()?;
