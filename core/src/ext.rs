@@ -211,17 +211,8 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
         let backend = self.backend();
         let started = Instant::now();
         let span = tracing::debug_span!("lock.acquire", backend, key = %key);
-        match (**self).acquire(key, ttl, wait).instrument(span).await {
-            Ok(grant) => {
-                metrics::record_acquire(backend, "acquired", Some(started.elapsed()));
-                Ok(Lease::new(Arc::clone(self), grant))
-            }
-            Err(e) => {
-                let outcome = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
-                metrics::record_acquire(backend, outcome, None);
-                Err(e)
-            }
-        }
+        let acquired = (**self).acquire(key, ttl, wait).instrument(span).await;
+        leased(self, started, acquired)
     }
 
     async fn with_lock<F, T, E>(&self, key: &ResourceKey, options: LockOptions, work: F) -> Result<T, E>
@@ -334,7 +325,18 @@ pub(crate) async fn lock_any<S: LockService + ?Sized>(
     let backend = service.backend();
     let started = Instant::now();
     let span = tracing::debug_span!("lock.acquire_any", backend, keys = keys.len());
-    match service.acquire_any(keys, ttl, wait).instrument(span).await {
+    let acquired = service.acquire_any(keys, ttl, wait).instrument(span).await;
+    leased(service, started, acquired)
+}
+
+/// A waiting acquisition's grant as a lease, its outcome counted (`lock`, `lock_any`).
+fn leased<S: LockService + ?Sized>(
+    service: &Arc<S>,
+    started: Instant,
+    acquired: Result<crate::Grant<S::Fencing>>,
+) -> Result<Lease<S>> {
+    let backend = service.backend();
+    match acquired {
         Ok(grant) => {
             metrics::record_acquire(backend, "acquired", Some(started.elapsed()));
             Ok(Lease::new(Arc::clone(service), grant))

@@ -122,8 +122,8 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 ///   [`wait_for_release`](spi::wait_for_release) (woken by release notifications),
 ///   [`wait_for_any_release`](spi::wait_for_any_release) (the same for several keys at once),
 ///   [`timeout_error`](spi::timeout_error), [`validate_wait`](spi::validate_wait),
-///   [`first_of`](spi::first_of) and [`timeout_of_any`](spi::timeout_of_any) (for
-///   `acquire_any`);
+///   [`first_of`](spi::first_of), [`first_granted`](spi::first_granted),
+///   [`try_each`](spi::try_each) and [`timeout_of_any`](spi::timeout_of_any) (for `acquire_any`);
 /// - local deadlines for session-based locks: [`HeldGrants`](spi::HeldGrants);
 /// - stores: [`storable_fence`](spi::storable_fence), [`fence_refusal`](spi::fence_refusal),
 ///   [`explain_refusal`](spi::explain_refusal), [`lock_not_live`](spi::lock_not_live),
@@ -139,8 +139,8 @@ pub mod spi {
     pub use crate::held::{GiveUp, HeldGrants};
     pub use crate::key::parse_any_resource_key;
     pub use crate::service::{
-        AttemptOutcome, Backoff, first_of, poll_acquire, poll_acquire_woken, timeout_error, timeout_of_any,
-        wait_for_any_release, wait_for_release,
+        AttemptOutcome, Backoff, first_granted, first_of, poll_acquire, poll_acquire_woken, timeout_error,
+        timeout_of_any, try_each, wait_for_any_release, wait_for_release,
     };
     pub use crate::store::{
         conflict_error, explain_refusal, fence_refusal, lock_not_live, quote_sql_identifier, storable_fence,

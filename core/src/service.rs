@@ -410,8 +410,8 @@ pub fn first_of<'k>(backend: &'static str, keys: &'k [ResourceKey]) -> Result<&'
 }
 
 /// One round of `try_acquire` over `keys`, in order: the first grant, or `None` when every
-/// key is held.
-async fn try_each<S: LockService + ?Sized>(
+/// key is held (the round of a polling [`acquire_any`](LockService::acquire_any)).
+pub async fn try_each<S: LockService + ?Sized>(
     service: &S,
     keys: &[ResourceKey],
     ttl: Ttl,
@@ -422,6 +422,24 @@ async fn try_each<S: LockService + ?Sized>(
         }
     }
     Ok(None)
+}
+
+/// One round of `attempt` over `count` keys (by index), in order: the first grant, or, when
+/// every key is held, the soonest any holder runs out (the round of an
+/// [`acquire_any`](LockService::acquire_any) that [`wait_for_any_release`] drives).
+pub async fn first_granted<G, F, Fut>(count: usize, mut attempt: F) -> Result<AttemptOutcome<G>>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<AttemptOutcome<G>>>,
+{
+    let mut soonest = Duration::MAX;
+    for i in 0..count {
+        match attempt(i).await? {
+            AttemptOutcome::Granted(grant) => return Ok(AttemptOutcome::Granted(grant)),
+            AttemptOutcome::Held { remaining } => soonest = soonest.min(remaining),
+        }
+    }
+    Ok(AttemptOutcome::Held { remaining: soonest })
 }
 
 /// An [`acquire_any`](LockService::acquire_any) wait's timeout names every key it waited

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::spi::{
-    AttemptOutcome, first_of, timeout_of_any, validate_wait, wait_for_any_release, wait_for_release,
+    AttemptOutcome, first_granted, first_of, timeout_of_any, validate_wait, wait_for_any_release, wait_for_release,
 };
 use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
@@ -375,16 +375,7 @@ impl LockService for RedisLockService {
         let give_up = Instant::now() + wait;
         // As `acquire`, over every key: a round that may wait marks the holders it finds, so
         // their releases publish.
-        let round = |mark: bool| async move {
-            let mut soonest = Duration::MAX;
-            for key in keys {
-                match self.attempt(key, ttl, mark).await? {
-                    AttemptOutcome::Granted(grant) => return Ok(AttemptOutcome::Granted(grant)),
-                    AttemptOutcome::Held { remaining } => soonest = soonest.min(remaining),
-                }
-            }
-            Ok(AttemptOutcome::Held { remaining: soonest })
-        };
+        let round = |mark: bool| first_granted(keys.len(), move |i| self.attempt(&keys[i], ttl, mark));
         if let AttemptOutcome::Granted(grant) = round(!wait.is_zero()).await? {
             return Ok(grant);
         }

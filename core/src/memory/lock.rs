@@ -7,7 +7,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::spi::{AttemptOutcome, first_of, timeout_of_any, wait_for_any_release, wait_for_release};
+use crate::spi::{AttemptOutcome, first_granted, first_of, timeout_of_any, wait_for_any_release, wait_for_release};
 use crate::{
     Capabilities, Deployment, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting,
 };
@@ -105,6 +105,16 @@ impl MemoryLockService {
         Ok(Attempt::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
     }
 
+    /// [`attempt`](Self::attempt) as a waiting loop reads it: held for how much longer.
+    fn outcome(&self, key: &ResourceKey, ttl: Ttl) -> Result<AttemptOutcome<Grant<Fenced>>> {
+        Ok(match self.attempt(key, ttl)? {
+            Attempt::Granted(grant) => AttemptOutcome::Granted(grant),
+            Attempt::Held { until } => {
+                AttemptOutcome::Held { remaining: until.saturating_duration_since(Instant::now()) }
+            }
+        })
+    }
+
     fn with_own_slot<T>(&self, grant: &Grant<Fenced>, f: impl FnOnce(&mut Slot, Instant) -> T) -> Result<T> {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
@@ -154,14 +164,7 @@ impl LockService for MemoryLockService {
             wait,
             || self.released_notify(key),
             None,
-            || async {
-                Ok(match self.attempt(key, ttl)? {
-                    Attempt::Granted(grant) => AttemptOutcome::Granted(grant),
-                    Attempt::Held { until } => {
-                        AttemptOutcome::Held { remaining: until.saturating_duration_since(Instant::now()) }
-                    }
-                })
-            },
+            || std::future::ready(self.outcome(key, ttl)),
         )
         .await
     }
@@ -174,17 +177,7 @@ impl LockService for MemoryLockService {
             wait,
             || keys.iter().map(|key| self.released_notify(key)).collect::<Vec<_>>(),
             None,
-            || async {
-                let mut soonest: Option<Instant> = None;
-                for key in keys {
-                    match self.attempt(key, ttl)? {
-                        Attempt::Granted(grant) => return Ok(AttemptOutcome::Granted(grant)),
-                        Attempt::Held { until } => soonest = Some(soonest.map_or(until, |s| s.min(until))),
-                    }
-                }
-                let until = soonest.unwrap_or_else(Instant::now);
-                Ok(AttemptOutcome::Held { remaining: until.saturating_duration_since(Instant::now()) })
-            },
+            || first_granted(keys.len(), |i| std::future::ready(self.outcome(&keys[i], ttl))),
         )
         .await
         .map_err(|e| timeout_of_any(e, BACKEND, keys, wait))

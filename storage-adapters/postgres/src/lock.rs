@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::spi::{
-    AttemptOutcome, Backoff, first_of, storable_fence, timeout_of_any, wait_for_any_release, wait_for_release,
+    AttemptOutcome, Backoff, first_granted, first_of, storable_fence, timeout_of_any, wait_for_any_release,
+    wait_for_release,
 };
 use palisade_core::{
     Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, OwnerToken, ResourceKey,
@@ -418,16 +419,9 @@ impl LockService for PostgresLockService {
             listening.store(true, std::sync::atomic::Ordering::Relaxed);
             keys.iter().map(|key| self.notifier(key)).collect::<Vec<_>>()
         };
-        let round = || async {
+        let round = || {
             let waiting = listening.load(std::sync::atomic::Ordering::Relaxed);
-            let mut soonest = Duration::MAX;
-            for key in keys {
-                match self.attempt(key, ttl, waiting).await? {
-                    AttemptOutcome::Granted(grant) => return Ok(AttemptOutcome::Granted(grant)),
-                    AttemptOutcome::Held { remaining } => soonest = soonest.min(remaining),
-                }
-            }
-            Ok(AttemptOutcome::Held { remaining: soonest })
+            first_granted(keys.len(), move |i| self.attempt(&keys[i], ttl, waiting))
         };
         wait_for_any_release(BACKEND, first, wait, notifiers, Some(MAX_STEP), round)
             .await

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::spi::{Backoff, first_of, poll_acquire_woken, storable_fence, timeout_of_any};
+use palisade_core::spi::{Backoff, first_of, poll_acquire_woken, storable_fence, timeout_of_any, try_each};
 use palisade_core::{
     Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, OwnerToken,
     ResourceKey, Result, Ttl, Waiting,
@@ -285,14 +285,7 @@ impl LockService for SqliteLockService {
         let first = first_of(BACKEND, keys)?;
         // As `acquire`, over every key: a release of any of them in this process wakes the wait.
         let subscribe = || keys.iter().map(|key| self.store.releases().subscribe(key)).collect::<Vec<_>>();
-        let round = || async {
-            for key in keys {
-                if let Some(grant) = self.try_acquire(key, ttl).await? {
-                    return Ok(Some(grant));
-                }
-            }
-            Ok(None)
-        };
+        let round = || try_each(self, keys, ttl);
         poll_acquire_woken(BACKEND, first, wait, Backoff::new(), true, subscribe, round)
             .await
             .map_err(|e| timeout_of_any(e, BACKEND, keys, wait))
