@@ -37,7 +37,10 @@ const RESENDS: usize = 2;
 
 /// A fenced lock service in a PostgreSQL database: for teams whose only server is PostgreSQL.
 ///
-/// - **One statement per operation**: acquire, extend and release are one round trip each.
+/// - **One statement per operation**: extend and release are one round trip each, and so is
+///   the acquire of a known resource that is free or expired (a take-over of its row); an
+///   acquire that takes nothing that way (the resource's first, a held lock, a waiter's
+///   attempt) sends a second statement that answers every case.
 /// - **The server's clock**: a lock expires when the server's clock passes its expiry; clients'
 ///   clocks are never compared with it (a grant's client-side deadline starts before the
 ///   statement ran, so it ends no later than the server's). The statements read
@@ -165,7 +168,10 @@ impl PostgresLockService {
     /// holder's time left. `waiting`: the caller will wait for a release (it listens), so a
     /// held lock is marked.
     ///
-    /// The statement is idempotent per grant, so a request whose reply was lost is sent again
+    /// A cheap take-over of an existing free row goes first; when it takes nothing, the full
+    /// statement decides (a new row, a holder, a waiter's mark).
+    ///
+    /// The full statement is idempotent per grant, so a request whose reply was lost is sent again
     /// with the same grant id and answers with the grant the first one made, if it made one.
     /// Whenever a resend does not end in that grant (it answered "held" — the first send may
     /// still have been running, its row locked — or it failed), the grant the first send may
@@ -178,6 +184,23 @@ impl PostgresLockService {
         let requested_at = Instant::now();
         let grant_id = GrantId::of(&token);
         let mut sends = 0;
+        let taken = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.statements.take)))
+            .bind(key.to_string())
+            .bind(&grant_id.as_bytes()[..])
+            .bind(millis(ttl.get()))
+            .fetch_optional(&self.inner.pool)
+            .await;
+        match taken {
+            Ok(Some(fence)) => return Self::granted(key, token, fence, ttl, requested_at),
+            Ok(None) => {}
+            // The take-over may have been made: the full statement is idempotent per grant and
+            // answers with it, and whatever else it answers is handled as a resend's answer.
+            Err(e) if reply_lost(&e) => {
+                sends += 1;
+                debug!(key = %key, error = %e, "take-over reply lost; asking again with the same grant");
+            }
+            Err(e) => return Err(map_err(e)),
+        }
         let (fence, left, locked): (Option<i64>, Option<i64>, bool) = loop {
             let sent = sqlx::query_as(AssertSqlSafe(Arc::clone(&self.inner.statements.acquire)))
                 .bind(key.to_string())
@@ -210,12 +233,7 @@ impl PostgresLockService {
             self.release_orphan(key, grant_id, ttl, requested_at);
         }
         match fence {
-            Some(fence) => {
-                let fence = u64::try_from(fence).map_err(|_| {
-                    Error::new(ErrorKind::Backend, BACKEND, format!("negative fence {fence} in the lock table"))
-                })?;
-                Ok(AttemptOutcome::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
-            }
+            Some(fence) => Self::granted(key, token, fence, ttl, requested_at),
             // Free, but a transaction keeps the row locked: the last holder's live-lock write
             // has not ended. Held until it does; its end sends no notification, so look again.
             None if locked => Ok(AttemptOutcome::Held { remaining: MAX_STEP }),
@@ -224,6 +242,20 @@ impl PostgresLockService {
                 remaining: Duration::from_millis(left.and_then(|l| u64::try_from(l).ok()).unwrap_or(0)),
             }),
         }
+    }
+
+    /// The grant of an attempt answered with `fence`.
+    fn granted(
+        key: &ResourceKey,
+        token: OwnerToken,
+        fence: i64,
+        ttl: Ttl,
+        requested_at: Instant,
+    ) -> Result<AttemptOutcome<Grant<Fenced>>> {
+        let fence = u64::try_from(fence).map_err(|_| {
+            Error::new(ErrorKind::Backend, BACKEND, format!("negative fence {fence} in the lock table"))
+        })?;
+        Ok(AttemptOutcome::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
     }
 
     /// Releases whatever `grant_id` holds on `key`, in the background: the clean-up of an

@@ -53,6 +53,9 @@ pub(crate) struct LockStatements {
     /// The channel releases are announced on (the table's name), payload the resource.
     pub(crate) channel: String,
     // Shared, not copied, into every query (the hot path).
+    /// The take-over of an existing free row alone: the common case, sent first.
+    pub(crate) take: Arc<str>,
+    /// Every case: inserts a new row, answers a resend, reports a holder, marks a waiter.
     pub(crate) acquire: Arc<str>,
     pub(crate) extend: Arc<str>,
     pub(crate) release: Arc<str>,
@@ -69,6 +72,22 @@ impl LockStatements {
         Ok(LockStatements {
             schema: schema_sql(table)?,
             channel: table.to_string(),
+            // The take-over of a row that exists and is free or expired, nothing else: what an
+            // acquire of a known resource nobody holds needs, at a fraction of the server's cost
+            // of `acquire` below, which evaluates every case in one statement (PostgreSQL runs
+            // every part of a `WITH`; `docs/benchmarks/postgres-server-cost.md`). No row back: anything else (no row,
+            // held, locked by a fenced transaction, a resend of a grant made), which `acquire`
+            // then answers. The row is locked `FOR UPDATE SKIP LOCKED` first, as there, so the
+            // statement never waits; the update rechecks the row's latest version.
+            take: format!(
+                "UPDATE {l} AS l SET grant_id = $2, expires_at = clock_timestamp() + {ms}, \
+                 fence = greatest(l.fence, l.fence_floor) + 1, waiting = false \
+                 WHERE l.resource = $1 AND (l.grant_id IS NULL OR l.expires_at <= clock_timestamp()) \
+                 AND l.resource = (SELECT resource FROM {l} WHERE resource = $1 \
+                 AND (grant_id IS NULL OR expires_at <= clock_timestamp()) FOR UPDATE SKIP LOCKED) \
+                 RETURNING l.fence"
+            )
+            .into(),
             // Takes a free or expired lock and issues the next fence (above the repair's
             // floor); otherwise no fence, the holder's time left (a hint for the waiter), and
             // whether a transaction keeps the row locked (a live-lock write of the last holder
@@ -105,9 +124,9 @@ impl LockStatements {
                  marked AS (UPDATE {l} SET waiting = true WHERE resource = $1 AND $4 AND NOT waiting \
                  AND EXISTS (SELECT 1 FROM held WHERE NOT held.waiting)) \
                  SELECT coalesce((SELECT fence FROM inserted), (SELECT fence FROM updated), \
-                 (SELECT fence FROM cur WHERE live AND grant_id = $2)), \
-                 (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::BIGINT FROM held), \
-                 EXISTS (SELECT 1 FROM cur WHERE NOT live) AND NOT EXISTS (SELECT 1 FROM free)"
+                 (SELECT fence FROM cur WHERE live AND grant_id = $2)) AS fence, \
+                 (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::BIGINT FROM held) AS left_ms, \
+                 EXISTS (SELECT 1 FROM cur WHERE NOT live) AND NOT EXISTS (SELECT 1 FROM free) AS locked"
             )
             .into(),
             extend: format!(
@@ -118,17 +137,17 @@ impl LockStatements {
             // The notification, only when a waiter marked the row, is delivered when the
             // statement commits: waiters wake to a free row. (PostgreSQL serialises notifying
             // commits, so an uncontended release sends none.) One row back: released.
+            // (In `RETURNING`, not a `WITH` around the update, which costs the server more.)
             release: format!(
-                "WITH released AS (UPDATE {l} SET grant_id = NULL, expires_at = clock_timestamp() \
+                "UPDATE {l} SET grant_id = NULL, expires_at = clock_timestamp() \
                  WHERE resource = $1 AND grant_id = $2 AND fence = $4 AND expires_at > clock_timestamp() \
-                 RETURNING resource, waiting) \
-                 SELECT CASE WHEN waiting THEN pg_notify($3, resource) END FROM released"
+                 RETURNING CASE WHEN waiting THEN pg_notify($3, resource) END"
             )
             .into(),
             release_grant: format!(
-                "WITH released AS (UPDATE {l} SET grant_id = NULL, expires_at = clock_timestamp() \
-                 WHERE resource = $1 AND grant_id = $2 AND expires_at > clock_timestamp() RETURNING resource, waiting) \
-                 SELECT CASE WHEN waiting THEN pg_notify($3, resource) END FROM released"
+                "UPDATE {l} SET grant_id = NULL, expires_at = clock_timestamp() \
+                 WHERE resource = $1 AND grant_id = $2 AND expires_at > clock_timestamp() \
+                 RETURNING CASE WHEN waiting THEN pg_notify($3, resource) END"
             )
             .into(),
             // The floor, not the fence: the row's fence is its holder's, which extend, release
@@ -140,5 +159,67 @@ impl LockStatements {
             )
             .into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::LockStatements;
+
+    /// `pgbench` scripts of the lock service's statements, named by file, with `pgbench`
+    /// variables for the parameters (`integration/benches/scripts/postgres-server-cost.sh`
+    /// runs them), so the server's cost is measured on exactly what the service sends.
+    fn pgbench_scripts() -> Vec<(&'static str, String)> {
+        let statements = LockStatements::new("palisade_locks").expect("a valid table name");
+        let with = |sql: &str, params: &[&str]| {
+            // Highest first: `$1` must not match the start of `$10`.
+            params
+                .iter()
+                .enumerate()
+                .rev()
+                .fold(sql.to_string(), |sql, (i, var)| sql.replace(&format!("${}", i + 1), var))
+        };
+        let acquire_params = [":client_id", ":grant", ":ttl", ":waiting"];
+        let release = with(&statements.release, &[":client_id", ":grant", ":channel", ":fence"]);
+        let script = |what: &str, acquire: &str| {
+            format!(
+                "-- Generated from storage-adapters/postgres/src/lock_table.rs by its tests\n\
+                 -- (PALISADE_BLESS=1 cargo test -p palisade-postgres --lib pgbench): do not edit.\n\
+                 -- {what},\n\
+                 -- then the release: one uncontended cycle on the client's own resource (its id),\n\
+                 -- its row made beforehand. Variables: -D ttl=30000 -D waiting=false -D channel=palisade_locks\n\
+                 \\set grant random(1, 1000000000)\n{}\n\\gset\n{release};\n",
+                with(acquire, &acquire_params)
+            )
+        };
+        vec![
+            ("schema.sql", format!("{}\n", statements.schema)),
+            ("palisade.sql", script("The take-over of a free row (an acquire's first statement)", &statements.take)),
+            (
+                "palisade-full.sql",
+                script("The full acquire statement (every acquire's only one before)", &statements.acquire),
+            ),
+        ]
+    }
+
+    #[test]
+    fn pgbench_scripts_are_the_services_statements() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/server-cost");
+        let bless = std::env::var("PALISADE_BLESS").is_ok_and(|v| v == "1");
+        for (name, script) in pgbench_scripts() {
+            let path = dir.join(name);
+            if bless {
+                std::fs::create_dir_all(&dir).expect("the directory");
+                std::fs::write(&path, &script).expect("written");
+            }
+            let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                on_disk == script,
+                "{} differs from the service's statements: run `PALISADE_BLESS=1 cargo test -p palisade-postgres --lib pgbench` and commit",
+                path.display()
+            );
+        }
     }
 }

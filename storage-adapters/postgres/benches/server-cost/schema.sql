@@ -1,0 +1,3 @@
+CREATE TABLE IF NOT EXISTS "palisade_locks" (resource TEXT PRIMARY KEY, grant_id BYTEA, expires_at TIMESTAMPTZ NOT NULL, fence BIGINT NOT NULL, waiting BOOLEAN NOT NULL DEFAULT false, fence_floor BIGINT NOT NULL DEFAULT 0);
+DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('"palisade_locks"') AND attname = 'waiting' AND NOT attisdropped) THEN ALTER TABLE "palisade_locks" ADD COLUMN waiting BOOLEAN NOT NULL DEFAULT false; END IF; END$$;
+DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('"palisade_locks"') AND attname = 'fence_floor' AND NOT attisdropped) THEN ALTER TABLE "palisade_locks" ADD COLUMN fence_floor BIGINT NOT NULL DEFAULT 0; END IF; END$$;
