@@ -46,6 +46,9 @@ enum Command {
     /// (internal) The worker process the fault scenarios freeze and kill.
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
+    /// (internal) The holder of a handoff measured across processes.
+    #[command(hide = true)]
+    Holder(worker::HolderArgs),
 }
 
 /// `palisade compare` flags.
@@ -146,6 +149,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Worker(args) => runtime.block_on(worker::run(args)),
+        Command::Holder(args) => runtime.block_on(worker::hold(args)),
         Command::Compare(args) => match runtime.block_on(report::compare(args)) {
             Ok(code) => code,
             Err(e) => {

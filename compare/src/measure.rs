@@ -386,6 +386,81 @@ impl Handoff {
         )
     }
 
+    /// Palisade's handoff on `key` from a holder in another process (`palisade holder`, this
+    /// binary, started on `url` for each run): the holder takes the lock, a waiter on `waiter`
+    /// calls `lock` and waits, the holder releases after `settle`; the time runs from the holder's release returning to the
+    /// waiter's grant, by the wall clock both processes read. A run measures one handoff in
+    /// `every` of those asked for (at least one), for settles long enough to make many slow.
+    pub fn from_another_process<S>(
+        name: impl Into<String>,
+        waiter: Arc<S>,
+        url: &str,
+        key: palisade::ResourceKey,
+        settle: Duration,
+        every: usize,
+    ) -> Handoff
+    where
+        S: palisade::LockService + ?Sized + 'static,
+    {
+        use palisade::{LockOptions, LockServiceExt};
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let url = url.to_string();
+        Handoff::new(name, move |n| {
+            let (waiter, url, key) = (Arc::clone(&waiter), url.clone(), key.clone());
+            async move {
+                let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+                let mut child = tokio::process::Command::new(exe)
+                    .args(["holder", "--lock", &url, "--domain", key.domain(), "--id", key.id()])
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::null())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .map_err(|e| format!("cannot start the holder: {e}"))?;
+                let mut stdin = child.stdin.take().ok_or("no holder stdin")?;
+                let mut lines = tokio::io::BufReader::new(child.stdout.take().ok_or("no holder stdout")?).lines();
+                let mut line = async || match tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await {
+                    Ok(Ok(Some(line))) => Ok(line),
+                    Ok(Ok(None)) => Err("the holder exited".to_string()),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("the holder said nothing for 60 s".to_string()),
+                };
+                let mut out = Vec::new();
+                for _ in 0..n.div_ceil(every.max(1)) {
+                    stdin.write_all(b"take\n").await.map_err(|e| e.to_string())?;
+                    let said = line().await?;
+                    if said != "acquired" {
+                        return Err(format!("the holder said {said:?}"));
+                    }
+                    let waiting = tokio::spawn({
+                        let (waiter, key) = (Arc::clone(&waiter), key.clone());
+                        async move {
+                            let got = waiter
+                                .lock(&key, LockOptions::ttl(Duration::from_secs(10)).wait(Duration::from_secs(30)))
+                                .await;
+                            (std::time::SystemTime::now(), got)
+                        }
+                    });
+                    tokio::time::sleep(settle).await;
+                    stdin.write_all(b"go\n").await.map_err(|e| e.to_string())?;
+                    let said = line().await?;
+                    let released = said
+                        .strip_prefix("released ")
+                        .and_then(|nanos| nanos.parse::<u64>().ok())
+                        .map(|nanos| std::time::UNIX_EPOCH + Duration::from_nanos(nanos))
+                        .ok_or_else(|| format!("the holder said {said:?}"))?;
+                    let (got, lease) = waiting.await.map_err(|e| e.to_string())?;
+                    let lease = lease.map_err(|e| e.to_string())?;
+                    out.push(got.duration_since(released).unwrap_or_default());
+                    lease.release().await.map_err(|e| e.to_string())?;
+                }
+                drop(stdin);
+                let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+                Ok(out)
+            }
+        })
+    }
+
     /// The handoff of any primitive: `first()` takes it, `second()` is called and waits, the
     /// first lets go with `give` after `settle`; the time measured runs from `give` returning to
     /// `second()` returning. The second's hold is given back after.

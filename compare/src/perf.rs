@@ -26,6 +26,11 @@ pub const SAME: &str = "same operations, raw";
 /// one upsert that takes a free or expired row and returns its next fence, an update that
 /// clears the owner): Palisade ÷ this is what its guarantees beyond the fence cost.
 pub const MINIMAL: &str = "minimal fenced recipe, raw";
+/// Palisade's handoff from a holder in another process, the waiter waiting 5 ms (SQLite: a
+/// release wakes only the waiters of its own process).
+pub const ACROSS: &str = "palisade, holder in another process";
+/// The same after the waiter waited 300 ms (its polling slowed down by then).
+pub const ACROSS_LATE: &str = "palisade, holder in another process, after 300 ms";
 
 /// A lock service's figures: latency, throughput at each concurrency and handoff, for Palisade
 /// (`OURS`) and, where the backend has one, its raw operation (`RAW`).
@@ -125,6 +130,20 @@ pub async fn lock_perf(backend: Backend, url: &str, plan: &Plan) -> Result<LockP
         Backend::Sqlite => {
             variants.push(baseline::sqlite_row(RAW, url, &prefix).await?);
             variants.push(baseline::sqlite_minimal_fenced(MINIMAL, url, &prefix).await?);
+            // Another process's waiters are not woken; they find the release by polling.
+            let key = ResourceKey::new(&*prefix, "handoff-across").map_err(err)?;
+            let AnyLockService::Fenced(waiter) = palisade::connect_any_lock(url).await.map_err(err)? else {
+                return Err("SQLite's lock service connected unfenced".into());
+            };
+            handoffs.push(Handoff::from_another_process(
+                ACROSS,
+                Arc::clone(&waiter),
+                url,
+                key.clone(),
+                Duration::from_millis(5),
+                1,
+            ));
+            handoffs.push(Handoff::from_another_process(ACROSS_LATE, waiter, url, key, Duration::from_millis(300), 10));
         }
     }
     variants.push(ours);

@@ -12,7 +12,8 @@ use crate::faults::{self, Cell};
 use crate::local::Local;
 use crate::memory::{self, Watched};
 use crate::perf::{
-    self, LEADER, LockPerf, MINIMAL, MUTEX, OURS, PERMIT, PrimitivePerf, RAW, READ, SAME, StorePerf, WRITE,
+    self, ACROSS, ACROSS_LATE, LEADER, LockPerf, MINIMAL, MUTEX, OURS, PERMIT, PrimitivePerf, RAW, READ, SAME,
+    StorePerf, WRITE,
 };
 use crate::target::{Backend, LockTarget, StoreTarget, shown};
 use crate::warehouse::{self, WarehouseRun};
@@ -462,6 +463,21 @@ fn markdown(
             MINIMAL,
             "Palisade ÷ the minimal fenced recipe, through the raw client, in the same rounds (Redis: `SET NX PX` then `INCR` in one script, and a compare-and-delete script; PostgreSQL and SQLite: one `INSERT … ON CONFLICT DO UPDATE … WHERE` free or expired `RETURNING` the next fence, and an `UPDATE` that clears the owner): the least any lock with a fence can send, so what Palisade's guarantees cost beyond the fence itself (resends that find their own grant, exact fences above 2⁵³ or a repair's floor, waiters woken, a holder's open transaction never waited on).",
         );
+        for l in locks {
+            let Some(p) = &l.perf else { continue };
+            if let (Some(soon), Some(late)) = (p.handoff(ACROSS), p.handoff(ACROSS_LATE)) {
+                let _ = writeln!(
+                    md,
+                    "\n{}, the holder in another process: handoff p50 {:.3} ms (p99 {:.3}) when the waiter had waited 5 ms, {:.3} ms (p99 {:.3}) after 300 ms, against {} in the same process. A release wakes only the waiters of its own process; another process's waiter finds it by polling, every 2 ms at first and more slowly the longer it waits (up to every 250 ms).",
+                    l.label,
+                    soon.p50_ms,
+                    soon.p99_ms,
+                    late.p50_ms,
+                    late.p99_ms,
+                    p.handoff(OURS).map_or("–".into(), |h| format!("{:.3} ms", h.p50_ms)),
+                );
+            }
+        }
         if locks.iter().any(|l| l.perf.is_some()) {
             let _ = writeln!(md, "\n![latency](latency.svg)\n\n![throughput](throughput.svg)\n");
         }

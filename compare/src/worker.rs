@@ -58,6 +58,59 @@ async fn work(args: &WorkerArgs) -> palisade::Result<()> {
     Ok(())
 }
 
+/// `palisade holder` flags (internal): the holder of a handoff measured across processes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HolderArgs {
+    #[arg(long)]
+    pub lock: String,
+    /// The resource's domain.
+    #[arg(long)]
+    pub domain: String,
+    /// The resource's id.
+    #[arg(long)]
+    pub id: String,
+}
+
+/// At a line on stdin takes the lock and says "acquired"; at the next releases it and says
+/// "released" with the wall-clock time the release returned (Unix nanoseconds: the measuring
+/// process reads the same clock); and so on until stdin ends. It takes the lock only when told,
+/// so that it never races the measured waiter for it.
+pub async fn hold(args: HolderArgs) -> ExitCode {
+    let held = async {
+        let key = ResourceKey::new(args.domain.clone(), args.id.clone())?;
+        match palisade::connect_any_lock(&args.lock).await? {
+            AnyLockService::Fenced(locks) => hold_on(locks, &key).await,
+            AnyLockService::Unfenced(locks) => hold_on(locks, &key).await,
+        }
+    };
+    match held.await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!("error {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn hold_on<S: LockService + ?Sized + 'static>(
+    locks: std::sync::Arc<S>,
+    key: &ResourceKey,
+) -> palisade::Result<()> {
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(_)) = lines.next_line().await {
+        let lease = locks.lock(key, LockOptions::ttl(Duration::from_secs(10)).wait(Duration::from_secs(60))).await?;
+        println!("acquired");
+        let go = lines.next_line().await;
+        lease.release().await?;
+        if !matches!(go, Ok(Some(_))) {
+            break;
+        }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        println!("released {}", now.as_nanos());
+    }
+    Ok(())
+}
+
 fn batch(ns: &str) -> WriteBatch {
     WriteBatch::new().put(format!("{ns}/data"), b"A".to_vec()).put(format!("{ns}/audit/A"), b"A".to_vec())
 }

@@ -118,7 +118,14 @@ fn quick_local_comparison() {
             assert!(r["per_sec"]["median"].as_f64().unwrap() > 0.0, "{lock}");
         }
         assert_eq!(named(&perf["handoff"], "palisade"), 1, "{lock}");
+        // SQLite's waiters in another process are not woken: its handoff from another process
+        // is measured too (a holder process of this binary), and shown.
+        let sqlite = lock["label"].as_str().unwrap().starts_with("SQLite");
+        for name in ["palisade, holder in another process", "palisade, holder in another process, after 300 ms"] {
+            assert_eq!(named(&perf["handoff"], name), usize::from(sqlite), "{name}: {lock}");
+        }
     }
+    assert!(md.contains("SQLite, the holder in another process: handoff p50"), "{md}");
     for store in report["stores"].as_array().unwrap() {
         for name in ["fenced", "plain"] {
             let l = store["perf"]["latency"].as_array().unwrap().iter().find(|l| l["name"] == name).unwrap();
