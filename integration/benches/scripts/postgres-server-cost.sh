@@ -12,11 +12,9 @@
 #   (ROUNDS, default 3; WINDOW seconds per measurement, default 5)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-state=$(mktemp -d /tmp/palisade-cost.XXXXXX)
-trap 'cargo run -q -p palisade-lab -- down "$state" >/dev/null' EXIT
-cargo run -q -p palisade-lab -- up "$state" postgres >/dev/null
-# shellcheck source=/dev/null
-source "$state/env"
+# shellcheck source=integration/benches/scripts/lab.sh
+source integration/benches/scripts/lab.sh
+lab_up postgres
 PATH="$PALISADE_POSTGRES_BIN:$PATH"
 url=$PALISADE_POSTGRES_URL
 rounds=${ROUNDS:-3}

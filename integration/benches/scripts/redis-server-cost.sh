@@ -11,11 +11,9 @@
 #   integration/benches/scripts/redis-server-cost.sh [requests per row, default 300000]
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-state=$(mktemp -d /tmp/palisade-cost.XXXXXX)
-trap 'cargo run -q -p palisade-lab -- down "$state"' EXIT
-cargo run -q -p palisade-lab -- up "$state" redis >/dev/null
-# shellcheck source=/dev/null
-source "$state/env"
+# shellcheck source=integration/benches/scripts/lab.sh
+source integration/benches/scripts/lab.sh
+lab_up redis
 port=${PALISADE_REDIS_URL##*:}
 n=${1:-300000}
 cli() { redis-cli -p "$port" "$@"; }
