@@ -1292,11 +1292,46 @@ impl PostgresServer {
 
     /// [`start`](Self::start) at `site` (a lab's gateway, say, for clients on lab hosts).
     pub fn start_at(site: &Site) -> std::io::Result<Self> {
+        PostgresServer::start_configured(site, None)
+    }
+
+    /// A server that speaks only TLS, with the certificates in `certs` (`ca.crt`,
+    /// `server.crt`/`server.key` for 127.0.0.1, as the lab makes them for its TLS servers): `ssl = on`,
+    /// and `pg_hba.conf` has `hostssl` lines only, so a plaintext session is refused. Role
+    /// `palisade_cert` (created by its user) must present a client certificate the CA signed
+    /// (`clientcert=verify-ca`); every other role is trusted over TLS. It listens on 127.0.0.1 and
+    /// on 127.0.0.2, an address its certificate does not name.
+    pub fn start_tls(certs: &Path) -> std::io::Result<Self> {
+        PostgresServer::start_configured(&Site::loopback(), Some(certs))
+    }
+
+    fn start_configured(site: &Site, tls: Option<&Path>) -> std::io::Result<Self> {
         let bin = postgres_bin_dir()?;
         let mut init = Ok(());
-        let listen = format!("listen_addresses={}", site.ip);
+        let listen = match tls {
+            Some(_) => format!("listen_addresses={},127.0.0.2", site.ip),
+            None => format!("listen_addresses={}", site.ip),
+        };
         let server = LoopbackServer::start_at(site, "setpriv", |port, dir| {
-            init = initdb(&bin, dir);
+            init = initdb(&bin, dir).and_then(|()| match tls {
+                Some(certs) => tls_only(certs, dir),
+                None => Ok(()),
+            });
+            let ssl = match tls {
+                Some(_) => [
+                    "-c",
+                    "ssl=on",
+                    "-c",
+                    "ssl_cert_file=server.crt",
+                    "-c",
+                    "ssl_key_file=server.key",
+                    "-c",
+                    "ssl_ca_file=ca.crt",
+                ]
+                .map(String::from)
+                .to_vec(),
+                None => Vec::new(),
+            };
             [
                 "--reuid=postgres",
                 "--regid=postgres",
@@ -1314,7 +1349,9 @@ impl PostgresServer {
                 "max_connections=300",
             ]
             .map(String::from)
-            .to_vec()
+            .into_iter()
+            .chain(ssl)
+            .collect()
         })?;
         init?;
         let server = PostgresServer { server, bin };
@@ -1371,6 +1408,26 @@ impl PostgresServer {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// Makes the cluster in `dir/data` speak only TLS: the certificates copied in beside its
+/// configuration (the key readable by `postgres` alone, which the server demands) and
+/// `pg_hba.conf` replaced by `hostssl` lines (see [`PostgresServer::start_tls`]).
+fn tls_only(certs: &Path, dir: &Path) -> std::io::Result<()> {
+    let data = dir.join("data");
+    for name in ["ca.crt", "server.crt", "server.key"] {
+        std::fs::copy(certs.join(name), data.join(name))?;
+    }
+    std::fs::set_permissions(data.join("server.key"), std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    std::fs::write(
+        data.join("pg_hba.conf"),
+        "local all all trust\nhostssl all palisade_cert 127.0.0.0/8 trust clientcert=verify-ca\nhostssl all all 127.0.0.0/8 trust\n",
+    )?;
+    let status = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&data).status()?;
+    if !status.success() {
+        return Err(std::io::Error::other(format!("chown of {} exited with {status}", data.display())));
+    }
+    Ok(())
 }
 
 /// `initdb` of `dir/data`, owned by `postgres`.

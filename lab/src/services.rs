@@ -71,8 +71,18 @@ fn which(name: &str) -> std::io::Result<String> {
 }
 
 /// The shared servers, by the names [`up`] takes.
-pub const SERVERS: &[&str] =
-    &["redis", "redis-tls", "redis-sentinel", "redis-cluster", "redlock", "postgres", "etcd", "dynamodb", "zookeeper"];
+pub const SERVERS: &[&str] = &[
+    "redis",
+    "redis-tls",
+    "redis-sentinel",
+    "redis-cluster",
+    "redlock",
+    "postgres",
+    "postgres-tls",
+    "etcd",
+    "dynamodb",
+    "zookeeper",
+];
 
 /// How long the shared Sentinels and cluster nodes wait before judging a server failed.
 const SHARED_FAILURE_DETECTION: Duration = Duration::from_secs(10);
@@ -83,7 +93,8 @@ const REDIS_SERVERS: &[&str] = &["redis", "redis-tls", "redis-sentinel", "redis-
 /// Starts the shared servers named in `only` (every one of [`SERVERS`] when empty), after
 /// stopping whatever an earlier `up` left in `state`: Redis, a TLS-only Redis demanding client
 /// certificates, a Sentinel group (a master, a replica, three Sentinels), a Redis Cluster (three
-/// primaries with a replica each), five Redlock masters, PostgreSQL, etcd, a DynamoDB-API
+/// primaries with a replica each), five Redlock masters, PostgreSQL, a TLS-only PostgreSQL
+/// ([`PostgresServer::start_tls`]), etcd, a DynamoDB-API
 /// server (moto, from `PALISADE_MOTO_PYTHON`) and ZooKeeper, each on a free port of 127.0.0.1.
 /// Writes `state/env` and returns what it holds.
 pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started> {
@@ -143,6 +154,17 @@ pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started
         started.set("PALISADE_POSTGRES_URL", postgres.url());
         started.set("PALISADE_POSTGRES_BIN", postgres_bin_dir()?.display().to_string());
         record(state, "postgres", postgres.detach())?;
+    }
+    if want("postgres-tls") {
+        let certs = state.join("postgres-tls-certs");
+        tls_material(&certs)?;
+        let postgres = PostgresServer::start_tls(&certs)?;
+        started.set("PALISADE_POSTGRES_TLS_URL", postgres.url());
+        started.set("PALISADE_POSTGRES_TLS_CA", certs.join("ca.crt").display().to_string());
+        started.set("PALISADE_POSTGRES_TLS_OTHER_CA", certs.join("other-ca.crt").display().to_string());
+        started.set("PALISADE_POSTGRES_TLS_CLIENT_CERT", certs.join("client.crt").display().to_string());
+        started.set("PALISADE_POSTGRES_TLS_CLIENT_KEY", certs.join("client.key").display().to_string());
+        record(state, "postgres-tls", postgres.detach())?;
     }
     if want("etcd") {
         let etcd_server = which("etcd")?;
@@ -224,8 +246,9 @@ fn start_moto(state: &Path, repo: &Path, started: &mut Started) -> std::io::Resu
     record(state, "dynamodb", moto.detach())
 }
 
-/// A throwaway CA, a server certificate for 127.0.0.1 and a client identity it signed, in
-/// `dir` (with `openssl`): X.509 v3 throughout, which rustls (webpki) requires.
+/// A throwaway CA, a server certificate for 127.0.0.1 and a client identity it signed, and a
+/// second CA that signed nothing (`other-ca.crt`, for refusals), in `dir` (with `openssl`):
+/// X.509 v3 throughout, which rustls (webpki) requires.
 fn tls_material(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let path = |name: &str| dir.join(name).display().to_string();
@@ -249,6 +272,22 @@ fn tls_material(dir: &Path) -> std::io::Result<()> {
             .chain([path("client.key"), "-out".into(), path("client.csr")])
             .collect(),
         sign("client", &path),
+        vec![
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=palisade other CA",
+            "-keyout",
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain([path("other-ca.key"), "-out".into(), path("other-ca.crt")])
+        .collect(),
     ];
     for args in steps {
         let out = Command::new("openssl").args(&args).output()?;
@@ -299,7 +338,7 @@ pub fn down(state: &Path) -> std::io::Result<()> {
         })
         .collect();
     for (pid, name) in &servers {
-        let _ = kill(*pid, if *name == "postgres" { Signal::SIGINT } else { Signal::SIGTERM });
+        let _ = kill(*pid, if name.starts_with("postgres") { Signal::SIGINT } else { Signal::SIGTERM });
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     for (pid, _) in &servers {

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use palisade_core::{Error, ErrorKind, Result};
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use crate::db::{BACKEND, quote_ident};
 
@@ -39,6 +40,58 @@ pub struct PostgresConfig {
     pub require_live_lock: bool,
     /// Create the tables at connect if missing. Default: true.
     pub migrate: bool,
+    /// TLS to the server; each setting given here overrides the URL's (`sslmode`,
+    /// `sslrootcert`, `sslcert`, `sslkey`, as libpq names them). Default: the URL's, and
+    /// `sslmode=prefer` when it says nothing.
+    pub tls: PostgresTls,
+}
+
+/// How a connection uses TLS ([`PostgresConfig::tls`]). Every field left `None` is taken from
+/// the URL. Modes beyond [`SslMode::Prefer`] need the crate's `tls` feature (palisade's
+/// `postgres-tls`): without it they fail at connect with [`ErrorKind::InvalidConfig`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PostgresTls {
+    /// `sslmode`.
+    pub mode: Option<SslMode>,
+    /// `sslrootcert`: a PEM file of CA certificates trusted beside the platform's.
+    pub root_cert: Option<std::path::PathBuf>,
+    /// `sslcert`: the client's certificate (PEM), for servers that authenticate clients by
+    /// certificate.
+    pub client_cert: Option<std::path::PathBuf>,
+    /// `sslkey`: the client certificate's private key (PEM).
+    pub client_key: Option<std::path::PathBuf>,
+}
+
+/// libpq's `sslmode`, as far as the driver implements it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// Never TLS.
+    Disable,
+    /// TLS when the server offers it, without checking its certificate; plaintext otherwise.
+    /// An attacker on the path can strip TLS or impersonate the server.
+    Prefer,
+    /// TLS or no connection, without checking the server's certificate. Unlike libpq, a root
+    /// certificate does not make this [`SslMode::VerifyCa`]: ask for that.
+    Require,
+    /// TLS, and the server's certificate must come from a trusted CA (any host name).
+    VerifyCa,
+    /// TLS, from a trusted CA, for the host connected to: the only mode that stops an active
+    /// attacker. Use it in production.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn sqlx(self) -> PgSslMode {
+        match self {
+            SslMode::Disable => PgSslMode::Disable,
+            SslMode::Prefer => PgSslMode::Prefer,
+            SslMode::Require => PgSslMode::Require,
+            SslMode::VerifyCa => PgSslMode::VerifyCa,
+            SslMode::VerifyFull => PgSslMode::VerifyFull,
+        }
+    }
 }
 
 impl PostgresConfig {
@@ -53,7 +106,44 @@ impl PostgresConfig {
             locks_table: "palisade_locks".into(),
             require_live_lock: false,
             migrate: true,
+            tls: PostgresTls::default(),
         }
+    }
+
+    /// The driver's options: the URL's, with [`tls`](Self::tls) applied over them. A mode that
+    /// needs TLS in a build without it is [`ErrorKind::InvalidConfig`] here, before any
+    /// connection is tried.
+    pub(crate) fn connect_options(&self) -> Result<PgConnectOptions> {
+        let mut options: PgConnectOptions = self.url.parse().map_err(|e| {
+            Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad PostgreSQL URL {}", self.redacted_url()))
+                .with_source(e)
+        })?;
+        if let Some(mode) = self.tls.mode {
+            options = options.ssl_mode(mode.sqlx());
+        }
+        if let Some(path) = &self.tls.root_cert {
+            options = options.ssl_root_cert(path);
+        }
+        if let Some(path) = &self.tls.client_cert {
+            options = options.ssl_client_cert(path);
+        }
+        if let Some(path) = &self.tls.client_key {
+            options = options.ssl_client_key(path);
+        }
+        let needs_tls =
+            matches!(options.get_ssl_mode(), PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull);
+        if needs_tls && !cfg!(feature = "tls") {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                format!(
+                    "{} asks for TLS (sslmode {:?}), which this build lacks: enable palisade's `postgres-tls` feature",
+                    self.redacted_url(),
+                    options.get_ssl_mode()
+                ),
+            ));
+        }
+        Ok(options)
     }
 
     /// Settings for `url` with the defaults above, and Palisade's own query parameter taken

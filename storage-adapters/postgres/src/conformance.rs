@@ -10,26 +10,43 @@ use palisade_conformance::{
     FaultyClient, FencedStoreFactory, HeldTransaction, LockServiceFactory, Timing, lock_factory, proxy, require_env,
     store_factory,
 };
-use palisade_core::{GrantFence, ResourceKey};
+use palisade_core::{GrantFence, ResourceKey, Result};
 
 use crate::{PostgresConfig, PostgresLockService, PostgresStore};
 
-fn config() -> PostgresConfig {
-    PostgresConfig { max_connections: 4, ..PostgresConfig::new(require_env("PALISADE_POSTGRES_URL")) }
+fn config(url: &str) -> Result<PostgresConfig> {
+    Ok(PostgresConfig { max_connections: 4, ..PostgresConfig::from_url(url)? })
 }
 
 /// Independent store clients, each its own small pool; a held fenced transaction
 /// (`hold_transaction`) is `begin_with_fence` on a client of its own.
 pub fn store() -> impl FencedStoreFactory<Store = PostgresStore> {
-    store_factory(|| async { Ok(Arc::new(PostgresStore::open(config()).await?)) })
-        .with_held_transaction(|resource, fence| hold(config(), resource, fence))
+    store_at(require_env("PALISADE_POSTGRES_URL"))
+}
+
+/// [`store`] on the database at `url` (its query parameters too: `sslmode`, `sslrootcert`, …).
+pub fn store_at(url: String) -> impl FencedStoreFactory<Store = PostgresStore> {
+    let held = url.clone();
+    store_factory(move || {
+        let config = config(&url);
+        async move { Ok(Arc::new(PostgresStore::open(config?).await?)) }
+    })
+    .with_held_transaction(move |resource, fence| {
+        let config = config(&held);
+        async move { hold(config?, resource, fence).await }
+    })
 }
 
 /// [`store`], with every fenced write requiring its lock to be live in the database.
 pub fn live_lock_store() -> impl FencedStoreFactory<Store = PostgresStore> {
-    let live = || PostgresConfig { require_live_lock: true, ..config() };
-    store_factory(move || async move { Ok(Arc::new(PostgresStore::open(live()).await?)) })
-        .with_held_transaction(move |resource, fence| hold(live(), resource, fence))
+    let url = require_env("PALISADE_POSTGRES_URL");
+    let live = PostgresConfig { require_live_lock: true, max_connections: 4, ..PostgresConfig::new(url) };
+    let held = live.clone();
+    store_factory(move || {
+        let live = live.clone();
+        async move { Ok(Arc::new(PostgresStore::open(live).await?)) }
+    })
+    .with_held_transaction(move |resource, fence| hold(held.clone(), resource, fence))
 }
 
 /// A fenced transaction opened and left open (the store is kept with it).
@@ -49,21 +66,35 @@ async fn hold(
 /// notification (it looks again within 250 ms); the TTL a renewal queued behind the other
 /// scenarios' statements on two cores.
 pub fn service() -> impl LockServiceFactory<Service = PostgresLockService> {
-    lock_factory(Timing::new(Duration::from_millis(600), Duration::from_millis(300)), || async {
-        Ok(Arc::new(PostgresLockService::new(&PostgresStore::open(config()).await?).await?))
+    service_at(require_env("PALISADE_POSTGRES_URL"))
+}
+
+/// [`service`] on the database at `url` (its query parameters too: `sslmode`, `sslrootcert`,
+/// …; the faulty client's proxy forwards TLS untouched, so it keeps them).
+pub fn service_at(url: String) -> impl LockServiceFactory<Service = PostgresLockService> {
+    let (broken, proxied) = (url.clone(), url.clone());
+    lock_factory(Timing::new(Duration::from_millis(600), Duration::from_millis(300)), move || {
+        let config = config(&url);
+        async move { Ok(Arc::new(PostgresLockService::new(&PostgresStore::open(config?).await?).await?)) }
     })
-    .with_break_lock(|key| async move {
-        let store = PostgresStore::open(config()).await?;
-        sqlx::query("UPDATE palisade_locks SET grant_id = NULL, expires_at = now() WHERE resource = $1")
-            .bind(key.to_string())
-            .execute(store.pool())
-            .await
-            .map_err(crate::map_err)?;
-        Ok(())
+    .with_break_lock(move |key| {
+        let config = config(&broken);
+        async move {
+            let store = PostgresStore::open(config?).await?;
+            sqlx::query("UPDATE palisade_locks SET grant_id = NULL, expires_at = now() WHERE resource = $1")
+                .bind(key.to_string())
+                .execute(store.pool())
+                .await
+                .map_err(crate::map_err)?;
+            Ok(())
+        }
     })
-    .with_faulty_client(|| async {
-        let (url, proxies) = proxy::proxy_url(&require_env("PALISADE_POSTGRES_URL")).await?;
-        let store = PostgresStore::open(PostgresConfig { max_connections: 4, ..PostgresConfig::new(url) }).await?;
-        Ok(FaultyClient::new(Arc::new(PostgresLockService::new(&store).await?), proxies))
+    .with_faulty_client(move || {
+        let url = proxied.clone();
+        async move {
+            let (url, proxies) = proxy::proxy_url(&url).await?;
+            let store = PostgresStore::open(config(&url)?).await?;
+            Ok(FaultyClient::new(Arc::new(PostgresLockService::new(&store).await?), proxies))
+        }
     })
 }

@@ -23,6 +23,51 @@ pub fn map_err(e: sqlx::Error) -> Error {
     Error::new(kind, BACKEND, "PostgreSQL operation failed").with_source(e)
 }
 
+/// Why a connection to `url` (redacted) could not be opened. A failure of configuration is
+/// [`ErrorKind::InvalidConfig`], not retryable, and its message names the cause: TLS refused
+/// (a server certificate from a CA not trusted, for another host name, or expired; TLS asked
+/// of a server without it, or of a build without the `tls` feature), a certificate or key file
+/// missing or unreadable, the server refusing the session's authentication. Anything else (refused, reset, timed out, the pool's timeout) is
+/// [`ErrorKind::Unavailable`] and retryable. Neither message carries a password.
+pub(crate) fn connect_error(e: sqlx::Error, url: &str) -> Error {
+    let misconfigured = match &e {
+        sqlx::Error::Tls(cause) => Some(format!("TLS: {cause}")),
+        sqlx::Error::Configuration(cause) => Some(cause.to_string()),
+        sqlx::Error::Io(io) => tls_failure(io).or_else(|| {
+            matches!(io.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied).then(|| {
+                format!(
+                    "a file it was given is missing or unreadable (sslrootcert, sslcert, sslkey or a socket path): {io}"
+                )
+            })
+        }),
+        // Class 28, invalid authorization: no `pg_hba.conf` line admits this session (say,
+        // plaintext to a server that takes only TLS), a wrong password, a missing certificate.
+        sqlx::Error::Database(db) if db.code().is_some_and(|code| code.starts_with("28")) => {
+            Some(db.message().to_string())
+        }
+        _ => None,
+    };
+    match misconfigured {
+        Some(cause) => Error::new(ErrorKind::InvalidConfig, BACKEND, format!("cannot connect to {url}: {cause}"))
+            .with_source(e)
+            .with_retryable(false),
+        None => Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {url}"))
+            .with_source(e)
+            .with_retryable(true),
+    }
+}
+
+/// The handshake's own refusal, which reaches sqlx as an I/O error around rustls's.
+#[cfg(feature = "tls")]
+fn tls_failure(io: &std::io::Error) -> Option<String> {
+    io.get_ref()?.downcast_ref::<rustls::Error>().map(|e| format!("TLS: {e}"))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_failure(_: &std::io::Error) -> Option<String> {
+    None
+}
+
 /// Whether the request may have reached the server and been applied although no reply came
 /// back: the connection broke (or spoke nonsense) after the request was sent.
 pub(crate) fn reply_lost(e: &sqlx::Error) -> bool {

@@ -68,7 +68,7 @@ mod lock_table;
 mod store;
 mod transaction;
 
-pub use config::PostgresConfig;
+pub use config::{PostgresConfig, PostgresTls, SslMode};
 pub use db::map_err;
 pub use lock::PostgresLockService;
 pub use palisade_core::FencedRow;

@@ -18,7 +18,7 @@ use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
 use tracing::debug;
 
 use crate::config::PostgresConfig;
-use crate::db::{BACKEND, map_commit_err, map_err, quote_ident};
+use crate::db::{BACKEND, connect_error, map_commit_err, map_err, quote_ident};
 use crate::lock_table::live_check_sql;
 use crate::transaction::PgFencedTransaction;
 
@@ -128,16 +128,13 @@ impl PostgresStore {
             ));
         }
         let statements = Statements::new(&config)?;
+        let options = config.connect_options()?;
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections.max(1))
             .acquire_timeout(config.acquire_timeout)
-            .connect(&config.url)
+            .connect_with(options)
             .await
-            .map_err(|e| {
-                Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", config.redacted_url()))
-                    .with_source(e)
-                    .with_retryable(true)
-            })?;
+            .map_err(|e| connect_error(e, &config.redacted_url()))?;
         let store = PostgresStore { pool, statements: Arc::new(statements) };
         if config.migrate {
             store.migrate().await?;
