@@ -84,6 +84,8 @@ mod service;
 #[cfg(feature = "sql")]
 mod sql;
 mod store;
+#[cfg(feature = "tls")]
+mod tls;
 mod token;
 mod ttl;
 
@@ -153,5 +155,11 @@ pub mod spi {
     #[cfg(feature = "sql")]
     pub mod sql {
         pub use crate::sql::*;
+    }
+
+    /// What the TLS backends share (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub mod tls {
+        pub use crate::tls::*;
     }
 }

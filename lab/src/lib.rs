@@ -9,6 +9,8 @@
 //!   ([`servers::RedisSentinels`]), a Redis Cluster ([`servers::RedisCluster`]), etcd and
 //!   ZooKeeper clusters whose leader can be killed ([`servers::EtcdCluster`],
 //!   [`servers::ZkEnsemble`]), PostgreSQL ([`servers::PostgresServer`]).
+//! - [`tls`]: throwaway certificates, questions over TLS and a TLS terminator, for the
+//!   TLS-only servers.
 //! - [`netns`]: a bridge of network namespaces on this machine (root and iproute2), whose
 //!   hosts can be cut off in silence and healed: partitions a proxy cannot fake.
 //!
@@ -23,3 +25,4 @@ mod claims;
 pub mod netns;
 pub mod servers;
 pub mod services;
+pub mod tls;

@@ -1,6 +1,6 @@
 //! `palisade-lab up [STATE_DIR [SERVER…]]` starts the test command's shared servers (all, or
 //! those named: redis, redis-tls, redis-sentinel, redis-cluster, redlock, postgres, postgres-tls, etcd, dynamodb,
-//! zookeeper) on loopback and leaves them running, printing the variables to export (also
+//! zookeeper, zookeeper-tls) on loopback and leaves them running, printing the variables to export (also
 //! written to `STATE_DIR/env`); `palisade-lab down [STATE_DIR]` stops them. `STATE_DIR` defaults
 //! to `.services`. Installing the servers is the test command's (`scripts/lib/prerequisites.sh`).
 

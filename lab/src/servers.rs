@@ -1102,7 +1102,14 @@ fn zk_four_letters(addr: SocketAddr, command: &str) -> String {
 #[derive(Debug)]
 pub struct ZkEnsemble {
     members: Vec<LoopbackServer>,
+    /// The certificates of a TLS-only ensemble ([`ZkEnsemble::start_tls`]), to ask it over TLS.
+    tls: Option<PathBuf>,
 }
+
+/// The SASL (DIGEST-MD5) user a TLS-only ZooKeeper ([`ZkEnsemble::start_tls`]) knows.
+pub const ZK_SASL_USER: &str = "palisade";
+/// [`ZK_SASL_USER`]'s password.
+pub const ZK_SASL_PASSWORD: &str = "palisade-sasl-secret";
 
 impl ZkEnsemble {
     /// Starts `size` servers and waits until each is a leader or a follower.
@@ -1113,6 +1120,19 @@ impl ZkEnsemble {
     /// One server at each site (server `i` at `sites[i]`: on lab hosts, so that a partition
     /// can cut one off); waits until each is a leader or a follower.
     pub fn start_at(classpath: &str, sites: &[Site]) -> std::io::Result<Self> {
+        ZkEnsemble::start_configured(classpath, sites, None)
+    }
+
+    /// One server that speaks only TLS (Netty, `secureClientPort`, no plaintext port) with the
+    /// certificates in `certs` as [`tls::material`](crate::tls::material) makes them, and
+    /// demands of every client a certificate its CA signed (`ssl.clientAuth=need`) and a SASL
+    /// DIGEST-MD5 login as [`ZK_SASL_USER`] (`enforce.auth.schemes=sasl`). `classpath` must
+    /// hold Netty's jars ([`ZK_CLASSPATH`](crate::services::ZK_CLASSPATH) does).
+    pub fn start_tls(classpath: &str, certs: &Path) -> std::io::Result<Self> {
+        ZkEnsemble::start_configured(classpath, &[Site::loopback()], Some(certs))
+    }
+
+    fn start_configured(classpath: &str, sites: &[Site], tls: Option<&Path>) -> std::io::Result<Self> {
         let size = sites.len();
         let ports: Vec<(u16, u16, u16)> =
             sites.iter().map(|_| Ok((free_port()?, free_port()?, free_port()?))).collect::<std::io::Result<_>>()?;
@@ -1130,35 +1150,38 @@ impl ZkEnsemble {
                 written = std::fs::create_dir_all(&data)
                     .and_then(|()| std::fs::write(data.join("myid"), format!("{}\n", i + 1)))
                     .and_then(|()| {
+                        let listen = match tls {
+                            None => format!("clientPort={port}\nclientPortAddress={}\n", site.ip),
+                            Some(certs) => zk_tls_settings(port, site.ip, certs, dir)?,
+                        };
                         std::fs::write(
                             dir.join("zoo.cfg"),
                             format!(
-                                "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={port}\n\
-                                 clientPortAddress={}\nadmin.enableServer=false\n\
-                                 4lw.commands.whitelist=ruok,srvr\n{servers}",
+                                "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\n{listen}\
+                                 admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n{servers}",
                                 data.display(),
-                                site.ip
                             ),
                         )
                     });
-                [
-                    "-Xms32m",
-                    "-Xmx256m",
-                    "-XX:+UseSerialGC",
-                    "-cp",
-                    classpath,
-                    &format!("-Dzookeeper.log.dir={}", dir.display()),
-                    "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-                    &dir.join("zoo.cfg").display().to_string(),
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect()
+                let mut args = vec![
+                    "-Xms32m".to_string(),
+                    "-Xmx256m".into(),
+                    "-XX:+UseSerialGC".into(),
+                    "-cp".into(),
+                    classpath.into(),
+                    format!("-Dzookeeper.log.dir={}", dir.display()),
+                ];
+                if tls.is_some() {
+                    args.push(format!("-Djava.security.auth.login.config={}", dir.join("jaas.conf").display()));
+                }
+                args.push("org.apache.zookeeper.server.quorum.QuorumPeerMain".into());
+                args.push(dir.join("zoo.cfg").display().to_string());
+                args
             })?;
             written?;
             members.push(member);
         }
-        let ensemble = ZkEnsemble { members };
+        let ensemble = ZkEnsemble { members, tls: tls.map(Path::to_path_buf) };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !(0..size).all(|i| ensemble.serving(i)) {
             if Instant::now() > deadline {
@@ -1172,24 +1195,32 @@ impl ZkEnsemble {
         Ok(ensemble)
     }
 
-    /// `zk://127.0.0.1:P1,127.0.0.1:P2,…` with every member.
+    /// `zk://127.0.0.1:P1,127.0.0.1:P2,…` with every member (`zks://…` when it speaks TLS).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self.members.iter().map(|m| m.addr().to_string()).collect();
-        format!("zk://{}", hosts.join(","))
+        let scheme = if self.tls.is_some() { "zks" } else { "zk" };
+        format!("{scheme}://{}", hosts.join(","))
+    }
+
+    /// Member `i`'s answer to the four-letter `srvr` ("" when it is down or not answering).
+    fn status(&self, i: usize) -> String {
+        let Some(member) = self.members.get(i).filter(|m| m.child.is_some()) else { return String::new() };
+        match &self.tls {
+            None => zk_four_letters(member.addr(), "srvr"),
+            Some(certs) => crate::tls::ask(member.addr(), certs, b"srvr"),
+        }
     }
 
     /// Member `i`'s role (`"leader"`, `"follower"`), or `None` if it is down or not serving.
     pub fn mode(&self, i: usize) -> Option<String> {
-        let member = self.members.get(i).filter(|m| m.child.is_some())?;
-        let reply = zk_four_letters(member.addr(), "srvr");
+        let reply = self.status(i);
         reply.lines().find_map(|l| l.strip_prefix("Mode: ")).map(str::to_string).filter(|m| m != "standalone")
     }
 
     /// Whether member `i` serves clients (as leader, follower, or a standalone server when the
     /// ensemble has one member).
     pub fn serving(&self, i: usize) -> bool {
-        let Some(member) = self.members.get(i).filter(|m| m.child.is_some()) else { return false };
-        zk_four_letters(member.addr(), "srvr").lines().any(|l| l.starts_with("Mode: "))
+        self.status(i).lines().any(|l| l.starts_with("Mode: "))
     }
 
     /// Restarts member `i` (SIGKILL, then the same command): its data directory survives, as
@@ -1268,6 +1299,29 @@ impl ZkEnsemble {
     pub fn detach(self) -> Vec<(u32, PathBuf)> {
         self.members.into_iter().filter_map(LoopbackServer::detach).collect()
     }
+}
+
+/// The `zoo.cfg` lines of a TLS-only server on `ip:port` ([`ZkEnsemble::start_tls`]), with the
+/// JAAS file its SASL login needs written into `dir` beside it.
+fn zk_tls_settings(port: u16, ip: IpAddr, certs: &Path, dir: &Path) -> std::io::Result<String> {
+    std::fs::write(
+        dir.join("jaas.conf"),
+        format!(
+            "Server {{\n  org.apache.zookeeper.server.auth.DigestLoginModule required\n  \
+             user_{ZK_SASL_USER}=\"{ZK_SASL_PASSWORD}\";\n}};\n"
+        ),
+    )?;
+    let file = |name: &str| certs.join(name).display().to_string();
+    Ok(format!(
+        "secureClientPort={port}\nsecureClientPortAddress={ip}\n\
+         serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+         ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+         ssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth=need\n\
+         authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider\n\
+         enforce.auth.enabled=true\nenforce.auth.schemes=sasl\n",
+        file("server.pem"),
+        file("ca.crt"),
+    ))
 }
 
 /// A PostgreSQL server of the caller's own (Debian's newest major version, run as the

@@ -6,7 +6,6 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -14,8 +13,14 @@ use nix::unistd::Pid;
 
 use crate::servers::{LoopbackServer, PostgresServer, RedisCluster, RedisSentinels, ZkEnsemble, postgres_bin_dir};
 
-/// Debian's ZooKeeper jars, which the ZooKeeper servers run from.
-pub const ZK_CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
+/// Debian's ZooKeeper jars, which the ZooKeeper servers run from, with the Netty jars its TLS
+/// connection factory needs.
+pub const ZK_CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar:\
+                                /usr/share/java/netty-buffer.jar:/usr/share/java/netty-codec.jar:\
+                                /usr/share/java/netty-common.jar:/usr/share/java/netty-handler.jar:\
+                                /usr/share/java/netty-resolver.jar:/usr/share/java/netty-transport.jar:\
+                                /usr/share/java/netty-transport-native-unix-common.jar:\
+                                /usr/share/java/netty-transport-native-epoll.jar";
 
 const PIDS: &str = "pids";
 const CLEANUP: &str = "cleanup";
@@ -82,6 +87,7 @@ pub const SERVERS: &[&str] = &[
     "etcd",
     "dynamodb",
     "zookeeper",
+    "zookeeper-tls",
 ];
 
 /// How long the shared Sentinels and cluster nodes wait before judging a server failed.
@@ -95,7 +101,9 @@ const REDIS_SERVERS: &[&str] = &["redis", "redis-tls", "redis-sentinel", "redis-
 /// certificates, a Sentinel group (a master, a replica, three Sentinels), a Redis Cluster (three
 /// primaries with a replica each), five Redlock masters, PostgreSQL, a TLS-only PostgreSQL
 /// ([`PostgresServer::start_tls`]), etcd, a DynamoDB-API
-/// server (moto, from `PALISADE_MOTO_PYTHON`) and ZooKeeper, each on a free port of 127.0.0.1.
+/// server (moto, from `PALISADE_MOTO_PYTHON`), ZooKeeper and a TLS-only ZooKeeper demanding
+/// client certificates and a SASL login ([`ZkEnsemble::start_tls`]), each on a free port of
+/// 127.0.0.1.
 /// Writes `state/env` and returns what it holds.
 pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started> {
     if let Some(unknown) = only.iter().find(|name| !SERVERS.contains(&name.as_str())) {
@@ -157,7 +165,7 @@ pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started
     }
     if want("postgres-tls") {
         let certs = state.join("postgres-tls-certs");
-        tls_material(&certs)?;
+        crate::tls::material(&certs)?;
         let postgres = PostgresServer::start_tls(&certs)?;
         started.set("PALISADE_POSTGRES_TLS_URL", postgres.url());
         started.set("PALISADE_POSTGRES_TLS_CA", certs.join("ca.crt").display().to_string());
@@ -185,6 +193,16 @@ pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started
             record(state, "zookeeper", Some(detached))?;
         }
     }
+    if want("zookeeper-tls") {
+        let certs = state.join("zookeeper-tls-certs");
+        crate::tls::material(&certs)?;
+        let zookeeper = ZkEnsemble::start_tls(ZK_CLASSPATH, &certs)?;
+        started.set("PALISADE_ZK_TLS_URL", zookeeper.url());
+        started.set("PALISADE_ZK_TLS_CERTS", certs.display().to_string());
+        for detached in zookeeper.detach() {
+            record(state, "zookeeper-tls", Some(detached))?;
+        }
+    }
     std::fs::write(state.join(ENV), started.exports())?;
     Ok(started)
 }
@@ -192,7 +210,7 @@ pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started
 /// A TLS-only Redis that demands client certificates (mutual TLS), with a throwaway CA.
 fn start_redis_tls(state: &Path, redis_server: &str, started: &mut Started) -> std::io::Result<()> {
     let certs = state.join("redis-tls-certs");
-    tls_material(&certs)?;
+    crate::tls::material(&certs)?;
     let tls = LoopbackServer::start(redis_server, |port, dir| {
         let file = |name: &str| certs.join(name).display().to_string();
         [
@@ -244,84 +262,6 @@ fn start_moto(state: &Path, repo: &Path, started: &mut Started) -> std::io::Resu
     started.set("AWS_SECRET_ACCESS_KEY", "palisade-test");
     started.set("AWS_REGION", "us-east-1");
     record(state, "dynamodb", moto.detach())
-}
-
-/// A throwaway CA, a server certificate for 127.0.0.1 and a client identity it signed, and a
-/// second CA that signed nothing (`other-ca.crt`, for refusals), in `dir` (with `openssl`):
-/// X.509 v3 throughout, which rustls (webpki) requires.
-fn tls_material(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let path = |name: &str| dir.join(name).display().to_string();
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")?;
-    std::fs::write(dir.join("client-ext.cnf"), "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")?;
-    let steps: Vec<Vec<String>> = vec![
-        vec!["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=palisade test CA", "-keyout"]
-            .into_iter()
-            .map(String::from)
-            .chain([path("ca.key"), "-out".into(), path("ca.crt")])
-            .collect(),
-        vec!["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout"]
-            .into_iter()
-            .map(String::from)
-            .chain([path("server.key"), "-out".into(), path("server.csr")])
-            .collect(),
-        sign("server", &path),
-        vec!["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=palisade test client", "-keyout"]
-            .into_iter()
-            .map(String::from)
-            .chain([path("client.key"), "-out".into(), path("client.csr")])
-            .collect(),
-        sign("client", &path),
-        vec![
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=palisade other CA",
-            "-keyout",
-        ]
-        .into_iter()
-        .map(String::from)
-        .chain([path("other-ca.key"), "-out".into(), path("other-ca.crt")])
-        .collect(),
-    ];
-    for args in steps {
-        let out = Command::new("openssl").args(&args).output()?;
-        if !out.status.success() {
-            return Err(std::io::Error::other(format!(
-                "openssl {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn sign(who: &str, path: &dyn Fn(&str) -> String) -> Vec<String> {
-    let ext = if who == "server" { "ext.cnf" } else { "client-ext.cnf" };
-    [
-        "x509".to_string(),
-        "-req".into(),
-        "-in".into(),
-        path(&format!("{who}.csr")),
-        "-CA".into(),
-        path("ca.crt"),
-        "-CAkey".into(),
-        path("ca.key"),
-        "-CAcreateserial".into(),
-        "-days".into(),
-        "2".into(),
-        "-extfile".into(),
-        path(ext),
-        "-out".into(),
-        path(&format!("{who}.crt")),
-    ]
-    .to_vec()
 }
 
 /// Stops every server an earlier [`up`] recorded in `state` (PostgreSQL with SIGINT, a fast

@@ -56,7 +56,7 @@ check_packages() {
     without_warnings cargo check --offline -p palisade-core --no-default-features || exit 1
     without_warnings cargo check --offline -p palisade-sqlite -p palisade-postgres -p palisade-dynamodb \
       -p palisade-redis -p palisade-redlock -p palisade-etcd -p palisade-zookeeper --features conformance || exit 1
-    for pair in redis,postgres etcd,postgres zookeeper,postgres redis,dynamodb redis-tls,postgres etcd-tls,sqlite; do
+    for pair in redis,postgres etcd,postgres zookeeper,postgres redis,dynamodb redis-tls,postgres etcd-tls,sqlite zookeeper-tls,postgres zookeeper-sasl,sqlite; do
       without_warnings cargo check --offline -p palisade --no-default-features --features "$pair" || exit 1
     done
   )

@@ -66,10 +66,7 @@ impl RedisLockService {
     pub async fn connect_with(config: RedisConfig) -> Result<Self> {
         config.check_scheme()?;
         #[cfg(feature = "tls")]
-        {
-            // rustls needs one process-wide crypto provider; another library may have set it.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
+        palisade_core::spi::tls::install_default_provider();
         let mut config = config;
         let (conn, source, sentinel) = if config.url.starts_with("redis+sentinel://") {
             let mut target = SentinelTarget::parse(&config.url)?;

@@ -28,6 +28,19 @@ pub struct ZkConfig {
     /// Digest identity (`user`, `password`): lock nodes are created with the `creator_all`
     /// ACL, so only this identity can delete them. Without it nodes are open to anyone.
     pub digest: Option<(String, String)>,
+    /// Log in with SASL DIGEST-MD5 as [`digest`](Self::digest)'s user (`?auth=sasl`; needs this
+    /// crate's `sasl` feature) instead of adding it as a `digest` identity: what an ensemble
+    /// that enforces SASL (`enforce.auth.schemes=sasl`) demands. Lock nodes get the
+    /// `creator_all` ACL for the SASL identity the same way.
+    pub sasl: bool,
+    /// TLS to every server (`zks://`; needs this crate's `tls` feature). ZooKeeper ensembles
+    /// are signed by private CAs: `zks://` needs [`tls_root_cert`](Self::tls_root_cert).
+    pub tls: bool,
+    /// PEM of the CA certificate(s) that signed the servers' certificates.
+    pub tls_root_cert: Option<Vec<u8>>,
+    /// PEM of a client certificate chain and its private key, for ensembles that demand one
+    /// (`ssl.clientAuth=need`).
+    pub tls_client_identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl ZkConfig {
@@ -45,25 +58,37 @@ impl ZkConfig {
             request_timeout: Duration::from_secs(5),
             root: "/palisade/locks".to_string(),
             digest: None,
+            sasl: false,
+            tls: false,
+            tls_root_cert: None,
+            tls_client_identity: None,
         }
     }
 
-    /// Parses `zk://[user:password@]host:port[,host:port…][/chroot][?session_timeout_ms=N&root=/path]`
-    /// (`user:password` is a digest identity, percent-decoded as every backend's is:
-    /// [`ConnectionUrl`](palisade_core::spi::ConnectionUrl)).
+    /// Parses `zk://[user:password@]host:port[,host:port…][/chroot][?session_timeout_ms=N&root=/path&auth=digest|sasl]`,
+    /// or `zks://…` for TLS to every server (the scheme-with-`s` convention of `rediss://`
+    /// and `etcds://`; give the CA with [`with_tls_root_cert`](Self::with_tls_root_cert)).
+    /// `user:password` is a digest identity, or a SASL DIGEST-MD5 login with `auth=sasl`;
+    /// percent-decoded as every backend's is ([`ConnectionUrl`](palisade_core::spi::ConnectionUrl)).
     pub fn from_url(url: &str) -> Result<Self> {
         let bad = |why: &str| {
             Error::new(
                 ErrorKind::InvalidConfig,
                 BACKEND,
-                format!("{why}: {} (expected zk://host:port[,host:port…][/chroot])", palisade_core::redact_url(url)),
+                format!(
+                    "{why}: {} (expected zk:// or zks://host:port[,host:port…][/chroot])",
+                    palisade_core::redact_url(url)
+                ),
             )
         };
         let parsed = palisade_core::spi::ConnectionUrl::parse(url).map_err(|why| bad(&why))?;
-        if parsed.scheme != "zk" {
-            return Err(bad("not a ZooKeeper URL"));
-        }
+        let tls = match parsed.scheme.as_str() {
+            "zk" => false,
+            "zks" => true,
+            _ => return Err(bad("not a ZooKeeper URL")),
+        };
         let mut config = ZkConfig::new(Vec::<String>::new());
+        config.tls = tls;
         if let Some(user) = parsed.user {
             let Some(password) = parsed.password.filter(|_| !user.is_empty()) else {
                 return Err(bad("a digest identity needs user:password"));
@@ -83,6 +108,11 @@ impl ZkConfig {
                     config.session_timeout = Duration::from_millis(ms);
                 }
                 "root" => config.root = value.clone(),
+                "auth" => match value.as_str() {
+                    "digest" => config.sasl = false,
+                    "sasl" => config.sasl = true,
+                    _ => return Err(bad("auth must be digest or sasl")),
+                },
                 _ => return Err(bad(&format!("unknown or malformed parameter `{name}`"))),
             }
         }
@@ -90,9 +120,42 @@ impl ZkConfig {
         Ok(config)
     }
 
+    /// Trusts the CA certificate(s) in `pem` (PEM) for `zks://`.
+    pub fn with_tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_cert = Some(pem.into());
+        self
+    }
+
+    /// Presents a client certificate (mutual TLS) on `zks://` connections: the PEM of the
+    /// certificate chain and of its private key.
+    pub fn with_tls_client_identity(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        private_key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls_client_identity = Some((certificate.into(), private_key.into()));
+        self
+    }
+
     /// The servers as a URL without user or password, for logs and errors.
     pub fn redacted_url(&self) -> String {
-        format!("zk://{}{}", self.servers.join(","), self.chroot.as_deref().unwrap_or(""))
+        let scheme = if self.tls { "zks" } else { "zk" };
+        format!("{scheme}://{}{}", self.servers.join(","), self.chroot.as_deref().unwrap_or(""))
+    }
+
+    /// [`validate`](Self::validate), and what only a config ready to connect has: the CA of a
+    /// `zks://` URL (which [`with_tls_root_cert`](Self::with_tls_root_cert) gives after
+    /// [`from_url`](Self::from_url)).
+    pub(crate) fn validate_complete(&self) -> Result<()> {
+        self.validate()?;
+        if self.tls && self.tls_root_cert.is_none() {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                "zks:// needs the CA that signed the servers' certificates (ZkConfig::with_tls_root_cert)",
+            ));
+        }
+        Ok(())
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -105,6 +168,24 @@ impl ZkConfig {
         }
         if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
             return invalid("timeouts must be above zero".to_string());
+        }
+        if !self.tls && (self.tls_root_cert.is_some() || self.tls_client_identity.is_some()) {
+            return invalid("a TLS certificate was given for a plaintext zk:// URL (use zks://)".to_string());
+        }
+        if self.tls && !cfg!(feature = "tls") {
+            return invalid(
+                "zks:// (TLS) needs the `tls` feature of palisade-zookeeper (palisade feature `zookeeper-tls`)"
+                    .to_string(),
+            );
+        }
+        if self.sasl && !cfg!(feature = "sasl") {
+            return invalid(
+                "auth=sasl needs the `sasl` feature of palisade-zookeeper (palisade feature `zookeeper-sasl`)"
+                    .to_string(),
+            );
+        }
+        if self.sasl && self.digest.is_none() {
+            return invalid("auth=sasl needs user:password in the URL".to_string());
         }
         let path_ok = |p: &str| p.starts_with('/') && p.len() > 1 && !p.ends_with('/') && !p.contains("//");
         if !path_ok(&self.root) {
@@ -127,6 +208,9 @@ impl fmt::Debug for ZkConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("root", &self.root)
+            .field("sasl", &self.sasl)
+            .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "<set>"))
+            .field("tls_client_identity", &self.tls_client_identity.as_ref().map(|_| "<redacted>"))
             .finish_non_exhaustive()
     }
 }
@@ -147,6 +231,24 @@ mod tests {
         assert_eq!(c.root, "/l");
         assert_eq!(c.redacted_url(), "zk://a:1,b:2/apps/x");
         assert!(!format!("{c:?}").contains("pw"));
+        assert!(!c.tls && !c.sasl);
+    }
+
+    #[test]
+    fn tls_and_sasl_need_their_features_and_a_ca() {
+        let tls = ZkConfig::from_url("zks://a:1");
+        assert_eq!(tls.as_ref().map(|c| c.tls).ok(), cfg!(feature = "tls").then_some(true));
+        if let Ok(c) = tls {
+            assert!(c.validate_complete().is_err(), "zks:// without a CA");
+            assert!(c.with_tls_root_cert(b"pem".to_vec()).validate_complete().is_ok());
+        }
+        let mut c = ZkConfig::new(["a:1"]).with_tls_root_cert(b"pem".to_vec());
+        assert!(c.validate().is_err(), "a CA for a plaintext URL");
+        c.tls = true;
+        assert_eq!(c.validate().is_ok(), cfg!(feature = "tls"));
+        assert_eq!(c.redacted_url(), "zks://a:1");
+        let sasl = ZkConfig::from_url("zk://u:p@a:1?auth=sasl");
+        assert_eq!(sasl.map(|c| c.sasl).ok(), cfg!(feature = "sasl").then_some(true));
     }
 
     #[test]
@@ -161,6 +263,8 @@ mod tests {
             "zk://a:1?x=1",
             "zk://:pw@a:1",
             "zk://a:1//double",
+            "zk://a:1?auth=kerberos",
+            "zk://a:1?auth=sasl",
         ] {
             assert_eq!(ZkConfig::from_url(url).err().map(|e| e.kind()), Some(ErrorKind::InvalidConfig), "{url}");
         }

@@ -36,7 +36,15 @@
 //! - **Release** deletes our node (the name carries our owner token, so no other holder's node can
 //!   match); closing the client closes the session.
 //!
-//! `zk://[user:password@]host:port[,host:port…][/chroot][?session_timeout_ms=N&root=/path]`.
+//! - **TLS** (feature `tls`): `zks://` speaks TLS to every server, trusting
+//!   [`ZkConfig::with_tls_root_cert`] and presenting [`ZkConfig::with_tls_client_identity`]. A
+//!   refused handshake (unknown CA, wrong host name, expired certificate, refused client
+//!   certificate, a plaintext port) is [`InvalidConfig`](palisade_core::ErrorKind::InvalidConfig)
+//!   at once: the service makes a handshake of its own beside the client's, which would retry it
+//!   as an outage.
+//! - **SASL** (feature `sasl`): `?auth=sasl` logs in with DIGEST-MD5 as the URL's user.
+//!
+//! `zk[s]://[user:password@]host:port[,host:port…][/chroot][?session_timeout_ms=N&root=/path&auth=digest|sasl]`.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -46,6 +54,8 @@ mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod service;
+#[cfg(feature = "tls")]
+mod tls;
 
 pub use config::ZkConfig;
 pub use service::ZkLockService;

@@ -189,7 +189,7 @@ impl ZkLockService {
 
     /// Connects and starts the session.
     pub async fn connect_with(config: ZkConfig) -> Result<Self> {
-        config.validate()?;
+        config.validate_complete()?;
         let inner = Arc::new(Inner {
             config,
             session: tokio::sync::Mutex::new(None),
@@ -286,30 +286,32 @@ impl Inner {
         let mut connector = zk::Client::connector()
             .with_session_timeout(self.config.session_timeout)
             .with_connection_timeout(self.config.connect_timeout);
-        if let Some((user, password)) = &self.config.digest {
-            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        match &self.config.digest {
+            #[cfg(feature = "sasl")]
+            Some((user, password)) if self.config.sasl => {
+                connector = connector.with_sasl(zk::SaslOptions::digest_md5(user.clone(), password.clone()));
+            }
+            Some((user, password)) => {
+                connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+            }
+            None => {}
         }
         let cluster = format!("{}{}", self.config.servers.join(","), self.config.chroot.as_deref().unwrap_or(""));
-        let client = timeout(self.config.connect_timeout * 2, connector.connect(&cluster))
-            .await
-            .map_err(|_| {
+        let connected =
+            timeout(self.config.connect_timeout * 2, self.start_session(connector, &cluster)).await.map_err(|_| {
                 Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", self.config.redacted_url()))
                     .with_retryable(true)
-            })?
-            .map_err(|e| {
-                let err = map(e, "connect", false);
-                if err.kind() == ErrorKind::Backend || err.kind() == ErrorKind::LeaseLost {
-                    Error::new(
-                        ErrorKind::Unavailable,
-                        BACKEND,
-                        format!("cannot connect to {}", self.config.redacted_url()),
-                    )
+            })?;
+        let client = connected?.map_err(|e| {
+            let err = map(e, "connect", false);
+            if err.kind() == ErrorKind::Backend || err.kind() == ErrorKind::LeaseLost {
+                Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", self.config.redacted_url()))
                     .with_source(err)
                     .with_retryable(true)
-                } else {
-                    err
-                }
-            })?;
+            } else {
+                err
+            }
+        })?;
         let session = Arc::new(Session {
             id: client.session_id().0,
             timeout: client.session_timeout(),
@@ -321,6 +323,32 @@ impl Inner {
         debug!(session = format!("{:#x}", session.id), timeout = ?session.timeout, "zookeeper session started");
         *slot = Some(Arc::clone(&session));
         Ok(session)
+    }
+
+    /// The client's connect, over TLS for `zks://`. With TLS, a handshake of our own runs beside
+    /// it ([`crate::tls`]): its refusal is the answer (the client would retry it as an outage).
+    async fn start_session(
+        &self,
+        connector: zk::Connector,
+        cluster: &str,
+    ) -> Result<std::result::Result<zk::Client, zk::Error>> {
+        #[cfg(feature = "tls")]
+        if self.config.tls {
+            let connector = connector.with_tls(crate::tls::options(&self.config)?);
+            let config = self.config.clone();
+            let mut refusal = tokio::task::spawn_blocking(move || crate::tls::refusal(&config));
+            let connect = connector.secure_connect(cluster);
+            tokio::pin!(connect);
+            return tokio::select! {
+                connected = &mut connect => Ok(connected),
+                refused = &mut refusal => match refused {
+                    Ok(Some(error)) => Err(error),
+                    // Our handshake passed or proved nothing: the client's connect answers.
+                    _ => Ok(connect.await),
+                },
+            };
+        }
+        Ok(connector.connect(cluster).await)
     }
 
     /// Creates our contender node, creating the resource's parents (container nodes, which

@@ -31,7 +31,7 @@ pub fn map_err(e: sqlx::Error) -> Error {
 /// [`ErrorKind::Unavailable`] and retryable. Neither message carries a password.
 pub(crate) fn connect_error(e: sqlx::Error, url: &str) -> Error {
     let misconfigured = match &e {
-        sqlx::Error::Tls(cause) => Some(format!("TLS: {cause}")),
+        sqlx::Error::Tls(cause) => Some(tls_failure(cause.as_ref()).unwrap_or_else(|| format!("TLS: {cause}"))),
         sqlx::Error::Configuration(cause) => Some(cause.to_string()),
         sqlx::Error::Io(io) => tls_failure(io).or_else(|| {
             matches!(io.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied).then(|| {
@@ -57,14 +57,15 @@ pub(crate) fn connect_error(e: sqlx::Error, url: &str) -> Error {
     }
 }
 
-/// The handshake's own refusal, which reaches sqlx as an I/O error around rustls's.
+/// The handshake's own refusal, which reaches sqlx as an I/O error around rustls's (or as its
+/// TLS error).
 #[cfg(feature = "tls")]
-fn tls_failure(io: &std::io::Error) -> Option<String> {
-    io.get_ref()?.downcast_ref::<rustls::Error>().map(|e| format!("TLS: {e}"))
+fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    palisade_core::spi::tls::handshake_refusal(error)
 }
 
 #[cfg(not(feature = "tls"))]
-fn tls_failure(_: &std::io::Error) -> Option<String> {
+fn tls_failure(_: &(dyn std::error::Error + 'static)) -> Option<String> {
     None
 }
 
