@@ -8,7 +8,10 @@
 //!   drop: Redis ([`servers::LoopbackServer::redis`]), a Sentinel group
 //!   ([`servers::RedisSentinels`]), a Redis Cluster ([`servers::RedisCluster`]), etcd and
 //!   ZooKeeper clusters whose leader can be killed ([`servers::EtcdCluster`],
-//!   [`servers::ZkEnsemble`]), PostgreSQL ([`servers::PostgresServer`]).
+//!   [`servers::ZkEnsemble`]), PostgreSQL ([`servers::PostgresServer`]); and each networked
+//!   server speaking only TLS ([`servers::LoopbackServer::redis_tls`],
+//!   [`servers::LoopbackServer::etcd_tls`], [`servers::ZkEnsemble::start_tls`],
+//!   [`servers::PostgresServer::start_tls`]).
 //! - [`tls`]: throwaway certificates, questions over TLS and a TLS terminator, for the
 //!   TLS-only servers.
 //! - [`netns`]: a bridge of network namespaces on this machine (root and iproute2), whose

@@ -184,6 +184,40 @@ impl LoopbackServer {
         LoopbackServer::redis_at(&Site::loopback(), program, extra)
     }
 
+    /// A `redis-server` that speaks only TLS (`--port 0`, `--tls-port`) and demands a client
+    /// certificate its CA signed (`--tls-auth-clients yes`), with the certificates in `certs` as
+    /// [`tls::material`](crate::tls::material) makes them; no persistence. Its URL is
+    /// `rediss://` + [`addr`](Self::addr).
+    pub fn redis_tls(program: &str, certs: &Path) -> std::io::Result<Self> {
+        let file = |name: &str| certs.join(name).display().to_string();
+        LoopbackServer::start(program, |port, dir| {
+            [
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                &dir.display().to_string(),
+                "--tls-cert-file",
+                &file("server.crt"),
+                "--tls-key-file",
+                &file("server.key"),
+                "--tls-ca-cert-file",
+                &file("ca.crt"),
+                "--tls-auth-clients",
+                "yes",
+            ]
+            .map(String::from)
+            .to_vec()
+        })
+    }
+
     /// [`redis`](Self::redis) at `site` (off loopback, with protected mode off: the test's
     /// own server has no password).
     pub fn redis_at(site: &Site, program: &str, extra: &[&str]) -> std::io::Result<Self> {
@@ -224,6 +258,45 @@ impl LoopbackServer {
             etcd_args("m0", site.ip, port, peer, dir, &cluster, "palisade-single")
         })?;
         wait_etcd_healthy(&[&server])?;
+        Ok(server)
+    }
+
+    /// A one-member etcd that speaks only TLS to clients (`https://` client URL), with the
+    /// certificates in `certs` as [`tls::material`](crate::tls::material) makes them, and
+    /// demands a client certificate its CA signed (`--client-cert-auth`). Its URL is
+    /// `etcds://` + [`addr`](Self::addr).
+    pub fn etcd_tls(program: &str, certs: &Path) -> std::io::Result<Self> {
+        let peer = free_port()?;
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let cluster = format!("m0=http://{}", SocketAddr::new(ip, peer));
+        let file = |name: &str| certs.join(name).display().to_string();
+        let server = LoopbackServer::start(program, |port, dir| {
+            let mut args = etcd_args("m0", ip, port, peer, dir, &cluster, "palisade-tls");
+            let plain = format!("http://{}", SocketAddr::new(ip, port));
+            for arg in &mut args {
+                if *arg == plain {
+                    *arg = format!("https://{}", SocketAddr::new(ip, port));
+                }
+            }
+            args.extend(
+                ["--cert-file", &file("server.crt"), "--key-file", &file("server.key")]
+                    .into_iter()
+                    .chain(["--trusted-ca-file", &file("ca.crt"), "--client-cert-auth"])
+                    .map(String::from),
+            );
+            args
+        })?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let healthy = || {
+            crate::tls::ask(server.addr(), certs, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                .contains("\"health\":\"true\"")
+        };
+        while !healthy() {
+            if Instant::now() > deadline {
+                return Err(not_ready("etcd", "(TLS) did not become healthy in 30 s", &[&server], |_| true));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         Ok(server)
     }
 

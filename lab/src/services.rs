@@ -85,7 +85,9 @@ pub const SERVERS: &[&str] = &[
     "postgres",
     "postgres-tls",
     "etcd",
+    "etcd-tls",
     "dynamodb",
+    "dynamodb-tls",
     "zookeeper",
     "zookeeper-tls",
 ];
@@ -100,8 +102,10 @@ const REDIS_SERVERS: &[&str] = &["redis", "redis-tls", "redis-sentinel", "redis-
 /// stopping whatever an earlier `up` left in `state`: Redis, a TLS-only Redis demanding client
 /// certificates, a Sentinel group (a master, a replica, three Sentinels), a Redis Cluster (three
 /// primaries with a replica each), five Redlock masters, PostgreSQL, a TLS-only PostgreSQL
-/// ([`PostgresServer::start_tls`]), etcd, a DynamoDB-API
-/// server (moto, from `PALISADE_MOTO_PYTHON`), ZooKeeper and a TLS-only ZooKeeper demanding
+/// ([`PostgresServer::start_tls`]), etcd, a TLS-only etcd demanding client certificates
+/// ([`LoopbackServer::etcd_tls`]), a DynamoDB-API
+/// server (moto, from `PALISADE_MOTO_PYTHON`) and one behind a TLS terminator
+/// (`dynamodb-tls`, started only by the `palisade-lab` program), ZooKeeper and a TLS-only ZooKeeper demanding
 /// client certificates and a SASL login ([`ZkEnsemble::start_tls`]), each on a free port of
 /// 127.0.0.1.
 /// Writes `state/env` and returns what it holds.
@@ -181,8 +185,22 @@ pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started
         started.set("PALISADE_ETCD_SERVER", etcd_server);
         record(state, "etcd", etcd.detach())?;
     }
+    if want("etcd-tls") {
+        let certs = state.join("etcd-tls-certs");
+        crate::tls::material(&certs)?;
+        let etcd = LoopbackServer::etcd_tls(&which("etcd")?, &certs)?;
+        started.set("PALISADE_ETCD_TLS_URL", format!("etcds://{}", etcd.addr()));
+        started.set("PALISADE_ETCD_TLS_CERTS", certs.display().to_string());
+        record(state, "etcd-tls", etcd.detach())?;
+    }
     if want("dynamodb") {
-        start_moto(state, repo, &mut started)?;
+        let moto = start_moto(repo)?;
+        started.set("PALISADE_DYNAMODB_ENDPOINT", format!("http://{}", moto.addr()));
+        aws_environment(&mut started);
+        record(state, "dynamodb", moto.detach())?;
+    }
+    if want("dynamodb-tls") {
+        start_dynamodb_tls(state, repo, &mut started)?;
     }
     if want("zookeeper") {
         // tickTime 500 ms, so that the tests' short sessions are allowed (the minimum is 2 ticks).
@@ -211,43 +229,18 @@ pub fn up(state: &Path, repo: &Path, only: &[String]) -> std::io::Result<Started
 fn start_redis_tls(state: &Path, redis_server: &str, started: &mut Started) -> std::io::Result<()> {
     let certs = state.join("redis-tls-certs");
     crate::tls::material(&certs)?;
-    let tls = LoopbackServer::start(redis_server, |port, dir| {
-        let file = |name: &str| certs.join(name).display().to_string();
-        [
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            &dir.display().to_string(),
-            "--tls-cert-file",
-            &file("server.crt"),
-            "--tls-key-file",
-            &file("server.key"),
-            "--tls-ca-cert-file",
-            &file("ca.crt"),
-            "--tls-auth-clients",
-            "yes",
-        ]
-        .map(String::from)
-        .to_vec()
-    })?;
+    let tls = LoopbackServer::redis_tls(redis_server, &certs)?;
     started.set("PALISADE_REDIS_TLS_URL", format!("rediss://{}", tls.addr()));
     started.set("PALISADE_REDIS_TLS_CA", certs.join("ca.crt").display().to_string());
     started.set("PALISADE_REDIS_TLS_CLIENT_CERT", certs.join("client.crt").display().to_string());
     started.set("PALISADE_REDIS_TLS_CLIENT_KEY", certs.join("client.key").display().to_string());
+    started.set("PALISADE_REDIS_TLS_CERTS", certs.display().to_string());
     record(state, "redis-tls", tls.detach())?;
     Ok(())
 }
 
 /// The DynamoDB-API server: moto, one request at a time (see `scripts/lib/moto_serial.py`).
-fn start_moto(state: &Path, repo: &Path, started: &mut Started) -> std::io::Result<()> {
+fn start_moto(repo: &Path) -> std::io::Result<LoopbackServer> {
     let python = std::env::var("PALISADE_MOTO_PYTHON").map_err(|_| {
         std::io::Error::new(
             std::io::ErrorKind::NotFound,
@@ -255,13 +248,44 @@ fn start_moto(state: &Path, repo: &Path, started: &mut Started) -> std::io::Resu
         )
     })?;
     let serial = repo.join("scripts/lib/moto_serial.py").display().to_string();
-    let moto = LoopbackServer::start(&python, |port, _| vec![serial, "127.0.0.1".into(), port.to_string()])?;
-    started.set("PALISADE_DYNAMODB_ENDPOINT", format!("http://{}", moto.addr()));
-    // moto accepts any credentials; the SDK's standard chain reads these.
-    started.set("AWS_ACCESS_KEY_ID", "palisade-test");
-    started.set("AWS_SECRET_ACCESS_KEY", "palisade-test");
-    started.set("AWS_REGION", "us-east-1");
-    record(state, "dynamodb", moto.detach())
+    LoopbackServer::start(&python, |port, _| vec![serial, "127.0.0.1".into(), port.to_string()])
+}
+
+/// The credentials and region every DynamoDB test client finds in its environment: moto
+/// accepts any credentials, and the SDK's standard chain reads these.
+fn aws_environment(started: &mut Started) {
+    if !started.env.iter().any(|(name, _)| name == "AWS_ACCESS_KEY_ID") {
+        started.set("AWS_ACCESS_KEY_ID", "palisade-test");
+        started.set("AWS_SECRET_ACCESS_KEY", "palisade-test");
+        started.set("AWS_REGION", "us-east-1");
+    }
+}
+
+/// A DynamoDB endpoint that speaks only HTTPS: a moto of its own behind this program's TLS
+/// terminator (`palisade-lab tls-terminate`, [`crate::tls::terminate`]), which records the
+/// access key ids that sign requests in `PALISADE_DYNAMODB_TLS_SIGNERS`.
+fn start_dynamodb_tls(state: &Path, repo: &Path, started: &mut Started) -> std::io::Result<()> {
+    let moto = start_moto(repo)?;
+    let certs = state.join("dynamodb-tls-certs");
+    crate::tls::material(&certs)?;
+    let signers = certs.join("signers");
+    let lab = std::env::current_exe()?.display().to_string();
+    let upstream = moto.addr().to_string();
+    let terminator = LoopbackServer::start(&lab, |port, _| {
+        vec![
+            "tls-terminate".to_string(),
+            port.to_string(),
+            upstream,
+            certs.display().to_string(),
+            signers.display().to_string(),
+        ]
+    })?;
+    started.set("PALISADE_DYNAMODB_TLS_ENDPOINT", format!("https://{}", terminator.addr()));
+    started.set("PALISADE_DYNAMODB_TLS_CERTS", certs.display().to_string());
+    started.set("PALISADE_DYNAMODB_TLS_SIGNERS", signers.display().to_string());
+    aws_environment(started);
+    record(state, "dynamodb-tls", moto.detach())?;
+    record(state, "dynamodb-tls", terminator.detach())
 }
 
 /// Stops every server an earlier [`up`] recorded in `state` (PostgreSQL with SIGINT, a fast

@@ -2,12 +2,15 @@
 //! ([`ask`], how the lab knows a TLS-only server is up, whatever certificate it shows) and a TLS terminator in front of a
 //! plaintext server ([`terminate`], for servers that cannot speak TLS themselves, like moto).
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -206,8 +209,16 @@ pub fn ask(addr: SocketAddr, certs: &Path, request: &[u8]) -> String {
 }
 
 /// Serves TLS on `listener` with `certs/server.crt` and `server.key` (no client certificate
-/// asked) and relays each connection, decrypted, to `upstream`. Runs until the process ends.
-pub fn terminate(listener: std::net::TcpListener, upstream: SocketAddr, certs: &Path) -> std::io::Result<()> {
+/// asked) and relays each connection, decrypted, to `upstream`. With `signers`, it appends to
+/// that file each AWS access key id it has not seen before that signs a request passing through
+/// (the `Credential=` of SigV4's `Authorization` header): how a test sees which credentials a
+/// client took from its chain. Runs until the process ends.
+pub fn terminate(
+    listener: std::net::TcpListener,
+    upstream: SocketAddr,
+    certs: &Path,
+    signers: Option<PathBuf>,
+) -> std::io::Result<()> {
     let bad = |e: &dyn std::fmt::Display| std::io::Error::other(format!("TLS material in {}: {e}", certs.display()));
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(certs.join("server.crt"))
         .map_err(|e| bad(&e))?
@@ -221,19 +232,85 @@ pub fn terminate(listener: std::net::TcpListener, upstream: SocketAddr, certs: &
         .with_single_cert(chain, key)
         .map_err(|e| bad(&e))?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let signers = signers.map(|path| Arc::new(Signers { path, seen: Mutex::new(HashSet::new()) }));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     listener.set_nonblocking(true)?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         loop {
             let (client, _) = listener.accept().await?;
-            let acceptor = acceptor.clone();
+            let (acceptor, signers) = (acceptor.clone(), signers.clone());
             tokio::spawn(async move {
                 // A client that fails the handshake or hangs up is its own business.
-                let Ok(mut client) = acceptor.accept(client).await else { return };
-                let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else { return };
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                let Ok(client) = acceptor.accept(client).await else { return };
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else { return };
+                let _ = server.set_nodelay(true);
+                let (mut from_client, mut to_server) = (tokio::io::split(client), server.into_split());
+                let requests = async {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    let mut tail = Vec::new();
+                    loop {
+                        let n = from_client.0.read(&mut buf).await?;
+                        if n == 0 {
+                            return to_server.1.shutdown().await;
+                        }
+                        if let Some(signers) = &signers {
+                            // A header may straddle two reads: look at the last read's tail too.
+                            tail.extend_from_slice(&buf[..n]);
+                            signers.note(&tail);
+                            let keep = tail.len().saturating_sub(256);
+                            tail.drain(..keep);
+                        }
+                        to_server.1.write_all(&buf[..n]).await?;
+                    }
+                };
+                let replies = tokio::io::copy(&mut to_server.0, &mut from_client.1);
+                let _ = tokio::join!(requests, replies);
             });
         }
     })
+}
+
+/// The access key ids seen signing requests, and the file they are appended to.
+struct Signers {
+    path: PathBuf,
+    seen: Mutex<HashSet<String>>,
+}
+
+impl Signers {
+    fn note(&self, bytes: &[u8]) {
+        const MARK: &[u8] = b"Credential=";
+        let mut rest = bytes;
+        while let Some(at) = rest.windows(MARK.len()).position(|w| w == MARK) {
+            rest = &rest[at + MARK.len()..];
+            let Some(end) = rest.iter().position(|b| *b == b'/') else { return };
+            let id = String::from_utf8_lossy(&rest[..end]).into_owned();
+            let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if seen.insert(id.clone()) {
+                let _ = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.path)
+                    .and_then(|mut f| writeln!(f, "{id}"));
+            }
+        }
+    }
+}
+
+/// Relays every connection to `listen_ip` (a free port) to `upstream`, byte for byte, until
+/// the runtime ends; returns the address it listens on. A way to reach a TLS server at an
+/// address its certificate does not name (`127.0.0.2`, say).
+pub async fn relay(listen_ip: std::net::IpAddr, upstream: SocketAddr) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind((listen_ip, 0)).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    Ok(addr)
 }

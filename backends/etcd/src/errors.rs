@@ -11,6 +11,14 @@ use crate::BACKEND;
 /// case a timeout or a broken connection leaves its outcome unknown (and saying so is what
 /// keeps a caller from blindly retrying into a double grant).
 pub(crate) fn map(e: EtcdError, what: &str, writes: bool) -> Error {
+    // A refused TLS handshake (its CA, its name, its dates, our certificate) is the settings',
+    // and nothing was sent: no retry can help.
+    #[cfg(feature = "tls")]
+    if let Some(why) = tls_refusal(&e) {
+        return Error::new(ErrorKind::InvalidConfig, BACKEND, format!("{what} failed: TLS was refused: {why}"))
+            .with_source(e)
+            .with_retryable(false);
+    }
     let writes = writes && !never_sent(&e);
     let (kind, retryable) = match &e {
         EtcdError::GRpcStatus(status) => match status.code() {
@@ -43,6 +51,19 @@ pub(crate) fn map(e: EtcdError, what: &str, writes: bool) -> Error {
         _ => (ErrorKind::Backend, false),
     };
     Error::new(kind, BACKEND, format!("{what} failed")).with_source(e).with_retryable(retryable)
+}
+
+/// The TLS handshake's refusal inside `e`: the client library's error does not name its
+/// cause as a `source`, so the search starts from the status or transport error it holds.
+#[cfg(feature = "tls")]
+fn tls_refusal(e: &EtcdError) -> Option<String> {
+    let inner: &(dyn std::error::Error + 'static) = match e {
+        EtcdError::GRpcStatus(status) => status,
+        EtcdError::TransportError(transport) => transport,
+        EtcdError::IoError(io) => io,
+        _ => return None,
+    };
+    palisade_core::spi::tls::handshake_refusal(inner)
 }
 
 /// A request that did not answer within the configured request timeout.

@@ -56,6 +56,44 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// 14 writes landed in the 10 s after the cut; with 2 s, about 280.)
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Why `etcds://` could not connect, when it is the TLS settings: the client library reports
+/// a client certificate the server refused (after a TLS 1.3 handshake) as a closed connection,
+/// and a plaintext port as a handshake cut short. A handshake of our own
+/// ([`probe_handshake`](palisade_core::spi::tls::probe_handshake)) with the same trust and
+/// identity tells; without a private CA (the platform's roots) only a plaintext port is
+/// checked. Blocking.
+#[cfg(feature = "tls")]
+fn tls_refusal_at_connect(config: &EtcdConfig) -> Option<Error> {
+    use palisade_core::spi::tls::{Handshake, plaintext_port, probe_handshake};
+    let question = b"GET /version HTTP/1.0\r\n\r\n";
+    let http = |reply: &[u8]| reply.starts_with(b"HTTP/1.");
+    let identity = config.tls_client_identity.as_ref().map(|(cert, key)| (cert.as_slice(), key.as_slice()));
+    let why = config.endpoints.iter().find_map(|endpoint| {
+        let seen = match &config.tls_root_cert {
+            Some(roots) => probe_handshake(endpoint, roots, identity, question, &http, config.connect_timeout),
+            None if plaintext_port(endpoint, question, config.connect_timeout, http) => Handshake::Plaintext,
+            None => Handshake::Inconclusive,
+        };
+        match seen {
+            Handshake::Refused(why) => Some(format!("TLS to {endpoint} was refused: {why}")),
+            Handshake::Plaintext => Some(format!(
+                "the server at {endpoint} does not speak TLS (it answered plain HTTP: use etcd://, or the member's \
+                 https:// client URL)"
+            )),
+            _ => None,
+        }
+    })?;
+    Some(
+        Error::new(ErrorKind::InvalidConfig, BACKEND, format!("cannot connect to {}: {why}", config.redacted_url()))
+            .with_retryable(false),
+    )
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_refusal_at_connect(_: &EtcdConfig) -> Option<Error> {
+    None
+}
+
 impl EtcdLockService {
     /// Connects to `etcd://host:port[,host:port…]` with default settings (see [`EtcdConfig`]).
     pub async fn connect(url: &str) -> Result<Self> {
@@ -116,12 +154,21 @@ impl EtcdLockService {
         });
         // Read our prefix once: etcd grants leases to anyone, so this is what finds missing
         // credentials or permissions here rather than at the first lock.
-        with_failover(inner.config.request_timeout, "reading the key prefix", false, true, || {
+        let read = with_failover(inner.config.request_timeout, "reading the key prefix", false, true, || {
             let mut kv = inner.client.kv_client();
             let prefix = inner.config.key_prefix.clone();
             async move { kv.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await }
         })
-        .await?;
+        .await;
+        if let Err(e) = read {
+            if e.kind() == ErrorKind::Unavailable && inner.config.tls {
+                let config = inner.config.clone();
+                if let Ok(Some(refused)) = tokio::task::spawn_blocking(move || tls_refusal_at_connect(&config)).await {
+                    return Err(refused);
+                }
+            }
+            return Err(e);
+        }
         // Start the session now: a wrong address or credentials fail here, not at the first lock.
         inner.session().await.map_err(|e| {
             if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::OutcomeUnknown) {

@@ -1,11 +1,8 @@
-//! Connecting to etcd: authentication, TLS with a private CA and client certificates, bad
-//! URLs and unreachable clusters. Each test that needs an unusual server starts its own etcd
+//! Connecting to etcd: authentication, bad URLs and unreachable clusters (TLS: `tls.rs`). Each test that needs an unusual server starts its own etcd
 //! on loopback (`PALISADE_ETCD_SERVER` is the binary `scripts/test` found or installed).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use palisade_conformance::require_env;
@@ -86,96 +83,4 @@ async fn closing_revokes_the_session_and_frees_its_locks_at_once() {
     assert!(grant.is_some(), "the closed client's lock was not freed");
     assert!(started.elapsed() < Duration::from_secs(2));
     b.release(&grant.unwrap()).await.unwrap();
-}
-
-/// Makes a CA, a server certificate for 127.0.0.1 and a client certificate, with openssl.
-fn make_certs(dir: &Path) {
-    let sh = |script: &str| {
-        let status = Command::new("sh").arg("-ec").arg(script).current_dir(dir).status().unwrap();
-        assert!(status.success(), "openssl failed: {script}");
-    };
-    sh("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=palisade etcd test CA' \
-        -keyout ca.key -out ca.crt 2>/dev/null");
-    sh(
-        "printf 'subjectAltName=IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\nextendedKeyUsage=serverAuth,clientAuth\\n' > server.cnf; \
-        openssl req -newkey rsa:2048 -nodes -subj '/CN=127.0.0.1' -keyout server.key -out server.csr 2>/dev/null; \
-        openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile server.cnf \
-        -out server.crt 2>/dev/null",
-    );
-    sh("printf 'basicConstraints=CA:FALSE\\nextendedKeyUsage=clientAuth\\n' > client.cnf; \
-        openssl req -newkey rsa:2048 -nodes -subj '/CN=palisade' -keyout client.key -out client.csr 2>/dev/null; \
-        openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile client.cnf \
-        -out client.crt 2>/dev/null");
-}
-
-#[cfg(feature = "tls")]
-#[tokio::test]
-async fn etcds_with_a_private_ca_and_client_certificates() {
-    let certs = tempfile::tempdir().unwrap();
-    make_certs(certs.path());
-    let c = |f: &str| certs.path().join(f).display().to_string();
-    let peer = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let server = LoopbackServer::start(&require_env("PALISADE_ETCD_SERVER"), |port, dir| {
-        [
-            "--name",
-            "tls",
-            "--data-dir",
-            &dir.join("data").display().to_string(),
-            "--listen-client-urls",
-            &format!("https://127.0.0.1:{port}"),
-            "--advertise-client-urls",
-            &format!("https://127.0.0.1:{port}"),
-            "--listen-peer-urls",
-            &format!("http://127.0.0.1:{peer}"),
-            "--initial-advertise-peer-urls",
-            &format!("http://127.0.0.1:{peer}"),
-            "--initial-cluster",
-            &format!("tls=http://127.0.0.1:{peer}"),
-            "--cert-file",
-            &c("server.crt"),
-            "--key-file",
-            &c("server.key"),
-            "--trusted-ca-file",
-            &c("ca.crt"),
-            "--client-cert-auth",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    })
-    .unwrap();
-    let url = format!("etcds://127.0.0.1:{}", server.port());
-    let read = |f: &str| std::fs::read(certs.path().join(f)).unwrap();
-    let config = EtcdConfig::from_url(&url)
-        .unwrap()
-        .with_tls_root_cert(read("ca.crt"))
-        .with_tls_client_identity(read("client.crt"), read("client.key"));
-
-    // The server may still be electing itself: retry the first connection briefly.
-    let started = Instant::now();
-    let locks = loop {
-        match EtcdLockService::connect_with(config.clone()).await {
-            Ok(l) => break std::sync::Arc::new(l),
-            Err(e) if started.elapsed() < Duration::from_secs(10) => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("TLS connect failed: {e:?}"),
-        }
-    };
-    let lease = locks.try_lock(&key("tls"), Duration::from_secs(2)).await.unwrap().expect("free");
-    assert!(lease.fence().get() > 0);
-    lease.release().await.unwrap();
-
-    // Without the client certificate the server refuses us.
-    let mut no_identity = config.clone();
-    no_identity.tls_client_identity = None;
-    let Err(err) = EtcdLockService::connect_with(no_identity).await else { panic!("mutual TLS must be enforced") };
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
-    // Plain text to the TLS port fails cleanly.
-    let plain = format!("etcd://127.0.0.1:{}", server.port());
-    let mut plain = EtcdConfig::from_url(&plain).unwrap();
-    plain.request_timeout = Duration::from_secs(2);
-    let Err(err) = EtcdLockService::connect_with(plain).await else { panic!("plain text to a TLS port") };
-    assert!(matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Backend), "{err:?}");
 }

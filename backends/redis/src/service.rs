@@ -468,12 +468,60 @@ fn release_marker(lock_key: &str, nonce: &[u8]) -> Vec<u8> {
 }
 
 /// A managed connection to the server `client` names.
+///
+/// A refused TLS handshake (the CA, the host name, the dates, our certificate) and a
+/// `rediss://` URL that reaches a plaintext port are `InvalidConfig`: no retry helps.
 async fn manage(client: &redis::Client, config: &RedisConfig) -> Result<ConnectionManager> {
-    client.get_connection_manager_with_config(manager_config(config)).await.map_err(|e| {
-        Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot connect to {}", config.redacted_url()))
-            .with_source(e)
-            .with_retryable(true)
+    match client.get_connection_manager_with_config(manager_config(config)).await {
+        Ok(manager) => Ok(manager),
+        Err(e) => {
+            let refused = match tls_refusal(&e) {
+                Some(why) => Some(why),
+                None => plaintext_port(config).await,
+            };
+            let (kind, message) = match refused {
+                Some(why) => (ErrorKind::InvalidConfig, format!("cannot connect to {}: {why}", config.redacted_url())),
+                None => (ErrorKind::Unavailable, format!("cannot connect to {}", config.redacted_url())),
+            };
+            Err(Error::new(kind, BACKEND, message).with_source(e).with_retryable(kind == ErrorKind::Unavailable))
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+fn tls_refusal(e: &redis::RedisError) -> Option<String> {
+    palisade_core::spi::tls::handshake_refusal(e)
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_refusal(_: &redis::RedisError) -> Option<String> {
+    None
+}
+
+/// Why a `rediss://` connection failed when the port answers a plaintext `PING` the way Redis
+/// does (the handshake only timed out: Redis waits for the end of an inline command).
+#[cfg(feature = "tls")]
+async fn plaintext_port(config: &RedisConfig) -> Option<String> {
+    if !config.url.starts_with("rediss://") {
+        return None;
+    }
+    let parsed = palisade_core::spi::ConnectionUrl::parse(&config.url).ok()?;
+    let (host, port) = parsed.hosts.first()?.clone();
+    let address = format!("{host}:{}", port.unwrap_or(6379));
+    let within = config.connect_timeout;
+    let plain = tokio::task::spawn_blocking(move || {
+        palisade_core::spi::tls::plaintext_port(&address, b"PING\r\n", within, |reply| {
+            reply.starts_with(b"+PONG") || reply.starts_with(b"-NOAUTH") || reply.starts_with(b"-ERR")
+        })
     })
+    .await
+    .unwrap_or(false);
+    plain.then(|| "the server does not speak TLS: this is a plaintext port (use redis://)".to_string())
+}
+
+#[cfg(not(feature = "tls"))]
+async fn plaintext_port(_: &RedisConfig) -> Option<String> {
+    None
 }
 
 /// How every connection of the service is managed: explicit timeouts, a few quick retries.

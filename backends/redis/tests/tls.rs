@@ -66,24 +66,52 @@ fn sqlite() -> impl palisade_conformance::FencedStoreFactory<Store = palisade_sq
 
 palisade_conformance::certify!(redis_tls: lock_service = redis_tls(), store = sqlite());
 
+async fn refusal(config: RedisConfig) -> palisade_core::Error {
+    match RedisLockService::connect_with(config).await {
+        Ok(_) => panic!("connected"),
+        Err(e) => e,
+    }
+}
+
+/// A refusal the caller must fix, not retry, saying `cause`.
+fn assert_misconfigured(e: &palisade_core::Error, cause: &str) {
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e:?}");
+    assert!(!e.is_retryable(), "{e:?}");
+    let said = format!("{e}");
+    assert!(said.to_lowercase().contains(&cause.to_lowercase()), "{said:?} does not say {cause:?}");
+}
+
 #[tokio::test]
 async fn a_server_signed_by_an_unknown_ca_is_refused() {
     // Platform roots only: the throwaway CA is not among them, so the handshake must fail
     // (and say so) rather than fall back to anything unverified.
     let mut config = tls_config();
     config.tls_root_cert = None;
-    let Err(err) = RedisLockService::connect_with(config).await else { panic!("an unknown CA must be refused") };
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
-    assert!(err.report().to_string().contains("UnknownIssuer"), "{}", err.report());
+    assert_misconfigured(&refusal(config).await, "does not trust");
 }
 
 #[tokio::test]
 async fn the_server_refuses_a_client_without_a_certificate() {
     let mut config = tls_config();
     config.tls_client_identity = None;
-    let Err(err) = RedisLockService::connect_with(config).await else { panic!("mutual TLS must be enforced") };
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
-    assert!(err.report().to_string().contains("CertificateRequired"), "{}", err.report());
+    assert_misconfigured(&refusal(config).await, "refused this client's certificate");
+}
+
+#[tokio::test]
+async fn a_wrong_host_name_is_refused() {
+    let server: std::net::SocketAddr =
+        require_env("PALISADE_REDIS_TLS_URL").trim_start_matches("rediss://").parse().unwrap();
+    let relay = palisade_lab::tls::relay("127.0.0.2".parse().unwrap(), server).await.unwrap();
+    let mut config = tls_config();
+    config.url = format!("rediss://{relay}");
+    assert_misconfigured(&refusal(config).await, "not valid for the host name");
+}
+
+#[tokio::test]
+async fn a_plaintext_server_is_refused_when_tls_is_asked() {
+    let mut config = tls_config();
+    config.url = require_env("PALISADE_REDIS_URL").replacen("redis://", "rediss://", 1);
+    assert_misconfigured(&refusal(config).await, "does not speak TLS");
 }
 
 #[tokio::test]
@@ -91,6 +119,27 @@ async fn plain_text_to_the_tls_port_fails_cleanly() {
     let url = require_env("PALISADE_REDIS_TLS_URL").replacen("rediss://", "redis://", 1);
     let Err(err) = RedisLockService::connect_with(RedisConfig::new(url)).await else { panic!("no TLS, no service") };
     assert!(matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::OutcomeUnknown), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_server_certificate_is_refused_with_its_date() {
+    let dir = std::env::temp_dir().join(format!("palisade-redis-expired-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    palisade_lab::tls::material(&dir).unwrap();
+    std::fs::copy(dir.join("expired.crt"), dir.join("server.crt")).unwrap();
+    let program = require_env("PALISADE_REDIS_SERVER");
+    let made = dir.clone();
+    let server = tokio::task::spawn_blocking(move || palisade_lab::servers::LoopbackServer::redis_tls(&program, &made))
+        .await
+        .unwrap()
+        .unwrap();
+    let file = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let config = RedisConfig::new(format!("rediss://{}", server.addr()))
+        .with_tls_root_cert(file("ca.crt"))
+        .with_tls_client_identity(file("client.crt"), file("client.key"));
+    assert_misconfigured(&refusal(config).await, "expired on 2024-01-02 00:00:00 UTC");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

@@ -95,17 +95,7 @@ async fn a_wrong_host_name_is_refused() {
     // The same server reached at 127.0.0.2, an address its certificate does not name.
     let url = require_env("PALISADE_ZK_TLS_URL");
     let upstream: std::net::SocketAddr = url.trim_start_matches("zks://").parse().unwrap();
-    let relay = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
-    let addr = relay.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut client, _)) = relay.accept().await {
-            tokio::spawn(async move {
-                if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                }
-            });
-        }
-    });
+    let addr = palisade_lab::tls::relay("127.0.0.2".parse().unwrap(), upstream).await.unwrap();
     let config = config_for(&format!("zks://{addr}"), ZK_SASL_PASSWORD, &certs());
     assert_misconfigured(&refusal(config).await, "not valid for the host name");
 }

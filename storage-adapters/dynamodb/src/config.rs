@@ -21,6 +21,10 @@ pub struct DynamoConfig {
     pub endpoint: Option<String>,
     /// The region. Default: none (the SDK's chain: `AWS_REGION`, profile).
     pub region: Option<String>,
+    /// PEM of the CA certificate(s) that signed an `https://` endpoint's certificate (a
+    /// private endpoint, a compatible server), trusted instead of the platform's roots. Default:
+    /// none (the platform's roots, as for AWS itself).
+    pub tls_root_cert: Option<Vec<u8>>,
     /// Create the table at connect if it does not exist (on-demand billing). Default: true.
     pub create_table: bool,
     /// Attempts per request under the SDK's standard retry mode (throttling, 5xx, transient
@@ -39,6 +43,7 @@ impl std::fmt::Debug for DynamoConfig {
             .field("table", &self.table)
             .field("endpoint", &self.endpoint.as_deref().map(redact_url))
             .field("region", &self.region)
+            .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "<set>"))
             .field("create_table", &self.create_table)
             .field("max_attempts", &self.max_attempts)
             .field("attempt_timeout", &self.attempt_timeout)
@@ -53,6 +58,7 @@ impl Default for DynamoConfig {
             table: "palisade".to_string(),
             endpoint: None,
             region: None,
+            tls_root_cert: None,
             create_table: true,
             max_attempts: 3,
             attempt_timeout: Duration::from_secs(5),
@@ -65,6 +71,13 @@ impl DynamoConfig {
     /// Settings for `table` with the defaults above.
     pub fn new(table: impl Into<String>) -> Self {
         DynamoConfig { table: table.into(), ..DynamoConfig::default() }
+    }
+
+    /// Trusts the CA certificate(s) in `pem` (PEM) for the `https://` endpoint instead of the
+    /// platform's roots.
+    pub fn with_tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_cert = Some(pem.into());
+        self
     }
 
     /// Parses `dynamodb://TABLE[?endpoint=URL&region=R&create_table=true|false]`.
@@ -135,6 +148,15 @@ impl DynamoConfig {
                     .to_string(),
             );
         }
+        if let Some(pem) = &self.tls_root_cert {
+            if !self.endpoint.as_deref().is_some_and(|e| e.starts_with("https://")) {
+                return invalid("a TLS root certificate was given, but the endpoint is not https://".to_string());
+            }
+            // The SDK panics on a certificate it cannot parse: it is never handed one.
+            palisade_core::spi::tls::check_root_certificates(pem).map_err(|why| {
+                Error::new(ErrorKind::InvalidConfig, BACKEND, format!("the TLS root certificate: {why}"))
+            })?;
+        }
         if self.max_attempts == 0 {
             return invalid("max_attempts must be at least 1".to_string());
         }
@@ -148,6 +170,22 @@ impl DynamoConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_root_certificate_needs_an_https_endpoint_and_must_parse() {
+        let https = DynamoConfig { endpoint: Some("https://127.0.0.1:1".into()), ..DynamoConfig::default() };
+        let plain = DynamoConfig { endpoint: Some("http://127.0.0.1:1".into()), ..DynamoConfig::default() };
+        for bad in [
+            https.clone().with_tls_root_cert(b"not pem".to_vec()),
+            https
+                .clone()
+                .with_tls_root_cert(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec()),
+            plain.with_tls_root_cert(b"x".to_vec()),
+            DynamoConfig::default().with_tls_root_cert(b"x".to_vec()),
+        ] {
+            assert_eq!(bad.validate().err().map(|e| e.kind()), Some(ErrorKind::InvalidConfig), "{bad:?}");
+        }
+    }
 
     #[test]
     fn urls_parse() {

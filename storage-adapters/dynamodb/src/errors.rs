@@ -14,6 +14,17 @@ where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
 {
+    // A refused TLS handshake is the endpoint's settings (its CA, its name), never a blip.
+    if let Some(why) = palisade_core::spi::tls::handshake_refusal(&e) {
+        return Error::new(ErrorKind::InvalidConfig, BACKEND, format!("{what} failed: TLS was refused: {why}"))
+            .with_source(e)
+            .with_retryable(false);
+    }
+    if let Some(why) = credentials_missing(&e) {
+        return Error::new(ErrorKind::InvalidConfig, BACKEND, format!("{what} failed: {why}"))
+            .with_source(e)
+            .with_retryable(false);
+    }
     let (kind, retryable) = match &e {
         SdkError::ConstructionFailure(_) => (ErrorKind::InvalidArgument, false),
         // Never sent: safe to retry, writes included.
@@ -34,6 +45,33 @@ where
         other => other.to_string(),
     };
     Error::new(kind, BACKEND, format!("{what} failed: {detail}")).with_source(e).with_retryable(retryable)
+}
+
+/// Why the request could not be signed, when the SDK's credential chain found nothing or was
+/// misconfigured: the deployment's settings, which no retry changes (a provider that timed out
+/// or failed on its own is an outage, and not matched here).
+fn credentials_missing(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use aws_credential_types::provider::error::CredentialsError;
+    let mut next = Some(e);
+    while let Some(error) = next {
+        match error.downcast_ref::<CredentialsError>() {
+            Some(CredentialsError::CredentialsNotLoaded(_)) => {
+                return Some(
+                    "no AWS credentials: the SDK's standard chain found none (environment variables, the \
+                     profile files, web identity, the container and instance metadata)"
+                        .to_string(),
+                );
+            }
+            Some(CredentialsError::InvalidConfiguration(_)) => {
+                return Some(
+                    "the AWS credential chain's settings are invalid (a profile, or a credential source it names)"
+                        .to_string(),
+                );
+            }
+            _ => next = error.source(),
+        }
+    }
+    None
 }
 
 /// The kind of a service error by its code, and whether retrying is safe.

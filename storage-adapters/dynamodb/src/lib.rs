@@ -32,7 +32,10 @@
 //!
 //! `dynamodb://TABLE[?endpoint=http://127.0.0.1:8000&region=eu-west-1&create_table=false]`.
 //! Credentials come from the SDK's standard chain (environment, profile, web identity,
-//! instance metadata), never from the URL. The HTTP client is rustls (ring) on tokio.
+//! instance metadata), never from the URL; a chain that finds none is
+//! [`InvalidConfig`](palisade_core::ErrorKind::InvalidConfig). The HTTP client is rustls (ring)
+//! on tokio; an `https://` endpoint signed by a private CA is trusted with
+//! [`DynamoConfig::with_tls_root_cert`], and a refused handshake is `InvalidConfig` too.
 //!
 //! ```no_run
 //! # async fn demo<S: palisade_core::LockService<Fencing = palisade_core::Fenced>>(lease: palisade_core::Lease<S>) -> palisade_core::Result<()> {

@@ -75,10 +75,18 @@ impl DynamoStore {
     /// Opens the store, creating the table if configured to, and checks that it is usable.
     pub async fn open(config: DynamoConfig) -> Result<Self> {
         config.validate()?;
+        let mut trust = aws_smithy_http_client::tls::TrustStore::default();
+        if let Some(pem) = &config.tls_root_cert {
+            trust = aws_smithy_http_client::tls::TrustStore::empty().with_pem_certificate(pem.clone());
+        }
+        let tls = aws_smithy_http_client::tls::TlsContext::builder().with_trust_store(trust).build().map_err(|e| {
+            Error::new(ErrorKind::InvalidConfig, BACKEND, format!("the TLS settings: {e}")).with_retryable(false)
+        })?;
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
             ))
+            .tls_context(tls)
             .build_https();
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
             .http_client(http)

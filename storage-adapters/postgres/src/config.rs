@@ -114,6 +114,10 @@ impl PostgresConfig {
     /// needs TLS in a build without it is [`ErrorKind::InvalidConfig`] here, before any
     /// connection is tried.
     pub(crate) fn connect_options(&self) -> Result<PgConnectOptions> {
+        // sqlx asks rustls for the process's provider, which panics when a program compiles two
+        // (another crate's rustls may bring `aws-lc-rs`): install ours unless one is there.
+        #[cfg(feature = "tls")]
+        palisade_core::spi::tls::install_default_provider();
         let mut options: PgConnectOptions = self.url.parse().map_err(|e| {
             Error::new(ErrorKind::InvalidConfig, BACKEND, format!("bad PostgreSQL URL {}", self.redacted_url()))
                 .with_source(e)
