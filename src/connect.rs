@@ -97,7 +97,7 @@ fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
 /// |---|---|
 /// | `memory://` or `memory://NAME` | the in-process [`MemoryLockService`](palisade_core::MemoryLockService); every call with the same `NAME` in one process shares one instance |
 /// | `sqlite://PATH` | `palisade_sqlite::SqliteLockService` (feature `sqlite`): locks and fence counters in the database file, shared by every process that opens it; give the store the same URL to keep locks and data in one file |
-/// | `postgres://[user:pass@]host:port/db[?sslmode=…]` | `palisade_postgres::PostgresLockService` (feature `postgres`, `postgres-tls` for `sslmode=require\|verify-ca\|verify-full`): locks and fence counters in a table of the database, expiry by the server's clock; give the store the same database (with `?require_live_lock=true`, each fenced write commits only while its lock is live) |
+/// | `postgres://[user:pass@]host:port/db[?sslmode=…]` | `palisade_postgres::PostgresLockService` (feature `postgres`, TLS included: `sslmode=require\|verify-ca\|verify-full`): locks and fence counters in a table of the database, expiry by the server's clock; give the store the same database (with `?require_live_lock=true`, each fenced write commits only while its lock is live) |
 /// | `redis://[user:pass@]host:port[/db]`, `rediss://…` | `palisade_redis::RedisLockService` (feature `redis`, `redis-tls` for TLS) |
 /// | `redis+sentinel://[user:pass@]host:port[,host:port…]/MASTER_NAME[?sentinel_password=…&db=N&wait_replicas=N&wait_timeout_ms=T]` | the same service on the master the Sentinels name, followed across failovers (feature `redis`) |
 /// | `redis+cluster://[user:pass@]host:port[,host:port…]` | the same service on a Redis Cluster: each script to its resource's slot, `MOVED`/`ASK` followed (feature `redis`) |
@@ -238,7 +238,7 @@ pub async fn connect_any_lock(url: &str) -> Result<AnyLockService> {
 /// |---|---|
 /// | `memory://` or `memory://NAME` | the in-process [`MemoryFencedStore`](palisade_core::MemoryFencedStore), shared per `NAME` |
 /// | `sqlite://PATH`, `sqlite:PATH`, `sqlite::memory:` | `palisade_sqlite::SqliteStore` (`?synchronous=full\|normal\|off`) |
-/// | `postgres://user[:pass]@host:port/db[?sslmode=…]` | `palisade_postgres::PostgresStore` (feature `postgres`, `postgres-tls` for TLS) |
+/// | `postgres://user[:pass]@host:port/db[?sslmode=…]` | `palisade_postgres::PostgresStore` (feature `postgres`, TLS included) |
 /// | `dynamodb://TABLE[?endpoint=URL&region=R]` | `palisade_dynamodb::DynamoStore` (feature `dynamodb`; credentials from the AWS chain) |
 ///
 /// Errors: as for [`connect_lock`]; an unreachable server is [`ErrorKind::Unavailable`].

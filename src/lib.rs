@@ -14,7 +14,7 @@
 //! | `memory` | yes | `memory://[NAME]` lock service and store (one process) |
 //! | `sqlite` | yes | `sqlite://PATH`, `sqlite::memory:` fenced store and lock service (`palisade::sqlite`): give both the same file and locks, fences and data share it |
 //! | `redis` | no | `redis://` lock service (`palisade::redis`); `redis-tls` adds `rediss://` |
-//! | `postgres` | no | `postgres://` fenced store and lock service (`palisade::postgres`); `postgres-tls` adds `sslmode=require\|verify-ca\|verify-full` |
+//! | `postgres` | no | `postgres://` fenced store and lock service (`palisade::postgres`), TLS included (`sslmode=require\|verify-ca\|verify-full`) |
 //! | `redlock` | no | `redlock://h1:p1,h2:p2,…` (`palisade::redlock`): an efficiency lock without fences, via [`connect_any_lock`] |
 //! | `etcd` | no | `etcd://` lock service (`palisade::etcd`; needs `protoc` to build); `etcd-tls` adds `etcds://` |
 //! | `zookeeper` | no | `zk://` lock service (`palisade::zookeeper`) |

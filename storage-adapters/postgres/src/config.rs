@@ -47,8 +47,8 @@ pub struct PostgresConfig {
 }
 
 /// How a connection uses TLS ([`PostgresConfig::tls`]). Every field left `None` is taken from
-/// the URL. Modes beyond [`SslMode::Prefer`] need the crate's `tls` feature (palisade's
-/// `postgres-tls`): without it they fail at connect with [`ErrorKind::InvalidConfig`].
+/// the URL. Modes beyond [`SslMode::Prefer`] need the crate's `tls` feature (on with palisade's
+/// `postgres`): without it they fail at connect with [`ErrorKind::InvalidConfig`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PostgresTls {
@@ -141,7 +141,7 @@ impl PostgresConfig {
                 ErrorKind::InvalidConfig,
                 BACKEND,
                 format!(
-                    "{} asks for TLS (sslmode {:?}), which this build lacks: enable palisade's `postgres-tls` feature",
+                    "{} asks for TLS (sslmode {:?}), which this build lacks: enable the `tls` feature of palisade-postgres (palisade's `postgres` has it)",
                     self.redacted_url(),
                     options.get_ssl_mode()
                 ),
