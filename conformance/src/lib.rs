@@ -102,7 +102,7 @@ pub use factory::{
     Restart, Timing,
 };
 pub use fn_factory::{FnLockFactory, FnStoreFactory, lock_factory, store_factory};
-pub use harness::{Ctx, Failure, Outcome, Report, Status, require_env};
+pub use harness::{Ctx, Failure, Outcome, Report, Status, assert_config_error, require_env};
 use harness::{attempt, ensure};
 pub use proxy::FaultProxy;
 

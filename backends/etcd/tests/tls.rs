@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::require_env;
+use palisade_conformance::{assert_config_error, require_env};
 use palisade_core::{ErrorKind, LockServiceExt, ResourceKey};
 use palisade_etcd::{EtcdConfig, EtcdLockService};
 use palisade_lab::servers::LoopbackServer;
@@ -45,14 +45,6 @@ async fn refusal(config: EtcdConfig) -> palisade_core::Error {
     }
 }
 
-/// A refusal the caller must fix, not retry, saying `cause`.
-fn assert_misconfigured(e: &palisade_core::Error, cause: &str) {
-    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e:?}");
-    assert!(!e.is_retryable(), "{e:?}");
-    let said = format!("{e}");
-    assert!(said.to_lowercase().contains(&cause.to_lowercase()), "{said:?} does not say {cause:?}");
-}
-
 fn key(id: &str) -> ResourceKey {
     ResourceKey::new("etcd-tls", format!("{id}-{}", std::process::id())).unwrap()
 }
@@ -68,7 +60,7 @@ async fn a_private_ca_and_a_client_certificate_carry_the_lock() {
 #[tokio::test]
 async fn an_unknown_ca_is_refused() {
     let config = complete().with_tls_root_cert(read(&certs(), "other-ca.crt"));
-    assert_misconfigured(&refusal(config).await, "does not trust");
+    assert_config_error(&refusal(config).await, "does not trust");
 }
 
 #[tokio::test]
@@ -76,21 +68,21 @@ async fn a_wrong_host_name_is_refused() {
     let server: SocketAddr = require_env("PALISADE_ETCD_TLS_URL").trim_start_matches("etcds://").parse().unwrap();
     let relay = palisade_lab::tls::relay("127.0.0.2".parse().unwrap(), server).await.unwrap();
     let e = refusal(config_for(&format!("etcds://{relay}"), &certs())).await;
-    assert_misconfigured(&e, "not valid for the host name");
+    assert_config_error(&e, "not valid for the host name");
 }
 
 #[tokio::test]
 async fn a_missing_client_certificate_is_refused() {
     let mut config = complete();
     config.tls_client_identity = None;
-    assert_misconfigured(&refusal(config).await, "refused this client's certificate");
+    assert_config_error(&refusal(config).await, "refused this client's certificate");
 }
 
 #[tokio::test]
 async fn a_plaintext_server_is_refused_when_tls_is_asked() {
     let plain = require_env("PALISADE_ETCD_URL").replace("etcd://", "etcds://");
     let e = refusal(config_for(&plain, &certs())).await;
-    assert_misconfigured(&e, "does not speak TLS");
+    assert_config_error(&e, "does not speak TLS");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,7 +113,7 @@ async fn an_expired_server_certificate_is_refused_with_its_date() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert_misconfigured(&e, "expired on 2024-01-02 00:00:00 UTC");
+    assert_config_error(&e, "expired on 2024-01-02 00:00:00 UTC");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

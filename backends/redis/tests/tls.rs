@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_conformance::{LockServiceFactory, Timing, lock_factory, require_env};
+use palisade_conformance::{LockServiceFactory, Timing, assert_config_error, lock_factory, require_env};
 use palisade_core::{ErrorKind, LockService, ResourceKey, Ttl};
 use palisade_redis::{RedisConfig, RedisLockService};
 
@@ -73,28 +73,20 @@ async fn refusal(config: RedisConfig) -> palisade_core::Error {
     }
 }
 
-/// A refusal the caller must fix, not retry, saying `cause`.
-fn assert_misconfigured(e: &palisade_core::Error, cause: &str) {
-    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e:?}");
-    assert!(!e.is_retryable(), "{e:?}");
-    let said = format!("{e}");
-    assert!(said.to_lowercase().contains(&cause.to_lowercase()), "{said:?} does not say {cause:?}");
-}
-
 #[tokio::test]
 async fn a_server_signed_by_an_unknown_ca_is_refused() {
     // Platform roots only: the throwaway CA is not among them, so the handshake must fail
     // (and say so) rather than fall back to anything unverified.
     let mut config = tls_config();
     config.tls_root_cert = None;
-    assert_misconfigured(&refusal(config).await, "does not trust");
+    assert_config_error(&refusal(config).await, "does not trust");
 }
 
 #[tokio::test]
 async fn the_server_refuses_a_client_without_a_certificate() {
     let mut config = tls_config();
     config.tls_client_identity = None;
-    assert_misconfigured(&refusal(config).await, "refused this client's certificate");
+    assert_config_error(&refusal(config).await, "refused this client's certificate");
 }
 
 #[tokio::test]
@@ -104,14 +96,14 @@ async fn a_wrong_host_name_is_refused() {
     let relay = palisade_lab::tls::relay("127.0.0.2".parse().unwrap(), server).await.unwrap();
     let mut config = tls_config();
     config.url = format!("rediss://{relay}");
-    assert_misconfigured(&refusal(config).await, "not valid for the host name");
+    assert_config_error(&refusal(config).await, "not valid for the host name");
 }
 
 #[tokio::test]
 async fn a_plaintext_server_is_refused_when_tls_is_asked() {
     let mut config = tls_config();
     config.url = require_env("PALISADE_REDIS_URL").replacen("redis://", "rediss://", 1);
-    assert_misconfigured(&refusal(config).await, "does not speak TLS");
+    assert_config_error(&refusal(config).await, "does not speak TLS");
 }
 
 #[tokio::test]
@@ -137,7 +129,7 @@ async fn an_expired_server_certificate_is_refused_with_its_date() {
     let config = RedisConfig::new(format!("rediss://{}", server.addr()))
         .with_tls_root_cert(file("ca.crt"))
         .with_tls_client_identity(file("client.crt"), file("client.key"));
-    assert_misconfigured(&refusal(config).await, "expired on 2024-01-02 00:00:00 UTC");
+    assert_config_error(&refusal(config).await, "expired on 2024-01-02 00:00:00 UTC");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

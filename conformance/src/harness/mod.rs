@@ -325,3 +325,18 @@ pub fn require_env(name: &str) -> String {
         ),
     }
 }
+
+/// Checks that `error` is a refusal the caller must fix, not retry: an
+/// [`ErrorKind::InvalidConfig`](palisade_core::ErrorKind::InvalidConfig), not retryable, whose
+/// message says `cause` (case aside). What every backend's connection tests check of a refused
+/// TLS handshake, login or setting.
+///
+/// # Panics
+///
+/// When it is not: that is the failure it reports.
+pub fn assert_config_error(error: &palisade_core::Error, cause: &str) {
+    assert_eq!(error.kind(), palisade_core::ErrorKind::InvalidConfig, "{error:?}");
+    assert!(!error.is_retryable(), "a configuration error marked retryable: {error:?}");
+    let said = error.to_string();
+    assert!(said.to_lowercase().contains(&cause.to_lowercase()), "{said:?} does not say {cause:?}");
+}

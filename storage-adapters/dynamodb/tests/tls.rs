@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use palisade_conformance::require_env;
-use palisade_core::{ErrorKind, Fence, FencedStore, GrantFence, GrantId, ResourceKey, WriteBatch};
+use palisade_conformance::{assert_config_error, require_env};
+use palisade_core::{Fence, FencedStore, GrantFence, GrantId, ResourceKey, WriteBatch};
 use palisade_dynamodb::{DynamoConfig, DynamoStore};
 
 fn certs() -> PathBuf {
@@ -47,13 +47,6 @@ async fn refusal(config: DynamoConfig) -> palisade_core::Error {
     }
 }
 
-fn assert_misconfigured(e: &palisade_core::Error, cause: &str) {
-    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e:?}");
-    assert!(!e.is_retryable(), "{e:?}");
-    let said = format!("{e}");
-    assert!(said.to_lowercase().contains(&cause.to_lowercase()), "{said:?} does not say {cause:?}");
-}
-
 fn signers() -> String {
     std::fs::read_to_string(require_env("PALISADE_DYNAMODB_TLS_SIGNERS")).unwrap_or_default()
 }
@@ -69,7 +62,7 @@ async fn the_standard_chain_signs_requests_over_https() {
     let store = DynamoStore::open(config(&https(), &read(&certs(), "ca.crt"), "chain")).await;
     if std::env::var_os("PALISADE_EXPECT_NO_CREDENTIALS").is_some() {
         let e = store.expect_err("opened without credentials");
-        assert_misconfigured(&e, "credentials");
+        assert_config_error(&e, "credentials");
         return;
     }
     let store = store.unwrap();
@@ -141,7 +134,7 @@ fn chain_child(env: &[(&str, String)]) -> (bool, String) {
 #[tokio::test]
 async fn an_unknown_ca_is_refused() {
     let e = refusal(config(&https(), &read(&certs(), "other-ca.crt"), "unknown-ca")).await;
-    assert_misconfigured(&e, "does not trust");
+    assert_config_error(&e, "does not trust");
 }
 
 #[tokio::test]
@@ -149,14 +142,14 @@ async fn a_wrong_host_name_is_refused() {
     let terminator: SocketAddr = https().trim_start_matches("https://").parse().unwrap();
     let relay = palisade_lab::tls::relay("127.0.0.2".parse().unwrap(), terminator).await.unwrap();
     let e = refusal(config(&format!("https://{relay}"), &read(&certs(), "ca.crt"), "wrong-name")).await;
-    assert_misconfigured(&e, "not valid for the host name");
+    assert_config_error(&e, "not valid for the host name");
 }
 
 #[tokio::test]
 async fn a_plaintext_endpoint_is_refused_when_https_is_asked() {
     let plain = require_env("PALISADE_DYNAMODB_ENDPOINT").replace("http://", "https://");
     let e = refusal(config(&plain, &read(&certs(), "ca.crt"), "plaintext")).await;
-    assert_misconfigured(&e, "does not speak TLS");
+    assert_config_error(&e, "does not speak TLS");
 }
 
 #[tokio::test]
@@ -173,6 +166,6 @@ async fn an_expired_server_certificate_is_refused_with_its_date() {
     let served = dir.clone();
     std::thread::spawn(move || palisade_lab::tls::terminate(listener, upstream, &served, None));
     let e = refusal(config(&format!("https://{addr}"), &read(&dir, "ca.crt"), "expired")).await;
-    assert_misconfigured(&e, "expired on 2024-01-02 00:00:00 UTC");
+    assert_config_error(&e, "expired on 2024-01-02 00:00:00 UTC");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use palisade_conformance::require_env;
+use palisade_conformance::{assert_config_error, require_env};
 use palisade_core::{ErrorKind, FencedStoreExt, LockOptions, LockService, LockServiceExt, ResourceKey, WriteBatch};
 use palisade_postgres::{PostgresConfig, PostgresLockService, PostgresStore, PostgresTls, SslMode};
 
@@ -44,14 +44,6 @@ async fn refusal(url: &str) -> palisade_core::Error {
         Ok(_) => panic!("{url} connected"),
         Err(e) => e,
     }
-}
-
-/// A refusal the caller must fix, not retry, saying `cause`.
-fn assert_misconfigured(e: &palisade_core::Error, cause: &str) {
-    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e:?}");
-    assert!(!e.is_retryable(), "{e:?}");
-    let said = format!("{e}");
-    assert!(said.to_lowercase().contains(&cause.to_lowercase()), "{said:?} does not say {cause:?}");
 }
 
 #[tokio::test]
@@ -101,7 +93,7 @@ async fn the_typed_settings_override_the_url() {
 async fn a_host_name_the_certificate_does_not_name_is_refused_by_verify_full_only() {
     // The server listens on 127.0.0.2 too; its certificate names 127.0.0.1 and localhost.
     let e = refusal(&url_on("127.0.0.2", &format!("sslmode=verify-full&sslrootcert={}", ca()))).await;
-    assert_misconfigured(&e, "not valid for the host name");
+    assert_config_error(&e, "not valid for the host name");
     PostgresStore::connect(&url_on("127.0.0.2", &format!("sslmode=verify-ca&sslrootcert={}", ca()))).await.unwrap();
 }
 
@@ -109,28 +101,28 @@ async fn a_host_name_the_certificate_does_not_name_is_refused_by_verify_full_onl
 async fn a_certificate_from_an_unknown_ca_is_refused() {
     let other = require_env("PALISADE_POSTGRES_TLS_OTHER_CA");
     let e = refusal(&url(&format!("sslmode=verify-full&sslrootcert={other}"))).await;
-    assert_misconfigured(&e, "does not trust");
+    assert_config_error(&e, "does not trust");
     let e = refusal(&url(&format!("sslmode=verify-ca&sslrootcert={other}"))).await;
-    assert_misconfigured(&e, "does not trust");
+    assert_config_error(&e, "does not trust");
 }
 
 #[tokio::test]
 async fn require_refuses_a_server_without_tls() {
     let plain = format!("{}?sslmode=require", require_env("PALISADE_POSTGRES_URL"));
     let e = refusal(&plain).await;
-    assert_misconfigured(&e, "does not support TLS");
+    assert_config_error(&e, "does not support TLS");
 }
 
 #[tokio::test]
 async fn plaintext_is_refused_by_a_tls_only_server() {
     let e = refusal(&url("sslmode=disable")).await;
-    assert_misconfigured(&e, "no encryption");
+    assert_config_error(&e, "no encryption");
 }
 
 #[tokio::test]
 async fn a_missing_root_certificate_file_is_a_configuration_error() {
     let e = refusal(&url("sslmode=verify-full&sslrootcert=/nonexistent/ca.crt")).await;
-    assert_misconfigured(&e, "sslrootcert");
+    assert_config_error(&e, "sslrootcert");
 }
 
 #[tokio::test]
@@ -180,10 +172,10 @@ async fn an_expired_server_certificate_is_refused_with_its_date() {
     let (server, dir) = tokio::task::spawn_blocking(|| own_server("expired.crt")).await.unwrap();
     let url = format!("{}?sslmode=verify-full&sslrootcert={}", server.url(), dir.join("ca.crt").display());
     let e = refusal(&url).await;
-    assert_misconfigured(&e, "expired on 2024-01-02 00:00:00 UTC");
+    assert_config_error(&e, "expired on 2024-01-02 00:00:00 UTC");
     // verify-ca checks the dates as well: only the host name is not checked.
     let e = refusal(&url.replace("verify-full", "verify-ca")).await;
-    assert_misconfigured(&e, "expired on 2024-01-02");
+    assert_config_error(&e, "expired on 2024-01-02");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
