@@ -48,9 +48,9 @@ pub use palisade_core::{
     BoxError, BoxFuture, CancellationToken, Capabilities, DynFencedStore, DynLockService, DynUnfencedLockService,
     Election, Error, ErrorKind, Fence, FenceSource, Fenced, FencedRow, FencedStore, FencedStoreExt, Fencing, Grant,
     GrantFence, GrantId, Leadership, Lease, LockOptions, LockService, LockServiceExt, MAX_DOMAIN_LEN, MAX_ID_LEN,
-    MAX_PERMITS, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, MemoryFencedStore, MemoryLockService, Observed, OwnerToken,
-    Primitive, Progress, REGRESSION_GAP, ReadLease, Record, Renewal, ResourceKey, Result, RwLock, Semaphore, Ttl,
-    Unfenced, Waiting, WatermarkSource, WriteBatch, WriteOp, metrics, redact_url,
+    MAX_PERMITS, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, MemoryFencedStore, MemoryLockService, MultiLease, Observed,
+    OwnerToken, Primitive, Progress, REGRESSION_GAP, ReadLease, Record, Renewal, ResourceKey, Result, RwLock,
+    Semaphore, Ttl, Unfenced, Waiting, WatermarkSource, WriteBatch, WriteOp, metrics, redact_url,
 };
 
 /// For backend and store authors (waiting loops, SQL quoting, refusal errors, session
@@ -89,7 +89,7 @@ pub use palisade_dynamodb as dynamodb;
 pub mod prelude {
     pub use palisade_core::{
         DynFencedStore, DynLockService, DynUnfencedLockService, Election, Error, ErrorKind, Fence, FencedStore,
-        FencedStoreExt, Lease, LockOptions, LockService, LockServiceExt, Progress, ReadLease, ResourceKey, RwLock,
-        Semaphore, WriteBatch,
+        FencedStoreExt, Lease, LockOptions, LockService, LockServiceExt, MultiLease, Progress, ReadLease, ResourceKey,
+        RwLock, Semaphore, WriteBatch,
     };
 }

@@ -126,6 +126,35 @@ pub trait LockServiceExt {
         T: Send,
         E: From<Error> + Send;
 
+    /// Takes the locks on every key of `keys` as one [`MultiLease`](crate::MultiLease): several
+    /// resources held together (a transfer between two accounts, stock moved between two SKUs).
+    ///
+    /// Behavior (checked by the tests of `palisade-core`'s `multi` module):
+    /// - The keys are taken one by one in their **canonical order** (sorted; a key given twice
+    ///   is taken once), whatever order `keys` lists them in: callers whose sets overlap never
+    ///   deadlock.
+    /// - **One wait** for the set: `options.wait` bounds the whole call, each member waiting
+    ///   for what is left of it; zero makes one attempt at each key. Every member gets
+    ///   `options.ttl`.
+    /// - **All or nothing**: when a member cannot be taken (held past the wait:
+    ///   [`ErrorKind::Timeout`]; an error), the members already taken are released before the
+    ///   error returns, with the same kind and retryability, naming the key. A lost reply is
+    ///   each member's own acquire's business: a service's acquire resolves it (the grant, or
+    ///   the orphan released), so none is left behind.
+    /// - No keys: [`ErrorKind::InvalidArgument`]. A key this task holds in an enclosing
+    ///   `with_lock`/`with_locks`: [`ErrorKind::Reentrant`].
+    async fn lock_all(&self, keys: &[ResourceKey], options: LockOptions) -> Result<crate::MultiLease<Self::Service>>;
+
+    /// Runs `work` while holding every lock of `keys` ([`lock_all`](LockServiceExt::lock_all)),
+    /// and releases them all on every path: [`with_lock`](LockServiceExt::with_lock) for a set,
+    /// with the same table of outcomes. `work` is cancelled, and the result is
+    /// [`ErrorKind::WorkCancelled`], when **any** member's lease is lost while it runs.
+    async fn with_locks<F, T, E>(&self, keys: &[ResourceKey], options: LockOptions, work: F) -> Result<T, E>
+    where
+        F: for<'l> FnOnce(&'l crate::MultiLease<Self::Service>) -> crate::BoxFuture<'l, Result<T, E>> + Send,
+        T: Send,
+        E: From<Error> + Send;
+
     /// [`lock`](LockServiceExt::lock), then checks the grant against `store`'s watermark for
     /// the resource (fencing rule 5), at the cost of one watermark read.
     ///
@@ -247,6 +276,52 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
                 format!(
                     "the lease on {key} was lost while the work ran; the work was cancelled at its next await, \
                      and what it did before may have taken effect"
+                ),
+            )
+            .with_retryable(false)
+            .into()),
+        }
+    }
+
+    async fn lock_all(&self, keys: &[ResourceKey], options: LockOptions) -> Result<crate::MultiLease<S>> {
+        crate::multi::lock_all(self, keys, options, |key, options| async move { self.lock(&key, options).await }).await
+    }
+
+    async fn with_locks<F, T, E>(&self, keys: &[ResourceKey], options: LockOptions, work: F) -> Result<T, E>
+    where
+        F: for<'l> FnOnce(&'l crate::MultiLease<S>) -> crate::BoxFuture<'l, Result<T, E>> + Send,
+        T: Send,
+        E: From<Error> + Send,
+    {
+        let locks = self.lock_all(keys, options).await?;
+        let held = {
+            let mut held = SCOPED.try_with(|held| held.as_ref().clone()).unwrap_or_default();
+            held.extend(locks.keys().map(|key| (service_id(self), key.clone())));
+            Arc::new(held)
+        };
+        let outcome = {
+            let lost = locks.lost();
+            tokio::select! {
+                biased;
+                () = lost => None,
+                result = SCOPED.scope(held, work(&locks)) => Some(result),
+            }
+        };
+        let keys: Vec<ResourceKey> = locks.keys().cloned().collect();
+        let released = locks.release().await;
+        match outcome {
+            Some(result) => {
+                if let (Err(e), Some(key)) = (released, keys.first()) {
+                    report_failed_release(self.backend(), key, &e, result.is_ok());
+                }
+                result
+            }
+            None => Err(Error::new(
+                ErrorKind::WorkCancelled,
+                self.backend(),
+                format!(
+                    "a lease of the set {keys:?} was lost while the work ran; the work was cancelled at its next \
+                     await, and what it did before may have taken effect"
                 ),
             )
             .with_retryable(false)

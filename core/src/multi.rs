@@ -1,0 +1,335 @@
+//! Several locks held as one: [`MultiLease`], from
+//! [`LockServiceExt::lock_all`](crate::LockServiceExt::lock_all).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::{Fence, Fenced, GrantFence, Lease, LockOptions, LockService, ResourceKey};
+
+/// Several locks taken as one by [`LockServiceExt::lock_all`](crate::LockServiceExt::lock_all):
+/// every member's [`Lease`], in canonical key order, with one lost signal.
+///
+/// - **Canonical order.** The keys are taken in their sorted order (duplicates once), whatever
+///   order the caller gave: two callers whose sets overlap take their common keys in the same
+///   order, so neither can hold one while waiting for the other's (no deadlock).
+/// - **All or nothing.** `lock_all` returns every lock or none: a member it could not take
+///   within the one wait (held, an error) releases the members already taken before it
+///   returns the error.
+/// - **One lost signal.** [`lost`](Self::lost) fires when **any** member's lease is lost: the
+///   set no longer protects all its resources. Each member keeps its own fence; a fenced
+///   write carries them all ([`fences`](Self::fences)).
+/// - Dropping it without [`release`](Self::release) releases every member as a dropped
+///   [`Lease`] does: best effort, in the background.
+pub struct MultiLease<S: LockService + ?Sized> {
+    leases: Vec<Lease<S>>,
+    lost: CancellationToken,
+    /// Fires on release or drop: stops the watchers of the members' lost signals.
+    done: CancellationToken,
+    watching: AtomicBool,
+}
+
+impl<S: LockService + ?Sized> MultiLease<S> {
+    /// The members' leases, in canonical (sorted) key order.
+    pub fn leases(&self) -> &[Lease<S>] {
+        &self.leases
+    }
+
+    /// The member lease of `key`, if `key` is in the set.
+    pub fn lease(&self, key: &ResourceKey) -> Option<&Lease<S>> {
+        self.leases.iter().find(|lease| lease.key() == key)
+    }
+
+    /// The keys, in canonical order.
+    pub fn keys(&self) -> impl Iterator<Item = &ResourceKey> {
+        self.leases.iter().map(Lease::key)
+    }
+
+    /// The earliest of the members' local deadlines: the set is safe until its first member
+    /// may expire (a hint, like [`Lease::safe_until`]; the fences are the safety).
+    pub fn safe_until(&self) -> Instant {
+        self.leases.iter().map(Lease::safe_until).min().unwrap_or_else(Instant::now)
+    }
+
+    /// Whether any member's lease is known to be lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled() || self.leases.iter().any(Lease::is_lost)
+    }
+
+    /// Resolves when any member's lease is lost (never after a release).
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let lost = self.lost_token();
+        async move { lost.cancelled().await }
+    }
+
+    /// A token cancelled when any member's lease is lost (never after a release).
+    pub fn lost_token(&self) -> CancellationToken {
+        if !self.watching.swap(true, Ordering::AcqRel) {
+            // One small task per member, each gone when its member is lost or the set released.
+            for lease in &self.leases {
+                let (member, all, done) = (lease.lost(), self.lost.clone(), self.done.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = member => all.cancel(),
+                        () = done.cancelled() => {}
+                    }
+                });
+            }
+        }
+        self.lost.clone()
+    }
+
+    /// Extends every member to `ttl` (from now). Stops at the first member that fails and
+    /// returns its error (the members after it keep their earlier deadlines): a member lost
+    /// already is [`ErrorKind::LeaseLost`] or [`ErrorKind::NotHolder`], and the set's
+    /// [`lost`](Self::lost) fires.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        for lease in &self.leases {
+            lease.extend(ttl).await?;
+        }
+        Ok(())
+    }
+
+    /// Releases every member (all of them are tried, in reverse order) and returns the first
+    /// error, if any. A member that failed to release is freed at its TTL at the latest.
+    pub async fn release(mut self) -> Result<()> {
+        self.done.cancel();
+        let mut first = None;
+        while let Some(lease) = self.leases.pop() {
+            if let Err(e) = lease.release().await {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl<S: LockService<Fencing = Fenced> + ?Sized> MultiLease<S> {
+    /// Each member's resource and the fence (with its grant) a fenced write presents for it,
+    /// in canonical order.
+    pub fn fences(&self) -> Vec<(ResourceKey, GrantFence)> {
+        self.leases.iter().map(|lease| (lease.key().clone(), lease.grant_fence())).collect()
+    }
+
+    /// The fence of `key`'s member, if `key` is in the set.
+    pub fn fence(&self, key: &ResourceKey) -> Option<Fence> {
+        self.lease(key).map(Lease::fence)
+    }
+}
+
+impl<S: LockService + ?Sized> Drop for MultiLease<S> {
+    fn drop(&mut self) {
+        // The members release themselves on drop; the watchers stop here.
+        self.done.cancel();
+    }
+}
+
+impl<S: LockService + ?Sized> fmt::Debug for MultiLease<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiLease").field("keys", &self.keys().collect::<Vec<_>>()).finish_non_exhaustive()
+    }
+}
+
+/// The canonical order of a key set: sorted, each key once. An empty set is
+/// [`ErrorKind::InvalidArgument`].
+pub(crate) fn canonical(backend: &'static str, keys: &[ResourceKey]) -> Result<Vec<ResourceKey>> {
+    if keys.is_empty() {
+        return Err(Error::new(ErrorKind::InvalidArgument, backend, "lock_all needs at least one key"));
+    }
+    let mut keys = keys.to_vec();
+    keys.sort();
+    keys.dedup();
+    Ok(keys)
+}
+
+/// `lock_all`: each key in canonical order within one wait; on any failure the taken members
+/// are released before the error returns.
+pub(crate) async fn lock_all<S, F, Fut>(
+    service: &Arc<S>,
+    keys: &[ResourceKey],
+    options: LockOptions,
+    lock_one: F,
+) -> Result<MultiLease<S>>
+where
+    S: LockService + ?Sized,
+    F: Fn(ResourceKey, LockOptions) -> Fut,
+    Fut: Future<Output = Result<Lease<S>>>,
+{
+    let keys = canonical(service.backend(), keys)?;
+    crate::spi::validate_wait(options.wait)?;
+    let deadline = Instant::now() + options.wait;
+    let mut leases: Vec<Lease<S>> = Vec::with_capacity(keys.len());
+    for key in keys {
+        // One wait for the whole set: each member waits for what is left of it.
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lock_one(key.clone(), options.wait(left)).await {
+            Ok(lease) => leases.push(lease),
+            Err(e) => {
+                while let Some(taken) = leases.pop() {
+                    // Freed at its TTL at the latest if this fails: the error that matters
+                    // is why the set could not be taken.
+                    let _ = taken.release().await;
+                }
+                let taken_before = if e.kind() == ErrorKind::Timeout { " (held past the wait)" } else { "" };
+                return Err(Error::new(
+                    e.kind(),
+                    service.backend(),
+                    format!("lock_all could not take {key}{taken_before}; the locks it had taken are released"),
+                )
+                .with_retryable(e.is_retryable())
+                .with_source(e));
+            }
+        }
+    }
+    Ok(MultiLease {
+        leases,
+        lost: CancellationToken::new(),
+        done: CancellationToken::new(),
+        watching: AtomicBool::new(false),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::{LockService, LockServiceExt, MemoryLockService};
+
+    fn key(id: &str) -> ResourceKey {
+        ResourceKey::new("acct", id).unwrap()
+    }
+
+    fn service() -> Arc<MemoryLockService> {
+        Arc::new(MemoryLockService::new())
+    }
+
+    #[tokio::test]
+    async fn keys_are_taken_in_canonical_order_once_each() {
+        let locks = service();
+        let set =
+            locks.lock_all(&[key("b"), key("a"), key("b")], LockOptions::ttl(Duration::from_secs(5))).await.unwrap();
+        let keys: Vec<&ResourceKey> = set.keys().collect();
+        assert_eq!(keys, [&key("a"), &key("b")]);
+        let fences = set.fences();
+        assert_eq!(fences.len(), 2);
+        assert_eq!(set.fence(&key("a")), Some(fences[0].1.fence()));
+        set.release().await.unwrap();
+        // Released: both are free again.
+        assert!(locks.try_lock(&key("a"), Duration::from_secs(1)).await.unwrap().is_some());
+        assert!(locks.try_lock(&key("b"), Duration::from_secs(1)).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn no_keys_is_an_invalid_argument() {
+        let e = service().lock_all(&[], LockOptions::ttl(Duration::from_secs(1))).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    }
+
+    /// A member held past the wait: a timeout naming it, within the wait, and the member taken
+    /// before it is free again (all or nothing).
+    #[tokio::test]
+    async fn a_held_member_times_out_and_releases_what_was_taken() {
+        let locks = service();
+        let held = locks.try_lock(&key("b"), Duration::from_secs(5)).await.unwrap().unwrap();
+        let started = Instant::now();
+        let wait = Duration::from_millis(200);
+        let e = locks
+            .lock_all(&[key("a"), key("b")], LockOptions::ttl(Duration::from_secs(5)).wait(wait))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e:?}");
+        assert!(e.to_string().contains("acct:b"), "{e}");
+        assert!(started.elapsed() < wait + Duration::from_millis(500), "took {:?}", started.elapsed());
+        assert!(locks.try_lock(&key("a"), Duration::from_secs(1)).await.unwrap().is_some(), "a was left held");
+        // A zero wait is one attempt at each key.
+        let e = locks.lock_all(&[key("c"), key("b")], LockOptions::ttl(Duration::from_secs(5))).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Timeout);
+        assert!(locks.try_lock(&key("c"), Duration::from_secs(1)).await.unwrap().is_some(), "c was left held");
+        held.release().await.unwrap();
+    }
+
+    /// Tasks taking overlapping sets, listed in opposite orders, all finish: no deadlock, and
+    /// never two holders of one key at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn overlapping_sets_in_any_order_never_deadlock() {
+        let locks = service();
+        let inside = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let (locks, inside) = (Arc::clone(&locks), Arc::clone(&inside));
+            tasks.push(tokio::spawn(async move {
+                let sets = [vec![key("x"), key("y")], vec![key("y"), key("z")], vec![key("z"), key("x")]];
+                for round in 0..20 {
+                    let mut set = sets[(t + round) % 3].clone();
+                    if t % 2 == 1 {
+                        set.reverse();
+                    }
+                    let options = LockOptions::ttl(Duration::from_secs(5)).wait(Duration::from_secs(10));
+                    let held = locks.lock_all(&set, options).await.unwrap();
+                    for k in held.keys() {
+                        assert!(inside.lock().unwrap().insert(k.clone()), "{k} held twice");
+                    }
+                    tokio::task::yield_now().await;
+                    for k in held.keys() {
+                        inside.lock().unwrap().remove(k);
+                    }
+                    held.release().await.unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(20), task).await.expect("a task never finished").unwrap();
+        }
+        assert!(started.elapsed() < Duration::from_secs(20));
+    }
+
+    /// The set's lost signal fires when one member is lost, even when the others are fine.
+    #[tokio::test]
+    async fn the_set_is_lost_when_any_member_is() {
+        let locks = service();
+        let set = locks.lock_all(&[key("p"), key("q")], LockOptions::ttl(Duration::from_secs(30))).await.unwrap();
+        let lost = set.lost();
+        assert!(!set.is_lost());
+        // The member on q is taken away behind the holder's back (as an operator would).
+        let q = set.lease(&key("q")).unwrap();
+        locks.release(q.grant()).await.unwrap();
+        q.extend(Duration::from_secs(30)).await.unwrap_err();
+        tokio::time::timeout(Duration::from_secs(5), lost).await.expect("the set's lost signal never fired");
+        assert!(set.is_lost());
+        assert!(set.extend(Duration::from_secs(30)).await.is_err());
+        let _ = set.release().await;
+    }
+
+    #[tokio::test]
+    async fn with_locks_runs_the_work_holding_every_lock_and_releases_them() {
+        let locks = service();
+        let other = Arc::clone(&locks);
+        let done = locks
+            .with_locks(&[key("m"), key("n")], LockOptions::ttl(Duration::from_secs(5)), |set| {
+                Box::pin(async move {
+                    assert_eq!(set.leases().len(), 2);
+                    // Held for the work: nobody else gets either (the raw acquire: no re-entry check).
+                    let ttl = crate::Ttl::from_millis(1000)?;
+                    assert!(other.try_acquire(&key("m"), ttl).await?.is_none());
+                    assert!(other.try_acquire(&key("n"), ttl).await?.is_none());
+                    // Taking a member again inside is re-entry, not a wait on ourselves.
+                    let again = other.lock(&key("n"), LockOptions::ttl(Duration::from_secs(1))).await.unwrap_err();
+                    assert_eq!(again.kind(), ErrorKind::Reentrant);
+                    Ok::<_, Error>(7)
+                })
+            })
+            .await
+            .unwrap();
+        assert_eq!(done, 7);
+        assert!(locks.try_lock(&key("m"), Duration::from_secs(1)).await.unwrap().is_some());
+        assert!(locks.try_lock(&key("n"), Duration::from_secs(1)).await.unwrap().is_some());
+    }
+}
