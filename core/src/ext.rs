@@ -141,6 +141,10 @@ pub trait LockServiceExt {
     ///   error returns, with the same kind and retryability, naming the key. A lost reply is
     ///   each member's own acquire's business: a service's acquire resolves it (the grant, or
     ///   the orphan released), so none is left behind.
+    /// - **The set starts whole**: a member taken early that has less than half its TTL left
+    ///   once the last is taken is extended to the full TTL; one that expired meanwhile (a TTL
+    ///   shorter than the wait) gives the set up: everything is released and the result is
+    ///   [`ErrorKind::LeaseLost`], retryable.
     /// - No keys: [`ErrorKind::InvalidArgument`]. A key this task holds in an enclosing
     ///   `with_lock`/`with_locks`: [`ErrorKind::Reentrant`].
     async fn lock_all(&self, keys: &[ResourceKey], options: LockOptions) -> Result<crate::MultiLease<Self::Service>>;

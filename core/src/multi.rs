@@ -187,6 +187,32 @@ where
             }
         }
     }
+    // A member taken early has spent part of its TTL while the later ones were waited for:
+    // bring each that has less than half of it left back to the full TTL, so that the set
+    // starts whole. A member that expired meanwhile (a TTL shorter than the wait) cannot be:
+    // the set is given up, not handed over with a lost member.
+    let half = options.ttl / 2;
+    for i in 0..leases.len() {
+        if leases[i].time_left() >= half {
+            continue;
+        }
+        if let Err(e) = leases[i].extend(options.ttl).await {
+            let key = leases[i].key().clone();
+            while let Some(taken) = leases.pop() {
+                let _ = taken.release().await;
+            }
+            return Err(Error::new(
+                ErrorKind::LeaseLost,
+                service.backend(),
+                format!(
+                    "lock_all: {key} expired while the other keys were waited for (a TTL shorter than the wait); \
+                     the locks it had taken are released"
+                ),
+            )
+            .with_retryable(true)
+            .with_source(e));
+        }
+    }
     Ok(MultiLease {
         leases,
         lost: CancellationToken::new(),
@@ -289,6 +315,50 @@ mod tests {
             tokio::time::timeout(Duration::from_secs(20), task).await.expect("a task never finished").unwrap();
         }
         assert!(started.elapsed() < Duration::from_secs(20));
+    }
+
+    /// A member taken long before the last is brought back to its full TTL: the set starts
+    /// whole, not with its first member about to expire.
+    #[tokio::test]
+    async fn early_members_start_with_their_full_ttl_again() {
+        let locks = service();
+        let held = locks.try_lock(&key("late"), Duration::from_secs(5)).await.unwrap().unwrap();
+        let freed = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            held.release().await.unwrap();
+        });
+        let ttl = Duration::from_secs(1);
+        let set = locks
+            .lock_all(&[key("early"), key("late")], LockOptions::ttl(ttl).wait(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        freed.await.unwrap();
+        let early = set.lease(&key("early")).unwrap();
+        assert!(early.time_left() > ttl / 2, "the first member has {:?} left", early.time_left());
+        set.release().await.unwrap();
+    }
+
+    /// A member that expired while the others were waited for gives the set up: nothing is
+    /// left held, and the error says why.
+    #[tokio::test]
+    async fn a_member_that_expired_while_waiting_gives_the_set_up() {
+        let locks = service();
+        let held = locks.try_lock(&key("slow"), Duration::from_secs(5)).await.unwrap().unwrap();
+        let (taker, first) = (Arc::clone(&locks), key("first"));
+        let freed = tokio::spawn(async move {
+            // The first member's TTL runs out, and somebody else takes it.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let other = taker.try_lock(&first, Duration::from_secs(5)).await.unwrap();
+            held.release().await.unwrap();
+            other
+        });
+        let options = LockOptions::ttl(Duration::from_millis(200)).wait(Duration::from_secs(5));
+        let e = locks.lock_all(&[key("first"), key("slow")], options).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::LeaseLost, "{e:?}");
+        assert!(e.is_retryable());
+        let other = freed.await.unwrap().expect("the expired member was not free to take");
+        assert!(locks.try_lock(&key("slow"), Duration::from_secs(1)).await.unwrap().is_some(), "slow was left held");
+        other.release().await.unwrap();
     }
 
     /// The set's lost signal fires when one member is lost, even when the others are fine.
