@@ -721,19 +721,10 @@ fn machine() -> serde_json::Value {
     json!({ "cores": cores, "cpu": cpu, "mem_kib": mem_kb, "kernel": kernel, "debian": debian, "description": description })
 }
 
-/// Today's UTC date, `YYYY-MM-DD` (civil from days, no date library needed).
+/// Today's UTC date, `YYYY-MM-DD`.
 fn today() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let z = i64::try_from(secs / 86_400).unwrap_or(0) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    palisade::spi::utc_timestamp(secs).chars().take(10).collect()
 }
 
 /// The JSON report's former field names for the warehouse benchmark (`seed`, `seed_error`,

@@ -63,6 +63,7 @@
 
 mod capabilities;
 mod connection_url;
+mod date;
 mod election;
 mod epoch;
 mod error;
@@ -139,6 +140,7 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 /// - with the `sql` feature, `spi::sql`: the SQL stores' row reading, generic over the driver.
 pub mod spi {
     pub use crate::connection_url::{ConnectionUrl, encode_userinfo};
+    pub use crate::date::utc_timestamp;
     pub use crate::epoch::EpochFence;
     pub use crate::held::{GiveUp, HeldGrants};
     pub use crate::key::parse_any_resource_key;

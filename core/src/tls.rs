@@ -77,7 +77,10 @@ fn from_text(text: &str) -> Option<String> {
             // "… but certificate is not valid after <secs> (…)": the date, when the text has it.
             let after = certificate.split("not valid after ").nth(1).and_then(|rest| rest.split(' ').next());
             if let Some(secs) = after.and_then(|secs| secs.parse::<u64>().ok()) {
-                return Some(format!("the server's certificate expired on {} (renew it)", utc(secs)));
+                return Some(format!(
+                    "the server's certificate expired on {} (renew it)",
+                    crate::date::utc_timestamp(secs)
+                ));
             }
             CertificateError::Expired
         }
@@ -220,12 +223,15 @@ fn describe(error: &rustls::Error) -> String {
     match error {
         rustls::Error::InvalidCertificate(cause) => match cause {
             CertificateError::ExpiredContext { not_after, .. } => {
-                format!("the server's certificate expired on {} (renew it)", utc(not_after.as_secs()))
+                format!(
+                    "the server's certificate expired on {} (renew it)",
+                    crate::date::utc_timestamp(not_after.as_secs())
+                )
             }
             CertificateError::Expired => "the server's certificate has expired (renew it)".to_string(),
             CertificateError::NotValidYetContext { not_before, .. } => format!(
                 "the server's certificate is not valid before {} (check both clocks)",
-                utc(not_before.as_secs())
+                crate::date::utc_timestamp(not_before.as_secs())
             ),
             CertificateError::UnknownIssuer => "the server's certificate is signed by a CA this client does not \
                                                 trust (give the CA that signed it)"
@@ -259,36 +265,11 @@ fn client_certificate_refused(alert: &str) -> String {
     format!("the server refused this client's certificate, or wanted one and got none ({alert})")
 }
 
-/// `secs` after the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (proleptic Gregorian calendar).
-fn utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rest = secs % 86_400;
-    // Howard Hinnant's days-to-civil algorithm.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rest / 3600, rest % 3600 / 60, rest % 60)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use rustls::pki_types::UnixTime;
     use std::time::Duration;
-
-    #[test]
-    fn dates_are_utc_calendar_dates() {
-        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(utc(1_704_153_600), "2024-01-02 00:00:00 UTC");
-        assert_eq!(utc(951_782_400 + 3_661), "2000-02-29 01:01:01 UTC");
-        assert_eq!(utc(4_107_542_399), "2100-02-28 23:59:59 UTC");
-    }
 
     #[test]
     fn an_expired_certificate_names_its_date_through_an_io_error() {
