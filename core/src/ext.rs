@@ -255,36 +255,9 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
         E: From<Error> + Send,
     {
         let lease = self.lock(key, options).await?;
-        let held = held_with(self, key);
-        let outcome = {
-            let lost = lease.lost();
-            tokio::select! {
-                biased;
-                () = lost => None,
-                result = SCOPED.scope(held, work(&lease)) => Some(result),
-            }
-        };
-        // A failed release never replaces the outcome: the work's result (or error) stands,
-        // and the lock is freed at its TTL at the latest.
+        let outcome = run_scoped(self, std::slice::from_ref(key), lease.lost(), work(&lease)).await;
         let released = lease.release().await;
-        match outcome {
-            Some(result) => {
-                if let Err(e) = released {
-                    report_failed_release(self.backend(), key, &e, result.is_ok());
-                }
-                result
-            }
-            None => Err(Error::new(
-                ErrorKind::WorkCancelled,
-                self.backend(),
-                format!(
-                    "the lease on {key} was lost while the work ran; the work was cancelled at its next await, \
-                     and what it did before may have taken effect"
-                ),
-            )
-            .with_retryable(false)
-            .into()),
-        }
+        settle(self.backend(), &format!("the lease on {key}"), outcome, released)
     }
 
     async fn lock_all(&self, keys: &[ResourceKey], options: LockOptions) -> Result<crate::MultiLease<S>> {
@@ -298,39 +271,10 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
         E: From<Error> + Send,
     {
         let locks = self.lock_all(keys, options).await?;
-        let held = {
-            let mut held = SCOPED.try_with(|held| held.as_ref().clone()).unwrap_or_default();
-            held.extend(locks.keys().map(|key| (service_id(self), key.clone())));
-            Arc::new(held)
-        };
-        let outcome = {
-            let lost = locks.lost();
-            tokio::select! {
-                biased;
-                () = lost => None,
-                result = SCOPED.scope(held, work(&locks)) => Some(result),
-            }
-        };
-        let keys: Vec<ResourceKey> = locks.keys().cloned().collect();
+        let taken: Vec<ResourceKey> = locks.keys().cloned().collect();
+        let outcome = run_scoped(self, &taken, locks.lost(), work(&locks)).await;
         let released = locks.release().await;
-        match outcome {
-            Some(result) => {
-                if let (Err(e), Some(key)) = (released, keys.first()) {
-                    report_failed_release(self.backend(), key, &e, result.is_ok());
-                }
-                result
-            }
-            None => Err(Error::new(
-                ErrorKind::WorkCancelled,
-                self.backend(),
-                format!(
-                    "a lease of the set {keys:?} was lost while the work ran; the work was cancelled at its next \
-                     await, and what it did before may have taken effect"
-                ),
-            )
-            .with_retryable(false)
-            .into()),
-        }
+        settle(self.backend(), &format!("a lease of the set {taken:?}"), outcome, released)
     }
 
     async fn lock_checked<T>(&self, store: &T, key: &ResourceKey, options: LockOptions) -> Result<Lease<S>>
@@ -354,11 +298,11 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
 }
 
 /// Logs a release that failed after `with_lock`'s work ended (counted by [`Lease::release`]).
-fn report_failed_release(backend: &'static str, key: &ResourceKey, e: &Error, work_succeeded: bool) {
+fn report_failed_release(backend: &'static str, what: &str, e: &Error, work_succeeded: bool) {
     if e.kind() == ErrorKind::NotHolder {
         error!(
             backend,
-            key = %key,
+            lease = what,
             work_succeeded,
             error = %e.report(),
             "the lock was no longer held when with_lock's work ended: its fenced writes were judged by the \
@@ -367,7 +311,7 @@ fn report_failed_release(backend: &'static str, key: &ResourceKey, e: &Error, wo
     } else {
         warn!(
             backend,
-            key = %key,
+            lease = what,
             work_succeeded,
             error = %e.report(),
             "with_lock's release failed after its work ended; the lock is freed at its TTL"
@@ -442,11 +386,52 @@ fn refuse_reentry<S: LockService + ?Sized>(service: &Arc<S>, key: &ResourceKey) 
     Ok(())
 }
 
-/// The scope list for a `with_lock` body: the enclosing scopes' locks plus `key`.
-fn held_with<S: ?Sized>(service: &Arc<S>, key: &ResourceKey) -> Arc<Vec<(usize, ResourceKey)>> {
+/// What `with_lock` and `with_locks` run: `work` in a scope that holds `keys` of `service`
+/// besides the enclosing scopes' locks (so taking one of them again is re-entry, not a wait on
+/// ourselves), cancelled when `lost` fires first (`None`).
+async fn run_scoped<S: ?Sized, R>(
+    service: &Arc<S>,
+    keys: &[ResourceKey],
+    lost: impl std::future::Future<Output = ()>,
+    work: impl std::future::Future<Output = R>,
+) -> Option<R> {
     let mut held = SCOPED.try_with(|held| held.as_ref().clone()).unwrap_or_default();
-    held.push((service_id(service), key.clone()));
-    Arc::new(held)
+    held.extend(keys.iter().map(|key| (service_id(service), key.clone())));
+    tokio::select! {
+        biased;
+        () = lost => None,
+        result = SCOPED.scope(Arc::new(held), work) => Some(result),
+    }
+}
+
+/// The outcome table of `with_lock` and `with_locks`, once the release was tried: a failed
+/// release never replaces the work's result (or error), which stands (the lock is freed at its
+/// TTL at the latest; the failure is logged); work cancelled because `what` (the lease, or one
+/// of the set) was lost is [`ErrorKind::WorkCancelled`].
+fn settle<T, E: From<Error>>(
+    backend: &'static str,
+    what: &str,
+    outcome: Option<Result<T, E>>,
+    released: Result<()>,
+) -> Result<T, E> {
+    match outcome {
+        Some(result) => {
+            if let Err(e) = released {
+                report_failed_release(backend, what, &e, result.is_ok());
+            }
+            result
+        }
+        None => Err(Error::new(
+            ErrorKind::WorkCancelled,
+            backend,
+            format!(
+                "{what} was lost while the work ran; the work was cancelled at its next await, and what it did \
+                 before may have taken effect"
+            ),
+        )
+        .with_retryable(false)
+        .into()),
+    }
 }
 
 /// The check behind `lock_checked` and `try_lock_checked`: acquires with `acquire`, compares the

@@ -170,16 +170,23 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
     }
 }
 
+/// `certs/<who>.crt` (the chain) and `certs/<who>.key`, as [`material`] makes them.
+fn identity(certs: &Path, who: &str) -> std::io::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    let bad = |e: &dyn std::fmt::Display| std::io::Error::other(format!("TLS material in {}: {e}", certs.display()));
+    let chain = CertificateDer::pem_file_iter(certs.join(format!("{who}.crt")))
+        .map_err(|e| bad(&e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(&e))?;
+    let key = PrivateKeyDer::from_pem_file(certs.join(format!("{who}.key"))).map_err(|e| bad(&e))?;
+    Ok((chain, key))
+}
+
 /// A client configuration that presents `certs/client.crt` and takes any server certificate.
 fn client_config(certs: &Path) -> std::io::Result<Arc<rustls::ClientConfig>> {
     let bad = |e: &dyn std::fmt::Display| std::io::Error::other(format!("TLS material in {}: {e}", certs.display()));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let any = Arc::new(AnyServer(provider.signature_verification_algorithms));
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(certs.join("client.crt"))
-        .map_err(|e| bad(&e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| bad(&e))?;
-    let key = PrivateKeyDer::from_pem_file(certs.join("client.key")).map_err(|e| bad(&e))?;
+    let (chain, key) = identity(certs, "client")?;
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| bad(&e))?
@@ -220,11 +227,7 @@ pub fn terminate(
     signers: Option<PathBuf>,
 ) -> std::io::Result<()> {
     let bad = |e: &dyn std::fmt::Display| std::io::Error::other(format!("TLS material in {}: {e}", certs.display()));
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(certs.join("server.crt"))
-        .map_err(|e| bad(&e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| bad(&e))?;
-    let key = PrivateKeyDer::from_pem_file(certs.join("server.key")).map_err(|e| bad(&e))?;
+    let (chain, key) = identity(certs, "server")?;
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .map_err(|e| bad(&e))?
