@@ -93,7 +93,9 @@ pub(crate) use contract::{factory, fn_factory};
 pub use faults::{latency, proxy, relay};
 pub use harness::bounds;
 pub(crate) use harness::child;
-pub use scenarios::{cluster, e2e, election, frozen, liveness, lock, partition, primitives, rwlock, semaphore, store};
+pub use scenarios::{
+    cluster, e2e, election, frozen, liveness, lock, multi, partition, primitives, rwlock, semaphore, store,
+};
 
 pub use bounds::{BoundedLockFactory, BoundedStoreFactory, CallBounds};
 pub use e2e::LoadSettings;

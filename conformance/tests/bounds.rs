@@ -174,6 +174,9 @@ impl FencedStore for HangingReads {
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         self.0.apply(resource, fence, batch).await
     }
+    async fn apply_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
+        self.0.apply_all(fences, batch).await
+    }
     async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
         self.0.apply_unfenced(batch).await
     }

@@ -571,6 +571,9 @@ mod broken_twins {
         ReadManyInKeyOrder,
         /// Declares that fenced writes require a live lock, and checks only the fence.
         ClaimsLiveLock,
+        /// Judges only the first resource's fence of a multi-resource write (and raises every
+        /// watermark): a transfer whose other side went stale lands anyway.
+        ChecksOnlyFirstFence,
     }
 
     type Watermarks = Arc<Mutex<HashMap<ResourceKey, GrantFence>>>;
@@ -620,28 +623,34 @@ mod broken_twins {
             Ok(true)
         }
 
-        async fn apply_ops(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
+        async fn apply_ops(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
             if self.flaw != StoreFlaw::NoValidation {
                 batch.validate()?;
             }
-            if self.flaw == StoreFlaw::CheckThenWrite
-                && let Some((res, presented)) = fence
-            {
-                let current = self.watermarks.lock().unwrap().get(&self.scope(res)).copied();
-                if !self.check(current, presented, batch)? {
-                    return Ok(());
+            // The members whose fence is judged: all, or the first alone.
+            let judged =
+                if self.flaw == StoreFlaw::ChecksOnlyFirstFence { &fences[..fences.len().min(1)] } else { fences };
+            if self.flaw == StoreFlaw::CheckThenWrite {
+                for (res, presented) in judged {
+                    let current = self.watermarks.lock().unwrap().get(&self.scope(res)).copied();
+                    if !self.check(current, *presented, batch).map_err(|e| e.with_resource(res.clone()))? {
+                        return Ok(());
+                    }
                 }
                 tokio::task::yield_now().await; // the second round trip
             }
             let mut watermarks = self.watermarks.lock().unwrap();
             let mut records = self.records.lock().unwrap();
-            if let Some((res, presented)) = fence
-                && self.flaw != StoreFlaw::CheckThenWrite
-                && !self.check(watermarks.get(&self.scope(res)).copied(), presented, batch)?
-            {
-                return Ok(());
+            if self.flaw != StoreFlaw::CheckThenWrite {
+                for (res, presented) in judged {
+                    match self.check(watermarks.get(&self.scope(res)).copied(), *presented, batch) {
+                        Ok(true) => {}
+                        Ok(false) => return Ok(()),
+                        Err(e) => return Err(e.with_resource(res.clone())),
+                    }
+                }
             }
-            let record_fence = fence.map(|(_, f)| f.fence());
+            let record_fence = fences.last().map(|(_, f)| f.fence());
             let holds = |records: &BTreeMap<String, Record>, op: &WriteOp| match op {
                 WriteOp::Create { key, .. } => !records.contains_key(key),
                 WriteOp::Check { key, expected } => records.get(key).map(|r| &r.value) == expected.as_ref(),
@@ -652,11 +661,11 @@ mod broken_twins {
             {
                 return Err(conflict_error("broken", op));
             }
-            if let Some((res, presented)) = fence {
+            for (res, presented) in fences {
                 let scope = self.scope(res);
                 let lower = watermarks.get(&scope).is_some_and(|c| presented.fence() < c.fence());
                 if !lower || self.flaw == StoreFlaw::ChecksOnlyPuts || self.flaw == StoreFlaw::CheckThenWrite {
-                    watermarks.insert(scope, presented);
+                    watermarks.insert(scope, *presented);
                 }
             }
             for op in batch.ops() {
@@ -686,10 +695,20 @@ mod broken_twins {
             self.flaw == StoreFlaw::ClaimsLiveLock
         }
         async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
-            self.apply_ops(Some((resource, fence)), batch).await
+            self.apply_ops(&[(resource.clone(), fence)], batch).await
+        }
+        async fn apply_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
+            let fences = if self.flaw == StoreFlaw::NoValidation {
+                let mut sorted = fences.to_vec();
+                sorted.sort_by(|a, b| a.0.cmp(&b.0));
+                sorted
+            } else {
+                palisade_core::spi::canonical_fences("broken", fences)?
+            };
+            self.apply_ops(&fences, batch).await
         }
         async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
-            self.apply_ops(None, batch).await
+            self.apply_ops(&[], batch).await
         }
         async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
             Ok(self.watermarks.lock().unwrap().get(&self.scope(resource)).map(GrantFence::fence))
@@ -780,6 +799,8 @@ mod broken_twins {
                 ("resent_release_never_frees_a_new_grant", "no exclusion"),
             ],
             &[
+                "overlapping_lock_sets_never_deadlock",
+                "lock_all_leaves_no_orphan",
                 "waits_are_bounded",
                 "expiry_and_takeover",
                 "wait_and_handoff",
@@ -850,6 +871,7 @@ mod broken_twins {
         lock_flaw_fails(
             LockFlaw::ExtendDoesNothing,
             &[
+                ("overlapping_lock_sets_never_deadlock", "expired while the other keys were waited for"),
                 ("progress_gated_renewal", "while its holder was making progress"),
                 ("partitioned_holder_loses_before_anyone_gains", "two holders"),
             ],
@@ -864,6 +886,8 @@ mod broken_twins {
             LockFlaw::AcquireNeverWaits,
             &[("wait_and_handoff", "did not get the released lock"), ("bad_input", "above 24 h")],
             &[
+                "overlapping_lock_sets_never_deadlock",
+                "lock_all_leaves_no_orphan",
                 "mutual_exclusion",
                 "fence_monotonicity",
                 "fifo_when_declared",
@@ -906,6 +930,7 @@ mod broken_twins {
                 ("fence_comparison_matrix", "expected Err(StaleFence"),
                 ("watermark_scope", "accepted fence 9"),
                 ("atomicity", "a stale multi-operation write gave None"),
+                ("multi_write_all_or_nothing", "one stale member"),
             ],
             &["concurrent_interleaved_fences", "store_race"],
         )
@@ -1078,7 +1103,11 @@ mod broken_twins {
     async fn a_store_with_one_watermark_fails_watermark_scope() {
         store_flaw_fails(
             StoreFlaw::WatermarkPerDomain,
-            &[("watermark_scope", "watermarks are per resource"), ("equal_higher_lower", "another resource")],
+            &[
+                ("watermark_scope", "watermarks are per resource"),
+                ("equal_higher_lower", "another resource"),
+                ("multi_write_all_or_nothing", "one stale member"),
+            ],
             &["fence_comparison_matrix"],
         )
         .await;
@@ -1116,8 +1145,18 @@ mod broken_twins {
     }
 
     #[tokio::test]
+    async fn a_store_judging_only_the_first_fence_fails_the_multi_write() {
+        store_flaw_fails(StoreFlaw::ChecksOnlyFirstFence, &[("multi_write_all_or_nothing", "stale member")], &[]).await;
+    }
+
+    #[tokio::test]
     async fn a_store_applying_partial_batches_fails_atomicity() {
-        store_flaw_fails(StoreFlaw::PartialBatch, &[("atomicity", "left a partial write")], &[]).await;
+        store_flaw_fails(
+            StoreFlaw::PartialBatch,
+            &[("atomicity", "left a partial write"), ("multi_write_all_or_nothing", "failed condition wrote records")],
+            &[],
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -1131,6 +1170,7 @@ mod broken_twins {
                 ("watermark_scope", "accepted fence 9"),
                 ("concurrent_interleaved_fences", "but the log holds"),
                 ("atomicity", "a stale multi-operation write gave None"),
+                ("multi_write_all_or_nothing", "one stale member"),
             ],
             &["store_race"],
         )
@@ -1141,7 +1181,11 @@ mod broken_twins {
     async fn a_store_without_validation_fails_bad_input() {
         store_flaw_fails(
             StoreFlaw::NoValidation,
-            &[("store_bad_input", "expected InvalidKey"), ("read_many_answers_like_read", "expected InvalidKey")],
+            &[
+                ("store_bad_input", "expected InvalidKey"),
+                ("read_many_answers_like_read", "expected InvalidKey"),
+                ("multi_write_all_or_nothing", "with no fence gave None"),
+            ],
             &[],
         )
         .await;
@@ -1155,6 +1199,7 @@ mod broken_twins {
                 ("equal_higher_lower", "from a second grant"),
                 ("stale_batches_of_every_shape", "DuplicateFence"),
                 ("fence_comparison_matrix", "DuplicateFence"),
+                ("multi_write_all_or_nothing", "from another grant"),
             ],
             &[],
         )
@@ -1251,7 +1296,10 @@ mod broken_twins {
         judge(
             "resend as a new request",
             outcomes,
-            &[("lost_replies_leave_one_live_grant", "its own first attempt holds")],
+            &[
+                ("lost_replies_leave_one_live_grant", "its own first attempt holds"),
+                ("lock_all_leaves_no_orphan", "an orphan"),
+            ],
             &[],
         );
     }
@@ -1275,7 +1323,7 @@ mod broken_twins {
         judge(
             "no resend",
             outcomes,
-            &[("lost_replies_leave_one_live_grant", "an orphaned grant")],
+            &[("lost_replies_leave_one_live_grant", "an orphaned grant"), ("lock_all_leaves_no_orphan", "an orphan")],
             &["cut_connections_keep_the_grant_or_report_it"],
         );
     }
@@ -1285,7 +1333,7 @@ mod broken_twins {
         lock_flaw_fails(
             LockFlaw::OverstatesTtl,
             &[("partitioned_holder_loses_before_anyone_gains", "two holders")],
-            &["expiry_and_takeover", "progress_gated_renewal"],
+            &["overlapping_lock_sets_never_deadlock", "expiry_and_takeover", "progress_gated_renewal"],
         )
         .await;
     }
@@ -1324,6 +1372,7 @@ mod broken_twins {
             &[("waits_are_bounded", "it ignored its wait")],
             // wait_and_handoff checks a wait that runs out as well.
             &[
+                "lock_all_leaves_no_orphan",
                 "wait_and_handoff",
                 "cancelled_acquires_leave_no_residue",
                 "with_lock_releases_on_every_path",
@@ -1812,6 +1861,8 @@ mod broken_twins {
             // and comes back with the lock: the scenarios that probe then see a second holder, or
             // a holder that can no longer renew.
             &[
+                "lock_all_leaves_no_orphan",
+                "overlapping_lock_sets_never_deadlock",
                 "owner_only_release_and_extend",
                 "progress_gated_renewal",
                 "keys_are_independent",

@@ -24,7 +24,7 @@ fn sqlite_file() -> impl palisade_conformance::FencedStoreFactory {
 #[tokio::test]
 async fn run_all_entry_points_pass_on_memory() {
     let reports = palisade_conformance::run_store_scenarios(&MemoryStoreFactory::new()).await.unwrap();
-    assert_eq!(reports.len(), 9);
+    assert_eq!(reports.len(), 10);
     let reports = palisade_conformance::run_end_to_end_scenarios(&MemoryLockFactory::new(), &MemoryStoreFactory::new())
         .await
         .unwrap();

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use crate::Fence;
+use crate::{Fence, ResourceKey};
 
 /// A boxed error from a backend's client library, kept as the [`Error`]'s source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -137,6 +137,7 @@ pub struct Error {
     message: Cow<'static, str>,
     retryable: bool,
     source: Option<BoxError>,
+    resource: Option<Box<ResourceKey>>,
 }
 
 impl Error {
@@ -148,6 +149,7 @@ impl Error {
             message: message.into(),
             retryable: kind.default_retryable(),
             source: None,
+            resource: None,
         }
     }
 
@@ -174,6 +176,21 @@ impl Error {
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
         self.source = Some(source.into());
         self
+    }
+
+    /// Names the resource the error is about: the member of a multi-resource write
+    /// ([`FencedStore::apply_all`](crate::FencedStore::apply_all)) whose fence was refused, so
+    /// the caller knows which lease went stale. Shown in [`Display`](fmt::Display) after the
+    /// backend.
+    pub fn with_resource(mut self, resource: ResourceKey) -> Self {
+        self.resource = Some(Box::new(resource));
+        self
+    }
+
+    /// The resource the error is about, where the store named it (every fence refusal of a
+    /// store in this repository does).
+    pub fn resource(&self) -> Option<&ResourceKey> {
+        self.resource.as_deref()
     }
 
     /// Overrides whether retrying makes sense.
@@ -221,6 +238,9 @@ impl fmt::Debug for Error {
             .field("backend", &self.backend)
             .field("message", &self.message)
             .field("retryable", &self.retryable);
+        if let Some(resource) = &self.resource {
+            d.field("resource", resource);
+        }
         if let Some(source) = &self.source {
             d.field("source", source);
         }
@@ -232,7 +252,11 @@ impl fmt::Debug for Error {
 /// not repeated here, so error reporters (`anyhow`, `eyre`, [`Error::report`]) print it once.
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({}): {}", self.kind, self.backend, self.message)
+        write!(f, "{} ({})", self.kind, self.backend)?;
+        if let Some(resource) = &self.resource {
+            write!(f, " on {resource}")?;
+        }
+        write!(f, ": {}", self.message)
     }
 }
 

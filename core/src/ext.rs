@@ -10,8 +10,8 @@ use tracing::{Instrument, error, warn};
 
 use crate::error::{ErrorKind, Result};
 use crate::{
-    Error, Fence, Fenced, FencedStore, GrantFence, Lease, LockOptions, LockService, ResourceKey, Ttl, WatermarkSource,
-    WriteBatch, metrics,
+    Error, Fence, Fenced, FencedStore, GrantFence, Lease, LockOptions, LockService, MultiLease, ResourceKey, Ttl,
+    WatermarkSource, WriteBatch, metrics,
 };
 
 /// What users call on a lock service: leases with a lifecycle, plus metrics and tracing.
@@ -141,10 +141,15 @@ pub trait LockServiceExt {
     ///   error returns, with the same kind and retryability, naming the key. A lost reply is
     ///   each member's own acquire's business: a service's acquire resolves it (the grant, or
     ///   the orphan released), so none is left behind.
+    /// - **Members wait alive**: while a later member is waited for, the members already taken
+    ///   are extended whenever one has less than half its TTL left (a TTL shorter than the
+    ///   wait does not let them expire and go to another client meanwhile). Taking keys in
+    ///   order means holding the first while waiting for the next: that is the price of no
+    ///   deadlock, so keep sets small and waits short.
     /// - **The set starts whole**: a member taken early that has less than half its TTL left
-    ///   once the last is taken is extended to the full TTL; one that expired meanwhile (a TTL
-    ///   shorter than the wait) gives the set up: everything is released and the result is
-    ///   [`ErrorKind::LeaseLost`], retryable.
+    ///   once the last is taken is extended to the full TTL; one that was lost meanwhile (its
+    ///   lock broken or taken over on the server) gives the set up: everything is released and
+    ///   the result is [`ErrorKind::LeaseLost`], retryable.
     /// - No keys: [`ErrorKind::InvalidArgument`]. A key this task holds in an enclosing
     ///   `with_lock`/`with_locks`: [`ErrorKind::Reentrant`].
     async fn lock_all(&self, keys: &[ResourceKey], options: LockOptions) -> Result<crate::MultiLease<Self::Service>>;
@@ -572,13 +577,7 @@ pub trait FencedStoreExt: FencedStore {
         S: LockService<Fencing = Fenced> + ?Sized,
     {
         let result = self.write_fenced(lease.key(), lease.grant_fence(), batch).await;
-        if let Err(e) = &result
-            && let ErrorKind::DuplicateFence { fence } = e.kind()
-        {
-            let service = lease.service();
-            report_regression(service.backend(), self.backend(), lease.key(), fence, fence, "to two grants");
-            repair_counter(&**service, lease.key(), fence).await?;
-        }
+        repair_duplicate(self.backend(), &result, |_| Some(lease)).await?;
         result
     }
 
@@ -592,21 +591,97 @@ pub trait FencedStoreExt: FencedStore {
         let store = self.backend();
         let span = tracing::debug_span!("store.fenced_write", store, resource = %resource, fence = fence.fence().get());
         let result = self.apply(resource, fence, batch).instrument(span).await;
-        if let Err(e) = &result {
-            match e.kind() {
-                ErrorKind::StaleFence { presented, current } => {
-                    metrics::record_fence_rejected(store);
-                    warn!(store, resource = %resource, %presented, %current, "stale fence rejected");
-                }
-                ErrorKind::DuplicateFence { fence } => {
-                    metrics::record_fence_rejected(store);
-                    error!(store, resource = %resource, %fence, "duplicate fence rejected: the lock service issued it to two grants");
-                }
-                _ => {}
-            }
-        }
+        observe_refusal(store, Some(resource), &result);
         result
     }
+
+    /// Applies `batch` under every member's fence of `locks`, all or nothing
+    /// ([`FencedStore::apply_all`]): the write of a job over several resources, such as a
+    /// transfer from one to another.
+    ///
+    /// A stale or duplicate fence on **any** member refuses the whole batch; the error names
+    /// that member ([`Error::resource`](crate::Error::resource)), is counted and logged as
+    /// [`write`](Self::write)'s is, and a duplicate is repaired on that member's lock service
+    /// the same way.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use palisade_core::{FencedStore, FencedStoreExt, LockOptions, LockServiceExt, MemoryFencedStore,
+    ///                     MemoryLockService, ResourceKey, WriteBatch};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> palisade_core::Result<()> {
+    /// let locks = Arc::new(MemoryLockService::new());
+    /// let store = MemoryFencedStore::new();
+    /// let (from, to) = (ResourceKey::new("stock", "SKU-1")?, ResourceKey::new("stock", "SKU-2")?);
+    /// let both = locks.lock_all(&[from, to], LockOptions::ttl(Duration::from_secs(30))).await?;
+    /// let transfer = WriteBatch::new().put("stock/SKU-1", b"7".to_vec()).put("stock/SKU-2", b"3".to_vec());
+    /// store.write_all(&both, &transfer).await?; // both sides, or neither
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    async fn write_all<S>(&self, locks: &MultiLease<S>, batch: &WriteBatch) -> Result<()>
+    where
+        S: LockService<Fencing = Fenced> + ?Sized,
+    {
+        let result = self.write_all_fenced(&locks.fences(), batch).await;
+        let named = |resource: Option<&ResourceKey>| match resource {
+            Some(resource) => locks.lease(resource),
+            None if locks.leases().len() == 1 => locks.leases().first(),
+            // A store that did not say which member: no counter is moved blindly.
+            None => None,
+        };
+        repair_duplicate(self.backend(), &result, named).await?;
+        result
+    }
+
+    /// [`FencedStore::apply_all`] with metrics and tracing, for callers holding raw fences and
+    /// grant ids. Like [`write_fenced`](Self::write_fenced), it only logs a duplicate fence.
+    async fn write_all_fenced(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
+        let store = self.backend();
+        let span = tracing::debug_span!("store.fenced_write_all", store, resources = fences.len());
+        let result = self.apply_all(fences, batch).instrument(span).await;
+        observe_refusal(store, None, &result);
+        result
+    }
+}
+
+/// Counts and logs a store's fence refusal. `resource` is the write's own, for a store that
+/// did not name it in the error.
+fn observe_refusal(store: &'static str, resource: Option<&ResourceKey>, result: &Result<()>) {
+    let Err(e) = result else { return };
+    let resource = e.resource().or(resource).map_or_else(|| String::from("?"), ToString::to_string);
+    match e.kind() {
+        ErrorKind::StaleFence { presented, current } => {
+            metrics::record_fence_rejected(store);
+            warn!(store, %resource, %presented, %current, "stale fence rejected");
+        }
+        ErrorKind::DuplicateFence { fence } => {
+            metrics::record_fence_rejected(store);
+            error!(store, %resource, %fence, "duplicate fence rejected: the lock service issued it to two grants");
+        }
+        _ => {}
+    }
+}
+
+/// On a [`ErrorKind::DuplicateFence`] (the lock service lost part of its counter), reports the
+/// regression and moves the counter of the refused resource's lease (`lease_of` the
+/// resource the error names) past the fence.
+async fn repair_duplicate<'a, S>(
+    store: &'static str,
+    result: &Result<()>,
+    lease_of: impl FnOnce(Option<&ResourceKey>) -> Option<&'a Lease<S>> + Send,
+) -> Result<()>
+where
+    S: LockService<Fencing = Fenced> + ?Sized + 'a,
+{
+    let Err(e) = result else { return Ok(()) };
+    let ErrorKind::DuplicateFence { fence } = e.kind() else { return Ok(()) };
+    let Some(lease) = lease_of(e.resource()) else { return Ok(()) };
+    let service = lease.service();
+    report_regression(service.backend(), store, lease.key(), fence, fence, "to two grants");
+    repair_counter(&**service, lease.key(), fence).await
 }
 
 impl<T: FencedStore + ?Sized> FencedStoreExt for T {}

@@ -149,8 +149,8 @@ pub mod spi {
         timeout_of_any, try_each, wait_for_any_release, wait_for_release,
     };
     pub use crate::store::{
-        conflict_error, explain_refusal, fence_refusal, lock_not_live, quote_sql_identifier, storable_fence,
-        validate_record_key,
+        MAX_FENCES_PER_WRITE, canonical_fences, conflict_error, explain_refusal, fence_refusal, lock_not_live,
+        quote_sql_identifier, storable_fence, validate_record_key,
     };
     pub use crate::ttl::validate_wait;
     pub use async_trait::async_trait;

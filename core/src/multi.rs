@@ -24,7 +24,9 @@ use crate::{Fence, Fenced, GrantFence, Lease, LockOptions, LockService, Resource
 ///   returns the error.
 /// - **One lost signal.** [`lost`](Self::lost) fires when **any** member's lease is lost: the
 ///   set no longer protects all its resources. Each member keeps its own fence; a fenced
-///   write carries them all ([`fences`](Self::fences)).
+///   write carries them all ([`fences`](Self::fences)):
+///   [`FencedStoreExt::write_all`](crate::FencedStoreExt::write_all) applies one batch only if
+///   every member's fence passes.
 /// - Dropping it without [`release`](Self::release) releases every member as a dropped
 ///   [`Lease`] does: best effort, in the background.
 pub struct MultiLease<S: LockService + ?Sized> {
@@ -168,7 +170,7 @@ where
     for key in keys {
         // One wait for the whole set: each member waits for what is left of it.
         let left = deadline.saturating_duration_since(Instant::now());
-        match lock_one(key.clone(), options.wait(left)).await {
+        match keep_alive_while(&leases, options.ttl, lock_one(key.clone(), options.wait(left))).await {
             Ok(lease) => leases.push(lease),
             Err(e) => {
                 while let Some(taken) = leases.pop() {
@@ -219,6 +221,41 @@ where
         done: CancellationToken::new(),
         watching: AtomicBool::new(false),
     })
+}
+
+/// Runs `waiting` (a later member's acquire) while extending the members already taken
+/// whenever one has less than half of `ttl` left, so that a TTL shorter than the wait does
+/// not let them expire (and another client take them) while the set is not yet whole. An
+/// extension that fails is left for the check after the last member: that member is lost.
+///
+/// The extensions run beside the acquire, both polled together, never one parked while the
+/// other runs: an acquire parked mid-attempt may hold what an extension needs (SQLite's write
+/// lock, a pooled connection), and the extension would wait for it until the member expired.
+async fn keep_alive_while<S, T>(taken: &[Lease<S>], ttl: Duration, waiting: impl Future<Output = T>) -> T
+where
+    S: LockService + ?Sized,
+{
+    if taken.is_empty() {
+        return waiting.await;
+    }
+    let period = (ttl / 4).max(Duration::from_millis(1));
+    let keep = async {
+        let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            for lease in taken {
+                if !lease.is_lost() && lease.time_left() < ttl / 2 {
+                    let _ = lease.extend(ttl).await;
+                }
+            }
+        }
+    };
+    tokio::pin!(waiting, keep);
+    tokio::select! {
+        done = &mut waiting => done,
+        never = &mut keep => never,
+    }
 }
 
 #[cfg(test)]
@@ -338,17 +375,41 @@ mod tests {
         set.release().await.unwrap();
     }
 
-    /// A member that expired while the others were waited for gives the set up: nothing is
-    /// left held, and the error says why.
+    /// A TTL shorter than the wait: the members taken first are kept alive while a later one
+    /// is waited for, so nobody else takes them meanwhile and the set is granted whole once
+    /// the later one comes free (before, they expired and the set was given up, again and
+    /// again under contention).
     #[tokio::test]
-    async fn a_member_that_expired_while_waiting_gives_the_set_up() {
+    async fn early_members_are_kept_alive_while_a_later_one_is_waited_for() {
         let locks = service();
         let held = locks.try_lock(&key("slow"), Duration::from_secs(5)).await.unwrap().unwrap();
         let (taker, first) = (Arc::clone(&locks), key("first"));
         let freed = tokio::spawn(async move {
-            // The first member's TTL runs out, and somebody else takes it.
+            // Two of the first member's TTLs later, somebody else tries it.
             tokio::time::sleep(Duration::from_millis(400)).await;
             let other = taker.try_lock(&first, Duration::from_secs(5)).await.unwrap();
+            held.release().await.unwrap();
+            other
+        });
+        let options = LockOptions::ttl(Duration::from_millis(200)).wait(Duration::from_secs(5));
+        let set = locks.lock_all(&[key("first"), key("slow")], options).await.unwrap();
+        assert!(freed.await.unwrap().is_none(), "the first member expired while the second was waited for");
+        assert!(!set.is_lost());
+        set.release().await.unwrap();
+    }
+
+    /// A member lost while the others were waited for (its lock broken on the server) gives
+    /// the set up: nothing is left held, and the error says why.
+    #[tokio::test]
+    async fn a_member_lost_while_waiting_gives_the_set_up() {
+        let locks = service();
+        let held = locks.try_lock(&key("slow"), Duration::from_secs(5)).await.unwrap().unwrap();
+        let (breaker, first) = (Arc::clone(&locks), key("first"));
+        let freed = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            breaker.break_lock(&first);
+            let other = breaker.try_lock(&first, Duration::from_secs(5)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
             held.release().await.unwrap();
             other
         });
@@ -356,7 +417,7 @@ mod tests {
         let e = locks.lock_all(&[key("first"), key("slow")], options).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::LeaseLost, "{e:?}");
         assert!(e.is_retryable());
-        let other = freed.await.unwrap().expect("the expired member was not free to take");
+        let other = freed.await.unwrap().expect("the broken member was not free to take");
         assert!(locks.try_lock(&key("slow"), Duration::from_secs(1)).await.unwrap().is_some(), "slow was left held");
         other.release().await.unwrap();
     }

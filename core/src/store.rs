@@ -49,6 +49,29 @@ pub trait FencedStore: Send + Sync + 'static {
     /// - `Ok(())` means applied. Zero rows updated is never reported as success.
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()>;
 
+    /// Applies `batch` under one fence per resource (a [`MultiLease`](crate::MultiLease)'s
+    /// [`fences`](crate::MultiLease::fences)), atomically: the write of a job that moves
+    /// something from one resource to another.
+    ///
+    /// Behavior (checked by the conformance suite's `multi_write_all_or_nothing`):
+    /// - The fences are validated first ([`canonical_fences`](crate::spi::canonical_fences)):
+    ///   none, more than [`MAX_FENCES_PER_WRITE`](crate::spi::MAX_FENCES_PER_WRITE), a resource
+    ///   given twice, or a fence no store holds is [`ErrorKind::InvalidArgument`]; so is a batch
+    ///   [`WriteBatch::validate`] refuses, or one the store cannot apply as one transaction
+    ///   (DynamoDB: more than 100 items).
+    /// - **Every** resource's fence is judged by the rules of [`apply`](FencedStore::apply),
+    ///   in canonical (sorted) order. If any is refused, nothing is written (no record, no
+    ///   watermark of any resource) and the error is that resource's refusal
+    ///   ([`ErrorKind::StaleFence`], [`ErrorKind::DuplicateFence`], or with
+    ///   [`requires_live_lock`](FencedStore::requires_live_lock) [`ErrorKind::NotHolder`]),
+    ///   naming it in [`Error::resource`].
+    /// - Otherwise every watermark is raised to its fence and grant and the operations apply,
+    ///   in one transaction with the checks. Each written record remembers the fence of the
+    ///   last resource in canonical order (records belong to no one resource).
+    /// - A failed `Create` or `Check` is [`ErrorKind::Conflict`] with nothing written.
+    /// - With one fence it is exactly [`apply`](FencedStore::apply).
+    async fn apply_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()>;
+
     /// Whether fenced writes also require their lock to be **live**: a store in the same
     /// database as its lock service (PostgreSQL's `require_live_lock`) can check the lock's own
     /// row in the write's transaction, and keep it from being granted again until the commit.
@@ -134,6 +157,9 @@ impl<T: FencedStore + ?Sized> FencedStore for Arc<T> {
     }
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         (**self).apply(resource, fence, batch).await
+    }
+    async fn apply_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
+        (**self).apply_all(fences, batch).await
     }
     fn requires_live_lock(&self) -> bool {
         (**self).requires_live_lock()
@@ -408,13 +434,15 @@ pub fn explain_refusal(
     watermark: Fence,
     watermark_grant: Option<GrantId>,
 ) -> Error {
-    fence_refusal(backend, presented, watermark, watermark_grant).unwrap_or_else(|| {
-        Error::new(
-            ErrorKind::Backend,
-            backend,
-            format!("the watermark of {resource} refused fence {presented} for no known reason"),
-        )
-    })
+    fence_refusal(backend, presented, watermark, watermark_grant)
+        .unwrap_or_else(|| {
+            Error::new(
+                ErrorKind::Backend,
+                backend,
+                format!("the watermark of {resource} refused fence {presented} for no known reason"),
+            )
+        })
+        .with_resource(resource.clone())
 }
 
 /// The refusal of a write whose lock is not live where the store looks for it (a store that
@@ -436,14 +464,57 @@ pub fn lock_not_live(
         return explain_refusal(backend, resource, fence, current, grant);
     }
     let (what, fence) = presented.map_or((String::from("?"), 0), |(r, f)| (r.to_string(), f.fence().get()));
-    Error::new(
+    let refusal = Error::new(
         ErrorKind::NotHolder,
         backend,
         format!(
             "write refused: the lock on {what} (fence {fence}) is not live in {lock_table} (it expired, was taken \
              over, or was not taken from its lock service); nothing written"
         ),
-    )
+    );
+    match presented {
+        Some((resource, _)) => refusal.with_resource(resource.clone()),
+        None => refusal,
+    }
+}
+
+/// The most resources one [`FencedStore::apply_all`] may fence.
+pub const MAX_FENCES_PER_WRITE: usize = 64;
+
+/// Checks the fences of an [`apply_all`](FencedStore::apply_all) and returns them in canonical
+/// (resource-sorted) order, the order every store checks and locks them in, so two writes
+/// over overlapping sets cannot deadlock on the store's watermark rows.
+///
+/// Refused with [`ErrorKind::InvalidArgument`], before anything is sent: no fence, more than
+/// [`MAX_FENCES_PER_WRITE`], a resource given twice, or a fence no store can hold (0 or above
+/// [`Fence::MAX_STORABLE`]).
+pub fn canonical_fences(
+    backend: &'static str,
+    fences: &[(ResourceKey, GrantFence)],
+) -> Result<Vec<(ResourceKey, GrantFence)>> {
+    if fences.is_empty() {
+        return Err(Error::new(ErrorKind::InvalidArgument, backend, "a multi-resource write needs at least one fence"));
+    }
+    if fences.len() > MAX_FENCES_PER_WRITE {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            backend,
+            format!("a write fences {} resources; at most {MAX_FENCES_PER_WRITE} are allowed", fences.len()),
+        ));
+    }
+    let mut sorted = fences.to_vec();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    if let Some(pair) = sorted.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            backend,
+            format!("resource {} is fenced twice in one write", pair[0].0),
+        ));
+    }
+    for (_, fence) in &sorted {
+        storable_fence(backend, fence.fence())?;
+    }
+    Ok(sorted)
 }
 
 /// The [`ErrorKind::Conflict`] error for a failed `Create` or `Check`.

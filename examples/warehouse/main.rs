@@ -7,10 +7,11 @@
 //!
 //! ```text
 //! cargo run --release --example warehouse -- simulate [--workers N] [--jobs N] [--ttl-ms MS]
-//!           [--pause-every K] [--pause-ms MS] [--skus N] [--unfenced] [--json]
+//!           [--pause-every K] [--pause-ms MS] [--skus N] [--transfer-every K] [--unfenced] [--json]
 //! cargo run --release --example warehouse -- setup --sku S --qty N
 //! cargo run --release --example warehouse -- show --sku S
 //! cargo run --release --example warehouse -- allocate --sku S --qty N [--ttl-ms MS] [--think-ms MS] [--job ID]
+//! cargo run --release --example warehouse -- transfer --from S --to T --qty N [--ttl-ms MS] [--think-ms MS] [--job ID]
 //! ```
 //!
 //! Every subcommand takes `--lock URL` (default: the store's URL when it is a SQLite file, so
@@ -20,8 +21,9 @@
 //!
 //! Exit codes: 0 success; 1 runtime error (backend unavailable, unknown SKU, short stock);
 //! 2 bad input (flags, URLs, keys), one line on stderr; 3 `allocate`'s write was refused for a
-//! stale fence; 4 a fenced `simulate` found duplicates (a safety violation: report it); 5
-//! `allocate` found its `--job` already applied by another worker.
+//! stale fence; 4 a fenced `simulate` found duplicates, a half-applied transfer or stock not
+//! conserved (a safety violation: report it); 5 `allocate` found its `--job` already applied
+//! by another worker. `transfer` answers as `allocate` does.
 
 use std::process::ExitCode;
 

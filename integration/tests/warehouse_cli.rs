@@ -62,6 +62,64 @@ fn simulate_with_pauses_has_no_duplicates_fenced_and_some_unfenced() {
     assert!(unfenced["duplicates"].as_u64().unwrap() > 0, "the naive lock ships twice: {unfenced}");
 }
 
+/// Every third job a transfer between two SKUs, every 30th job's holder paused past its TTL
+/// (every pause lands on a transfer): fenced, stock is conserved and no transfer is half
+/// applied; unfenced, the naive transfers' stale writes lose updates and stock is not conserved.
+#[test]
+fn simulate_with_transfers_conserves_stock_fenced_and_not_unfenced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, fenced) = simulate(&dir, "30", &["--transfer-every", "3"]);
+    assert_eq!(out.status.code(), Some(0), "{fenced}");
+    assert_eq!(fenced["stock_conserved"], true, "{fenced}");
+    assert_eq!(fenced["half_applied"], 0, "{fenced}");
+    assert_eq!(fenced["duplicates"], 0, "{fenced}");
+    assert_eq!(fenced["transfer_jobs_applied"], 80, "{fenced}");
+    assert_eq!(fenced["jobs_applied"], 160, "{fenced}");
+    assert_eq!(fenced["shipped"], 160, "{fenced}");
+    assert!(fenced["fence_rejected"].as_u64().unwrap() > 0, "paused transfers must be refused: {fenced}");
+
+    let (out, unfenced) = simulate(&dir, "30", &["--transfer-every", "3", "--unfenced"]);
+    assert_eq!(out.status.code(), Some(0), "{unfenced}");
+    assert_eq!(unfenced["stock_conserved"], false, "the naive transfers lose updates: {unfenced}");
+
+    let store = store_url(&dir);
+    let out = run(&["simulate", "--store", &store, "--jobs", "10", "--skus", "1", "--transfer-every", "3"]);
+    assert_eq!(out.status.code(), Some(2), "a transfer needs two SKUs");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--skus"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn transfer_moves_stock_under_both_locks_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_url(&dir);
+    for (sku, qty) in [("SKU-A", "5"), ("SKU-B", "0")] {
+        let out = run(&["setup", "--sku", sku, "--qty", qty, "--store", &store]);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let transfer = |qty: &str, job: &str| {
+        run(&["transfer", "--from", "SKU-A", "--to", "SKU-B", "--qty", qty, "--store", &store, "--job", job])
+    };
+    let out = transfer("2", "move-1");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let events: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events[0]["event"], "acquired");
+    assert!(events[0]["fences"]["SKU-A"].is_u64() && events[0]["fences"]["SKU-B"].is_u64(), "{}", events[0]);
+    assert_eq!(events[1], serde_json::json!({"event": "write", "applied": true}));
+    let qty = |sku: &str| last_json(&run(&["show", "--sku", sku, "--store", &store]))["qty"].clone();
+    assert_eq!((qty("SKU-A"), qty("SKU-B")), (Value::from(3), Value::from(2)));
+
+    let out = transfer("2", "move-1");
+    assert_eq!(out.status.code(), Some(5), "the same job is not applied twice");
+    assert_eq!(last_json(&out)["reason"], "already_done");
+    let out = transfer("10", "move-2");
+    assert_eq!(out.status.code(), Some(1), "short stock is a runtime error");
+    assert_eq!((qty("SKU-A"), qty("SKU-B")), (Value::from(3), Value::from(2)), "nothing moved");
+    let out = run(&["transfer", "--from", "SKU-A", "--to", "SKU-A", "--store", &store]);
+    assert_eq!(out.status.code(), Some(2), "the same SKU twice is bad input");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim_end().lines().count(), 1);
+}
+
 #[test]
 fn simulate_without_pauses_is_clean_even_unfenced() {
     let dir = tempfile::tempdir().unwrap();

@@ -114,6 +114,8 @@ macro_rules! __registry {
             lock liveness::resent_release_never_frees_a_new_grant "a client repeating a release whose reply was lost never frees its own next grant: the repeat is `NotHolder`, the new grant stays held, extends and releases";
             lock liveness::releases_wake_waiters "`acquire_any` takes the first free key in order, a zero wait is one round and `Timeout`, no keys `InvalidArgument`; where native waiting is declared, a release wakes the waiter: the median of nine handoffs after a 300 ms wait is within 20 ms + two round trips, for `acquire` and for `acquire_any` (a polling waiter's is about 70 ms)";
             lock liveness::acquire_cancelled_as_the_lock_frees "an acquire dropped within ±3 ms of the release (21 rounds, the waiter's client kept alive) leaves no grant nobody owns: a third client gets the lock within TTL + margin + a round trip";
+            lock multi::overlapping_lock_sets_never_deadlock "six clients `lock_all` overlapping sets of three of five keys, given in opposite orders: every set granted within its wait, no key held twice, the run ends within two waits; a member taken first is kept alive while a later one is held for three TTLs";
+            lock multi::lock_all_leaves_no_orphan "a set with a held member answers `Timeout` within its wait and frees the members it took at once; a reply lost at any of the set's first eight requests leaves no member held by nobody";
             store store::equal_higher_lower "equal fence accepted from the same grant, refused from another with `DuplicateFence`; lower refused with `StaleFence`; data untouched";
             store store::concurrent_interleaved_fences "concurrent scrambled fences: exactly the writes ≥ watermark land";
             store store::atomicity "multi-operation writes are all or nothing";
@@ -123,6 +125,7 @@ macro_rules! __registry {
             store store::watermark_scope "watermarks per resource (also for a name that starts with another's), and in the store: a new client refuses the stale fence";
             store store::read_many_answers_like_read "`read_many` answers each key as `read` does, in the order asked (missing and repeated keys included); an invalid key is `InvalidKey`";
             store store::store_race "two clients race fences t1 < t2, 40 rounds: the record always ends with t2's value";
+            store store::multi_write_all_or_nothing "`apply_all`: a stale or duplicate fence on any member refuses the whole write and names that member, nothing written; failed conditions write nothing; an accepted write raises every watermark; writers of overlapping sets in opposite orders never deadlock and keep the watermarks equal";
             pair e2e::paused_holder_in_process "a holder paused past its TTL gets `StaleFence`; metric +1; lost signal fired";
             process e2e::paused_holder_process "the same, with a real holder process frozen by `SIGSTOP` and thawed by `SIGCONT`";
             process e2e::killed_holder "after `SIGKILL` of the holder, the next one proceeds within TTL + margin";
@@ -130,6 +133,7 @@ macro_rules! __registry {
             pair e2e::live_lock_when_declared "a store that declares it checks the live lock refuses a write whose lock is gone";
             pair e2e::waits_are_bounded_while_a_fenced_transaction_is_open "a holder's fenced transaction held open (store hook `hold_transaction`): another client's zero wait and 300 ms wait still answer within their bound, never with a grant";
             process e2e::frozen_holder_inside_a_fenced_transaction "a holder process frozen by `SIGSTOP` with its fenced transaction open (`hold_transaction`): another client's zero wait and 300 ms wait still answer within their bound, never with a grant; thawed, it lets go and the lock is taken within the expiry bound";
+            pair multi::paused_member_refuses_the_multi_write "a holder of `{x, y}` paused past its TTL while B took `y` and wrote: its transfer over both is refused whole (`StaleFence` naming `y`, or `NotHolder` naming `x` where the store checks the live lock), nothing of it lands, its set's lost signal fired";
             pair e2e::load "500 acquisitions/s across 50 keys: no overlapping holds with accepted writes (grant → last moment the holder could act), every job's record exactly once, no fence issued twice (a lease that ran out during an accepted write is counted, not failed)";
             primitive semaphore::semaphore_count_limit "never more permits held than the count";
             primitive semaphore::semaphore_stale_permit_refused "a permit holder paused past its TTL gets `StaleFence` from the store";

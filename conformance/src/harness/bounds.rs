@@ -418,6 +418,11 @@ impl<S: FencedStore + ?Sized> FencedStore for BoundedStore<S> {
         self.bounds.run(self.bounds.store_bound(), name, self.inner.apply(resource, fence, batch)).await
     }
 
+    async fn apply_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
+        let name = || format!("apply_all({} resources, {} operations)", fences.len(), batch.len());
+        self.bounds.run(self.bounds.store_bound(), name, self.inner.apply_all(fences, batch)).await
+    }
+
     fn requires_live_lock(&self) -> bool {
         self.inner.requires_live_lock()
     }

@@ -7,6 +7,7 @@ pub mod election;
 pub mod frozen;
 pub mod liveness;
 pub mod lock;
+pub mod multi;
 pub mod partition;
 pub mod primitives;
 pub mod rwlock;

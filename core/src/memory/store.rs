@@ -4,7 +4,7 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::store::{conflict_error, fence_refusal, storable_fence, validate_record_key};
+use crate::store::{canonical_fences, conflict_error, fence_refusal, storable_fence, validate_record_key};
 use crate::{Fence, FencedStore, GrantFence, Record, ResourceKey, WriteBatch, WriteOp};
 
 const BACKEND: &str = "memory";
@@ -29,17 +29,20 @@ impl MemoryFencedStore {
         MemoryFencedStore::default()
     }
 
-    fn apply_ops(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
+    /// Applies `batch` under `fences` (canonical order; none: unfenced), in one step under
+    /// the mutex: every fence is judged before anything changes.
+    fn apply_ops(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
         batch.validate()?;
-        if let Some((_, f)) = fence {
+        for (_, f) in fences {
             storable_fence(BACKEND, f.fence())?;
         }
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((resource, presented)) = fence
-            && let Some(&current) = state.watermarks.get(resource)
-            && let Some(refusal) = fence_refusal(BACKEND, presented, current.fence(), Some(current.grant()))
-        {
-            return Err(refusal);
+        for (resource, presented) in fences {
+            if let Some(&current) = state.watermarks.get(resource)
+                && let Some(refusal) = fence_refusal(BACKEND, *presented, current.fence(), Some(current.grant()))
+            {
+                return Err(refusal.with_resource(resource.clone()));
+            }
         }
         // Conditions see the state before the batch (see `WriteBatch`).
         for op in batch.ops() {
@@ -52,10 +55,10 @@ impl MemoryFencedStore {
                 return Err(conflict_error(BACKEND, op));
             }
         }
-        if let Some((resource, presented)) = fence {
-            state.watermarks.insert(resource.clone(), presented);
+        for (resource, presented) in fences {
+            state.watermarks.insert(resource.clone(), *presented);
         }
-        let record_fence = fence.map(|(_, f)| f.fence());
+        let record_fence = fences.last().map(|(_, f)| f.fence());
         for op in batch.ops() {
             match op {
                 WriteOp::Put { key, value } | WriteOp::Create { key, value } => {
@@ -78,11 +81,15 @@ impl FencedStore for MemoryFencedStore {
     }
 
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
-        self.apply_ops(Some((resource, fence)), batch)
+        self.apply_ops(&[(resource.clone(), fence)], batch)
+    }
+
+    async fn apply_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
+        self.apply_ops(&canonical_fences(BACKEND, fences)?, batch)
     }
 
     async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
-        self.apply_ops(None, batch)
+        self.apply_ops(&[], batch)
     }
 
     async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {

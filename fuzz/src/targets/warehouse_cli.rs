@@ -12,10 +12,14 @@ const WORDS: &[&str] = &[
     "setup",
     "show",
     "allocate",
+    "transfer",
     "help",
     "--lock",
     "--store",
     "--sku",
+    "--from",
+    "--to",
+    "--transfer-every",
     "--qty",
     "--ttl-ms",
     "--think-ms",
@@ -73,7 +77,8 @@ pub fn run(data: &[u8]) {
                 }
                 Command::Setup { qty, .. } => assert!(within(*qty, 0, MAX_QTY)),
                 Command::Show { .. } => {}
-                Command::Allocate { qty, ttl_ms, think_ms, wait_ms, .. } => {
+                Command::Allocate { qty, ttl_ms, think_ms, wait_ms, .. }
+                | Command::Transfer { qty, ttl_ms, think_ms, wait_ms, .. } => {
                     assert!(within(*qty, 1, MAX_QTY) && within(*ttl_ms, 1, MAX_ALLOCATE_MS));
                     assert!(within(*think_ms, 0, MAX_THINK_MS) && within(*wait_ms, 0, MAX_ALLOCATE_MS));
                 }

@@ -22,7 +22,7 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, Delete, KeySchemaElement, KeyType, Put,
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TransactWriteItem, Update,
 };
-use palisade_core::spi::{Backoff, conflict_error, explain_refusal, fence_refusal, storable_fence};
+use palisade_core::spi::{Backoff, canonical_fences, conflict_error, explain_refusal, fence_refusal, storable_fence};
 use palisade_core::{
     Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, OwnerToken, Record, ResourceKey, Result,
     WatermarkSource, WriteBatch, WriteOp,
@@ -44,6 +44,9 @@ pub const FENCE_ATTRIBUTE: &str = "fence";
 /// The attribute holding the [`GrantId`] (binary) of the grant that set an item's fence, so an
 /// equal fence from another grant is refused (fencing rule 2).
 pub const GRANT_ATTRIBUTE: &str = "fence_grant";
+
+/// The most items DynamoDB takes in one `TransactWriteItems`.
+pub const MAX_TRANSACTION_ITEMS: usize = 100;
 
 const FENCE_PREFIX: &str = "fence#";
 const RECORD_PREFIX: &str = "rec#";
@@ -352,13 +355,55 @@ impl DynamoStore {
         Ok(items)
     }
 
+    /// The fenced write under `fences` (canonical order): one watermark update per resource,
+    /// then the records, in one transaction within DynamoDB's item limit.
+    async fn apply_fenced(&self, fences: Vec<(ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
+        batch.validate()?;
+        let mut items = Vec::with_capacity(fences.len() + batch.len());
+        let mut record_fence = None;
+        for (resource, fence) in &fences {
+            let f = storable_fence(BACKEND, fence.fence())?;
+            record_fence = Some(f);
+            let update = Update::builder()
+                .table_name(&self.config.table)
+                .key(KEY_ATTRIBUTE, DynamoStore::fence_item_key(resource))
+                .update_expression(format!("SET {FENCE_ASSIGNMENT}"))
+                .condition_expression(FENCE_CONDITION)
+                .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
+                .expression_attribute_names("#palisade_grant", GRANT_ATTRIBUTE)
+                .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
+                .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .build()
+                .map_err(build_error)?;
+            items.push((TransactWriteItem::builder().update(update).build(), WriteOp::Delete { key: String::new() }));
+        }
+        // Records remember the last resource's fence (see `FencedStore::apply_all`).
+        let records = self.record_items(batch, record_fence)?;
+        if fences.len() + records.len() > MAX_TRANSACTION_ITEMS {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                BACKEND,
+                format!(
+                    "this write needs {} items in one TransactWriteItems ({} watermarks and {} records); DynamoDB \
+                     takes at most {MAX_TRANSACTION_ITEMS}: split the job, or fence fewer resources per write",
+                    fences.len() + records.len(),
+                    fences.len(),
+                    records.len()
+                ),
+            ));
+        }
+        items.extend(records);
+        self.transact(items, &fences).await
+    }
+
     /// Sends one transaction. A cancellation is a definite "nothing applied": because of the
     /// fence item it is `StaleFence`; because of a record's condition, `Conflict`; because of
     /// a concurrent transaction on the same items, it is retried with a fresh request token.
     async fn transact(
         &self,
         items: Vec<(TransactWriteItem, WriteOp)>,
-        fenced: Option<(&ResourceKey, GrantFence)>,
+        fenced: &[(ResourceKey, GrantFence)],
     ) -> Result<()> {
         if items.is_empty() {
             return Ok(());
@@ -392,9 +437,11 @@ impl DynamoStore {
             let codes: Vec<&str> = reasons.iter().map(|r| r.code().unwrap_or("None")).collect();
             let conditional: Vec<bool> =
                 blames.iter().map(|b| matches!(b, WriteOp::Check { .. } | WriteOp::Create { .. })).collect();
-            let transient = match (read_cancellation(&codes, fenced.is_some(), &conditional), fenced) {
-                (Cancellation::Stale, Some((resource, fence))) => {
-                    let old = match reasons.first().and_then(|r| r.item()) {
+            let transient = match read_cancellation(&codes, fenced.len(), &conditional) {
+                Cancellation::Stale(i) => {
+                    let Some((resource, fence)) = fenced.get(i) else { return Err(map(err, "write", true)) };
+                    let fence = *fence;
+                    let old = match reasons.get(i).and_then(|r| r.item()) {
                         Some(item) => Some(item.clone()),
                         // A server that does not return the old item: read the watermark's item.
                         None => self.get(DynamoStore::fence_item_key(resource), "reading a watermark").await?,
@@ -408,14 +455,14 @@ impl DynamoStore {
                         old.and_then(grant_of),
                     ));
                 }
-                (Cancellation::Conflict(i), _) => return Err(conflict_error(BACKEND, &blames[i])),
-                (Cancellation::Transient, _) if conflicts < 8 => {
+                Cancellation::Conflict(i) => return Err(conflict_error(BACKEND, &blames[i])),
+                Cancellation::Transient if conflicts < 8 => {
                     conflicts += 1;
                     tokio::time::sleep(backoff.next_delay()).await;
                     continue;
                 }
-                (Cancellation::Transient, _) => true,
-                _ => false,
+                Cancellation::Transient => true,
+                Cancellation::Other => false,
             };
             warn!(?codes, "dynamodb transaction cancelled");
             let kind = if transient { ErrorKind::Unavailable } else { ErrorKind::Backend };
@@ -538,8 +585,9 @@ apply_condition!(apply_check, aws_sdk_dynamodb::types::builders::ConditionCheckB
 /// What a cancelled transaction's reasons say, one code per item in request order.
 #[derive(Debug, PartialEq, Eq)]
 enum Cancellation {
-    /// The fence item's condition failed: the watermark is at or above the fence.
-    Stale,
+    /// The condition of fence item `i` failed: that resource's watermark is at or above its
+    /// fence.
+    Stale(usize),
     /// The condition of item `i` (a record's) failed.
     Conflict(usize),
     /// Another transaction or throttling got in the way: nothing applied, worth retrying.
@@ -549,13 +597,13 @@ enum Cancellation {
 }
 
 /// Reads the reasons of a transaction whose items carry a condition where `conditional` says
-/// (the first is the fence item when `fenced`).
-fn read_cancellation(codes: &[&str], fenced: bool, conditional: &[bool]) -> Cancellation {
+/// (the first `fenced` are fence items).
+fn read_cancellation(codes: &[&str], fenced: usize, conditional: &[bool]) -> Cancellation {
     let items = conditional.len();
-    if fenced && codes.first() == Some(&"ConditionalCheckFailed") {
-        return Cancellation::Stale;
+    if let Some(i) = (0..fenced.min(codes.len())).find(|&i| codes[i] == "ConditionalCheckFailed") {
+        return Cancellation::Stale(i);
     }
-    let offset = usize::from(fenced);
+    let offset = fenced;
     // Blaming an item without a condition, or past the request's items, names nothing of ours:
     // a malformed reply.
     if let Some(i) = (offset..codes.len().min(items)).find(|&i| codes[i] == "ConditionalCheckFailed" && conditional[i])
@@ -609,30 +657,21 @@ impl FencedStore for DynamoStore {
     /// One `TransactWriteItems`: the watermark item's conditional update first, then the
     /// records. All or nothing.
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
-        batch.validate()?;
-        let f = storable_fence(BACKEND, fence.fence())?;
-        let update = Update::builder()
-            .table_name(&self.config.table)
-            .key(KEY_ATTRIBUTE, DynamoStore::fence_item_key(resource))
-            .update_expression(format!("SET {FENCE_ASSIGNMENT}"))
-            .condition_expression(FENCE_CONDITION)
-            .expression_attribute_names("#palisade_fence", FENCE_ATTRIBUTE)
-            .expression_attribute_names("#palisade_grant", GRANT_ATTRIBUTE)
-            .expression_attribute_values(":palisade_fence", AttributeValue::N(f.to_string()))
-            .expression_attribute_values(":palisade_grant", grant_value(fence.grant()))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(build_error)?;
-        let mut items =
-            vec![(TransactWriteItem::builder().update(update).build(), WriteOp::Delete { key: String::new() })];
-        items.extend(self.record_items(batch, Some(f))?);
-        self.transact(items, Some((resource, fence))).await
+        self.apply_fenced(vec![(resource.clone(), fence)], batch).await
+    }
+
+    /// One `TransactWriteItems`: a conditional update of each resource's watermark item, in
+    /// canonical order, then the records. All or nothing. DynamoDB takes at most 100 items in
+    /// one transaction: a write past that (resources plus records) is
+    /// [`ErrorKind::InvalidArgument`], before anything is sent.
+    async fn apply_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
+        self.apply_fenced(canonical_fences(BACKEND, fences)?, batch).await
     }
 
     async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
         batch.validate()?;
         let items = self.record_items(batch, None)?;
-        self.transact(items, None).await
+        self.transact(items, &[]).await
     }
 
     async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
@@ -700,13 +739,14 @@ mod tests {
     #[test]
     fn cancellation_reasons_are_read_within_the_request() {
         let ccf = "ConditionalCheckFailed";
-        assert_eq!(read_cancellation(&[ccf, "None"], true, &[true, true]), Cancellation::Stale);
-        assert_eq!(read_cancellation(&["None", ccf], true, &[true, true]), Cancellation::Conflict(1));
-        assert_eq!(read_cancellation(&[ccf], false, &[true]), Cancellation::Conflict(0));
-        assert_eq!(read_cancellation(&["TransactionConflict", "None"], false, &[true, false]), Cancellation::Transient);
-        assert_eq!(read_cancellation(&["None", "None"], false, &[true, true]), Cancellation::Other);
-        assert_eq!(read_cancellation(&["None", ccf], false, &[true]), Cancellation::Other);
-        assert_eq!(read_cancellation(&["None", "None", ccf], true, &[true, true]), Cancellation::Other);
-        assert_eq!(read_cancellation(&["None", ccf], true, &[true, false]), Cancellation::Other);
+        assert_eq!(read_cancellation(&[ccf, "None"], 1, &[true, true]), Cancellation::Stale(0));
+        assert_eq!(read_cancellation(&["None", ccf, "None"], 2, &[false, false, true]), Cancellation::Stale(1));
+        assert_eq!(read_cancellation(&["None", ccf], 1, &[true, true]), Cancellation::Conflict(1));
+        assert_eq!(read_cancellation(&[ccf], 0, &[true]), Cancellation::Conflict(0));
+        assert_eq!(read_cancellation(&["TransactionConflict", "None"], 0, &[true, false]), Cancellation::Transient);
+        assert_eq!(read_cancellation(&["None", "None"], 0, &[true, true]), Cancellation::Other);
+        assert_eq!(read_cancellation(&["None", ccf], 0, &[true]), Cancellation::Other);
+        assert_eq!(read_cancellation(&["None", "None", ccf], 1, &[true, true]), Cancellation::Other);
+        assert_eq!(read_cancellation(&["None", ccf], 1, &[true, false]), Cancellation::Other);
     }
 }

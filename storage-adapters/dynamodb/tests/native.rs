@@ -329,3 +329,26 @@ async fn a_write_whose_answer_never_comes_is_outcome_unknown_never_applied_or_re
 fn gf(fence: u64) -> GrantFence {
     GrantFence::new(Fence::new(fence), GrantId::from_bytes([0xa1; 16]))
 }
+
+/// One `TransactWriteItems` holds at most 100 items: a multi-resource write past that (a
+/// watermark per resource plus a record per operation) is refused before anything is sent,
+/// saying how many items it needed; one within the limit is applied whole.
+#[tokio::test]
+async fn a_multi_resource_write_past_the_transaction_item_limit_is_refused_with_the_count() {
+    let store = DynamoStore::open(config("item-limit")).await.unwrap();
+    let fence = GrantFence::new(Fence::new(7), GrantId::from_bytes([7; 16]));
+    let fences: Vec<_> = (0..palisade_core::spi::MAX_FENCES_PER_WRITE)
+        .map(|i| (ResourceKey::new("limit", format!("r{i:02}")).unwrap(), fence))
+        .collect();
+    let batch = (0..40).fold(WriteBatch::new(), |b, i| b.put(format!("limit/{i}"), b"x".to_vec()));
+    let err = store.apply_all(&fences, &batch).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("104 items") && err.to_string().contains("at most 100"), "{err}");
+    assert!(store.read("limit/0").await.unwrap().is_none());
+    assert!(store.watermark(&fences[0].0).await.unwrap().is_none(), "nothing was sent");
+
+    let batch = (0..36).fold(WriteBatch::new(), |b, i| b.put(format!("limit/{i}"), b"x".to_vec()));
+    store.apply_all(&fences, &batch).await.unwrap();
+    assert_eq!(store.watermark(&fences[63].0).await.unwrap(), Some(Fence::new(7)));
+    assert_eq!(store.read("limit/35").await.unwrap().unwrap().value, b"x");
+}

@@ -7,10 +7,12 @@ use async_trait::async_trait;
 use std::fmt;
 
 use palisade_core::spi::sql;
-use palisade_core::spi::{conflict_error, explain_refusal, lock_not_live, storable_fence, validate_record_key};
+use palisade_core::spi::{
+    canonical_fences, conflict_error, explain_refusal, lock_not_live, storable_fence, validate_record_key,
+};
 use palisade_core::{
-    Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, Record,
-    ResourceKey, Result, WatermarkSource, WriteBatch, WriteOp,
+    Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, MultiLease,
+    Record, ResourceKey, Result, WatermarkSource, WriteBatch, WriteOp,
 };
 use sqlx::postgres::{PgArguments, PgPoolOptions};
 use sqlx::query::Query;
@@ -213,15 +215,62 @@ impl PostgresStore {
         self.begin(resource, fence, DEFAULT_IDLE_BOUND).await
     }
 
+    /// [`begin_fenced`](Self::begin_fenced) for several resources held as one
+    /// ([`MultiLease`](palisade_core::MultiLease)): the transaction's first statements check and
+    /// raise **every** member's watermark, in canonical order, and keep each watermark row
+    /// locked until it ends. One stale or duplicate fence refuses the whole transaction (rolled
+    /// back, none of your statements run) with the error naming that member
+    /// ([`Error::resource`](palisade_core::Error::resource)). Write each resource's rows under
+    /// its own fence ([`PgFencedTransaction::fence_of`]), with
+    /// [`update_row_fenced_in`](Self::update_row_fenced_in) on a [`FencedRow`] if they carry
+    /// one. Bounded like `begin_fenced`, by the shortest member TTL.
+    ///
+    /// ```no_run
+    /// # async fn f(store: &palisade_postgres::PostgresStore,
+    /// #            both: &palisade_core::MultiLease<palisade_core::DynLockService>,
+    /// #            from: &palisade_core::ResourceKey) -> palisade_core::Result<()> {
+    /// use palisade_postgres::map_err;
+    ///
+    /// let mut tx = store.begin_fenced_all(both).await?;   // every member's fence, or nothing
+    /// sqlx::query("UPDATE stock SET qty = qty - 5 WHERE sku = 'SKU-1'").execute(tx.conn()).await.map_err(map_err)?;
+    /// sqlx::query("UPDATE stock SET qty = qty + 5 WHERE sku = 'SKU-2'").execute(tx.conn()).await.map_err(map_err)?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn begin_fenced_all<S>(&self, locks: &MultiLease<S>) -> Result<PgFencedTransaction>
+    where
+        S: LockService<Fencing = Fenced> + ?Sized,
+    {
+        let ttl = locks.leases().iter().map(|lease| lease.ttl().get()).min().unwrap_or(DEFAULT_IDLE_BOUND);
+        let fences = canonical_fences(BACKEND, &locks.fences())?;
+        self.begin_all(&fences, idle_bound(ttl)).await
+    }
+
     async fn begin(
         &self,
         resource: &ResourceKey,
         fence: GrantFence,
         idle_bound: Duration,
     ) -> Result<PgFencedTransaction> {
+        self.begin_all(&[(resource.clone(), fence)], idle_bound).await
+    }
+
+    /// A transaction whose first statements raise each watermark of `fences` (canonical order,
+    /// not empty).
+    async fn begin_all(
+        &self,
+        fences: &[(ResourceKey, GrantFence)],
+        idle_bound: Duration,
+    ) -> Result<PgFencedTransaction> {
+        let Some(((first, first_fence), _)) = fences.split_first() else {
+            return Err(Error::new(ErrorKind::InvalidArgument, BACKEND, "a fenced transaction needs a fence"));
+        };
         let mut tx = self.pool.begin().await.map_err(map_err)?;
-        raise_watermark(&mut tx, &self.statements, resource, fence, idle_bound).await?;
-        Ok(PgFencedTransaction::new(tx, resource.clone(), fence.fence()))
+        for (resource, fence) in fences {
+            raise_watermark(&mut tx, &self.statements, resource, *fence, idle_bound).await?;
+        }
+        let rest = fences.iter().skip(1).map(|(r, f)| (r.clone(), f.fence())).collect();
+        Ok(PgFencedTransaction::new(tx, (first.clone(), first_fence.fence()), rest))
     }
 
     /// The lock table this store's live-lock check reads (its config's `locks_table`).
@@ -346,6 +395,27 @@ impl PostgresStore {
     async fn apply_batch(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
         batch.validate()?;
         call_apply(&self.pool, &self.statements, fence, batch.ops(), None).await
+    }
+
+    /// A transaction of one call of the batch function per resource, in canonical order: the
+    /// watermark rule alone for each but the last, the last with the operations. Each call
+    /// locks its watermark row, so two writes over overlapping sets queue in the same order.
+    async fn apply_batch_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
+        batch.validate()?;
+        let fences = canonical_fences(BACKEND, fences)?;
+        // `canonical_fences` refused an empty set.
+        let Some(((last, last_fence), rest)) = fences.split_last() else { return Ok(()) };
+        if rest.is_empty() {
+            return self.apply_batch(Some((last, *last_fence)), batch).await;
+        }
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        for (resource, fence) in rest {
+            call_apply(&mut *tx, &self.statements, Some((resource, *fence)), &[], Some(MULTI_WRITE_IDLE_BOUND)).await?;
+        }
+        call_apply(&mut *tx, &self.statements, Some((last, *last_fence)), batch.ops(), Some(MULTI_WRITE_IDLE_BOUND))
+            .await?;
+        // A reply lost on the way may have committed.
+        tx.commit().await.map_err(map_commit_err)
     }
 }
 
@@ -536,6 +606,11 @@ const ABORT: &str =
 /// handed over without its lease): the default TTL of the examples and the README.
 pub(crate) const DEFAULT_IDLE_BOUND: Duration = Duration::from_secs(30);
 
+/// How long a multi-resource write's transaction may sit idle: its statements follow one
+/// another at once, so only a frozen or cut-off writer idles, and the watermark rows it
+/// locked must not stall other writers of those resources for long.
+const MULTI_WRITE_IDLE_BOUND: Duration = Duration::from_secs(2);
+
 /// How long a fenced transaction under a lease of `ttl` may sit idle: the TTL, so that a
 /// frozen holder keeps its rows at most one TTL past its last statement, but never under a
 /// second (a sub-second TTL would end transactions between two ordinary statements).
@@ -556,6 +631,13 @@ impl FencedStore for PostgresStore {
 
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
         self.apply_batch(Some((resource, fence)), batch).await
+    }
+
+    /// One transaction: a call of the batch function per resource (see `apply_batch_all`),
+    /// `BEGIN` and `COMMIT` included, N + 2 round trips for N resources; one resource is
+    /// [`apply`](FencedStore::apply)'s one round trip.
+    async fn apply_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
+        self.apply_batch_all(fences, batch).await
     }
 
     async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {

@@ -13,13 +13,25 @@ use crate::db::{BACKEND, map_commit_err, map_err};
 #[derive(Debug)]
 pub struct PgFencedTransaction {
     tx: Transaction<'static, Postgres>,
+    /// The first of `fences`.
     resource: ResourceKey,
     fence: Fence,
+    /// Every resource whose watermark it raised, with its fence, in canonical order (one for
+    /// `begin_fenced`, the set's for `begin_fenced_all`).
+    fences: Vec<(ResourceKey, Fence)>,
 }
 
 impl PgFencedTransaction {
-    pub(crate) fn new(tx: Transaction<'static, Postgres>, resource: ResourceKey, fence: Fence) -> Self {
-        PgFencedTransaction { tx, resource, fence }
+    /// `first` and `rest`: the resources whose watermarks it raised, in canonical order.
+    pub(crate) fn new(
+        tx: Transaction<'static, Postgres>,
+        first: (ResourceKey, Fence),
+        rest: Vec<(ResourceKey, Fence)>,
+    ) -> Self {
+        let mut fences = Vec::with_capacity(rest.len() + 1);
+        fences.push(first.clone());
+        fences.extend(rest);
+        PgFencedTransaction { tx, resource: first.0, fence: first.1, fences }
     }
 
     /// The connection to run your statements on (`.execute(tx.conn())`).
@@ -27,12 +39,26 @@ impl PgFencedTransaction {
         &mut self.tx
     }
 
-    /// The resource whose watermark this transaction raised.
+    /// The resource whose watermark this transaction raised (under `begin_fenced_all`, the
+    /// first of the set in canonical order: see [`fences`](Self::fences)).
     pub fn resource(&self) -> &ResourceKey {
         &self.resource
     }
 
-    /// The fence this transaction writes under.
+    /// Every resource whose watermark this transaction raised, with the fence it writes under,
+    /// in canonical (sorted) order: one for `begin_fenced`, the whole set for `begin_fenced_all`.
+    pub fn fences(&self) -> &[(ResourceKey, Fence)] {
+        &self.fences
+    }
+
+    /// The fence this transaction writes under for `resource`, if it raised that resource's
+    /// watermark: what to put in the fence column of that resource's rows.
+    pub fn fence_of(&self, resource: &ResourceKey) -> Option<Fence> {
+        self.fences.iter().find(|(r, _)| r == resource).map(|(_, f)| *f)
+    }
+
+    /// The fence this transaction writes under; under `begin_fenced_all`, the first
+    /// resource's (see [`fence_of`](Self::fence_of)).
     pub fn fence(&self) -> Fence {
         self.fence
     }

@@ -720,3 +720,62 @@ async fn connecting_during_a_fenced_transaction_stalls_no_lock() {
     lease.release().await.unwrap();
     drop(opened);
 }
+
+/// A transfer between two rows of your own table under a multi-lease: `begin_fenced_all`
+/// raises both watermarks, each row is written under its own member's fence. A holder of the
+/// set paused past its TTL, after a new holder of one member wrote, is refused as a whole
+/// (the error names that member) and neither row changes.
+#[tokio::test]
+async fn a_transfer_under_a_multi_lease_is_fenced_on_both_rows_or_refused_whole() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use palisade_core::{LockServiceExt, MemoryLockService};
+    let s = store().await;
+    let table = unique("transfer");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {table} (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL, fence BIGINT)"
+    )))
+    .execute(s.pool())
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO {table} (sku, qty) VALUES ('SKU-1', 10), ('SKU-2', 0)")))
+        .execute(s.pool())
+        .await
+        .unwrap();
+    let row = FencedRow { table: &table, key_column: "sku", fence_column: "fence" };
+    let (from, to) =
+        (ResourceKey::new(table.clone(), "SKU-1").unwrap(), ResourceKey::new(table.clone(), "SKU-2").unwrap());
+    let locks = Arc::new(MemoryLockService::new());
+    let stock = || async {
+        sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(format!("SELECT sku, qty FROM {table} ORDER BY sku")))
+            .fetch_all(s.pool())
+            .await
+            .unwrap()
+    };
+
+    let paused =
+        locks.lock_all(&[to.clone(), from.clone()], LockOptions::ttl(Duration::from_millis(50))).await.unwrap();
+    let mut tx = s.begin_fenced_all(&paused).await.unwrap();
+    assert_eq!(tx.resource(), &from, "canonical order");
+    let (f_from, f_to) = (tx.fence_of(&from).unwrap(), tx.fence_of(&to).unwrap());
+    s.update_row_fenced_in(tx.conn(), &row, "SKU-1", f_from, "qty = qty - $3", |q| q.bind(3i64)).await.unwrap();
+    s.update_row_fenced_in(tx.conn(), &row, "SKU-2", f_to, "qty = qty + $3", |q| q.bind(3i64)).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(stock().await, [("SKU-1".to_string(), 7), ("SKU-2".to_string(), 3)]);
+
+    tokio::time::sleep(Duration::from_millis(120)).await; // past the TTL
+    let newer = locks.lock(&to, LockOptions::ttl(Duration::from_secs(30))).await.unwrap();
+    let mut tx = s.begin_fenced(&newer).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {table} SET qty = qty + 1 WHERE sku = 'SKU-2'")))
+        .execute(tx.conn())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let err = s.begin_fenced_all(&paused).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "{err}");
+    assert_eq!(err.resource(), Some(&to), "{err}");
+    assert_eq!(stock().await, [("SKU-1".to_string(), 7), ("SKU-2".to_string(), 4)], "nothing half applied");
+    newer.release().await.unwrap();
+}

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::spi::sql;
-use palisade_core::spi::{conflict_error, explain_refusal, lock_not_live, storable_fence};
+use palisade_core::spi::{canonical_fences, conflict_error, explain_refusal, lock_not_live, storable_fence};
 use palisade_core::{
-    Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, Record,
-    ResourceKey, Result, WriteBatch, WriteOp,
+    Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, MultiLease,
+    Record, ResourceKey, Result, WriteBatch, WriteOp,
 };
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -305,10 +305,36 @@ impl SqliteStore {
     /// [`begin_fenced`](Self::begin_fenced) for a fence without its lease (handed over from
     /// another process, for example): the same checks, under `fence` for `resource`.
     pub async fn begin_with_fence(&self, resource: &ResourceKey, fence: GrantFence) -> Result<FencedTransaction> {
+        self.begin_all(&[(resource.clone(), fence)]).await
+    }
+
+    /// [`begin_fenced`](Self::begin_fenced) for several resources held as one
+    /// ([`MultiLease`](palisade_core::MultiLease)): the transaction's first statements check and
+    /// raise **every** member's watermark, in canonical order. One stale or duplicate fence
+    /// refuses the whole transaction (rolled back, none of your statements run) with the error
+    /// naming that member ([`Error::resource`](palisade_core::Error::resource)). Write each
+    /// resource's rows under its own fence ([`FencedTransaction::fence_of`]), with
+    /// [`update_row_fenced_in`](Self::update_row_fenced_in) on a [`FencedRow`] if they carry one.
+    pub async fn begin_fenced_all<S>(&self, locks: &MultiLease<S>) -> Result<FencedTransaction>
+    where
+        S: LockService<Fencing = Fenced> + ?Sized,
+    {
+        self.begin_all(&canonical_fences(BACKEND, &locks.fences())?).await
+    }
+
+    /// A `BEGIN IMMEDIATE` transaction whose first statements raise each watermark of `fences`
+    /// (canonical order, not empty).
+    async fn begin_all(&self, fences: &[(ResourceKey, GrantFence)]) -> Result<FencedTransaction> {
+        let Some(((first, first_fence), _)) = fences.split_first() else {
+            return Err(Error::new(ErrorKind::InvalidArgument, BACKEND, "a fenced transaction needs a fence"));
+        };
         let writer = self.writer().await?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
-        counted(raise_watermark(&mut tx, &self.statements, resource, fence).await)?;
-        Ok(FencedTransaction::new(tx, resource.clone(), fence.fence(), writer))
+        for (resource, fence) in fences {
+            counted(raise_watermark(&mut tx, &self.statements, resource, *fence).await)?;
+        }
+        let rest = fences.iter().skip(1).map(|(r, f)| (r.clone(), f.fence())).collect();
+        Ok(FencedTransaction::new(tx, (first.clone(), first_fence.fence()), rest, writer))
     }
 
     /// A write transaction for your own statements (`BEGIN IMMEDIATE`, holding SQLite's write
@@ -398,16 +424,19 @@ impl SqliteStore {
         update_row(conn, row, key, fence.into(), set, bind).await
     }
 
-    async fn apply_batch(&self, fence: Option<(&ResourceKey, GrantFence)>, batch: &WriteBatch) -> Result<()> {
+    /// Applies `batch` under `fences` (canonical order; none: unfenced) in one `BEGIN
+    /// IMMEDIATE` transaction: every watermark is checked and raised before any operation.
+    async fn apply_batch(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
         batch.validate()?;
-        let fence_i64 = match fence {
-            Some((_, f)) => Some(storable_fence(BACKEND, f.fence())?),
-            None => None,
-        };
+        // Records remember the last resource's fence (see `FencedStore::apply_all`).
+        let mut fence_i64 = None;
+        for (_, f) in fences {
+            fence_i64 = Some(storable_fence(BACKEND, f.fence())?);
+        }
         let _writer = self.writer().await?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
-        if let Some((resource, f)) = fence {
-            raise_watermark(&mut tx, &self.statements, resource, f).await?;
+        for (resource, f) in fences {
+            raise_watermark(&mut tx, &self.statements, resource, *f).await?;
         }
         // Conditions see the state before the batch, so all checks run before any write.
         // On error `tx` is dropped, which rolls everything back: all or nothing.
@@ -647,11 +676,16 @@ impl FencedStore for SqliteStore {
     }
 
     async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
-        self.apply_batch(Some((resource, fence)), batch).await
+        self.apply_batch(&[(resource.clone(), fence)], batch).await
+    }
+
+    /// One `BEGIN IMMEDIATE` transaction: each watermark in resource order, then the records.
+    async fn apply_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
+        self.apply_batch(&canonical_fences(BACKEND, fences)?, batch).await
     }
 
     async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
-        self.apply_batch(None, batch).await
+        self.apply_batch(&[], batch).await
     }
 
     async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {

@@ -431,3 +431,51 @@ async fn a_release_wakes_the_waiters_of_its_process() {
         "handoffs (sorted) {handoffs:?}: the waiter polled, nobody woke it"
     );
 }
+
+/// A transfer between two rows of your own table under a multi-lease: `begin_fenced_all`
+/// raises both watermarks, each row is written under its own member's fence. A holder of the
+/// set paused past its TTL, after a new holder of one member wrote, is refused as a whole
+/// (the error names that member) and neither row changes.
+#[tokio::test]
+async fn a_transfer_under_a_multi_lease_is_fenced_on_both_rows_or_refused_whole() {
+    use palisade_core::{FencedRow, LockServiceExt, MemoryLockService};
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_store(&dir).await;
+    sqlx::query("CREATE TABLE stock (sku TEXT PRIMARY KEY, qty INTEGER NOT NULL, fence INTEGER)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO stock (sku, qty) VALUES ('SKU-1', 10), ('SKU-2', 0)").execute(store.pool()).await.unwrap();
+    let row = FencedRow { table: "stock", key_column: "sku", fence_column: "fence" };
+    let (from, to) = (ResourceKey::new("stock", "SKU-1").unwrap(), ResourceKey::new("stock", "SKU-2").unwrap());
+    let locks = Arc::new(MemoryLockService::new());
+    let stock = || async {
+        sqlx::query_as::<_, (String, i64)>("SELECT sku, qty FROM stock ORDER BY sku")
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+    };
+
+    let short = LockOptions::ttl(std::time::Duration::from_millis(50));
+    let paused = locks.lock_all(&[to.clone(), from.clone()], short).await.unwrap();
+    let mut tx = store.begin_fenced_all(&paused).await.unwrap();
+    assert_eq!(tx.fences().len(), 2);
+    assert_eq!(tx.resource(), &from, "canonical order");
+    let (f_from, f_to) = (tx.fence_of(&from).unwrap(), tx.fence_of(&to).unwrap());
+    store.update_row_fenced_in(tx.conn(), &row, "SKU-1", f_from, "qty = qty - $3", |q| q.bind(3i64)).await.unwrap();
+    store.update_row_fenced_in(tx.conn(), &row, "SKU-2", f_to, "qty = qty + $3", |q| q.bind(3i64)).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(stock().await, [("SKU-1".to_string(), 7), ("SKU-2".to_string(), 3)]);
+
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await; // past the TTL
+    let newer = locks.lock(&to, LockOptions::ttl(std::time::Duration::from_secs(30))).await.unwrap();
+    let mut tx = store.begin_fenced(&newer).await.unwrap();
+    sqlx::query("UPDATE stock SET qty = qty + 1 WHERE sku = 'SKU-2'").execute(tx.conn()).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let err = store.begin_fenced_all(&paused).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::StaleFence { .. }), "{err}");
+    assert_eq!(err.resource(), Some(&to), "{err}");
+    assert_eq!(stock().await, [("SKU-1".to_string(), 7), ("SKU-2".to_string(), 4)], "nothing half applied");
+    newer.release().await.unwrap();
+}

@@ -71,6 +71,31 @@ pub enum Command {
         #[arg(long)]
         sku: String,
     },
+    /// Move stock from one SKU to another under both locks at once: one write both fences
+    /// must pass, so it lands whole or not at all.
+    Transfer {
+        /// The SKU the units leave.
+        #[arg(long)]
+        from: String,
+        /// The SKU they arrive at (another SKU).
+        #[arg(long)]
+        to: String,
+        /// How many units to move (at least 1).
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_QTY))]
+        qty: i64,
+        /// Lock TTL in milliseconds (1 to 86400000).
+        #[arg(long, default_value_t = 30_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_ALLOCATE_MS))]
+        ttl_ms: i64,
+        /// How long to "work" between acquiring and writing, in milliseconds (0 to 3600000).
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_THINK_MS))]
+        think_ms: i64,
+        /// Job id for the audit table (default: a fresh random id).
+        #[arg(long)]
+        job: Option<String>,
+        /// How long to wait for both locks, in milliseconds (0 to 86400000; 0 tries once).
+        #[arg(long, default_value_t = 60_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_ALLOCATE_MS))]
+        wait_ms: i64,
+    },
     /// One worker: lock the SKU, think, decrement its stock with the lease's fence.
     Allocate {
         /// The SKU.
@@ -119,6 +144,10 @@ pub struct SimulateArgs {
     /// Write without the fence check: the incident's naive lock.
     #[arg(long)]
     pub unfenced: bool,
+    /// Every K-th job is a transfer of one unit from SKU j mod N to SKU (j + 1) mod N, under
+    /// both SKUs' locks at once (0: never; needs at least 2 SKUs).
+    #[arg(long, default_value_t = 0)]
+    pub transfer_every: u64,
     /// Print one JSON object on the last line instead of a human summary.
     #[arg(long)]
     pub json: bool,

@@ -10,7 +10,7 @@ use palisade::prelude::*;
 use serde_json::json;
 
 use super::cli::{Cli, Command, millis};
-use super::inventory::{Mode, Order, Outcome, Warehouse};
+use super::inventory::{Mode, Order, Outcome, Transfer, Warehouse};
 use super::simulate;
 
 /// The exit code for an error: 2 for bad input, 1 for everything else.
@@ -69,6 +69,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, AppError> {
         Command::Show { sku } => show(&cli, sku).await,
         Command::Allocate { sku, qty, ttl_ms, think_ms, job, wait_ms } => {
             allocate(&cli, sku, *qty, *ttl_ms, *think_ms, job.as_deref(), *wait_ms).await
+        }
+        Command::Transfer { from, to, qty, ttl_ms, think_ms, job, wait_ms } => {
+            let t = TransferArgs { from, to, qty: *qty, ttl_ms: *ttl_ms, think_ms: *think_ms, wait_ms: *wait_ms };
+            transfer(&cli, &t, job.as_deref()).await
         }
     }
 }
@@ -147,16 +151,7 @@ async fn allocate(
     let key = Warehouse::resource(sku)?;
     let ttl = palisade::Ttl::new(millis(ttl_ms))?.get();
     let wait = millis(wait_ms);
-    let job = match job {
-        Some(job) => {
-            palisade::spi::validate_record_key(job)?;
-            if job.contains('/') {
-                return Err(AppError::Usage("job id must not contain '/'".into()));
-            }
-            job.to_string()
-        }
-        None => format!("job-{}", palisade::OwnerToken::generate()?),
-    };
+    let job = job_id(job)?;
     warn_if_single_process(cli);
     let (locks, warehouse) = connect(cli).await?;
     // Checked against where the stock keeps its fence: a lock service that lost its fence
@@ -201,6 +196,106 @@ async fn allocate(
     };
     // A stale holder no longer holds the lock: NotHolder is expected and harmless here.
     if let Err(e) = lease.release().await
+        && e.kind() != ErrorKind::NotHolder
+    {
+        eprintln!("warehouse: release failed: {}", e.report());
+    }
+    Ok(code)
+}
+
+/// `--job`, checked (a record key without '/'), or a fresh random id.
+fn job_id(job: Option<&str>) -> Result<String, AppError> {
+    match job {
+        Some(job) => {
+            palisade::spi::validate_record_key(job)?;
+            if job.contains('/') {
+                return Err(AppError::Usage("job id must not contain '/'".into()));
+            }
+            Ok(job.to_string())
+        }
+        None => Ok(format!("job-{}", palisade::OwnerToken::generate()?)),
+    }
+}
+
+/// `transfer`'s flags.
+struct TransferArgs<'a> {
+    from: &'a str,
+    to: &'a str,
+    qty: i64,
+    ttl_ms: i64,
+    think_ms: i64,
+    wait_ms: i64,
+}
+
+async fn transfer(cli: &Cli, t: &TransferArgs<'_>, job: Option<&str>) -> Result<ExitCode, AppError> {
+    let keys = [Warehouse::resource(t.from)?, Warehouse::resource(t.to)?];
+    if t.from == t.to {
+        return Err(AppError::Usage(format!("--from and --to name the same SKU ({}): a transfer needs two", t.from)));
+    }
+    let ttl = palisade::Ttl::new(millis(t.ttl_ms))?.get();
+    let wait = millis(t.wait_ms);
+    let job = job_id(job)?;
+    warn_if_single_process(cli);
+    let (locks, warehouse) = connect(cli).await?;
+    // Fencing rule 5 for each SKU first: a lock service that lost a counter is repaired here
+    // (each lock taken checked and let go at once), instead of the transfer being refused.
+    for sku in [t.from, t.to] {
+        if let Some(lease) = warehouse.lock_checked(&locks, sku, LockOptions::ttl(ttl).wait(wait)).await? {
+            lease.release().await?;
+        }
+    }
+    let both = locks.lock_all(&keys, LockOptions::ttl(ttl).wait(wait)).await.map_err(|e| match e.kind() {
+        ErrorKind::Timeout => AppError::Runtime(format!(
+            "the locks on {} and {} were not both free within --wait-ms ({})",
+            keys[0],
+            keys[1],
+            e.report()
+        )),
+        _ => AppError::from(e),
+    })?;
+    let fences: serde_json::Map<String, serde_json::Value> = [t.from, t.to]
+        .iter()
+        .zip(&keys)
+        .map(|(sku, key)| (sku.to_string(), json!(both.fence(key).map(|f| f.get()))))
+        .collect();
+    emit(json!({"event": "acquired", "fences": fences, "job": job}))?;
+    let attempt = both.leases().first().map(|l| l.token().to_string()).unwrap_or_default();
+    let order = Transfer { from: t.from, to: t.to, job: &job, attempt: &attempt, qty: t.qty };
+    let outcome = warehouse.transfer(&both, Mode::Fenced, &order, millis(t.think_ms)).await?;
+    let code = match outcome {
+        Outcome::Applied => {
+            emit(json!({"event": "write", "applied": true}))?;
+            ExitCode::SUCCESS
+        }
+        Outcome::StaleFence { presented, current } => {
+            emit(
+                json!({"event": "write", "applied": false, "reason": "stale_fence", "fence": presented.get(), "current": current.get()}),
+            )?;
+            eprintln!(
+                "warehouse: transfer refused whole: fence {presented} is stale, the store has accepted {current}"
+            );
+            ExitCode::from(3)
+        }
+        Outcome::AlreadyDone => {
+            emit(json!({"event": "write", "applied": false, "reason": "already_done"}))?;
+            eprintln!("warehouse: job {job} was already applied by another worker; nothing to do");
+            ExitCode::from(5)
+        }
+        Outcome::InsufficientStock { available } => {
+            emit(json!({"event": "write", "applied": false, "reason": "insufficient_stock"}))?;
+            eprintln!("warehouse: insufficient stock for {}: {available} available, {} requested", t.from, t.qty);
+            ExitCode::from(1)
+        }
+        Outcome::UnknownSku => {
+            eprintln!(
+                "warehouse: unknown SKU {:?} or {:?}: run `warehouse setup --sku S --qty N` for both first",
+                t.from, t.to
+            );
+            ExitCode::from(1)
+        }
+    };
+    // A stale holder no longer holds the locks: NotHolder is expected and harmless here.
+    if let Err(e) = both.release().await
         && e.kind() != ErrorKind::NotHolder
     {
         eprintln!("warehouse: release failed: {}", e.report());

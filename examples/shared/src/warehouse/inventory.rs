@@ -23,6 +23,15 @@
 //! stock, decimal text), `PREFIX/done/JOB`, `PREFIX/audit/JOB/ATTEMPT`, one batch per allocation.
 //!
 //! Either way two audit rows for one job are a duplicate shipment.
+//!
+//! **Transfers** move stock between two SKUs under both their locks at once (`lock_all`). The
+//! tables gain `transfers (job, attempt, side, sku, qty, fence, PRIMARY KEY (job, attempt,
+//! side))`, one `out` and one `in` row per applied transfer; records gain
+//! `PREFIX/transfer/JOB/ATTEMPT/out|in`. Fenced, a transfer is one write that every member's
+//! fence must pass (the tables: both fenced single-row statements in one transaction; records:
+//! one `apply_all` batch). Unfenced, it is the naive way: both levels read before the pause,
+//! then written blindly as two writes, one per side. A transfer whose `out` and `in` rows
+//! differ in number was applied on one side only.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -87,6 +96,30 @@ pub struct Order<'a> {
     pub qty: i64,
 }
 
+/// One transfer request: move `qty` units from one SKU to another, for a job.
+#[derive(Debug, Clone, Copy)]
+pub struct Transfer<'a> {
+    /// The SKU the units leave.
+    pub from: &'a str,
+    /// The SKU they arrive at.
+    pub to: &'a str,
+    /// The job id (shared with allocations: one "done" per job).
+    pub job: &'a str,
+    /// This attempt's id.
+    pub attempt: &'a str,
+    /// Units to move.
+    pub qty: i64,
+}
+
+/// The transfers' audit, per job: how many times each side was applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferSides {
+    /// `out` rows (units taken from the source).
+    pub out: usize,
+    /// `in` rows (units added to the destination).
+    pub into: usize,
+}
+
 /// A stock level and the fence that last wrote it.
 #[derive(Debug, Clone, Copy)]
 pub struct Stock {
@@ -122,7 +155,7 @@ impl Warehouse {
     pub async fn connect(url: &str, scope: &str) -> palisade::Result<Self> {
         let data = if url.starts_with("sqlite:") {
             let store = palisade::sqlite::SqliteStore::connect(url).await?;
-            Db::Sqlite(store.clone()).create_tables(&[sql::CREATE_INVENTORY, sql::CREATE_ALLOCATIONS]).await?;
+            Db::Sqlite(store.clone()).create_tables(&sql::TABLES).await?;
             Data::Sqlite(store)
         } else if cfg!(feature = "postgres") && (url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             Self::postgres(url).await?
@@ -136,7 +169,7 @@ impl Warehouse {
     #[cfg(feature = "postgres")]
     async fn postgres(url: &str) -> palisade::Result<Data> {
         let store = palisade::postgres::PostgresStore::connect(url).await?;
-        Db::Postgres(store.clone()).create_tables(&[sql::CREATE_INVENTORY, sql::CREATE_ALLOCATIONS]).await?;
+        Db::Postgres(store.clone()).create_tables(&sql::TABLES).await?;
         Ok(Data::Postgres(store))
     }
 
@@ -297,6 +330,129 @@ impl Warehouse {
     }
 }
 
+impl Warehouse {
+    /// Units shipped: the quantities of every allocation's audit rows (of this scope).
+    pub async fn shipped(&self) -> palisade::Result<i64> {
+        let job_prefix = self.scoped("");
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(store) => postgres::shipped(store, &job_prefix).await,
+            Data::Sqlite(store) => sqlite::shipped(store, &job_prefix).await,
+            Data::Records { store, prefix } => Ok(store
+                .list(&format!("{prefix}/audit/"))
+                .await?
+                .iter()
+                .map(|(_, record)| audit_qty(&record.value))
+                .sum()),
+        }
+    }
+
+    /// The transfers' audit rows per job (of this scope): how often each side was applied.
+    pub async fn transfers(&self) -> palisade::Result<BTreeMap<String, TransferSides>> {
+        let job_prefix = self.scoped("");
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(store) => postgres::transfers(store, &job_prefix).await,
+            Data::Sqlite(store) => sqlite::transfers(store, &job_prefix).await,
+            Data::Records { store, prefix } => {
+                let transfer_prefix = format!("{prefix}/transfer/");
+                let mut per_job: BTreeMap<String, TransferSides> = BTreeMap::new();
+                for (key, _) in store.list(&transfer_prefix).await? {
+                    let rest = &key[transfer_prefix.len()..];
+                    let job = rest.split_once('/').map_or(rest, |(job, _)| job);
+                    let sides = per_job.entry(job.to_string()).or_default();
+                    if key.ends_with("/out") {
+                        sides.out += 1;
+                    } else {
+                        sides.into += 1;
+                    }
+                }
+                Ok(per_job)
+            }
+        }
+    }
+
+    /// Moves `transfer.qty` units from one SKU to the other while holding both locks (`locks`,
+    /// from `lock_all` over the two SKUs' resources), pausing `pause` between the reads and
+    /// the write.
+    ///
+    /// Fenced: one write that **every** member's fence must pass, with the "job not yet done"
+    /// condition in it: a holder of the pair paused past its TTL is refused whole
+    /// ([`Outcome::StaleFence`]) as soon as either SKU has a newer holder's write, and nothing
+    /// of it lands. Unfenced: the naive way (both levels read before the pause, each side
+    /// written blindly after it, as two writes).
+    pub async fn transfer<S: LockService + ?Sized>(
+        &self,
+        locks: &MultiLease<S>,
+        mode: Mode,
+        transfer: &Transfer<'_>,
+        pause: Duration,
+    ) -> palisade::Result<Outcome> {
+        if transfer.from == transfer.to {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "warehouse",
+                format!("a transfer needs two different SKUs (got {} twice)", transfer.from),
+            ));
+        }
+        let member = |sku: &str| -> palisade::Result<Option<GrantFence>> {
+            let key = Self::resource(&self.scoped_sku_resource(sku))?;
+            let lease = locks.lease(&key).ok_or_else(|| {
+                Error::new(ErrorKind::InvalidArgument, "warehouse", format!("the locks held do not include {key}"))
+            })?;
+            Ok(lease.fence_if_any().map(|f| GrantFence::new(f, lease.grant().grant_id())))
+        };
+        let (from_fence, to_fence) = (member(transfer.from)?, member(transfer.to)?);
+        let fences = match (mode, from_fence, to_fence) {
+            (Mode::Fenced, Some(from), Some(to)) => Some((from, to)),
+            (Mode::Fenced, _, _) => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    "warehouse",
+                    "the lock issues no fence: a fenced transfer needs one per SKU",
+                ));
+            }
+            (Mode::Unfenced, _, _) => None,
+        };
+        let (from, to, job) = (self.scoped(transfer.from), self.scoped(transfer.to), self.scoped(transfer.job));
+        let scoped = Transfer { from: &from, to: &to, job: &job, ..*transfer };
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(store) => {
+                postgres::transfer(store, fences.map(|(f, t)| (f.fence(), t.fence())), &scoped, pause).await
+            }
+            Data::Sqlite(store) => {
+                sqlite::transfer(store, fences.map(|(f, t)| (f.fence(), t.fence())), &scoped, pause).await
+            }
+            Data::Records { store, prefix } => {
+                let fences = match fences {
+                    Some((f, t)) => Some(vec![
+                        (Self::resource(&self.scoped_sku_resource(transfer.from))?, f),
+                        (Self::resource(&self.scoped_sku_resource(transfer.to))?, t),
+                    ]),
+                    None => None,
+                };
+                transfer_records(store, prefix, fences.as_deref(), transfer, pause).await
+            }
+        }
+    }
+
+    /// The name a SKU's lock resource carries: the SKU as given for the commands, the run's
+    /// scoped name in a simulation (`RUN.SKU-0001`).
+    pub fn scoped_sku_resource(&self, sku: &str) -> String {
+        self.scoped(sku)
+    }
+}
+
+/// The quantity in a record-store audit value (`sku=S qty=N fence=F`).
+fn audit_qty(value: &[u8]) -> i64 {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.split(' ').find_map(|part| part.strip_prefix("qty=")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The tables' statements: PostgreSQL and SQLite read the same text (`$N` placeholders).
 mod sql {
     pub const CREATE_INVENTORY: &str = "CREATE TABLE IF NOT EXISTS inventory (\
@@ -319,6 +475,25 @@ mod sql {
         "INSERT INTO inventory (sku, qty, fence) VALUES ($1, 0, NULL) ON CONFLICT (sku) DO NOTHING";
     pub const AUDIT_COUNTS: &str = "SELECT job, COUNT(*) FROM allocations \
          WHERE substr(job, 1, length($1)) = $1 AND ($2 IS NULL OR sku = $2) GROUP BY job";
+    pub const CREATE_TRANSFERS: &str = "CREATE TABLE IF NOT EXISTS transfers (\
+         job TEXT NOT NULL, attempt TEXT NOT NULL, side TEXT NOT NULL, sku TEXT NOT NULL, qty BIGINT NOT NULL, \
+         fence BIGINT, PRIMARY KEY (job, attempt, side))";
+    pub const TABLES: [&str; 3] = [CREATE_INVENTORY, CREATE_ALLOCATIONS, CREATE_TRANSFERS];
+    pub const SHIPPED: &str =
+        "SELECT CAST(COALESCE(SUM(qty), 0) AS BIGINT) FROM allocations WHERE substr(job, 1, length($1)) = $1";
+    /// Both levels and whether the job is done (as an allocation or a transfer), in one statement.
+    pub const READ_PAIR: &str = "SELECT (SELECT qty FROM inventory WHERE sku = $1), \
+         (SELECT qty FROM inventory WHERE sku = $2), \
+         (SELECT COUNT(*) FROM allocations WHERE job = $3) + (SELECT COUNT(*) FROM transfers WHERE job = $3)";
+    /// A side's row; the `out` one only if the job has no transfer row yet (fencing rule 3).
+    pub const TRANSFER_ONCE: &str = "INSERT INTO transfers (job, attempt, side, sku, qty, fence) \
+         SELECT $1, $2, 'out', $3, $4, $5 WHERE NOT EXISTS (SELECT 1 FROM transfers WHERE job = $1)";
+    pub const TRANSFER_SIDE: &str =
+        "INSERT INTO transfers (job, attempt, side, sku, qty, fence) VALUES ($1, $2, $6, $3, $4, $5)";
+    /// The naive write: the level read before the pause, minus or plus the units, set blindly.
+    pub const SET_BLIND: &str = "UPDATE inventory SET qty = $2 WHERE sku = $1";
+    pub const TRANSFER_COUNTS: &str = "SELECT job, side, COUNT(*) FROM transfers \
+         WHERE substr(job, 1, length($1)) = $1 GROUP BY job, side";
 }
 
 /// One module per SQL store, from the same text: the stores' transaction types differ, the
@@ -332,7 +507,7 @@ macro_rules! sql_tables {
             use palisade::prelude::*;
             use palisade::{DynLockService, Fence};
 
-            use super::{INVENTORY, Order, Outcome, Stock, sql};
+            use super::{INVENTORY, Order, Outcome, Stock, StoreDb, Transfer, TransferSides, sql};
             // `store.begin()` on PostgreSQL (SQLite's store has it).
             #[cfg(feature = "postgres")]
             #[allow(unused_imports)]
@@ -449,6 +624,117 @@ macro_rules! sql_tables {
                 Ok(Outcome::Applied)
             }
 
+            pub(super) async fn shipped(store: &$store, job_prefix: &str) -> palisade::Result<i64> {
+                sqlx::query_scalar(sql::SHIPPED).bind(job_prefix).fetch_one(store.pool()).await.map_err($map_err)
+            }
+
+            pub(super) async fn transfers(
+                store: &$store,
+                job_prefix: &str,
+            ) -> palisade::Result<BTreeMap<String, TransferSides>> {
+                let rows: Vec<(String, String, i64)> = sqlx::query_as(sql::TRANSFER_COUNTS)
+                    .bind(job_prefix)
+                    .fetch_all(store.pool())
+                    .await
+                    .map_err($map_err)?;
+                let mut per_job: BTreeMap<String, TransferSides> = BTreeMap::new();
+                for (job, side, n) in rows {
+                    let sides = per_job.entry(job[job_prefix.len()..].to_string()).or_default();
+                    let n = usize::try_from(n).unwrap_or(0);
+                    if side == "out" {
+                        sides.out += n;
+                    } else {
+                        sides.into += n;
+                    }
+                }
+                Ok(per_job)
+            }
+
+            /// One transfer: both levels and the job's state in one read, the pause, then
+            /// (fenced) one transaction of both fenced single-row statements and the two audit
+            /// rows, or (unfenced) one blind transaction per side.
+            pub(super) async fn transfer(
+                store: &$store,
+                fences: Option<(Fence, Fence)>,
+                t: &Transfer<'_>,
+                pause: Duration,
+            ) -> palisade::Result<Outcome> {
+                let read: (Option<i64>, Option<i64>, i64) = sqlx::query_as(sql::READ_PAIR)
+                    .bind(t.from)
+                    .bind(t.to)
+                    .bind(t.job)
+                    .fetch_one(store.pool())
+                    .await
+                    .map_err($map_err)?;
+                let (Some(from_qty), Some(to_qty), done) = read else { return Ok(Outcome::UnknownSku) };
+                if done > 0 {
+                    return Ok(Outcome::AlreadyDone);
+                }
+                if from_qty < t.qty {
+                    return Ok(Outcome::InsufficientStock { available: from_qty });
+                }
+                tokio::time::sleep(pause).await;
+                let Some((from_fence, to_fence)) = fences else {
+                    // The naive way: each side its own blind write of the level read before the pause.
+                    for (sku, level, side) in [(t.from, from_qty - t.qty, "out"), (t.to, to_qty + t.qty, "in")] {
+                        let mut tx = store.begin().await?;
+                        sqlx::query(sql::SET_BLIND).bind(sku).bind(level).execute(tx.conn()).await.map_err($map_err)?;
+                        side_row(tx.conn(), t, sku, None, side).await?;
+                        tx.commit().await?;
+                    }
+                    return Ok(Outcome::Applied);
+                };
+                let mut tx = store.begin().await?;
+                for (sku, fence, set) in [(t.from, from_fence, "qty = qty - $3"), (t.to, to_fence, "qty = qty + $3")] {
+                    let written =
+                        store.update_row_fenced_in(tx.conn(), &INVENTORY, sku, fence, set, |q| q.bind(t.qty)).await;
+                    if let Err(e) = written {
+                        drop(tx); // neither side lands
+                        if let Some((presented, current)) = e.stale_fence_details() {
+                            return Ok(Outcome::StaleFence { presented, current });
+                        }
+                        return short_or(stock(store, t.from).await?, t.qty, e);
+                    }
+                }
+                let first = sqlx::query(sql::TRANSFER_ONCE)
+                    .bind(t.job)
+                    .bind(t.attempt)
+                    .bind(t.from)
+                    .bind(t.qty)
+                    .bind(i64::try_from(from_fence.get()).ok())
+                    .execute(tx.conn())
+                    .await
+                    .map_err($map_err)?
+                    .rows_affected();
+                if first == 0 {
+                    drop(tx); // another holder applied the job first: undo both sides
+                    return Ok(Outcome::AlreadyDone);
+                }
+                side_row(tx.conn(), t, t.to, Some(to_fence), "in").await?;
+                tx.commit().await?;
+                Ok(Outcome::Applied)
+            }
+
+            async fn side_row(
+                conn: &mut <<$store as StoreDb>::Db as sqlx::Database>::Connection,
+                t: &Transfer<'_>,
+                sku: &str,
+                fence: Option<Fence>,
+                side: &str,
+            ) -> palisade::Result<()> {
+                sqlx::query(sql::TRANSFER_SIDE)
+                    .bind(t.job)
+                    .bind(t.attempt)
+                    .bind(sku)
+                    .bind(t.qty)
+                    .bind(fence.and_then(|f| i64::try_from(f.get()).ok()))
+                    .bind(side)
+                    .execute(conn)
+                    .await
+                    .map_err($map_err)?;
+                Ok(())
+            }
+
             /// A decrement that failed for want of stock (the `qty >= 0` check) is an outcome,
             /// anything else the error it was.
             fn short_or(stock: Option<Stock>, qty: i64, e: palisade::Error) -> palisade::Result<Outcome> {
@@ -461,6 +747,20 @@ macro_rules! sql_tables {
             }
         }
     };
+}
+
+/// The sqlx database of each SQL store, so the shared statements name its connection type.
+trait StoreDb {
+    type Db: sqlx::Database;
+}
+
+#[cfg(feature = "postgres")]
+impl StoreDb for palisade::postgres::PostgresStore {
+    type Db = sqlx::Postgres;
+}
+
+impl StoreDb for palisade::sqlite::SqliteStore {
+    type Db = sqlx::Sqlite;
 }
 
 #[cfg(feature = "postgres")]
@@ -537,6 +837,81 @@ async fn allocate_records(
         ErrorKind::Conflict,
         "warehouse",
         format!("job {job}: stock of {sku} kept changing under the lock ({MAX_CONFLICT_RETRIES} retries)"),
+    ))
+}
+
+/// The record-store transfer: both levels and the done marker in one read, the pause, then
+/// (fenced) one `apply_all` batch under both SKUs' fences, with both levels as read and the
+/// job's absence as conditions, or (unfenced) one blind batch per side.
+async fn transfer_records(
+    store: &Arc<DynFencedStore>,
+    prefix: &str,
+    fences: Option<&[(ResourceKey, GrantFence)]>,
+    t: &Transfer<'_>,
+    pause: Duration,
+) -> palisade::Result<Outcome> {
+    let (from_key, to_key) = (format!("{prefix}/inventory/{}", t.from), format!("{prefix}/inventory/{}", t.to));
+    let done_key = format!("{prefix}/done/{}", t.job);
+    let side_key = |side: &str| format!("{prefix}/transfer/{}/{}/{side}", t.job, t.attempt);
+    let mut paused = false;
+    for _ in 0..=MAX_CONFLICT_RETRIES {
+        let mut read = store.read_many(&[&done_key, &from_key, &to_key]).await?.into_iter();
+        let (done, from, to) = (read.next().flatten(), read.next().flatten(), read.next().flatten());
+        if done.is_some() {
+            return Ok(Outcome::AlreadyDone);
+        }
+        let (Some(from), Some(to)) = (from, to) else { return Ok(Outcome::UnknownSku) };
+        let (from_qty, to_qty) = (parse_qty(&from), parse_qty(&to));
+        if from_qty < t.qty {
+            return Ok(Outcome::InsufficientStock { available: from_qty });
+        }
+        if !paused {
+            paused = true;
+            tokio::time::sleep(pause).await;
+        }
+        let row = |sku: &str| format!("sku={sku} qty={}", t.qty).into_bytes();
+        let Some(fences) = fences else {
+            // The naive way: each side its own blind write of the level read before the pause.
+            store
+                .apply_unfenced(
+                    &WriteBatch::new()
+                        .put(from_key.clone(), (from_qty - t.qty).to_string())
+                        .put(done_key.clone(), t.attempt.as_bytes().to_vec())
+                        .put(side_key("out"), row(t.from)),
+                )
+                .await?;
+            store
+                .apply_unfenced(
+                    &WriteBatch::new().put(to_key.clone(), (to_qty + t.qty).to_string()).put(side_key("in"), row(t.to)),
+                )
+                .await?;
+            return Ok(Outcome::Applied);
+        };
+        let batch = WriteBatch::new()
+            .check(from_key.clone(), Some(from.value.clone()))
+            .put(from_key.clone(), (from_qty - t.qty).to_string())
+            .check(to_key.clone(), Some(to.value.clone()))
+            .put(to_key.clone(), (to_qty + t.qty).to_string())
+            .create(done_key.clone(), t.attempt.as_bytes().to_vec())
+            .put(side_key("out"), row(t.from))
+            .put(side_key("in"), row(t.to));
+        match store.write_all_fenced(fences, &batch).await {
+            Ok(()) => return Ok(Outcome::Applied),
+            Err(e) => {
+                if let Some((presented, current)) = e.stale_fence_details() {
+                    return Ok(Outcome::StaleFence { presented, current });
+                }
+                if e.kind() != ErrorKind::Conflict {
+                    return Err(e);
+                }
+                // A stale holder's write landed between our read and our write: re-read.
+            }
+        }
+    }
+    Err(Error::new(
+        ErrorKind::Conflict,
+        "warehouse",
+        format!("transfer {}: stock kept changing under the locks ({MAX_CONFLICT_RETRIES} retries)", t.job),
     ))
 }
 

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::cli::{Cli, SimulateArgs, millis};
 use super::commands::{AppError, connect_any};
-use super::inventory::{Mode, Order, Outcome, Warehouse};
+use super::inventory::{Mode, Order, Outcome, Transfer, Warehouse};
 
 #[derive(Debug, Clone, Copy)]
 struct Delivery {
@@ -33,6 +33,7 @@ struct Delivery {
 #[derive(Default)]
 struct Counters {
     applied: AtomicU64,
+    transfers: AtomicU64,
     fence_rejected: AtomicU64,
     already_done: AtomicU64,
     pauses: AtomicU64,
@@ -120,19 +121,25 @@ struct Settings {
     pause_every: u64,
     pause: Duration,
     mode: Mode,
+    transfer_every: u64,
 }
 
 /// `simulate`: runs the simulation, prints its report, and exits 4 if a fenced run found duplicates.
 pub async fn run(cli: &Cli, args: &SimulateArgs) -> Result<ExitCode, AppError> {
     let report = simulate(cli, args, false).await?;
     let duplicates = report["duplicates"].as_u64().unwrap_or(0);
+    let half_applied = report["half_applied"].as_u64().unwrap_or(0);
+    let conserved = report["stock_conserved"].as_bool().unwrap_or(false);
     if args.json {
         println!("{report}");
     } else {
         print_human(&report);
     }
-    if report["mode"] == "fenced" && duplicates > 0 {
-        eprintln!("warehouse: SAFETY VIOLATION: {duplicates} duplicate allocations with fencing on");
+    if report["mode"] == "fenced" && (duplicates > 0 || half_applied > 0 || !conserved) {
+        eprintln!(
+            "warehouse: SAFETY VIOLATION with fencing on: {duplicates} duplicate jobs, {half_applied} transfers applied \
+             on one side only, stock conserved: {conserved}"
+        );
         return Ok(ExitCode::from(4));
     }
     Ok(ExitCode::SUCCESS)
@@ -150,7 +157,11 @@ pub async fn simulate(cli: &Cli, args: &SimulateArgs, quiet: bool) -> Result<ser
         pause_every: args.pause_every,
         pause: millis(args.pause_ms.unwrap_or(args.ttl_ms.saturating_mul(2).saturating_add(50))),
         mode: if args.unfenced { Mode::Unfenced } else { Mode::Fenced },
+        transfer_every: args.transfer_every,
     };
+    if settings.transfer_every > 0 && settings.skus < 2 {
+        return Err(AppError::Usage("--transfer-every needs at least 2 SKUs (--skus)".into()));
+    }
     if settings.pause_every > 0 && settings.pause <= settings.ttl {
         eprintln!("warehouse: note: --pause-ms is not longer than --ttl-ms, so pauses will not outlive leases");
     }
@@ -278,7 +289,87 @@ fn arm_redelivery<L: LockService + ?Sized>(sim: &Arc<Sim<L>>, delivery: Delivery
     });
 }
 
+/// Whether job `job` is a transfer (`--transfer-every`).
+fn is_transfer(settings: &Settings, job: u64) -> bool {
+    settings.transfer_every > 0 && (job + 1).is_multiple_of(settings.transfer_every)
+}
+
+/// The pause a delivery's holder takes: every `--pause-every`-th job's first delivery.
+fn pause_of<L: LockService + ?Sized>(sim: &Sim<L>, delivery: Delivery) -> Duration {
+    if sim.args.pause_every > 0 && (delivery.job + 1).is_multiple_of(sim.args.pause_every) && delivery.attempt == 1 {
+        sim.counters.pauses.fetch_add(1, Ordering::SeqCst);
+        sim.args.pause
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Counts an attempt's outcome; whether the job is finished.
+fn count<L: LockService + ?Sized>(sim: &Sim<L>, outcome: palisade::Result<Outcome>, applied: &AtomicU64) -> bool {
+    match outcome {
+        Ok(Outcome::Applied) => {
+            applied.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+        Ok(Outcome::AlreadyDone) => {
+            sim.counters.already_done.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+        Ok(Outcome::StaleFence { .. }) => {
+            sim.counters.fence_rejected.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+        Ok(Outcome::InsufficientStock { .. } | Outcome::UnknownSku) | Err(_) => {
+            sim.counters.lock_errors.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+    }
+}
+
+fn finish<L: LockService + ?Sized>(sim: &Sim<L>, delivery: Delivery, finished: bool) {
+    if finished && !sim.job_done[job_index(delivery.job)].swap(true, Ordering::SeqCst) {
+        let done = sim.counters.finished_jobs.fetch_add(1, Ordering::SeqCst) + 1;
+        sim.tenths.done(done, sim.args.jobs);
+    }
+}
+
+/// A transfer job: one unit from SKU j mod N to SKU (j + 1) mod N, under both locks at once.
+async fn process_transfer<L: LockService + ?Sized>(sim: &Sim<L>, delivery: Delivery, worker: u32) {
+    let skus = u64::from(sim.args.skus);
+    let from = sku_name(u32::try_from(delivery.job % skus).unwrap_or(0));
+    let to = sku_name(u32::try_from((delivery.job + 1) % skus).unwrap_or(0));
+    let keys = match (
+        ResourceKey::new("alloc", format!("{}.{from}", sim.run_id)),
+        ResourceKey::new("alloc", format!("{}.{to}", sim.run_id)),
+    ) {
+        (Ok(a), Ok(b)) => [a, b],
+        _ => return,
+    };
+    let started = Instant::now();
+    let wait = (sim.args.ttl * 50).max(Duration::from_secs(10));
+    let Ok(both) = sim.locks.lock_all(&keys, LockOptions::ttl(sim.args.ttl).wait(wait)).await else {
+        sim.counters.lock_errors.fetch_add(1, Ordering::SeqCst);
+        return; // not acknowledged: the queue redelivers it
+    };
+    if let Ok(mut l) = sim.acquire_latencies.lock() {
+        l.push(started.elapsed());
+    }
+    let pause = pause_of(sim, delivery);
+    let job = format!("job-{:09}", delivery.job);
+    let fences: Vec<String> =
+        both.leases().iter().map(|l| l.fence_if_any().map_or_else(|| "none".to_string(), |f| f.to_string())).collect();
+    let attempt = format!("a{}-w{worker}-f{}", delivery.attempt, fences.join("+"));
+    let order = Transfer { from: &from, to: &to, job: &job, attempt: &attempt, qty: 1 };
+    let outcome = sim.warehouse.transfer(&both, sim.args.mode, &order, pause).await;
+    let finished = count(sim, outcome, &sim.counters.transfers);
+    finish(sim, delivery, finished);
+    let _ = both.release().await; // NotHolder after a pause is expected
+}
+
 async fn process<L: LockService + ?Sized>(sim: &Sim<L>, delivery: Delivery, worker: u32) {
+    if is_transfer(&sim.args, delivery.job) {
+        return process_transfer(sim, delivery, worker).await;
+    }
     let sku = sku_name(u32::try_from(delivery.job % u64::from(sim.args.skus)).unwrap_or(0));
     let key = match ResourceKey::new("alloc", format!("{}.{sku}", sim.run_id)) {
         Ok(key) => key,
@@ -297,41 +388,14 @@ async fn process<L: LockService + ?Sized>(sim: &Sim<L>, delivery: Delivery, work
     if let Ok(mut l) = sim.acquire_latencies.lock() {
         l.push(started.elapsed());
     }
-    let pause =
-        if sim.args.pause_every > 0 && (delivery.job + 1).is_multiple_of(sim.args.pause_every) && delivery.attempt == 1
-        {
-            sim.counters.pauses.fetch_add(1, Ordering::SeqCst);
-            sim.args.pause
-        } else {
-            Duration::ZERO
-        };
+    let pause = pause_of(sim, delivery);
     let job = format!("job-{:09}", delivery.job);
     let fence = lease.fence_if_any().map_or_else(|| "none".to_string(), |f| f.to_string());
     let attempt = format!("a{}-w{worker}-f{fence}", delivery.attempt);
     let order = Order { sku: &sku, job: &job, attempt: &attempt, qty: 1 };
     let outcome = sim.warehouse.allocate(&lease, sim.args.mode, &order, pause).await;
-    let finished = match outcome {
-        Ok(Outcome::Applied) => {
-            sim.counters.applied.fetch_add(1, Ordering::SeqCst);
-            true
-        }
-        Ok(Outcome::AlreadyDone) => {
-            sim.counters.already_done.fetch_add(1, Ordering::SeqCst);
-            true
-        }
-        Ok(Outcome::StaleFence { .. }) => {
-            sim.counters.fence_rejected.fetch_add(1, Ordering::SeqCst);
-            false
-        }
-        Ok(Outcome::InsufficientStock { .. } | Outcome::UnknownSku) | Err(_) => {
-            sim.counters.lock_errors.fetch_add(1, Ordering::SeqCst);
-            false
-        }
-    };
-    if finished && !sim.job_done[job_index(delivery.job)].swap(true, Ordering::SeqCst) {
-        let done = sim.counters.finished_jobs.fetch_add(1, Ordering::SeqCst) + 1;
-        sim.tenths.done(done, sim.args.jobs);
-    }
+    let finished = count(sim, outcome, &sim.counters.applied);
+    finish(sim, delivery, finished);
     let _ = lease.release().await; // NotHolder after a pause is expected
 }
 
@@ -342,12 +406,23 @@ async fn report<L: LockService + ?Sized>(
 ) -> Result<serde_json::Value, AppError> {
     let audit = sim.warehouse.audit(None).await?;
     let allocations: usize = audit.values().sum();
-    let duplicates = audit.values().filter(|&&n| n > 1).count();
+    let transfers = sim.warehouse.transfers().await?;
+    // A job applied more than once: an allocation with two audit rows, a transfer moved twice.
+    let duplicates =
+        audit.values().filter(|&&n| n > 1).count() + transfers.values().filter(|t| t.out.max(t.into) > 1).count();
+    let half_applied = transfers.values().filter(|t| t.out != t.into).count();
     let mut stock_decrements = 0i64;
+    let mut stock_left = 0i64;
     for s in 0..sim.args.skus {
         let left = sim.warehouse.stock(&sku_name(s)).await?.map_or(0, |st| st.qty);
+        stock_left += left;
         stock_decrements += i64::try_from(sim.args.jobs).unwrap_or(i64::MAX) - left;
     }
+    // Transfers move stock and allocations ship it: what is left plus what shipped is what
+    // there was, whatever the pauses.
+    let shipped = sim.warehouse.shipped().await?;
+    let initial = i64::from(sim.args.skus).saturating_mul(i64::try_from(sim.args.jobs).unwrap_or(i64::MAX));
+    let stock_conserved = stock_left.saturating_add(shipped) == initial;
     let mut latencies = sim.acquire_latencies.lock().map(|l| l.clone()).unwrap_or_default();
     latencies.sort_unstable();
     let pct = |p: f64| -> f64 {
@@ -377,6 +452,12 @@ async fn report<L: LockService + ?Sized>(
         "fence_rejected": c.fence_rejected.load(Ordering::SeqCst),
         "already_done": c.already_done.load(Ordering::SeqCst),
         "duplicates": duplicates,
+        "transfer_every": sim.args.transfer_every,
+        "transfers": c.transfers.load(Ordering::SeqCst),
+        "transfer_jobs_applied": transfers.len(),
+        "half_applied": half_applied,
+        "shipped": shipped,
+        "stock_conserved": stock_conserved,
         "audit_allocations": allocations,
         "jobs_applied": audit.len(),
         "stock_decrements": stock_decrements,
@@ -409,6 +490,12 @@ fn print_human(r: &serde_json::Value) {
         "  duplicates {} (jobs applied more than once, from the audit table)   lost stock updates {}",
         r["duplicates"], r["lost_updates"]
     );
+    if r["transfer_every"].as_u64().unwrap_or(0) > 0 {
+        println!(
+            "  transfers applied {}   half applied {}   stock conserved {} (stock left + {} shipped = initial)",
+            r["transfers"], r["half_applied"], r["stock_conserved"], r["shipped"]
+        );
+    }
     println!(
         "  {} ms, {} jobs/s, acquire p50 {} ms p99 {} ms  [{} lock, {} store]",
         r["elapsed_ms"],
