@@ -351,6 +351,46 @@ pub async fn store_perf(store: &Arc<DynFencedStore>, plan: &Plan) -> Result<Stor
             async move { store.apply_unfenced(&batch).await.map_err(err) }
         })
     };
+    // A transfer's write: one batch fencing two resources (`apply_all`) against the same two
+    // records written by two single-resource fenced writes, one after the other.
+    let pair = [ResourceKey::new(&*prefix, "from").map_err(err)?, ResourceKey::new(&*prefix, "to").map_err(err)?];
+    let records = [format!("{prefix}/from"), format!("{prefix}/to")];
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let multi = {
+        let (store, pair, records, next) = (Arc::clone(store), pair.clone(), records.clone(), Arc::clone(&next));
+        Variant::new(MULTI_WRITE, move |_| {
+            let store = Arc::clone(&store);
+            let fence =
+                palisade::GrantFence::new(Fence::new(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)), grant);
+            let fences = [(pair[0].clone(), fence), (pair[1].clone(), fence)];
+            let batch =
+                WriteBatch::new().put(records[0].clone(), b"-1".to_vec()).put(records[1].clone(), b"+1".to_vec());
+            async move { store.apply_all(&fences, &batch).await.map_err(err) }
+        })
+    };
+    let singles = {
+        let store = Arc::clone(store);
+        Variant::new(TWO_WRITES, move |_| {
+            let (store, pair, records) = (Arc::clone(&store), pair.clone(), records.clone());
+            let fence =
+                palisade::GrantFence::new(Fence::new(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)), grant);
+            async move {
+                store
+                    .apply(&pair[0], fence, &WriteBatch::new().put(records[0].clone(), b"-1".to_vec()))
+                    .await
+                    .map_err(err)?;
+                store
+                    .apply(&pair[1], fence, &WriteBatch::new().put(records[1].clone(), b"+1".to_vec()))
+                    .await
+                    .map_err(err)
+            }
+        })
+    };
     let plan = Plan { cycles: (plan.cycles / 4).max(20), ..plan.clone() };
-    Ok(StorePerf { latency: measure::latency(&[plain, fenced], &plan, None).await? })
+    Ok(StorePerf { latency: measure::latency(&[plain, fenced, singles, multi], &plan, None).await? })
 }
+
+/// The store variant writing two resources' records in one fenced batch (`apply_all`).
+pub const MULTI_WRITE: &str = "multi-write, 2 resources";
+/// The store variant writing the same two records with two single-resource fenced writes.
+pub const TWO_WRITES: &str = "two fenced writes";

@@ -551,6 +551,24 @@ fn markdown(
                 }
             }
         }
+        let _ = writeln!(
+            md,
+            "\nA transfer's write: one batch fencing two resources and writing a record of each (`apply_all`: both fences judged, all or nothing) against the same two records written by two single-resource fenced writes one after the other (what a transfer without the multi-write does, and can leave half applied), interleaved the same way.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| store | multi-write p50 ms (rounds) | multi-write p99 ms | two writes p50 ms (rounds) | two writes p99 ms | p50 ratio |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|");
+        for s in stores {
+            let found = s.perf.as_ref().and_then(|p| {
+                let find = |n: &str| p.latency.iter().find(|l| l.name == n);
+                Some((find(perf::MULTI_WRITE)?, find(perf::TWO_WRITES)?))
+            });
+            if let Some((m, t)) = found {
+                let _ = writeln!(md, "| {} | {} | {} | {:.2}× |", s.label, m.cells(), t.cells(), m.ratio_to(t));
+            }
+        }
     }
     if args.runs(Part::Warehouse) {
         let _ = writeln!(md, "\n## The warehouse benchmark\n");
