@@ -871,7 +871,7 @@ mod broken_twins {
         lock_flaw_fails(
             LockFlaw::ExtendDoesNothing,
             &[
-                ("overlapping_lock_sets_never_deadlock", "expired while the other keys were waited for"),
+                ("overlapping_lock_sets_never_deadlock", "while the other keys were waited for"),
                 ("progress_gated_renewal", "while its holder was making progress"),
                 ("partitioned_holder_loses_before_anyone_gains", "two holders"),
             ],

@@ -148,8 +148,9 @@ pub trait LockServiceExt {
     ///   deadlock, so keep sets small and waits short.
     /// - **The set starts whole**: a member taken early that has less than half its TTL left
     ///   once the last is taken is extended to the full TTL; one that was lost meanwhile (its
-    ///   lock broken or taken over on the server) gives the set up: everything is released and
-    ///   the result is [`ErrorKind::LeaseLost`], retryable.
+    ///   lock broken or taken over on the server) gives the set up as soon as it is found lost,
+    ///   without waiting on for the later keys: everything is released and the result is
+    ///   [`ErrorKind::LeaseLost`], retryable, naming that key.
     /// - No keys: [`ErrorKind::InvalidArgument`]. A key this task holds in an enclosing
     ///   `with_lock`/`with_locks`: [`ErrorKind::Reentrant`].
     async fn lock_all(&self, keys: &[ResourceKey], options: LockOptions) -> Result<crate::MultiLease<Self::Service>>;

@@ -170,7 +170,12 @@ where
     for key in keys {
         // One wait for the whole set: each member waits for what is left of it.
         let left = deadline.saturating_duration_since(Instant::now());
-        match keep_alive_while(&leases, options.ttl, lock_one(key.clone(), options.wait(left))).await {
+        let waited = keep_alive_while(&leases, options.ttl, lock_one(key.clone(), options.wait(left))).await;
+        let Some(acquired) = waited else {
+            // A member taken earlier was lost meanwhile: the set can no longer be whole.
+            return Err(give_up(service.backend(), &mut leases, None).await);
+        };
+        match acquired {
             Ok(lease) => leases.push(lease),
             Err(e) => {
                 while let Some(taken) = leases.pop() {
@@ -195,24 +200,14 @@ where
     // the set is given up, not handed over with a lost member.
     let half = options.ttl / 2;
     for i in 0..leases.len() {
+        if leases[i].is_lost() {
+            return Err(give_up(service.backend(), &mut leases, None).await);
+        }
         if leases[i].time_left() >= half {
             continue;
         }
         if let Err(e) = leases[i].extend(options.ttl).await {
-            let key = leases[i].key().clone();
-            while let Some(taken) = leases.pop() {
-                let _ = taken.release().await;
-            }
-            return Err(Error::new(
-                ErrorKind::LeaseLost,
-                service.backend(),
-                format!(
-                    "lock_all: {key} expired while the other keys were waited for (a TTL shorter than the wait); \
-                     the locks it had taken are released"
-                ),
-            )
-            .with_retryable(true)
-            .with_source(e));
+            return Err(give_up(service.backend(), &mut leases, Some(e)).await);
         }
     }
     Ok(MultiLease {
@@ -223,20 +218,49 @@ where
     })
 }
 
+/// Releases every member taken (in reverse order) and returns the set's
+/// [`ErrorKind::LeaseLost`] (retryable), naming the first member lost (`cause`: the extension
+/// that failed, if that is how it was found).
+async fn give_up<S: LockService + ?Sized>(
+    backend: &'static str,
+    leases: &mut Vec<Lease<S>>,
+    cause: Option<Error>,
+) -> Error {
+    let lost = leases.iter().find(|lease| lease.is_lost()).or_else(|| leases.first()).map(|lease| lease.key().clone());
+    while let Some(taken) = leases.pop() {
+        let _ = taken.release().await;
+    }
+    let what = lost.map_or_else(|| String::from("a member"), |key| key.to_string());
+    let error = Error::new(
+        ErrorKind::LeaseLost,
+        backend,
+        format!(
+            "lock_all: {what} was lost (its lock broken, taken over or expired) while the other keys were waited \
+             for; the locks it had taken are released"
+        ),
+    )
+    .with_retryable(true);
+    match cause {
+        Some(cause) => error.with_source(cause),
+        None => error,
+    }
+}
+
 /// Runs `waiting` (a later member's acquire) while extending the members already taken
 /// whenever one has less than half of `ttl` left, so that a TTL shorter than the wait does
-/// not let them expire (and another client take them) while the set is not yet whole. An
-/// extension that fails is left for the check after the last member: that member is lost.
+/// not let them expire (and another client take them) while the set is not yet whole.
+/// `None` as soon as a member is lost (its lock broken or taken over, an extension refused):
+/// the set can no longer be whole, so waiting on, and holding the others, would be for nothing.
 ///
 /// The extensions run beside the acquire, both polled together, never one parked while the
 /// other runs: an acquire parked mid-attempt may hold what an extension needs (SQLite's write
 /// lock, a pooled connection), and the extension would wait for it until the member expired.
-async fn keep_alive_while<S, T>(taken: &[Lease<S>], ttl: Duration, waiting: impl Future<Output = T>) -> T
+async fn keep_alive_while<S, T>(taken: &[Lease<S>], ttl: Duration, waiting: impl Future<Output = T>) -> Option<T>
 where
     S: LockService + ?Sized,
 {
     if taken.is_empty() {
-        return waiting.await;
+        return Some(waiting.await);
     }
     let period = (ttl / 4).max(Duration::from_millis(1));
     let keep = async {
@@ -245,7 +269,10 @@ where
         loop {
             tick.tick().await;
             for lease in taken {
-                if !lease.is_lost() && lease.time_left() < ttl / 2 {
+                if lease.is_lost() {
+                    return;
+                }
+                if lease.time_left() < ttl / 2 {
                     let _ = lease.extend(ttl).await;
                 }
             }
@@ -253,8 +280,8 @@ where
     };
     tokio::pin!(waiting, keep);
     tokio::select! {
-        done = &mut waiting => done,
-        never = &mut keep => never,
+        done = &mut waiting => Some(done),
+        () = &mut keep => None,
     }
 }
 
@@ -399,7 +426,8 @@ mod tests {
     }
 
     /// A member lost while the others were waited for (its lock broken on the server) gives
-    /// the set up: nothing is left held, and the error says why.
+    /// the set up at once, not when the later member comes free: nothing is left held, and the
+    /// error says why.
     #[tokio::test]
     async fn a_member_lost_while_waiting_gives_the_set_up() {
         let locks = service();
@@ -409,12 +437,13 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
             breaker.break_lock(&first);
             let other = breaker.try_lock(&first, Duration::from_secs(5)).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
             held.release().await.unwrap();
             other
         });
-        let options = LockOptions::ttl(Duration::from_millis(200)).wait(Duration::from_secs(5));
+        let options = LockOptions::ttl(Duration::from_millis(200)).wait(Duration::from_secs(10));
         let e = locks.lock_all(&[key("first"), key("slow")], options).await.unwrap_err();
+        assert!(!freed.is_finished(), "lock_all waited for the later member though the first was lost");
         assert_eq!(e.kind(), ErrorKind::LeaseLost, "{e:?}");
         assert!(e.is_retryable());
         let other = freed.await.unwrap().expect("the broken member was not free to take");

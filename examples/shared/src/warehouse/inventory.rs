@@ -685,7 +685,12 @@ macro_rules! sql_tables {
                     return Ok(Outcome::Applied);
                 };
                 let mut tx = store.begin().await?;
-                for (sku, fence, set) in [(t.from, from_fence, "qty = qty - $3"), (t.to, to_fence, "qty = qty + $3")] {
+                // Rows locked in SKU order, whatever the direction: two transfers between the
+                // same SKUs in opposite directions (a stale holder's and the new holder's) queue
+                // on PostgreSQL instead of deadlocking.
+                let mut sides = [(t.from, from_fence, "qty = qty - $3"), (t.to, to_fence, "qty = qty + $3")];
+                sides.sort_by_key(|(sku, _, _)| *sku);
+                for (sku, fence, set) in sides {
                     let written =
                         store.update_row_fenced_in(tx.conn(), &INVENTORY, sku, fence, set, |q| q.bind(t.qty)).await;
                     if let Err(e) = written {
