@@ -395,14 +395,15 @@ impl Warehouse {
                 format!("a transfer needs two different SKUs (got {} twice)", transfer.from),
             ));
         }
-        let member = |sku: &str| -> palisade::Result<Option<GrantFence>> {
-            let key = Self::resource(&self.scoped_sku_resource(sku))?;
-            let lease = locks.lease(&key).ok_or_else(|| {
+        // The SKUs' lock resources, as `lock_all` was given them (scoped in a simulation).
+        let keys = [Self::resource(&self.scoped(transfer.from))?, Self::resource(&self.scoped(transfer.to))?];
+        let member = |key: &ResourceKey| -> palisade::Result<Option<GrantFence>> {
+            let lease = locks.lease(key).ok_or_else(|| {
                 Error::new(ErrorKind::InvalidArgument, "warehouse", format!("the locks held do not include {key}"))
             })?;
             Ok(lease.fence_if_any().map(|f| GrantFence::new(f, lease.grant().grant_id())))
         };
-        let (from_fence, to_fence) = (member(transfer.from)?, member(transfer.to)?);
+        let (from_fence, to_fence) = (member(&keys[0])?, member(&keys[1])?);
         let fences = match (mode, from_fence, to_fence) {
             (Mode::Fenced, Some(from), Some(to)) => Some((from, to)),
             (Mode::Fenced, _, _) => {
@@ -425,22 +426,11 @@ impl Warehouse {
                 sqlite::transfer(store, fences.map(|(f, t)| (f.fence(), t.fence())), &scoped, pause).await
             }
             Data::Records { store, prefix } => {
-                let fences = match fences {
-                    Some((f, t)) => Some(vec![
-                        (Self::resource(&self.scoped_sku_resource(transfer.from))?, f),
-                        (Self::resource(&self.scoped_sku_resource(transfer.to))?, t),
-                    ]),
-                    None => None,
-                };
-                transfer_records(store, prefix, fences.as_deref(), transfer, pause).await
+                let [from_key, to_key] = keys;
+                let fences = fences.map(|(f, t)| [(from_key, f), (to_key, t)]);
+                transfer_records(store, prefix, fences.as_ref().map(|f| f.as_slice()), transfer, pause).await
             }
         }
-    }
-
-    /// The name a SKU's lock resource carries: the SKU as given for the commands, the run's
-    /// scoped name in a simulation (`RUN.SKU-0001`).
-    pub fn scoped_sku_resource(&self, sku: &str) -> String {
-        self.scoped(sku)
     }
 }
 
