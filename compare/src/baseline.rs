@@ -31,6 +31,51 @@ where
     })
 }
 
+/// Palisade's `lock_all` of two keys with a zero wait + `MultiLease::release`: a set taken at
+/// once, in one request where the service declares it.
+pub fn lock_set<S>(name: impl Into<String>, svc: Arc<S>, prefix: &str, ttl: Ttl) -> Variant
+where
+    S: LockService + ?Sized + 'static,
+{
+    let prefix = format!("{prefix}.set");
+    Variant::new(name, move |slot| {
+        let (svc, pair) = (Arc::clone(&svc), pair(&prefix, slot));
+        async move {
+            let pair = pair?;
+            let set = svc.lock_all(&pair, palisade::LockOptions::ttl(ttl.get())).await.map_err(|e| e.to_string())?;
+            set.release().await.map_err(|e| e.to_string())
+        }
+    })
+}
+
+/// The same two keys taken one `try_lock` after the other and released one after the other:
+/// what an application without `lock_all` does.
+pub fn two_locks<S>(name: impl Into<String>, svc: Arc<S>, prefix: &str, ttl: Ttl) -> Variant
+where
+    S: LockService + ?Sized + 'static,
+{
+    let prefix = format!("{prefix}.two");
+    Variant::new(name, move |slot| {
+        let (svc, pair) = (Arc::clone(&svc), pair(&prefix, slot));
+        async move {
+            let pair = pair?;
+            let first = svc.try_lock(&pair[0], ttl.get()).await.map_err(|e| e.to_string())?;
+            let first = first.ok_or_else(|| format!("{} was held", pair[0]))?;
+            let second = svc.try_lock(&pair[1], ttl.get()).await.map_err(|e| e.to_string())?;
+            let second = second.ok_or_else(|| format!("{} was held", pair[1]))?;
+            first.release().await.map_err(|e| e.to_string())?;
+            second.release().await.map_err(|e| e.to_string())
+        }
+    })
+}
+
+/// The slot's two keys under `prefix` (a transfer's `from` and `to`).
+fn pair(prefix: &str, slot: Slot) -> Result<[ResourceKey; 2], String> {
+    let id =
+        |side: &str| ResourceKey::new(prefix, format!("t{}k{}{side}", slot.task, slot.key)).map_err(|e| e.to_string());
+    Ok([id("a")?, id("b")?])
+}
+
 /// Palisade's `try_lock` + `Lease::release` (the application path: lease, watchdog, metrics).
 pub fn lease<S>(name: impl Into<String>, svc: Arc<S>, prefix: &str, ttl: Ttl) -> Variant
 where

@@ -264,6 +264,7 @@ mod tests {
                 .collect(),
             handoff: vec![],
             primitives: None,
+            sets: crate::perf::SetPerf { multi_acquire: "OneRequest".into(), latency: vec![], throughput: vec![] },
         }
     }
 

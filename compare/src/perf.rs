@@ -44,7 +44,38 @@ pub struct LockPerf {
     pub handoff: Vec<Latency>,
     /// The coordination primitives built on the service (fenced services only).
     pub primitives: Option<PrimitivePerf>,
+    /// Two keys taken as a set (`SET`) against two single locks (`TWO_LOCKS`).
+    pub sets: SetPerf,
 }
+
+/// A set of two keys (`lock_all`, zero wait, + release) against the same two keys taken and
+/// released one by one, through the same client in the same interleaved rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct SetPerf {
+    /// Whether the service takes a set in one request ([`palisade::MultiAcquire`], debug form).
+    pub multi_acquire: String,
+    /// Both variants' sequential latency.
+    pub latency: Vec<Latency>,
+    /// Both variants' cycles per second at each concurrency.
+    pub throughput: Vec<Rate>,
+}
+
+impl SetPerf {
+    /// The latency of the variant called `name`.
+    pub fn latency(&self, name: &str) -> Option<&Latency> {
+        self.latency.iter().find(|l| l.name == name)
+    }
+
+    /// The throughput of the variant called `name` at `tasks`.
+    pub fn rate(&self, name: &str, tasks: usize) -> Option<&Rate> {
+        self.throughput.iter().find(|r| r.name == name && r.tasks == tasks)
+    }
+}
+
+/// The set variant in [`SetPerf`]: `lock_all` of two keys + release.
+pub const SET: &str = "lock_all, 2 keys";
+/// The two-locks variant in [`SetPerf`]: two `try_lock`s + two releases.
+pub const TWO_LOCKS: &str = "two locks";
 
 impl LockPerf {
     /// The latency of the variant called `name`.
@@ -83,14 +114,24 @@ pub async fn lock_perf(backend: Backend, url: &str, plan: &Plan) -> Result<LockP
         (palisade::connect_any_lock(url).await.map_err(err)?, palisade::connect_any_lock(url).await.map_err(err)?);
     let handoff_key = ResourceKey::new(&*prefix, "handoff").map_err(err)?;
     let fenced = svc.is_fenced();
-    let (ours, mut handoffs) = match (svc, waiter) {
+    let (ours, mut handoffs, sets, multi_acquire) = match (svc, waiter) {
         (AnyLockService::Fenced(s), AnyLockService::Fenced(w)) => (
             baseline::service(OURS, Arc::clone(&s), &prefix, ttl),
-            vec![Handoff::service(OURS, s, w, handoff_key, ttl.get(), Duration::from_millis(5))],
+            vec![Handoff::service(OURS, Arc::clone(&s), w, handoff_key, ttl.get(), Duration::from_millis(5))],
+            [
+                baseline::lock_set(SET, Arc::clone(&s), &prefix, ttl),
+                baseline::two_locks(TWO_LOCKS, Arc::clone(&s), &prefix, ttl),
+            ],
+            s.capabilities().multi_acquire,
         ),
         (AnyLockService::Unfenced(s), AnyLockService::Unfenced(w)) => (
             baseline::service(OURS, Arc::clone(&s), &prefix, ttl),
-            vec![Handoff::service(OURS, s, w, handoff_key, ttl.get(), Duration::from_millis(5))],
+            vec![Handoff::service(OURS, Arc::clone(&s), w, handoff_key, ttl.get(), Duration::from_millis(5))],
+            [
+                baseline::lock_set(SET, Arc::clone(&s), &prefix, ttl),
+                baseline::two_locks(TWO_LOCKS, Arc::clone(&s), &prefix, ttl),
+            ],
+            s.capabilities().multi_acquire,
         ),
         _ => return Err("the same URL connected once fenced and once unfenced".into()),
     };
@@ -152,6 +193,11 @@ pub async fn lock_perf(backend: Backend, url: &str, plan: &Plan) -> Result<LockP
         throughput: measure::throughput_all(&variants, plan, before.as_ref()).await?,
         handoff: measure::handoffs(&handoffs, plan).await?,
         primitives: if fenced { Some(primitive_perf(url, plan).await?) } else { None },
+        sets: SetPerf {
+            multi_acquire: format!("{multi_acquire:?}"),
+            latency: measure::latency(&sets, plan, before.as_ref()).await?,
+            throughput: measure::throughput_all(&sets, plan, before.as_ref()).await?,
+        },
     })
 }
 

@@ -525,6 +525,50 @@ fn markdown(
             }
             let _ = writeln!(md);
         }
+        let sets: Vec<(&LockRow, &perf::SetPerf)> =
+            locks.iter().filter_map(|l| Some((l, &l.perf.as_ref()?.sets))).collect();
+        if !sets.is_empty() {
+            let most = plan.concurrency.iter().copied().max().unwrap_or(1);
+            let _ = writeln!(md, "## Several locks at once\n");
+            let _ = writeln!(
+                md,
+                "Two keys taken as one set (`lock_all`, zero wait, + release of the set) against the same two keys taken and released one by one (`try_lock` twice, two releases), through the same client in the same interleaved rounds: latency of {} sequential cycles × {} rounds, and cycles per second with {most} tasks. \"One request\": the service takes a free set in one request (`MultiAcquire::OneRequest`); \"per key\": one request per key, as two locks.\n",
+                plan.cycles, plan.rounds
+            );
+            let _ = writeln!(
+                md,
+                "| lock service | set taken in | lock_all p50 ms (rounds) | lock_all p99 ms | two locks p50 ms (rounds) | two locks p99 ms | p50 ratio | lock_all cycles/s | two locks cycles/s | throughput ratio |"
+            );
+            let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+            for (l, p) in sets {
+                let taken = match p.multi_acquire.as_str() {
+                    "OneRequest" => "one request",
+                    "PerShard" => "one request per shard",
+                    _ => "per key",
+                };
+                let mut row = format!("| {} | {taken} |", l.label);
+                match (p.latency(perf::SET), p.latency(perf::TWO_LOCKS)) {
+                    (Some(set), Some(two)) => {
+                        let _ = write!(row, " {} | {} | {:.2}× |", set.cells(), two.cells(), set.ratio_to(two));
+                    }
+                    _ => row.push_str(" – | – | – | – | – |"),
+                }
+                match (p.rate(perf::SET, most), p.rate(perf::TWO_LOCKS, most)) {
+                    (Some(set), Some(two)) => {
+                        let _ = write!(
+                            row,
+                            " {:.0} | {:.0} | {:.2}× |",
+                            set.per_sec.median,
+                            two.per_sec.median,
+                            set.ratio_to(two)
+                        );
+                    }
+                    _ => row.push_str(" – | – | – |"),
+                }
+                let _ = writeln!(md, "{row}");
+            }
+            let _ = writeln!(md);
+        }
         let _ = writeln!(md, "## Stores: the cost of the fence\n");
         let _ = writeln!(
             md,

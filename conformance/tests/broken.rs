@@ -113,6 +113,12 @@ mod broken_twins {
         /// Declares native waiting and wakes `acquire`'s waiters, but leaves `acquire_any` to the
         /// trait's default, which polls: a semaphore's waiters are not woken.
         NativeDeclaredAnyPolls,
+        /// Declares one request per set (`MultiAcquire::OneRequest`), but its client sends
+        /// `try_acquire_all` one key at a time.
+        SetPerKeyDeclaredOneRequest,
+        /// `try_acquire_all` takes the keys in order and, at a held one, answers `Held` but
+        /// keeps the members it took before it (no rollback).
+        SetKeepsTakenMembers,
     }
 
     /// How long a `ZeroWaitBlocks` zero wait may block: its lock timeout.
@@ -169,8 +175,27 @@ mod broken_twins {
                     LockFlaw::NativeDeclaredPolls | LockFlaw::NativeDeclaredAnyPolls => palisade_core::Waiting::Native,
                     _ => palisade_core::Waiting::Polling,
                 },
+                multi_acquire: palisade_core::MultiAcquire::OneRequest,
                 ..Capabilities::default()
             }
+        }
+
+        async fn try_acquire_all(
+            &self,
+            keys: &[ResourceKey],
+            ttl: Ttl,
+        ) -> Result<palisade_core::AllOrNone<Grant<Fenced>>> {
+            if self.flaw != LockFlaw::SetKeepsTakenMembers {
+                return palisade_core::spi::try_acquire_each(self, keys, ttl).await;
+            }
+            let mut taken = Vec::new();
+            for (i, key) in keys.iter().enumerate() {
+                match self.try_acquire(key, ttl).await? {
+                    Some(grant) => taken.push(grant),
+                    None => return Ok(palisade_core::AllOrNone::Held(i)),
+                }
+            }
+            Ok(palisade_core::AllOrNone::Granted(taken))
         }
 
         async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
@@ -508,7 +533,11 @@ mod broken_twins {
         async fn faulty_client(&self) -> Result<FaultyClient<Fenced>> {
             let relay = Relay::serve(self.lock()).await?;
             let proxy = FaultProxy::start(relay.addr()).await?;
-            let client = RelayLockService::<Fenced>::connect_with(proxy.addr(), self.0.capabilities(), self.1).await?;
+            let mut client =
+                RelayLockService::<Fenced>::connect_with(proxy.addr(), self.0.capabilities(), self.1).await?;
+            if self.0.flaw == LockFlaw::SetPerKeyDeclaredOneRequest {
+                client = client.one_key_at_a_time();
+            }
             Ok(FaultyClient::new(Arc::new(client), vec![proxy]).keeping(relay))
         }
         /// A restart keeps the state (the counters are durable) unless data is lost, or the flaw
@@ -797,6 +826,7 @@ mod broken_twins {
                 ("keys_are_independent", "not re-entrant"),
                 ("repair_keeps_the_holder", "another client got the lock its holder still holds"),
                 ("resent_release_never_frees_a_new_grant", "no exclusion"),
+                ("a_set_is_taken_all_or_nothing", "another client holds"),
             ],
             &[
                 "overlapping_lock_sets_never_deadlock",
@@ -1300,7 +1330,8 @@ mod broken_twins {
                 ("lost_replies_leave_one_live_grant", "its own first attempt holds"),
                 ("lock_all_leaves_no_orphan", "an orphan"),
             ],
-            &[],
+            // Its leftovers keep later sets waiting.
+            &["overlapping_lock_sets_never_deadlock"],
         );
     }
 
@@ -1349,6 +1380,7 @@ mod broken_twins {
                 ("repair_keeps_the_holder", "is not above the repair's floor"),
                 ("idle_key_keeps_its_counter", "forgotten with the idle key"),
                 ("resent_release_never_frees_a_new_grant", "is not above the first's"),
+                ("a_set_is_taken_all_or_nothing", "not above the"),
             ],
             &[],
         )
@@ -1684,6 +1716,27 @@ mod broken_twins {
     }
 
     #[tokio::test]
+    async fn a_set_sent_key_by_key_while_declared_one_request_fails_the_set_scenario() {
+        lock_flaw_fails(
+            LockFlaw::SetPerKeyDeclaredOneRequest,
+            &[("a_set_is_taken_all_or_nothing", "free keys sent")],
+            &[],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_set_that_keeps_its_taken_members_fails_the_set_scenario() {
+        lock_flaw_fails(
+            LockFlaw::SetKeepsTakenMembers,
+            &[("a_set_is_taken_all_or_nothing", "not all or nothing"), ("lock_all_leaves_no_orphan", "an orphan")],
+            // Its leftovers keep later sets waiting.
+            &["overlapping_lock_sets_never_deadlock"],
+        )
+        .await;
+    }
+
+    #[tokio::test]
     async fn a_zero_wait_that_stays_queued_fails_the_zero_wait_scenario() {
         lock_flaw_fails(LockFlaw::ZeroWaitStaysQueued, &[("zero_wait_is_one_attempt", "left a queue entry")], &[])
             .await;
@@ -1875,6 +1928,8 @@ mod broken_twins {
                 "resent_release_never_frees_a_new_grant",
                 // The zero-wait round blocks until its first key comes free, then takes it.
                 "releases_wake_waiters",
+                // So does a set's try_acquire of its held member.
+                "a_set_is_taken_all_or_nothing",
             ],
         )
         .await;

@@ -73,6 +73,10 @@ pub struct Capabilities {
     /// a leader-based quorum must keep its promises when its leader dies (its certification
     /// needs a cluster whose leader it can kill). Default: [`Replication::None`].
     pub replication: Replication,
+    /// How [`LockService::try_acquire_all`](crate::LockService::try_acquire_all) takes a set of
+    /// keys, which decides how many requests an uncontended
+    /// [`lock_all`](crate::LockServiceExt::lock_all) costs. Default: [`MultiAcquire::PerKey`].
+    pub multi_acquire: MultiAcquire,
 }
 
 impl Capabilities {
@@ -146,4 +150,23 @@ pub enum Replication {
     /// Independent servers the client itself asks for a majority (Redlock): a grant needs a
     /// majority, so a minority down or partitioned still grants.
     ClientMajority,
+}
+
+/// How a lock service takes a set of keys at once ([`Capabilities::multi_acquire`]): what
+/// [`LockService::try_acquire_all`](crate::LockService::try_acquire_all) costs. Every service
+/// takes a set all or nothing; this says in how many requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum MultiAcquire {
+    /// One request per key, in order, and the keys taken given back when one is held (the
+    /// trait's default `try_acquire_all`).
+    #[default]
+    PerKey,
+    /// One request for the whole set, applied atomically by the server (a Redis script, an
+    /// etcd transaction, one SQL statement). The conformance suite counts the requests.
+    OneRequest,
+    /// One atomic request per shard the keys fall in (Redis Cluster's hash slots), the shards'
+    /// grants given back when one is held. Each resource has a hash tag of its own, so two
+    /// resources share a slot only by chance: in practice one request per key.
+    PerShard,
 }

@@ -130,11 +130,16 @@ pub trait LockServiceExt {
     /// resources held together (a transfer between two accounts, stock moved between two SKUs).
     ///
     /// Behavior (checked by the tests of `palisade-core`'s `multi` module):
-    /// - The keys are taken one by one in their **canonical order** (sorted; a key given twice
-    ///   is taken once), whatever order `keys` lists them in: callers whose sets overlap never
-    ///   deadlock.
+    /// - **Free keys at once**: the set is first asked for whole
+    ///   ([`LockService::try_acquire_all`]: one request where the service declares
+    ///   [`MultiAcquire::OneRequest`](crate::MultiAcquire::OneRequest)). When a key is held,
+    ///   the keys below it are taken at once, that key is waited for, and the keys above it are
+    ///   asked for at once again.
+    /// - Keys are only ever waited for in their **canonical order** (sorted; a key given twice
+    ///   is taken once), holding only keys below them, whatever order `keys` lists them in:
+    ///   callers whose sets overlap never deadlock.
     /// - **One wait** for the set: `options.wait` bounds the whole call, each member waiting
-    ///   for what is left of it; zero makes one attempt at each key. Every member gets
+    ///   for what is left of it; zero makes exactly one `try_acquire_all`. Every member gets
     ///   `options.ttl`.
     /// - **All or nothing**: when a member cannot be taken (held past the wait:
     ///   [`ErrorKind::Timeout`]; an error), the members already taken are released before the
@@ -151,7 +156,8 @@ pub trait LockServiceExt {
     ///   lock broken or taken over on the server) gives the set up as soon as it is found lost,
     ///   without waiting on for the later keys: everything is released and the result is
     ///   [`ErrorKind::LeaseLost`], retryable, naming that key.
-    /// - No keys: [`ErrorKind::InvalidArgument`]. A key this task holds in an enclosing
+    /// - No keys, or more than [`MAX_FENCES_PER_WRITE`](crate::spi::MAX_FENCES_PER_WRITE) (64):
+    ///   [`ErrorKind::InvalidArgument`]. A key this task holds in an enclosing
     ///   `with_lock`/`with_locks`: [`ErrorKind::Reentrant`].
     async fn lock_all(&self, keys: &[ResourceKey], options: LockOptions) -> Result<crate::MultiLease<Self::Service>>;
 
@@ -267,7 +273,14 @@ impl<S: LockService + ?Sized> LockServiceExt for Arc<S> {
     }
 
     async fn lock_all(&self, keys: &[ResourceKey], options: LockOptions) -> Result<crate::MultiLease<S>> {
-        crate::multi::lock_all(self, keys, options, |key, options| async move { self.lock(&key, options).await }).await
+        crate::multi::lock_all(
+            self,
+            keys,
+            options,
+            |key, options| async move { self.lock(&key, options).await },
+            |keys| take_free(self, keys, options.ttl),
+        )
+        .await
     }
 
     async fn with_locks<F, T, E>(&self, keys: &[ResourceKey], options: LockOptions, work: F) -> Result<T, E>
@@ -373,6 +386,44 @@ fn leased<S: LockService + ?Sized>(
         Err(e) => {
             let outcome = if e.kind() == ErrorKind::Timeout { "timeout" } else { "error" };
             metrics::record_acquire(backend, outcome, None);
+            Err(e)
+        }
+    }
+}
+
+/// The service's [`try_acquire_all`](LockService::try_acquire_all) of `keys` for `ttl`, each
+/// grant a [`Lease`]: what `lock_all` takes at once.
+async fn take_free<S: LockService + ?Sized>(
+    service: &Arc<S>,
+    keys: Vec<ResourceKey>,
+    ttl: Duration,
+) -> Result<crate::AllOrNone<Lease<S>>> {
+    let ttl = Ttl::new(ttl)?;
+    for key in &keys {
+        refuse_reentry(service, key)?;
+    }
+    let backend = service.backend();
+    let started = Instant::now();
+    let span = tracing::debug_span!("lock.try_acquire_all", backend, keys = keys.len());
+    match (**service).try_acquire_all(&keys, ttl).instrument(span).await {
+        Ok(crate::AllOrNone::Granted(grants)) => {
+            let took = started.elapsed();
+            Ok(crate::AllOrNone::Granted(
+                grants
+                    .into_iter()
+                    .map(|grant| {
+                        metrics::record_acquire(backend, "acquired", Some(took));
+                        Lease::new(Arc::clone(service), grant)
+                    })
+                    .collect(),
+            ))
+        }
+        Ok(crate::AllOrNone::Held(i)) => {
+            metrics::record_acquire(backend, "busy", None);
+            Ok(crate::AllOrNone::Held(i))
+        }
+        Err(e) => {
+            metrics::record_acquire(backend, "error", None);
             Err(e)
         }
     }

@@ -91,7 +91,7 @@ mod tls;
 mod token;
 mod ttl;
 
-pub use capabilities::{Capabilities, Deployment, FenceSource, Primitive, Replication, Waiting};
+pub use capabilities::{Capabilities, Deployment, FenceSource, MultiAcquire, Primitive, Replication, Waiting};
 pub use connection_url::redact_url;
 pub use election::{Election, Leadership, Observed};
 pub use error::{BoxError, Error, ErrorKind, Result};
@@ -107,7 +107,7 @@ pub use renewal::{Progress, Renewal};
 pub use row::FencedRow;
 pub use rwlock::{ReadLease, RwLock};
 pub use semaphore::{MAX_PERMITS, Semaphore};
-pub use service::{DynLockService, DynUnfencedLockService, LockService};
+pub use service::{AllOrNone, DynLockService, DynUnfencedLockService, LockService};
 pub use store::{
     DynFencedStore, FencedStore, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, Record, WatermarkSource, WriteBatch, WriteOp,
 };
@@ -145,8 +145,8 @@ pub mod spi {
     pub use crate::held::{GiveUp, HeldGrants};
     pub use crate::key::parse_any_resource_key;
     pub use crate::service::{
-        AttemptOutcome, Backoff, first_granted, first_of, poll_acquire, poll_acquire_woken, timeout_error,
-        timeout_of_any, try_each, wait_for_any_release, wait_for_release,
+        AttemptOutcome, Backoff, distinct_keys, first_granted, first_of, poll_acquire, poll_acquire_woken,
+        timeout_error, timeout_of_any, try_acquire_each, try_each, wait_for_any_release, wait_for_release,
     };
     pub use crate::store::{
         MAX_FENCES_PER_WRITE, canonical_fences, conflict_error, explain_refusal, fence_refusal, lock_not_live,

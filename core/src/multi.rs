@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::{Fence, Fenced, GrantFence, Lease, LockOptions, LockService, ResourceKey};
+use crate::{AllOrNone, Fence, Fenced, GrantFence, Lease, LockOptions, LockService, ResourceKey};
 
 /// Several locks taken as one by [`LockServiceExt::lock_all`](crate::LockServiceExt::lock_all):
 /// every member's [`Lease`], in canonical key order, with one lost signal.
@@ -144,55 +144,93 @@ pub(crate) fn canonical(backend: &'static str, keys: &[ResourceKey]) -> Result<V
     if keys.is_empty() {
         return Err(Error::new(ErrorKind::InvalidArgument, backend, "lock_all needs at least one key"));
     }
+    if keys.len() > crate::store::MAX_FENCES_PER_WRITE {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            backend,
+            format!(
+                "lock_all was given {} keys; a set has at most {} (what one fenced write carries)",
+                keys.len(),
+                crate::store::MAX_FENCES_PER_WRITE
+            ),
+        ));
+    }
     let mut keys = keys.to_vec();
     keys.sort();
     keys.dedup();
     Ok(keys)
 }
 
-/// `lock_all`: each key in canonical order within one wait; on any failure the taken members
-/// are released before the error returns.
-pub(crate) async fn lock_all<S, F, Fut>(
+/// `lock_all`: the free keys taken at once (`take_free`: the service's
+/// [`try_acquire_all`](LockService::try_acquire_all), one request where the service can), and
+/// for each key found held, the keys below it taken, then it waited for (`lock_one`) and the
+/// rest taken at once again: keys are only ever waited for in canonical order, while holding
+/// only keys below them, so overlapping sets never deadlock. One wait for the whole set; on any
+/// failure the taken members are released before the error returns. A zero wait is one
+/// `take_free`.
+pub(crate) async fn lock_all<S, F, Fut, T, TFut>(
     service: &Arc<S>,
     keys: &[ResourceKey],
     options: LockOptions,
     lock_one: F,
+    take_free: T,
 ) -> Result<MultiLease<S>>
 where
     S: LockService + ?Sized,
     F: Fn(ResourceKey, LockOptions) -> Fut,
     Fut: Future<Output = Result<Lease<S>>>,
+    T: Fn(Vec<ResourceKey>) -> TFut,
+    TFut: Future<Output = Result<AllOrNone<Lease<S>>>>,
 {
     let keys = canonical(service.backend(), keys)?;
     crate::spi::validate_wait(options.wait)?;
     let deadline = Instant::now() + options.wait;
     let mut leases: Vec<Lease<S>> = Vec::with_capacity(keys.len());
-    for key in keys {
+    let mut rest: &[ResourceKey] = &keys;
+    while !rest.is_empty() {
+        let Some(tried) = keep_alive_while(&leases, options.ttl, take_free(rest.to_vec())).await else {
+            // A member taken earlier was lost meanwhile: the set can no longer be whole.
+            return Err(give_up(service.backend(), &mut leases, None).await);
+        };
+        let held = match tried {
+            Ok(AllOrNone::Granted(taken)) => {
+                leases.extend(taken);
+                break;
+            }
+            Ok(AllOrNone::Held(i)) => i.min(rest.len() - 1),
+            Err(e) => return Err(not_taken(service.backend(), &mut leases, &rest[0], e).await),
+        };
+        if options.wait.is_zero() {
+            let e = crate::spi::timeout_error(service.backend(), &rest[held], options.wait);
+            return Err(not_taken(service.backend(), &mut leases, &rest[held], e).await);
+        }
+        // The keys below the held one were free a moment ago: take them before waiting for it.
+        if held > 0 {
+            let Some(tried) = keep_alive_while(&leases, options.ttl, take_free(rest[..held].to_vec())).await else {
+                return Err(give_up(service.backend(), &mut leases, None).await);
+            };
+            match tried {
+                Ok(AllOrNone::Granted(taken)) => {
+                    leases.extend(taken);
+                    rest = &rest[held..];
+                }
+                // Taken by another meanwhile: wait for the lowest key left, as always.
+                Ok(AllOrNone::Held(_)) => {}
+                Err(e) => return Err(not_taken(service.backend(), &mut leases, &rest[0], e).await),
+            }
+        }
+        let key = &rest[0];
         // One wait for the whole set: each member waits for what is left of it.
         let left = deadline.saturating_duration_since(Instant::now());
-        let waited = keep_alive_while(&leases, options.ttl, lock_one(key.clone(), options.wait(left))).await;
-        let Some(acquired) = waited else {
-            // A member taken earlier was lost meanwhile: the set can no longer be whole.
+        let Some(acquired) = keep_alive_while(&leases, options.ttl, lock_one(key.clone(), options.wait(left))).await
+        else {
             return Err(give_up(service.backend(), &mut leases, None).await);
         };
         match acquired {
             Ok(lease) => leases.push(lease),
-            Err(e) => {
-                while let Some(taken) = leases.pop() {
-                    // Freed at its TTL at the latest if this fails: the error that matters
-                    // is why the set could not be taken.
-                    let _ = taken.release().await;
-                }
-                let taken_before = if e.kind() == ErrorKind::Timeout { " (held past the wait)" } else { "" };
-                return Err(Error::new(
-                    e.kind(),
-                    service.backend(),
-                    format!("lock_all could not take {key}{taken_before}; the locks it had taken are released"),
-                )
-                .with_retryable(e.is_retryable())
-                .with_source(e));
-            }
+            Err(e) => return Err(not_taken(service.backend(), &mut leases, key, e).await),
         }
+        rest = &rest[1..];
     }
     // A member taken early has spent part of its TTL while the later ones were waited for:
     // bring each that has less than half of it left back to the full TTL, so that the set
@@ -216,6 +254,29 @@ where
         done: CancellationToken::new(),
         watching: AtomicBool::new(false),
     })
+}
+
+/// Releases every member taken (in reverse order) and returns why `key` could not be taken:
+/// `e`'s kind and retryability, naming the key.
+async fn not_taken<S: LockService + ?Sized>(
+    backend: &'static str,
+    leases: &mut Vec<Lease<S>>,
+    key: &ResourceKey,
+    e: Error,
+) -> Error {
+    while let Some(taken) = leases.pop() {
+        // Freed at its TTL at the latest if this fails: the error that matters is why the set
+        // could not be taken.
+        let _ = taken.release().await;
+    }
+    let taken_before = if e.kind() == ErrorKind::Timeout { " (held past the wait)" } else { "" };
+    Error::new(
+        e.kind(),
+        backend,
+        format!("lock_all could not take {key}{taken_before}; the locks it had taken are released"),
+    )
+    .with_retryable(e.is_retryable())
+    .with_source(e)
 }
 
 /// Releases every member taken (in reverse order) and returns the set's
@@ -449,6 +510,79 @@ mod tests {
         let other = freed.await.unwrap().expect("the broken member was not free to take");
         assert!(locks.try_lock(&key("slow"), Duration::from_secs(1)).await.unwrap().is_some(), "slow was left held");
         other.release().await.unwrap();
+    }
+
+    /// A service that implements only the required methods: the trait's default
+    /// `try_acquire_all`, one `try_acquire` per key.
+    struct PerKey(MemoryLockService);
+
+    #[async_trait::async_trait]
+    impl LockService for PerKey {
+        type Fencing = Fenced;
+        fn backend(&self) -> &'static str {
+            "per-key"
+        }
+        fn capabilities(&self) -> crate::Capabilities {
+            crate::Capabilities::default()
+        }
+        async fn try_acquire(&self, key: &ResourceKey, ttl: crate::Ttl) -> Result<Option<crate::Grant<Fenced>>> {
+            self.0.try_acquire(key, ttl).await
+        }
+        async fn extend(&self, grant: &crate::Grant<Fenced>, ttl: crate::Ttl) -> Result<crate::Ttl> {
+            self.0.extend(grant, ttl).await
+        }
+        async fn release(&self, grant: &crate::Grant<Fenced>) -> Result<()> {
+            self.0.release(grant).await
+        }
+    }
+
+    /// `try_acquire_all` takes every key or none, on the memory service (one step) and through
+    /// the trait's default (one key at a time, the taken ones given back): the held key's index,
+    /// and every other key free afterwards.
+    #[tokio::test]
+    async fn try_acquire_all_takes_every_key_or_none() {
+        let memory = service();
+        let per_key = Arc::new(PerKey(MemoryLockService::new()));
+        let ttl = crate::Ttl::from_millis(5_000).unwrap();
+        let services: [Arc<crate::DynLockService>; 2] = [memory, per_key];
+        for locks in services {
+            let set = [key("a"), key("b"), key("c")];
+            let held = locks.try_acquire(&set[1], ttl).await.unwrap().unwrap();
+            match locks.try_acquire_all(&set, ttl).await.unwrap() {
+                AllOrNone::Held(i) => assert_eq!(i, 1, "{}", locks.backend()),
+                AllOrNone::Granted(_) => panic!("{}: granted a set with a held key", locks.backend()),
+            }
+            for free in [&set[0], &set[2]] {
+                let got = locks.try_acquire(free, ttl).await.unwrap();
+                let got = got.unwrap_or_else(|| panic!("{}: {free} left held", locks.backend()));
+                locks.release(&got).await.unwrap();
+            }
+            locks.release(&held).await.unwrap();
+            let AllOrNone::Granted(grants) = locks.try_acquire_all(&set, ttl).await.unwrap() else {
+                panic!("{}: a free set was not granted", locks.backend());
+            };
+            let keys: Vec<&ResourceKey> = grants.iter().map(crate::Grant::key).collect();
+            assert_eq!(keys, [&set[0], &set[1], &set[2]], "one grant per key, at its index");
+            // b was granted before: its fence moved on.
+            assert!(grants[1].fence().get() > held.fence().get());
+            for grant in &grants {
+                locks.release(grant).await.unwrap();
+            }
+            for bad in [vec![], vec![key("a"), key("a")]] {
+                let e = locks.try_acquire_all(&bad, ttl).await.unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{}: {bad:?}", locks.backend());
+            }
+        }
+    }
+
+    /// More keys than one fenced write carries is refused before anything is taken.
+    #[tokio::test]
+    async fn a_set_above_the_limit_is_an_invalid_argument() {
+        let locks = service();
+        let keys: Vec<ResourceKey> = (0..=crate::store::MAX_FENCES_PER_WRITE).map(|i| key(&format!("k{i}"))).collect();
+        let e = locks.lock_all(&keys, LockOptions::ttl(Duration::from_secs(1))).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(locks.last_fence(&keys[0]).is_none(), "a key was taken");
     }
 
     /// The set's lost signal fires when one member is lost, even when the others are fine.

@@ -114,6 +114,34 @@ pub trait LockService: Send + Sync + 'static {
             .map_err(|e| timeout_of_any(e, self.backend(), keys, wait))
     }
 
+    /// Takes the locks on every key of `keys` for `ttl` if none is held, or none of them:
+    /// what [`lock_all`](crate::LockServiceExt::lock_all) tries first, and again for the keys
+    /// left after each one it had to wait for.
+    ///
+    /// Behavior:
+    /// - All or nothing: [`AllOrNone::Granted`] with one grant per key, at the key's index, each
+    ///   as [`try_acquire`](LockService::try_acquire) guarantees it; or
+    ///   [`AllOrNone::Held`] with the index of a key found held (the first in the order given,
+    ///   where the service can tell), and no key of the set left held by this call.
+    /// - Never waits: a held key answers at once.
+    /// - `keys` empty, naming a key twice, or longer than
+    ///   [`MAX_FENCES_PER_WRITE`](crate::spi::MAX_FENCES_PER_WRITE) (what one fenced write
+    ///   carries) is [`ErrorKind::InvalidArgument`], and nothing is sent.
+    /// - A reply lost after the server applied the request leaves no orphan, as for
+    ///   `try_acquire`: the whole set is granted, or every member the request may have taken is
+    ///   released promptly.
+    /// - [`Capabilities::multi_acquire`] says how many requests it takes:
+    ///   [`MultiAcquire::OneRequest`](crate::MultiAcquire::OneRequest) is one request for the
+    ///   set, which the conformance suite counts.
+    /// - The default implementation calls `try_acquire` for each key in order and releases the
+    ///   members it took when one is held or fails
+    ///   ([`MultiAcquire::PerKey`](crate::MultiAcquire::PerKey)). A service that wraps another
+    ///   (a decorator adding metrics, latency, bounds) forwards this method too, or the wrapped
+    ///   service's one request becomes one per key.
+    async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Self::Fencing>>> {
+        try_acquire_each(self, keys, ttl).await
+    }
+
     /// Extends the grant so it expires `ttl` from now, and returns the TTL actually granted,
     /// counted from when the request was sent.
     ///
@@ -159,6 +187,70 @@ pub trait LockService: Send + Sync + 'static {
     }
 }
 
+/// What [`LockService::try_acquire_all`] did: every key taken, or none.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AllOrNone<G> {
+    /// Every key was taken: one grant per key, at the key's index.
+    Granted(Vec<G>),
+    /// The key at this index was found held; none of the set was taken.
+    Held(usize),
+}
+
+/// The default [`LockService::try_acquire_all`]: `try_acquire` of each key in order, and the
+/// members taken released (in reverse order) when one is held or fails. For a service that
+/// takes some sets in one request and others not (the shards of a cluster).
+pub async fn try_acquire_each<S: LockService + ?Sized>(
+    service: &S,
+    keys: &[ResourceKey],
+    ttl: Ttl,
+) -> Result<AllOrNone<Grant<S::Fencing>>> {
+    distinct_keys(service.backend(), keys)?;
+    let mut taken = Vec::with_capacity(keys.len());
+    for (i, key) in keys.iter().enumerate() {
+        let got = service.try_acquire(key, ttl).await;
+        if let Ok(Some(grant)) = got {
+            taken.push(grant);
+            continue;
+        }
+        // Given back before the answer: a member left held would be an orphan until its TTL.
+        for grant in taken.iter().rev() {
+            let _ = service.release(grant).await;
+        }
+        return got.map(|_| AllOrNone::Held(i));
+    }
+    Ok(AllOrNone::Granted(taken))
+}
+
+/// [`ErrorKind::InvalidArgument`] unless `keys` is a non-empty set of distinct keys: what
+/// every [`LockService::try_acquire_all`] checks before it sends anything.
+pub fn distinct_keys(backend: &'static str, keys: &[ResourceKey]) -> Result<()> {
+    if keys.is_empty() {
+        return Err(Error::new(ErrorKind::InvalidArgument, backend, "try_acquire_all needs at least one key"));
+    }
+    if keys.len() > crate::store::MAX_FENCES_PER_WRITE {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            backend,
+            format!(
+                "try_acquire_all was given {} keys; a set has at most {} (what one fenced write carries)",
+                keys.len(),
+                crate::store::MAX_FENCES_PER_WRITE
+            ),
+        ));
+    }
+    for (i, key) in keys.iter().enumerate() {
+        if keys[..i].contains(key) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                backend,
+                format!("try_acquire_all was given {key} twice: a set names each key once"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A fenced lock service behind a pointer: what `palisade::connect_lock` returns.
 pub type DynLockService = dyn LockService<Fencing = Fenced>;
 
@@ -183,6 +275,9 @@ impl<S: LockService + ?Sized> LockService for Arc<S> {
     }
     async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Self::Fencing>> {
         (**self).acquire_any(keys, ttl, wait).await
+    }
+    async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Self::Fencing>>> {
+        (**self).try_acquire_all(keys, ttl).await
     }
     async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<Ttl> {
         (**self).extend(grant, ttl).await

@@ -11,10 +11,10 @@ use etcd_client::{
     TxnResponse, WatchOptions,
 };
 use palisade_core::spi::{GiveUp, HeldGrants};
-use palisade_core::spi::{timeout_error, validate_wait};
+use palisade_core::spi::{distinct_keys, timeout_error, validate_wait};
 use palisade_core::{
-    Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken,
-    Replication, ResourceKey, Result, Ttl, Waiting,
+    AllOrNone, Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService,
+    MultiAcquire, OwnerToken, Replication, ResourceKey, Result, Ttl, Waiting,
 };
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
@@ -497,6 +497,7 @@ impl LockService for EtcdLockService {
             deployment: Deployment::Network,
             // Raft: a grant is a key committed by a quorum of the cluster.
             replication: Replication::LeaderQuorum,
+            multi_acquire: MultiAcquire::OneRequest,
         }
     }
 
@@ -504,6 +505,14 @@ impl LockService for EtcdLockService {
     /// session lease; its create revision is the fence.
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
         self.attempt(key, ttl).await.map(|(grant, _)| grant)
+    }
+
+    /// One txn: if nobody holds or waits for any of the keys, create a contender key for each
+    /// on the session lease (their create revision, the txn's, is every member's fence);
+    /// otherwise read which one is taken.
+    async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        distinct_keys(BACKEND, keys)?;
+        self.attempt_all(keys, ttl).await
     }
 
     /// Rounds of `try_acquire` over the keys; between rounds, one watch over the range of
@@ -781,6 +790,55 @@ impl EtcdLockService {
         let grant = reply.fence(0).and_then(|fence| inner.grant(key, &contender, fence, ttl, sent_at, &session))?;
         place.armed = false;
         Ok((Some(grant), next))
+    }
+
+    /// [`try_acquire_all`](LockService::try_acquire_all): one txn over every key, its puts
+    /// deleted in the background whenever its outcome is not a set of tracked grants.
+    async fn attempt_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        let inner = &self.inner;
+        let session = inner.session().await?;
+        let contenders = keys.iter().map(|key| Contender::new(inner, key)).collect::<Result<Vec<_>>>()?;
+        let sent_at = Instant::now();
+        let txn = || {
+            let free = contenders
+                .iter()
+                .map(|c| Compare::create_revision(c.prefix(), CompareOp::Equal, 0).with_prefix())
+                .collect::<Vec<_>>();
+            let mut take = contenders
+                .iter()
+                .map(|c| TxnOp::put(c.key.as_str(), c.value(), Some(PutOptions::new().with_lease(session.id))))
+                .collect::<Vec<_>>();
+            take.push(TxnOp::get(inner.epoch_key.as_str(), None));
+            let taken = contenders
+                .iter()
+                .map(|c| TxnOp::get(c.prefix(), Some(GetOptions::new().with_prefix().with_keys_only().with_limit(1))))
+                .collect::<Vec<_>>();
+            Txn::new().when(free).and_then(take).or_else(taken)
+        };
+        // As in `attempt`: until the answer is in, any of the puts may have landed.
+        let mut places =
+            contenders.iter().map(|c| QueuePlace::armed(inner, c.key.as_str(), &session)).collect::<Vec<_>>();
+        let resp = inner.txn(txn, "acquire a set", true).await?;
+        let reply = TxnReply::of(&resp);
+        if !reply.succeeded {
+            for place in &mut places {
+                place.armed = false;
+            }
+            // A key deleted between the compare and the read leaves no sign: say the first.
+            let held = (0..keys.len()).find(|&i| reply.first_found(i).is_some()).unwrap_or(0);
+            return Ok(AllOrNone::Held(held));
+        }
+        let fence = reply.fence(0)?;
+        let mut grants = Vec::with_capacity(keys.len());
+        for (key, contender) in keys.iter().zip(&contenders) {
+            // An error (the session's local deadline passed during the txn) leaves every place
+            // armed: their drops delete the keys, and the grants made so far stop tracking.
+            grants.push(inner.grant(key, contender, fence, ttl, sent_at, &session)?);
+        }
+        for place in &mut places {
+            place.armed = false;
+        }
+        Ok(AllOrNone::Granted(grants))
     }
 
     /// Waits until `key` is deleted (true), or `give_up` passes (false); with a range end, until

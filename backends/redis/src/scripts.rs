@@ -58,6 +58,89 @@ pub static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// KEYS: lock 1‥n, then fence 1‥n. ARGV: ttl ms, then token 1‥n. [`ACQUIRE`] for a set, all
+/// or nothing, in one round trip (every key in one hash slot: one server, or one slot of a
+/// cluster).
+///
+/// Returns `{0, i}` when the lock of key `i` (counted from 0) is held by another owner, having
+/// taken nothing; otherwise an array of the fences, one per key, each a decimal string read
+/// back from its counter (exact at any size). Waiters are not marked: a set that finds a key
+/// held waits for that key alone, through [`ACQUIRE`].
+///
+/// Idempotent per token as [`ACQUIRE`]: a lock already held by its key's token is this request
+/// sent again after its reply was lost, and keeps its grant (and fence). A counter that is not
+/// a decimal integer fails the script before anything is written, so no lock is left without a
+/// grant and no fence is spent without one.
+pub static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+        local n = #KEYS / 2
+        for i = 1, n do
+            local holder = redis.call('GET', KEYS[i])
+            if holder and holder ~= ARGV[i + 1] and holder ~= ARGV[i + 1] .. '+' then
+                return {0, i - 1}
+            end
+            local counter = redis.call('GET', KEYS[n + i])
+            if counter and not string.match(counter, '^%d+$') then
+                return redis.error_reply('fence counter ' .. KEYS[n + i] .. ' is not a non-negative integer')
+            end
+        end
+        local fences = {}
+        for i = 1, n do
+            if redis.call('SET', KEYS[i], ARGV[i + 1], 'NX', 'PX', ARGV[1]) then
+                redis.call('INCR', KEYS[n + i])
+            end
+            fences[i] = redis.call('GET', KEYS[n + i])
+        end
+        return fences
+        ",
+    )
+});
+
+/// What an [`ACQUIRE_ALL`] reply says: every key's fence, or the index of a key held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireAllReply {
+    /// Granted: the fences, one per key.
+    Granted(Vec<Fence>),
+    /// The key at this index is held; nothing was taken.
+    Held(usize),
+}
+
+impl AcquireAllReply {
+    /// Decodes an [`ACQUIRE_ALL`] reply for a set of `keys` keys: `{0, i}` with `i` below
+    /// `keys`, or exactly `keys` decimal strings from 1 to 2⁶⁴−1. Anything else is
+    /// [`ErrorKind::Backend`].
+    pub fn decode(reply: &Value, keys: usize) -> Result<Self> {
+        let unexpected = || {
+            Error::new(
+                ErrorKind::Backend,
+                BACKEND,
+                format!("unexpected reply to the acquire of a set of {keys}: {reply:?}"),
+            )
+        };
+        let Value::Array(items) = reply else { return Err(unexpected()) };
+        if let [Value::Int(0), Value::Int(i)] = items.as_slice() {
+            return usize::try_from(*i).ok().filter(|&i| i < keys).map(AcquireAllReply::Held).ok_or_else(unexpected);
+        }
+        if items.len() != keys {
+            return Err(unexpected());
+        }
+        items
+            .iter()
+            .map(|item| match item {
+                Value::BulkString(bytes) => std::str::from_utf8(bytes)
+                    .ok()
+                    .and_then(|text| text.parse::<u64>().ok())
+                    .filter(|&fence| fence > 0)
+                    .map(Fence::new)
+                    .ok_or_else(unexpected),
+                _ => Err(unexpected()),
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(AcquireAllReply::Granted)
+    }
+}
+
 /// The suffix a waiting caller's [`ACQUIRE`] appends to a held lock's value (the holder's
 /// token, in hex, so never ending in it otherwise): someone waits, and the release publishes.
 pub const WAITED_ON: &str = "+";
@@ -250,6 +333,26 @@ mod tests {
             Value::Array(vec![Value::Double(0.0), Value::Int(5)]),
         ] {
             assert_eq!(AcquireReply::decode(&odd, "f").unwrap_err().kind(), ErrorKind::Backend, "{odd:?}");
+        }
+        let set = Value::Array(vec![bulk("3"), bulk("18446744073709551615")]);
+        assert_eq!(
+            AcquireAllReply::decode(&set, 2).unwrap(),
+            AcquireAllReply::Granted(vec![Fence::new(3), Fence::new(u64::MAX)])
+        );
+        let held = Value::Array(vec![Value::Int(0), Value::Int(1)]);
+        assert_eq!(AcquireAllReply::decode(&held, 2).unwrap(), AcquireAllReply::Held(1));
+        for odd in [
+            Value::Array(vec![Value::Int(0), Value::Int(2)]),
+            Value::Array(vec![Value::Int(0), Value::Int(-1)]),
+            Value::Array(vec![bulk("3")]),
+            Value::Array(vec![bulk("3"), bulk("0")]),
+            Value::Array(vec![bulk("3"), Value::Int(4)]),
+            Value::Array(vec![bulk("3"), bulk("x")]),
+            Value::Array(vec![bulk("3"), Value::Nil]),
+            bulk("3"),
+            Value::Nil,
+        ] {
+            assert_eq!(AcquireAllReply::decode(&odd, 2).unwrap_err().kind(), ErrorKind::Backend, "{odd:?}");
         }
         assert!(decode_done(&Value::Int(1), "extend").unwrap());
         assert!(!decode_done(&Value::Int(0), "extend").unwrap());

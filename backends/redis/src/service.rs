@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::spi::{
-    AttemptOutcome, first_granted, first_of, timeout_of_any, validate_wait, wait_for_any_release, wait_for_release,
+    AttemptOutcome, distinct_keys, first_granted, first_of, timeout_of_any, try_acquire_each, validate_wait,
+    wait_for_any_release, wait_for_release,
 };
 use palisade_core::{
-    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result,
-    Ttl, Waiting,
+    AllOrNone, Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, MultiAcquire,
+    OwnerToken, ResourceKey, Result, Ttl, Waiting,
 };
 use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -21,7 +22,9 @@ use tracing::{debug, warn};
 use crate::config::RedisConfig;
 use crate::connection::{AddressMap, ClusterTarget, Conn};
 use crate::errors::map;
-use crate::scripts::{ACQUIRE, ADVANCE_FENCE, AcquireReply, EXTEND, RELEASE, RELEASE_MARKED, decode_done};
+use crate::scripts::{
+    ACQUIRE, ACQUIRE_ALL, ADVANCE_FENCE, AcquireAllReply, AcquireReply, EXTEND, RELEASE, RELEASE_MARKED, decode_done,
+};
 use crate::sentinel::SentinelTarget;
 use crate::waiters::{Patience, Source, Waiters};
 
@@ -224,23 +227,31 @@ impl RedisLockService {
         grant: Grant<Fenced>,
         waited: Option<redis::RedisResult<Value>>,
     ) -> Result<Grant<Fenced>> {
-        let (Some(acks), Some(waited)) = (self.config.replica_acks, waited) else { return Ok(grant) };
+        match self.replicas_acknowledged(waited, &grant) {
+            Ok(()) => Ok(grant),
+            Err(e) => {
+                let _ = self.release(&grant).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the `WAIT` sent right behind a grant's script (`waited`) counted enough replicas
+    /// ([`RedisConfig::replica_acks`]); the error says why not, naming `grant`. The caller
+    /// releases what the script granted.
+    fn replicas_acknowledged(&self, waited: Option<redis::RedisResult<Value>>, grant: &Grant<Fenced>) -> Result<()> {
+        let (Some(acks), Some(waited)) = (self.config.replica_acks, waited) else { return Ok(()) };
         let acked = match waited {
             Ok(Value::Int(n)) => n,
             Ok(other) => {
-                let _ = self.release(&grant).await;
                 return Err(Error::new(ErrorKind::Backend, BACKEND, format!("unexpected WAIT reply: {other:?}")));
             }
-            Err(e) => {
-                let _ = self.release(&grant).await;
-                return Err(map(e, "wait for replicas"));
-            }
+            Err(e) => return Err(map(e, "wait for replicas")),
         };
         if acked >= i64::from(acks.replicas) {
-            return Ok(grant);
+            return Ok(());
         }
         warn!(key = %grant.key(), acked, wanted = acks.replicas, "a grant was not acknowledged by enough replicas: released");
-        let _ = self.release(&grant).await;
         Err(Error::new(
             ErrorKind::Unavailable,
             BACKEND,
@@ -273,7 +284,7 @@ impl RedisLockService {
         }
         pipe.ignore_errors();
         let pipe = &pipe;
-        let ((reply, waited), _) = self.invoke(move |conn| acquire_then_wait(conn, pipe), "acquire").await?;
+        let ((reply, waited), _) = self.invoke(move |conn| acquire_then_wait(conn, pipe, &ACQUIRE), "acquire").await?;
         match AcquireReply::decode(&reply, &key.fence_key())? {
             AcquireReply::Granted(fence) => {
                 let grant = Grant::new(key.clone(), token, fence, ttl, requested_at);
@@ -281,6 +292,53 @@ impl RedisLockService {
             }
             AcquireReply::Held { remaining } => Ok(AttemptOutcome::Held { remaining }),
         }
+    }
+}
+
+impl RedisLockService {
+    /// [`ACQUIRE_ALL`] for `keys`, with `WAIT` behind it as [`attempt`](Self::attempt) sends it.
+    async fn attempt_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        let tokens = keys.iter().map(|_| OwnerToken::generate()).collect::<Result<Vec<_>>>()?;
+        let requested_at = Instant::now();
+        let mut script = redis::cmd("EVALSHA");
+        script.arg(ACQUIRE_ALL.get_hash()).arg(keys.len() * 2);
+        for key in keys {
+            script.arg(key.lock_key());
+        }
+        for key in keys {
+            script.arg(key.fence_key());
+        }
+        script.arg(ttl.as_millis_ceil());
+        for token in &tokens {
+            script.arg(&token.to_hex()[..]);
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(script);
+        if let Some(acks) = self.config.replica_acks {
+            let millis = u64::try_from(acks.timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+            pipe.cmd("WAIT").arg(acks.replicas).arg(millis);
+        }
+        pipe.ignore_errors();
+        let pipe = &pipe;
+        let ((reply, waited), _) =
+            self.invoke(move |conn| acquire_then_wait(conn, pipe, &ACQUIRE_ALL), "acquire a set").await?;
+        let fences = match AcquireAllReply::decode(&reply, keys.len())? {
+            AcquireAllReply::Held(i) => return Ok(AllOrNone::Held(i)),
+            AcquireAllReply::Granted(fences) => fences,
+        };
+        let grants: Vec<Grant<Fenced>> = keys
+            .iter()
+            .zip(tokens)
+            .zip(fences)
+            .map(|((key, token), fence)| Grant::new(key.clone(), token, fence, ttl, requested_at))
+            .collect();
+        if let Err(e) = self.replicas_acknowledged(waited, &grants[0]) {
+            for grant in &grants {
+                let _ = self.release(grant).await;
+            }
+            return Err(e);
+        }
+        Ok(AllOrNone::Granted(grants))
     }
 }
 
@@ -294,6 +352,7 @@ impl RedisLockService {
 async fn acquire_then_wait(
     mut conn: Conn,
     pipe: &redis::Pipeline,
+    script: &redis::Script,
 ) -> redis::RedisResult<(Value, Option<redis::RedisResult<Value>>)> {
     async fn send(
         conn: &mut Conn,
@@ -307,7 +366,7 @@ async fn acquire_then_wait(
     }
     match send(&mut conn, pipe).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            ACQUIRE.load_async(&mut conn).await?;
+            script.load_async(&mut conn).await?;
             send(&mut conn, pipe).await
         }
         sent => sent,
@@ -330,6 +389,13 @@ impl LockService for RedisLockService {
             fences_survive_restart: false,
             gap_free: true,
             waiting: Waiting::Native,
+            // A set is one script on one server. On a cluster every resource has a hash tag of
+            // its own, so a set's keys lie in as many slots as it has keys: one script each.
+            multi_acquire: if matches!(self.conn(), Conn::Cluster(_)) {
+                MultiAcquire::PerKey
+            } else {
+                MultiAcquire::OneRequest
+            },
             ..Capabilities::default()
         }
     }
@@ -364,6 +430,16 @@ impl LockService for RedisLockService {
             .map_err(|e| {
                 if e.kind() == ErrorKind::Timeout { palisade_core::spi::timeout_error(BACKEND, key, wait) } else { e }
             })
+    }
+
+    /// One [`ACQUIRE_ALL`] script on one server; on a cluster, where each resource hashes to
+    /// a slot of its own, one [`ACQUIRE`] per key (the trait's default).
+    async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        distinct_keys(BACKEND, keys)?;
+        if matches!(self.conn(), Conn::Cluster(_)) {
+            return try_acquire_each(self, keys, ttl).await;
+        }
+        self.attempt_all(keys, ttl).await
     }
 
     async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {

@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use palisade_core::spi::{EpochFence, HeldGrants};
 use palisade_core::spi::{timeout_error, validate_wait};
 use palisade_core::{
-    Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken,
-    Replication, ResourceKey, Result, Ttl, Waiting,
+    Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, LockService, MultiAcquire,
+    OwnerToken, Replication, ResourceKey, Result, Ttl, Waiting,
 };
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
@@ -676,6 +676,9 @@ impl LockService for ZkLockService {
             deployment: Deployment::Network,
             // Zab: a grant is a node committed by a quorum of the ensemble.
             replication: Replication::LeaderQuorum,
+            // A grant is a sequential node and then a look at who is first: ZooKeeper's `multi`
+            // can create every node of a set at once, but not read the queues it joined.
+            multi_acquire: MultiAcquire::PerKey,
         }
     }
 

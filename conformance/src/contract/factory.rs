@@ -69,6 +69,12 @@ impl<G: palisade_core::Fencing> FaultyClient<G> {
         self.lost_replies().saturating_sub(before)
     }
 
+    /// How many requests the client has sent through its proxies so far
+    /// ([`FaultProxy::requests`]).
+    pub fn requests(&self) -> usize {
+        self.proxies.iter().map(FaultProxy::requests).sum()
+    }
+
     /// Closes every connection of every proxy.
     pub fn cut_connections(&self) {
         for p in &self.proxies {

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::{Capabilities, Fence, Grant, LockService, ResourceKey, Result, Ttl};
+use palisade_core::{AllOrNone, Capabilities, Fence, Grant, LockService, MultiAcquire, ResourceKey, Result, Ttl};
 
 /// A lock service that sleeps `latency` before passing each operation on to the service it
 /// wraps.
@@ -95,6 +95,13 @@ impl<S: LockService + ?Sized> LockService for SlowLockService<S> {
         // A round tries every key: the latency of each (as a round of `try_acquire` would pay).
         tokio::time::sleep(self.latency.saturating_mul(u32::try_from(keys.len()).unwrap_or(u32::MAX))).await;
         self.inner.acquire_any(keys, ttl, wait).await
+    }
+
+    async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Self::Fencing>>> {
+        // One request for the set where the service says so; else one per key.
+        let requests = if self.inner.capabilities().multi_acquire == MultiAcquire::OneRequest { 1 } else { keys.len() };
+        tokio::time::sleep(self.latency.saturating_mul(u32::try_from(requests).unwrap_or(u32::MAX))).await;
+        self.inner.try_acquire_all(keys, ttl).await
     }
 
     async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<Ttl> {

@@ -56,6 +56,9 @@ struct Shared {
     /// Armed: how many requests to let through before the one whose reply is lost.
     lose_reply: std::sync::Mutex<Option<usize>>,
     lost_replies: AtomicUsize,
+    /// Chunks forwarded from clients to the server: requests, as [`FaultProxy::lose_reply_to`]
+    /// counts them.
+    requests: AtomicUsize,
     /// Latency added to client-to-server chunks, in microseconds.
     up_delay_us: AtomicU64,
     /// Latency added to server-to-client chunks, in microseconds.
@@ -82,6 +85,7 @@ impl FaultProxy {
             gate: watch::Sender::new(Gate::default()),
             lose_reply: std::sync::Mutex::new(None),
             lost_replies: AtomicUsize::new(0),
+            requests: AtomicUsize::new(0),
             up_delay_us: AtomicU64::new(0),
             down_delay_us: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
@@ -129,6 +133,14 @@ impl FaultProxy {
     /// How many replies the proxy has dropped so far.
     pub fn lost_replies(&self) -> usize {
         self.shared.lost_replies.load(Ordering::SeqCst)
+    }
+
+    /// How many requests clients have sent through the proxy so far, counted as
+    /// [`lose_reply_to`](Self::lose_reply_to) counts them: each chunk of bytes a client sends
+    /// before it waits. (A request the client's socket splits in two counts twice, so a count
+    /// is an upper bound on the round trips.)
+    pub fn requests(&self) -> usize {
+        self.shared.requests.load(Ordering::SeqCst)
     }
 
     /// How many client connections the proxy has accepted so far.
@@ -320,6 +332,7 @@ async fn pump(
             }
             match direction {
                 Direction::Up => {
+                    shared.requests.fetch_add(1, Ordering::SeqCst);
                     let mut armed = shared.lose_reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     match *armed {
                         Some(0) => {

@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::{
-    Capabilities, Error, ErrorKind, Fence, Fencing, Grant, LockService, OwnerToken, ResourceKey, Result, Ttl,
+    AllOrNone, Capabilities, Error, ErrorKind, Fence, Fencing, Grant, LockService, MultiAcquire, OwnerToken,
+    ResourceKey, Result, Ttl,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -181,6 +182,19 @@ async fn handle<S: LockService>(service: &S, line: &str) -> Result<String> {
                 None => "BUSY".to_string(),
             })
         }
+        ["TRYALL", ttl, keys @ ..] => {
+            let keys =
+                keys.iter().map(|k| palisade_core::spi::parse_any_resource_key(k)).collect::<Result<Vec<_>>>()?;
+            Ok(match service.try_acquire_all(&keys, parse_ttl(ttl)?).await? {
+                AllOrNone::Granted(grants) => grants.iter().fold(String::from("GRANTS"), |mut reply, g| {
+                    let fence = fence_text(g.fence_if_any());
+                    reply.push_str(&format!(" {} {fence} {}", g.token(), g.ttl().get().as_micros()));
+                    reply
+                }),
+                AllOrNone::Held(i) => format!("HELD {i}"),
+                _ => return Err(proto_err("an outcome of try_acquire_all this relay does not know")),
+            })
+        }
         ["EXTEND", key, token, fence, ttl] => {
             let ttl = parse_ttl(ttl)?;
             let granted = service.extend(&grant_from(key, token, fence, ttl)?, ttl).await?;
@@ -224,6 +238,9 @@ pub struct RelayLockService<F: Fencing> {
     conn: Mutex<Option<Conn>>,
     retry: RelayRetry,
     capabilities: Capabilities,
+    /// Whether `try_acquire_all` is one request (when the relayed service declares
+    /// [`MultiAcquire::OneRequest`]).
+    batch: bool,
     _fencing: PhantomData<F>,
 }
 
@@ -243,7 +260,16 @@ impl<F: Fencing> RelayLockService<F> {
     /// Connects to a relay, resending requests whose reply was lost as `retry` says.
     pub async fn connect_with(addr: SocketAddr, capabilities: Capabilities, retry: RelayRetry) -> Result<Self> {
         let conn = RelayLockService::<F>::open(addr).await?;
-        Ok(RelayLockService { addr, conn: Mutex::new(Some(conn)), retry, capabilities, _fencing: PhantomData })
+        let batch = capabilities.multi_acquire == MultiAcquire::OneRequest;
+        Ok(RelayLockService { addr, conn: Mutex::new(Some(conn)), retry, capabilities, batch, _fencing: PhantomData })
+    }
+
+    /// Sends `try_acquire_all` one key at a time whatever the relayed service declares: a
+    /// client that claims one request for a set and does not keep it. For tests of the suite
+    /// itself.
+    pub fn one_key_at_a_time(mut self) -> Self {
+        self.batch = false;
+        self
     }
 
     async fn open(addr: SocketAddr) -> Result<Conn> {
@@ -336,6 +362,36 @@ impl<F: Fencing> LockService for RelayLockService<F> {
                 Ok(Some(Grant::new(key.clone(), token, fence, parse_ttl(granted)?, requested_at)))
             }
             _ => Err(proto_err("bad TRY reply")),
+        }
+    }
+
+    async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<F>>> {
+        if !self.batch {
+            return palisade_core::spi::try_acquire_each(self, keys, ttl).await;
+        }
+        palisade_core::spi::distinct_keys(BACKEND, keys)?;
+        let requested_at = Instant::now();
+        let mut request = format!("TRYALL {}", ttl.get().as_micros());
+        for key in keys {
+            request.push_str(&format!(" {key}"));
+        }
+        let reply = self.call(request).await?;
+        let parts: Vec<&str> = reply.split(' ').collect();
+        match parts.as_slice() {
+            ["HELD", i] => Ok(AllOrNone::Held(i.parse().map_err(|_| proto_err("bad HELD index"))?)),
+            ["GRANTS", granted @ ..] if granted.len() == keys.len() * 3 => {
+                let grants = keys
+                    .iter()
+                    .zip(granted.chunks(3))
+                    .map(|(key, g)| {
+                        let token = OwnerToken::parse_hex(g[0])?;
+                        let fence = F::token_from(parse_fence(g[1])?).ok_or_else(|| proto_err("missing fence"))?;
+                        Ok(Grant::new(key.clone(), token, fence, parse_ttl(g[2])?, requested_at))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(AllOrNone::Granted(grants))
+            }
+            _ => Err(proto_err("bad TRYALL reply")),
         }
     }
 

@@ -47,8 +47,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::{
-    Capabilities, Error, ErrorKind, Fence, FencedStore, Grant, GrantFence, LockService, Record, ResourceKey, Result,
-    Ttl, WriteBatch,
+    AllOrNone, Capabilities, Error, ErrorKind, Fence, FencedStore, Grant, GrantFence, LockService, MultiAcquire,
+    Record, ResourceKey, Result, Ttl, WriteBatch,
 };
 use tokio::time::Instant;
 
@@ -352,6 +352,19 @@ impl<S: LockService + ?Sized> LockService for BoundedLockService<S> {
         let mut bound = self.bounds.lock_bound(Some(wait));
         bound.round_trip = bound.round_trip.saturating_mul(u32::try_from(keys.len().max(1)).unwrap_or(u32::MAX));
         self.bounds.run(bound, name, self.inner.acquire_any(keys, ttl, wait)).await
+    }
+
+    async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Self::Fencing>>> {
+        let first = keys.first().map(ToString::to_string).unwrap_or_default();
+        let name = || format!("try_acquire_all({first} and {} more)", keys.len().saturating_sub(1));
+        // One request for the set where the service says so; else a try_acquire per key and a
+        // release of each taken when one is held.
+        let mut bound = self.bounds.lock_bound(None);
+        if self.inner.capabilities().multi_acquire != MultiAcquire::OneRequest {
+            let requests = u32::try_from(keys.len().max(1).saturating_mul(2)).unwrap_or(u32::MAX);
+            bound.round_trip = bound.round_trip.saturating_mul(requests);
+        }
+        self.bounds.run(bound, name, self.inner.try_acquire_all(keys, ttl)).await
     }
 
     async fn extend(&self, grant: &Grant<Self::Fencing>, ttl: Ttl) -> Result<Ttl> {

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use palisade_core::{
-    ErrorKind, FencedStore, FencedStoreExt, GrantFence, LockOptions, LockService, LockServiceExt, MultiLease,
-    ResourceKey, Ttl, WriteBatch,
+    AllOrNone, Deployment, ErrorKind, FencedStore, FencedStoreExt, GrantFence, LockOptions, LockService,
+    LockServiceExt, MultiAcquire, MultiLease, ResourceKey, Ttl, WriteBatch,
 };
 use tokio::time::Instant;
 
@@ -230,6 +230,125 @@ pub async fn lock_all_leaves_no_orphan<F: LockServiceFactory>(ctx: &Ctx, factory
         }
     }
     ctx.note(outcomes.join("; "));
+    Ok(ctx.report())
+}
+
+/// How many keys `a_set_is_taken_all_or_nothing` takes while it counts requests.
+const SET_COUNTED: usize = 16;
+
+/// How many requests a set taken in "one request" may send through the fault proxy: the
+/// request, and what a client adds around it whatever the set's size (a pooled connection's
+/// check, a statement prepared on a connection that had not used it, a protocol's control
+/// frames). One request per key would be [`SET_COUNTED`].
+const SET_OVERHEAD: usize = 5;
+
+/// **A set is taken all or nothing** ([`LockService::try_acquire_all`]). With the third of
+/// four keys held by another client, `try_acquire_all` answers `Held` with that key's index
+/// and takes none of the others (another client gets each at once). Freed, the set is granted
+/// whole: one grant per key at its index, each a new fence where the service issues fences,
+/// and nobody else gets any member. A service that declares
+/// [`MultiAcquire::OneRequest`](palisade_core::MultiAcquire::OneRequest) takes a free set of
+/// sixteen keys in one request: through its factory's fault proxy, after a first set has warmed
+/// the connections, at most five requests are counted (the request and a client's constant
+/// overhead; one per key would be sixteen).
+pub async fn a_set_is_taken_all_or_nothing<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let ns = Namespace::new();
+    let long = factory.timing().ttl * 5;
+    let ttl = attempt!(ctx, Ttl::new(long), "ttl");
+    let (svc, other) = (client(ctx, factory).await?, client(ctx, factory).await?);
+    let set: Vec<ResourceKey> = (0..4).map(|i| key(ctx, &ns, &format!("set-{i}"))).collect::<Result<_, _>>()?;
+    let blocker = attempt!(ctx, other.try_acquire(&set[2], ttl).await, "the blocker's try_acquire");
+    let Some(blocker) = blocker else { return Err(ctx.fail("a fresh key was held")) };
+    let tried = attempt!(ctx, svc.try_acquire_all(&set, ttl).await, "try_acquire_all with a held member");
+    match tried {
+        AllOrNone::Held(i) => {
+            ensure!(ctx, i == 2, "try_acquire_all named index {i} held; only {} (index 2) is", set[2]);
+        }
+        AllOrNone::Granted(grants) => {
+            for grant in &grants {
+                let _ = svc.release(grant).await;
+            }
+            return Err(ctx.fail(format!("try_acquire_all granted a set whose member {} another client holds", set[2])));
+        }
+        _ => return Err(ctx.fail("try_acquire_all answered an outcome this suite does not know")),
+    }
+    let mut before = Vec::new();
+    for (i, member) in set.iter().enumerate().filter(|(i, _)| *i != 2) {
+        let got = attempt!(ctx, other.try_acquire(member, ttl).await, "try_acquire of a member the set did not take");
+        let Some(got) = got else {
+            return Err(ctx.fail(format!(
+                "try_acquire_all answered Held, but left member {member} (index {i}) held: not all or nothing"
+            )));
+        };
+        before.push((i, got.fence_if_any()));
+        attempt!(ctx, other.release(&got).await, "release");
+    }
+    before.push((2, blocker.fence_if_any()));
+    attempt!(ctx, other.release(&blocker).await, "the blocker's release");
+    let tried = attempt!(ctx, svc.try_acquire_all(&set, ttl).await, "try_acquire_all of a free set");
+    let AllOrNone::Granted(grants) = tried else {
+        return Err(ctx.fail("try_acquire_all of a set nobody holds did not grant it"));
+    };
+    ensure!(ctx, grants.len() == set.len(), "{} grants for a set of {}", grants.len(), set.len());
+    for (i, grant) in grants.iter().enumerate() {
+        ensure!(ctx, grant.key() == &set[i], "grant {i} is for {}, not {}", grant.key(), set[i]);
+        if let Some((_, Some(earlier))) = before.iter().find(|(j, _)| *j == i) {
+            let fence = grant.fence_if_any();
+            ensure!(
+                ctx,
+                fence.is_some_and(|f| f > *earlier),
+                "member {} was granted fence {fence:?}, not above the {earlier:?} granted before",
+                set[i]
+            );
+        }
+        let probe = attempt!(ctx, other.try_acquire(&set[i], ttl).await, "probe of a granted member");
+        ensure!(ctx, probe.is_none(), "another client got member {} of a granted set", set[i]);
+    }
+    for grant in &grants {
+        attempt!(ctx, svc.release(grant).await, "release of a member");
+    }
+
+    let caps = svc.capabilities();
+    if caps.multi_acquire != MultiAcquire::OneRequest {
+        return Ok(ctx.report());
+    }
+    // Counted through the fault proxy: a networked service must have one (the helper fails it
+    // otherwise); one without a network is counted where its factory offers a relayed client.
+    let faulty = if caps.deployment == Deployment::Network {
+        faulty_client(ctx, factory).await?
+    } else {
+        factory.faulty_client().await.ok().filter(|c| !c.proxies.is_empty())
+    };
+    let Some(faulty) = faulty else {
+        ctx.note("one request per set declared; not counted: no client behind a fault proxy, and no network");
+        return Ok(ctx.report());
+    };
+    let fsvc = Arc::clone(&faulty.service);
+    // Warm: the connections a first request opens, and a statement prepared at its first use,
+    // are not the set's.
+    let warm: Vec<ResourceKey> = (0..2).map(|i| key(ctx, &ns, &format!("warm-{i}"))).collect::<Result<_, _>>()?;
+    if let AllOrNone::Granted(grants) = attempt!(ctx, fsvc.try_acquire_all(&warm, ttl).await, "warm-up set") {
+        for grant in &grants {
+            attempt!(ctx, fsvc.release(grant).await, "warm-up release");
+        }
+    }
+    let many: Vec<ResourceKey> =
+        (0..SET_COUNTED).map(|i| key(ctx, &ns, &format!("one-{i}"))).collect::<Result<_, _>>()?;
+    let sent_before = faulty.requests();
+    let tried = attempt!(ctx, fsvc.try_acquire_all(&many, ttl).await, "try_acquire_all of free keys");
+    let sent = faulty.requests().saturating_sub(sent_before);
+    let AllOrNone::Granted(grants) = tried else {
+        return Err(ctx.fail("try_acquire_all of free keys did not grant them"));
+    };
+    for grant in &grants {
+        attempt!(ctx, fsvc.release(grant).await, "release of a member");
+    }
+    ensure!(
+        ctx,
+        sent <= SET_OVERHEAD,
+        "the service declares one request per set, but taking {SET_COUNTED} free keys sent {sent} requests"
+    );
+    ctx.note(format!("{SET_COUNTED} free keys taken in {sent} request(s)"));
     Ok(ctx.report())
 }
 

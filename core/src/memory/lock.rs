@@ -7,9 +7,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::spi::{AttemptOutcome, first_granted, first_of, timeout_of_any, wait_for_any_release, wait_for_release};
+use crate::spi::{
+    AttemptOutcome, distinct_keys, first_granted, first_of, timeout_of_any, wait_for_any_release, wait_for_release,
+};
 use crate::{
-    Capabilities, Deployment, Fence, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Ttl, Waiting,
+    AllOrNone, Capabilities, Deployment, Fence, FenceSource, Fenced, Grant, LockService, MultiAcquire, OwnerToken,
+    ResourceKey, Ttl, Waiting,
 };
 
 const BACKEND: &str = "memory";
@@ -105,6 +108,33 @@ impl MemoryLockService {
         Ok(Attempt::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
     }
 
+    /// Every key of `keys` in one step under the mutex, or none: the first key found held.
+    fn attempt_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        distinct_keys(BACKEND, keys)?;
+        let requested_at = Instant::now();
+        let tokens = keys.iter().map(|_| OwnerToken::generate()).collect::<Result<Vec<_>>>()?;
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let held = |key: &ResourceKey| slots.get(key).and_then(|s| s.holder).is_some_and(|h| h.expires > now);
+        if let Some(i) = keys.iter().position(held) {
+            return Ok(AllOrNone::Held(i));
+        }
+        if keys.iter().any(|key| slots.get(key).is_some_and(|s| s.last_fence == u64::MAX)) {
+            return Err(Error::new(ErrorKind::Backend, BACKEND, "fence counter exhausted"));
+        }
+        let grants = keys
+            .iter()
+            .zip(tokens)
+            .map(|(key, token)| {
+                let slot = slots.entry(key.clone()).or_default();
+                slot.last_fence += 1;
+                slot.holder = Some(Holder { token, expires: now + ttl.get() });
+                Grant::new(key.clone(), token, Fence::new(slot.last_fence), ttl, requested_at)
+            })
+            .collect();
+        Ok(AllOrNone::Granted(grants))
+    }
+
     /// [`attempt`](Self::attempt) as a waiting loop reads it: held for how much longer.
     fn outcome(&self, key: &ResourceKey, ttl: Ttl) -> Result<AttemptOutcome<Grant<Fenced>>> {
         Ok(match self.attempt(key, ttl)? {
@@ -145,6 +175,7 @@ impl LockService for MemoryLockService {
             gap_free: true,
             waiting: Waiting::Native,
             deployment: Deployment::InProcess,
+            multi_acquire: MultiAcquire::OneRequest,
             ..Capabilities::default()
         }
     }
@@ -167,6 +198,10 @@ impl LockService for MemoryLockService {
             || std::future::ready(self.outcome(key, ttl)),
         )
         .await
+    }
+
+    async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        self.attempt_all(keys, ttl)
     }
 
     async fn acquire_any(&self, keys: &[ResourceKey], ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::spi::{
-    AttemptOutcome, Backoff, first_granted, first_of, storable_fence, timeout_of_any, wait_for_any_release,
-    wait_for_release,
+    AttemptOutcome, Backoff, distinct_keys, first_granted, first_of, storable_fence, timeout_of_any,
+    wait_for_any_release, wait_for_release,
 };
 use palisade_core::{
-    Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, OwnerToken, ResourceKey,
-    Result, Ttl, Waiting,
+    AllOrNone, Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, MultiAcquire,
+    OwnerToken, ResourceKey, Result, Ttl, Waiting,
 };
 use sqlx::postgres::PgListener;
 use sqlx::{AssertSqlSafe, PgPool};
@@ -244,6 +244,88 @@ impl PostgresLockService {
         }
     }
 
+    /// [`try_acquire_all`](LockService::try_acquire_all): the set's statement under a grant id
+    /// per member, sent again with the same ids after a lost reply (it is idempotent per grant,
+    /// as the single acquire is). Whenever the answer is not the whole set granted, what the
+    /// sends may have taken is released in the background.
+    async fn attempt_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        let tokens = keys.iter().map(|_| OwnerToken::generate()).collect::<Result<Vec<_>>>()?;
+        let requested_at = Instant::now();
+        let resources: Vec<String> = keys.iter().map(ToString::to_string).collect();
+        let grant_ids: Vec<Vec<u8>> = tokens.iter().map(|t| GrantId::of(t).as_bytes().to_vec()).collect();
+        let release_all = |why: &str| {
+            debug!(keys = keys.len(), why, "releasing what an unconfirmed set acquire may have taken");
+            for (key, token) in keys.iter().zip(&tokens) {
+                self.release_orphan(key, GrantId::of(token), ttl, requested_at);
+            }
+        };
+        let mut sends = 0;
+        let (blocked, fences): (Option<i64>, Vec<Option<i64>>) = loop {
+            let sent = sqlx::query_as(AssertSqlSafe(Arc::clone(&self.inner.statements.acquire_all)))
+                .bind(&resources)
+                .bind(&grant_ids)
+                .bind(millis(ttl.get()))
+                .fetch_one(&self.inner.pool)
+                .await;
+            match sent {
+                Ok(row) => break row,
+                Err(e) if reply_lost(&e) && sends < RESENDS => {
+                    sends += 1;
+                    debug!(keys = keys.len(), error = %e, "set acquire reply lost; sending it again with the same grants");
+                }
+                Err(e) if sends > 0 || reply_lost(&e) => {
+                    release_all("no reply");
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        BACKEND,
+                        format!(
+                            "no reply to the acquire of a set of {} from {}: not granted (what it may have taken is \
+                             being released)",
+                            keys.len(),
+                            keys[0]
+                        ),
+                    )
+                    .with_source(e));
+                }
+                Err(e) => return Err(map_err(e)),
+            }
+        };
+        let index = |i: i64| usize::try_from(i - 1).ok().filter(|&i| i < keys.len());
+        if let Some(at) = blocked {
+            if sends > 0 {
+                release_all("held after a resend");
+            }
+            let at = index(at).ok_or_else(|| {
+                Error::new(ErrorKind::Backend, BACKEND, format!("the set acquire named member {at} of {}", keys.len()))
+            })?;
+            return Ok(AllOrNone::Held(at));
+        }
+        if fences.len() != keys.len() {
+            release_all("a malformed answer");
+            return Err(Error::new(
+                ErrorKind::Backend,
+                BACKEND,
+                format!("the set acquire answered {} fences for {} keys", fences.len(), keys.len()),
+            ));
+        }
+        if let Some(missing) = fences.iter().position(Option::is_none) {
+            // Another acquire inserted that member's row meanwhile: held now.
+            release_all("a member inserted by another acquire meanwhile");
+            return Ok(AllOrNone::Held(missing));
+        }
+        let mut grants = Vec::with_capacity(keys.len());
+        for ((key, &token), fence) in keys.iter().zip(&tokens).zip(fences.into_iter().flatten()) {
+            match Self::grant_of(key, token, fence, ttl, requested_at) {
+                Ok(grant) => grants.push(grant),
+                Err(e) => {
+                    release_all("a fence out of range");
+                    return Err(e);
+                }
+            }
+        }
+        Ok(AllOrNone::Granted(grants))
+    }
+
     /// The grant of an attempt answered with `fence`.
     fn granted(
         key: &ResourceKey,
@@ -252,10 +334,21 @@ impl PostgresLockService {
         ttl: Ttl,
         requested_at: Instant,
     ) -> Result<AttemptOutcome<Grant<Fenced>>> {
+        Self::grant_of(key, token, fence, ttl, requested_at).map(AttemptOutcome::Granted)
+    }
+
+    /// A grant of `key` with the lock table's `fence`, which must not be negative.
+    fn grant_of(
+        key: &ResourceKey,
+        token: OwnerToken,
+        fence: i64,
+        ttl: Ttl,
+        requested_at: Instant,
+    ) -> Result<Grant<Fenced>> {
         let fence = u64::try_from(fence).map_err(|_| {
             Error::new(ErrorKind::Backend, BACKEND, format!("negative fence {fence} in the lock table"))
         })?;
-        Ok(AttemptOutcome::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
+        Ok(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at))
     }
 
     /// Releases whatever `grant_id` holds on `key`, in the background: the clean-up of an
@@ -419,6 +512,7 @@ impl LockService for PostgresLockService {
             fences_survive_restart: true,
             gap_free: true,
             waiting: Waiting::Native,
+            multi_acquire: MultiAcquire::OneRequest,
             ..Capabilities::default()
         }
     }
@@ -428,6 +522,12 @@ impl LockService for PostgresLockService {
             AttemptOutcome::Granted(grant) => Ok(Some(grant)),
             AttemptOutcome::Held { .. } => Ok(None),
         }
+    }
+
+    /// One statement for the whole set (see `attempt_all`).
+    async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        distinct_keys(BACKEND, keys)?;
+        self.attempt_all(keys, ttl).await
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {

@@ -57,6 +57,8 @@ pub(crate) struct LockStatements {
     pub(crate) take: Arc<str>,
     /// Every case: inserts a new row, answers a resend, reports a holder, marks a waiter.
     pub(crate) acquire: Arc<str>,
+    /// A set of resources (`$1`) under one grant id each (`$2`), all or nothing.
+    pub(crate) acquire_all: Arc<str>,
     pub(crate) extend: Arc<str>,
     pub(crate) release: Arc<str>,
     /// Release by grant id alone: clean-up after an acquire whose outcome is unknown.
@@ -127,6 +129,39 @@ impl LockStatements {
                  (SELECT fence FROM cur WHERE live AND grant_id = $2)) AS fence, \
                  (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::BIGINT FROM held) AS left_ms, \
                  EXISTS (SELECT 1 FROM cur WHERE NOT live) AND NOT EXISTS (SELECT 1 FROM free) AS locked"
+            )
+            .into(),
+            // `acquire` for a set (`$1` resources, `$2` their grant ids, `$3` the TTL), in one
+            // statement: every row is taken over or inserted only if none of the set is held by
+            // another grant or locked by a transaction (`blocked`, whose first index is
+            // returned; nothing is written then). Rows already showing their grant are a resend's
+            // and answer with their fence, as in `acquire`. Returns the lowest blocked index
+            // (counted from 1) or NULL, and the fences in the set's order. A row inserted by
+            // another acquire between the snapshot and the insert leaves that member without a
+            // fence (the insert does nothing): the caller releases the others, as after a
+            // resend that did not end in the grant.
+            acquire_all: format!(
+                "WITH want AS (SELECT w.resource, w.grant_id, w.ord \
+                 FROM unnest($1::text[], $2::bytea[]) WITH ORDINALITY AS w(resource, grant_id, ord)), \
+                 free AS (SELECT resource FROM {l} WHERE resource = ANY($1::text[]) \
+                 AND (grant_id IS NULL OR expires_at <= clock_timestamp()) FOR UPDATE SKIP LOCKED), \
+                 blocked AS (SELECT w.ord FROM want w JOIN {l} AS l ON l.resource = w.resource \
+                 WHERE NOT coalesce(l.grant_id = w.grant_id AND l.expires_at > clock_timestamp(), false) \
+                 AND l.resource NOT IN (SELECT resource FROM free)), \
+                 updated AS (UPDATE {l} AS l SET grant_id = w.grant_id, expires_at = clock_timestamp() + {ms}, \
+                 fence = greatest(l.fence, l.fence_floor) + 1, waiting = false FROM want w \
+                 WHERE l.resource = w.resource AND NOT EXISTS (SELECT 1 FROM blocked) \
+                 AND l.resource IN (SELECT resource FROM free) \
+                 AND (l.grant_id IS NULL OR l.expires_at <= clock_timestamp()) RETURNING l.resource, l.fence), \
+                 inserted AS (INSERT INTO {l} (resource, grant_id, expires_at, fence) \
+                 SELECT w.resource, w.grant_id, clock_timestamp() + {ms}, 1 FROM want w \
+                 WHERE NOT EXISTS (SELECT 1 FROM blocked) AND NOT EXISTS (SELECT 1 FROM {l} WHERE resource = w.resource) \
+                 ON CONFLICT (resource) DO NOTHING RETURNING resource, fence) \
+                 SELECT (SELECT min(ord) FROM blocked) AS blocked, \
+                 array(SELECT coalesce(u.fence, i.fence, CASE WHEN l.grant_id = w.grant_id \
+                 AND l.expires_at > clock_timestamp() THEN l.fence END) FROM want w \
+                 LEFT JOIN updated u ON u.resource = w.resource LEFT JOIN inserted i ON i.resource = w.resource \
+                 LEFT JOIN {l} AS l ON l.resource = w.resource ORDER BY w.ord) AS fences"
             )
             .into(),
             extend: format!(

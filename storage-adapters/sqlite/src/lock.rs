@@ -5,10 +5,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use palisade_core::spi::{Backoff, first_of, poll_acquire_woken, storable_fence, timeout_of_any, try_each};
+use palisade_core::spi::{
+    Backoff, distinct_keys, first_of, poll_acquire_woken, storable_fence, timeout_of_any, try_each,
+};
 use palisade_core::{
-    Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, OwnerToken,
-    ResourceKey, Result, Ttl, Waiting,
+    AllOrNone, Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService,
+    MultiAcquire, OwnerToken, ResourceKey, Result, Ttl, Waiting,
 };
 use sqlx::Row;
 use tokio::sync::Notify;
@@ -136,6 +138,48 @@ impl SqliteLockService {
     fn not_holder(grant: &Grant<Fenced>) -> Error {
         Error::new(ErrorKind::NotHolder, BACKEND, format!("lock {} is not held by this owner token", grant.key()))
     }
+
+    /// This process's writer queue within one attempt's bound. One attempt answers at once: a
+    /// writer of this process that keeps the file longer (an open fenced transaction) makes it
+    /// a retryable refusal, not "held" (the key may well be free), and the caller's own wait
+    /// decides whether to try again.
+    async fn one_attempts_writer(&self) -> Result<tokio::sync::OwnedMutexGuard<()>> {
+        self.store.writer_within(ONE_ATTEMPT).await.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unavailable,
+                BACKEND,
+                format!(
+                    "the database is busy: another writer of this process (an open transaction) kept it for over {ONE_ATTEMPT:?}"
+                ),
+            )
+            .with_retryable(true)
+        })
+    }
+}
+
+/// An attempt's error: another process that held the file past one attempt's bound is said
+/// so, retryably.
+fn busy_past_one_attempt(e: sqlx::Error) -> Error {
+    let e = map_err(e);
+    if e.kind() == ErrorKind::Unavailable {
+        Error::new(
+            ErrorKind::Unavailable,
+            BACKEND,
+            format!("the database is busy: another writer kept the file for over {ONE_ATTEMPT:?}"),
+        )
+        .with_retryable(true)
+        .with_source(e)
+    } else {
+        e
+    }
+}
+
+/// The fence an acquire statement returned.
+fn fence_of(row: &sqlx::sqlite::SqliteRow) -> Result<Fence> {
+    let fence: i64 = row.try_get(0).map_err(map_err)?;
+    u64::try_from(fence)
+        .map(Fence::new)
+        .map_err(|_| Error::new(ErrorKind::Backend, BACKEND, format!("negative fence {fence} in palisade_locks")))
 }
 
 fn millis(d: Duration) -> i64 {
@@ -224,6 +268,7 @@ impl LockService for SqliteLockService {
             waiting: Waiting::Polling,
             // One file, opened by every process on this machine: no network in between.
             deployment: Deployment::Embedded,
+            multi_acquire: MultiAcquire::OneRequest,
             ..Capabilities::default()
         }
     }
@@ -231,19 +276,7 @@ impl LockService for SqliteLockService {
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
         let token = OwnerToken::generate()?;
         let requested_at = Instant::now();
-        // One attempt answers at once: a writer of this process that keeps the file longer (an
-        // open fenced transaction) makes it a retryable refusal, not "held" (the key may well be
-        // free), and the caller's own wait decides whether to try again.
-        let Some(_writer) = self.store.writer_within(ONE_ATTEMPT).await else {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                BACKEND,
-                format!(
-                    "the database is busy: another writer of this process (an open transaction) kept it for over {ONE_ATTEMPT:?}"
-                ),
-            )
-            .with_retryable(true));
-        };
+        let _writer = self.one_attempts_writer().await?;
         let row = sqlx::query(ACQUIRE)
             .bind(key.to_string())
             .bind(GrantId::of(&token).as_bytes().as_slice())
@@ -251,27 +284,38 @@ impl LockService for SqliteLockService {
             .bind(millis(ttl.get()))
             .fetch_optional(&self.attempts)
             .await
-            .map_err(|e| {
-                // Another process held the file past one attempt's bound: say so, retryably.
-                let e = map_err(e);
-                if e.kind() == ErrorKind::Unavailable {
-                    Error::new(
-                        ErrorKind::Unavailable,
-                        BACKEND,
-                        format!("the database is busy: another writer kept the file for over {ONE_ATTEMPT:?}"),
-                    )
-                    .with_retryable(true)
-                    .with_source(e)
-                } else {
-                    e
-                }
-            })?;
+            .map_err(busy_past_one_attempt)?;
         let Some(row) = row else { return Ok(None) };
-        let fence: i64 = row.try_get(0).map_err(map_err)?;
-        let fence = u64::try_from(fence).map_err(|_| {
-            Error::new(ErrorKind::Backend, BACKEND, format!("negative fence {fence} in palisade_locks"))
-        })?;
-        Ok(Some(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
+        Ok(Some(Grant::new(key.clone(), token, fence_of(&row)?, ttl, requested_at)))
+    }
+
+    /// One `BEGIN IMMEDIATE` transaction: the acquire statement for each key in order, rolled
+    /// back at the first key held.
+    async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        distinct_keys(BACKEND, keys)?;
+        let tokens = keys.iter().map(|_| OwnerToken::generate()).collect::<Result<Vec<_>>>()?;
+        let requested_at = Instant::now();
+        let _writer = self.one_attempts_writer().await?;
+        let mut tx = self.attempts.begin_with("BEGIN IMMEDIATE").await.map_err(busy_past_one_attempt)?;
+        let now = now_ms();
+        let mut grants = Vec::with_capacity(keys.len());
+        for (i, (key, token)) in keys.iter().zip(tokens).enumerate() {
+            let row = sqlx::query(ACQUIRE)
+                .bind(key.to_string())
+                .bind(GrantId::of(&token).as_bytes().as_slice())
+                .bind(now)
+                .bind(millis(ttl.get()))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(busy_past_one_attempt)?;
+            let Some(row) = row else {
+                tx.rollback().await.map_err(map_err)?;
+                return Ok(AllOrNone::Held(i));
+            };
+            grants.push(Grant::new(key.clone(), token, fence_of(&row)?, ttl, requested_at));
+        }
+        tx.commit().await.map_err(busy_past_one_attempt)?;
+        Ok(AllOrNone::Granted(grants))
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
