@@ -248,8 +248,8 @@ const SET_OVERHEAD: usize = 5;
 /// whole: one grant per key at its index, each a new fence where the service issues fences,
 /// and nobody else gets any member. A service that declares
 /// [`MultiAcquire::OneRequest`](palisade_core::MultiAcquire::OneRequest) takes a free set of
-/// sixteen keys in one request: through its factory's fault proxy, after a first set has warmed
-/// the connections, at most five requests are counted (the request and a client's constant
+/// sixteen keys in one request: through its factory's fault proxy, after the same set was taken
+/// and released once (warm connections and keys), at most five requests are counted (the request and a client's constant
 /// overhead; one per key would be sixteen).
 pub async fn a_set_is_taken_all_or_nothing<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
     let ns = Namespace::new();
@@ -324,16 +324,15 @@ pub async fn a_set_is_taken_all_or_nothing<F: LockServiceFactory>(ctx: &Ctx, fac
         return Ok(ctx.report());
     };
     let fsvc = Arc::clone(&faulty.service);
-    // Warm: the connections a first request opens, and a statement prepared at its first use,
-    // are not the set's.
-    let warm: Vec<ResourceKey> = (0..2).map(|i| key(ctx, &ns, &format!("warm-{i}"))).collect::<Result<_, _>>()?;
-    if let AllOrNone::Granted(grants) = attempt!(ctx, fsvc.try_acquire_all(&warm, ttl).await, "warm-up set") {
+    // Warm: the connections a first request opens, a statement prepared at its first use, and
+    // the keys' first grant (a service may create a key's record apart) are not the set's.
+    let many: Vec<ResourceKey> =
+        (0..SET_COUNTED).map(|i| key(ctx, &ns, &format!("one-{i}"))).collect::<Result<_, _>>()?;
+    if let AllOrNone::Granted(grants) = attempt!(ctx, fsvc.try_acquire_all(&many, ttl).await, "warm-up set") {
         for grant in &grants {
             attempt!(ctx, fsvc.release(grant).await, "warm-up release");
         }
     }
-    let many: Vec<ResourceKey> =
-        (0..SET_COUNTED).map(|i| key(ctx, &ns, &format!("one-{i}"))).collect::<Result<_, _>>()?;
     let sent_before = faulty.requests();
     let tried = attempt!(ctx, fsvc.try_acquire_all(&many, ttl).await, "try_acquire_all of free keys");
     let sent = faulty.requests().saturating_sub(sent_before);

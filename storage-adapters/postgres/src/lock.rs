@@ -260,6 +260,35 @@ impl PostgresLockService {
             }
         };
         let mut sends = 0;
+        let mut take = sqlx::query_as(AssertSqlSafe(self.inner.statements.take_all(keys.len())?));
+        for resource in &resources {
+            take = take.bind(resource);
+        }
+        for grant_id in &grant_ids {
+            take = take.bind(grant_id);
+        }
+        let taken: std::result::Result<Vec<(String, i64)>, sqlx::Error> =
+            take.bind(millis(ttl.get())).fetch_all(&self.inner.pool).await;
+        match taken {
+            Ok(rows) if rows.len() == keys.len() => {
+                let fence_of = |resource: &String| rows.iter().find(|(r, _)| r == resource).map(|&(_, fence)| fence);
+                let fences: Option<Vec<i64>> = resources.iter().map(fence_of).collect();
+                if let Some(fences) = fences {
+                    return Self::granted_all(keys, &tokens, fences, ttl, requested_at, &release_all);
+                }
+                release_all("a take-over that answered for other rows");
+                return Err(Error::new(ErrorKind::Backend, BACKEND, "the set's take-over answered for other rows"));
+            }
+            // Some row missing, held or locked: the full statement decides.
+            Ok(_) => {}
+            // The take-over may have been made: the full statement is idempotent per grant and
+            // answers with it, and whatever else it answers is handled as a resend's answer.
+            Err(e) if reply_lost(&e) => {
+                sends += 1;
+                debug!(keys = keys.len(), error = %e, "set take-over reply lost; asking again with the same grants");
+            }
+            Err(e) => return Err(map_err(e)),
+        }
         let (blocked, fences): (Option<i64>, Vec<Option<i64>>) = loop {
             let sent = sqlx::query_as(AssertSqlSafe(Arc::clone(&self.inner.statements.acquire_all)))
                 .bind(&resources)
@@ -313,8 +342,21 @@ impl PostgresLockService {
             release_all("a member inserted by another acquire meanwhile");
             return Ok(AllOrNone::Held(missing));
         }
+        Self::granted_all(keys, &tokens, fences.into_iter().flatten().collect(), ttl, requested_at, &release_all)
+    }
+
+    /// The grants of a set answered with `fences`, one per key; `release_all` when a fence is
+    /// out of range.
+    fn granted_all(
+        keys: &[ResourceKey],
+        tokens: &[OwnerToken],
+        fences: Vec<i64>,
+        ttl: Ttl,
+        requested_at: Instant,
+        release_all: &dyn Fn(&str),
+    ) -> Result<AllOrNone<Grant<Fenced>>> {
         let mut grants = Vec::with_capacity(keys.len());
-        for ((key, &token), fence) in keys.iter().zip(&tokens).zip(fences.into_iter().flatten()) {
+        for ((key, &token), fence) in keys.iter().zip(tokens).zip(fences) {
             match Self::grant_of(key, token, fence, ttl, requested_at) {
                 Ok(grant) => grants.push(grant),
                 Err(e) => {
