@@ -244,10 +244,11 @@ impl PostgresLockService {
         }
     }
 
-    /// [`try_acquire_all`](LockService::try_acquire_all): the set's statement under a grant id
-    /// per member, sent again with the same ids after a lost reply (it is idempotent per grant,
-    /// as the single acquire is). Whenever the answer is not the whole set granted, what the
-    /// sends may have taken is released in the background.
+    /// [`try_acquire_all`](LockService::try_acquire_all), under a grant id per member: the cheap
+    /// take-over of a set whose rows exist and are free goes first; when it takes nothing, the
+    /// full statement decides (new rows, a holder), sent again with the same ids after a lost
+    /// reply (it is idempotent per grant, as the single acquire is). Whenever the answer is not
+    /// the whole set granted, what the sends may have taken is released in the background.
     async fn attempt_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
         let tokens = keys.iter().map(|_| OwnerToken::generate()).collect::<Result<Vec<_>>>()?;
         let requested_at = Instant::now();
