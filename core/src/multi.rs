@@ -144,17 +144,7 @@ pub(crate) fn canonical(backend: &'static str, keys: &[ResourceKey]) -> Result<V
     if keys.is_empty() {
         return Err(Error::new(ErrorKind::InvalidArgument, backend, "lock_all needs at least one key"));
     }
-    if keys.len() > crate::store::MAX_FENCES_PER_WRITE {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            backend,
-            format!(
-                "lock_all was given {} keys; a set has at most {} (what one fenced write carries)",
-                keys.len(),
-                crate::store::MAX_FENCES_PER_WRITE
-            ),
-        ));
-    }
+    crate::service::set_within_limit(backend, "lock_all", keys.len())?;
     let mut keys = keys.to_vec();
     keys.sort();
     keys.dedup();

@@ -222,23 +222,29 @@ pub async fn try_acquire_each<S: LockService + ?Sized>(
     Ok(AllOrNone::Granted(taken))
 }
 
+/// [`ErrorKind::InvalidArgument`] for a set of more keys than one fenced write carries
+/// ([`MAX_FENCES_PER_WRITE`](crate::spi::MAX_FENCES_PER_WRITE)), naming `what` was given them.
+pub(crate) fn set_within_limit(backend: &'static str, what: &str, keys: usize) -> Result<()> {
+    if keys > crate::store::MAX_FENCES_PER_WRITE {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            backend,
+            format!(
+                "{what} was given {keys} keys; a set has at most {} (what one fenced write carries)",
+                crate::store::MAX_FENCES_PER_WRITE
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// [`ErrorKind::InvalidArgument`] unless `keys` is a non-empty set of distinct keys: what
 /// every [`LockService::try_acquire_all`] checks before it sends anything.
 pub fn distinct_keys(backend: &'static str, keys: &[ResourceKey]) -> Result<()> {
     if keys.is_empty() {
         return Err(Error::new(ErrorKind::InvalidArgument, backend, "try_acquire_all needs at least one key"));
     }
-    if keys.len() > crate::store::MAX_FENCES_PER_WRITE {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            backend,
-            format!(
-                "try_acquire_all was given {} keys; a set has at most {} (what one fenced write carries)",
-                keys.len(),
-                crate::store::MAX_FENCES_PER_WRITE
-            ),
-        ));
-    }
+    set_within_limit(backend, "try_acquire_all", keys.len())?;
     for (i, key) in keys.iter().enumerate() {
         if keys[..i].contains(key) {
             return Err(Error::new(

@@ -220,6 +220,19 @@ impl RedisLockService {
         }
     }
 
+    /// An acquire script in a pipeline, with `WAIT` right behind it where
+    /// [`RedisConfig::replica_acks`] asks for acknowledgements ([`acquire_then_wait`] sends it).
+    fn with_replica_acks(&self, script: redis::Cmd) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        pipe.add_command(script);
+        if let Some(acks) = self.config.replica_acks {
+            let millis = u64::try_from(acks.timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+            pipe.cmd("WAIT").arg(acks.replicas).arg(millis);
+        }
+        pipe.ignore_errors();
+        pipe
+    }
+
     /// With [`RedisConfig::replica_acks`]: whether the replicas acknowledged `grant`, from the
     /// reply of the `WAIT` sent right behind its script; when too few did, releases it and fails.
     async fn acknowledged(
@@ -276,14 +289,7 @@ impl RedisLockService {
         if waiting {
             script.arg("wait");
         }
-        let mut pipe = redis::pipe();
-        pipe.add_command(script);
-        if let Some(acks) = self.config.replica_acks {
-            let millis = u64::try_from(acks.timeout.as_millis()).unwrap_or(u64::MAX).max(1);
-            pipe.cmd("WAIT").arg(acks.replicas).arg(millis);
-        }
-        pipe.ignore_errors();
-        let pipe = &pipe;
+        let pipe = &self.with_replica_acks(script);
         let ((reply, waited), _) = self.invoke(move |conn| acquire_then_wait(conn, pipe, &ACQUIRE), "acquire").await?;
         match AcquireReply::decode(&reply, &key.fence_key())? {
             AcquireReply::Granted(fence) => {
@@ -312,14 +318,7 @@ impl RedisLockService {
         for token in &tokens {
             script.arg(&token.to_hex()[..]);
         }
-        let mut pipe = redis::pipe();
-        pipe.add_command(script);
-        if let Some(acks) = self.config.replica_acks {
-            let millis = u64::try_from(acks.timeout.as_millis()).unwrap_or(u64::MAX).max(1);
-            pipe.cmd("WAIT").arg(acks.replicas).arg(millis);
-        }
-        pipe.ignore_errors();
-        let pipe = &pipe;
+        let pipe = &self.with_replica_acks(script);
         let ((reply, waited), _) =
             self.invoke(move |conn| acquire_then_wait(conn, pipe, &ACQUIRE_ALL), "acquire a set").await?;
         let fences = match AcquireAllReply::decode(&reply, keys.len())? {
