@@ -77,10 +77,9 @@ pub fn run(data: &[u8]) {
                 }
                 Command::Setup { qty, .. } => assert!(within(*qty, 0, MAX_QTY)),
                 Command::Show { .. } => {}
-                Command::Allocate { qty, ttl_ms, think_ms, wait_ms, .. }
-                | Command::Transfer { qty, ttl_ms, think_ms, wait_ms, .. } => {
-                    assert!(within(*qty, 1, MAX_QTY) && within(*ttl_ms, 1, MAX_ALLOCATE_MS));
-                    assert!(within(*think_ms, 0, MAX_THINK_MS) && within(*wait_ms, 0, MAX_ALLOCATE_MS));
+                Command::Allocate { work, .. } | Command::Transfer { work, .. } => {
+                    assert!(within(work.qty, 1, MAX_QTY) && within(work.ttl_ms, 1, MAX_ALLOCATE_MS));
+                    assert!(within(work.think_ms, 0, MAX_THINK_MS) && within(work.wait_ms, 0, MAX_ALLOCATE_MS));
                 }
             }
             let lock = cli.lock_url();

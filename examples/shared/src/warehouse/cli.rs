@@ -80,44 +80,42 @@ pub enum Command {
         /// The SKU they arrive at (another SKU).
         #[arg(long)]
         to: String,
-        /// How many units to move (at least 1).
-        #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_QTY))]
-        qty: i64,
-        /// Lock TTL in milliseconds (1 to 86400000).
-        #[arg(long, default_value_t = 30_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_ALLOCATE_MS))]
-        ttl_ms: i64,
-        /// How long to "work" between acquiring and writing, in milliseconds (0 to 3600000).
-        #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_THINK_MS))]
-        think_ms: i64,
-        /// Job id for the audit table (default: a fresh random id).
-        #[arg(long)]
-        job: Option<String>,
-        /// How long to wait for both locks, in milliseconds (0 to 86400000; 0 tries once).
-        #[arg(long, default_value_t = 60_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_ALLOCATE_MS))]
-        wait_ms: i64,
+        /// How many units, how long, and under which job id.
+        #[command(flatten)]
+        work: WorkArgs,
     },
     /// One worker: lock the SKU, think, decrement its stock with the lease's fence.
     Allocate {
         /// The SKU.
         #[arg(long)]
         sku: String,
-        /// How many units to allocate (at least 1).
-        #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_QTY))]
-        qty: i64,
-        /// Lock TTL in milliseconds (1 to 86400000).
-        #[arg(long, default_value_t = 30_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_ALLOCATE_MS))]
-        ttl_ms: i64,
-        /// How long to "work" between acquiring and writing, in milliseconds (0 to 3600000).
-        #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_THINK_MS))]
-        think_ms: i64,
-        /// Job id for the audit table (default: a fresh random id). Two processes given the same
-        /// id model a redelivered job: at most one of them applies it.
-        #[arg(long)]
-        job: Option<String>,
-        /// How long to wait for the lock, in milliseconds (0 to 86400000; 0 tries once).
-        #[arg(long, default_value_t = 60_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_ALLOCATE_MS))]
-        wait_ms: i64,
+        /// How many units, how long, and under which job id.
+        #[command(flatten)]
+        work: WorkArgs,
     },
+}
+
+/// The flags `allocate` and `transfer` share: one job's units, its lock TTL and wait, its
+/// think time, and its id.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkArgs {
+    /// How many units (at least 1).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_QTY))]
+    pub qty: i64,
+    /// Lock TTL in milliseconds (1 to 86400000).
+    #[arg(long, default_value_t = 30_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_ALLOCATE_MS))]
+    pub ttl_ms: i64,
+    /// How long to "work" between acquiring and writing, in milliseconds (0 to 3600000).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_THINK_MS))]
+    pub think_ms: i64,
+    /// Job id for the audit table (default: a fresh random id). Two processes given the same
+    /// id model a redelivered job: at most one of them applies it.
+    #[arg(long)]
+    pub job: Option<String>,
+    /// How long to wait for the lock (both locks for a transfer), in milliseconds (0 to
+    /// 86400000; 0 tries once).
+    #[arg(long, default_value_t = 60_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..=MAX_ALLOCATE_MS))]
+    pub wait_ms: i64,
 }
 
 /// `simulate` flags.

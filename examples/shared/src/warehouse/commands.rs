@@ -9,7 +9,7 @@ use palisade::DynLockService;
 use palisade::prelude::*;
 use serde_json::json;
 
-use super::cli::{Cli, Command, millis};
+use super::cli::{Cli, Command, WorkArgs, millis};
 use super::inventory::{Mode, Order, Outcome, Transfer, Warehouse};
 use super::simulate;
 
@@ -67,13 +67,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, AppError> {
         Command::Simulate(args) => simulate::run(&cli, args).await,
         Command::Setup { sku, qty } => setup(&cli, sku, *qty).await,
         Command::Show { sku } => show(&cli, sku).await,
-        Command::Allocate { sku, qty, ttl_ms, think_ms, job, wait_ms } => {
-            allocate(&cli, sku, *qty, *ttl_ms, *think_ms, job.as_deref(), *wait_ms).await
-        }
-        Command::Transfer { from, to, qty, ttl_ms, think_ms, job, wait_ms } => {
-            let t = TransferArgs { from, to, qty: *qty, ttl_ms: *ttl_ms, think_ms: *think_ms, wait_ms: *wait_ms };
-            transfer(&cli, &t, job.as_deref()).await
-        }
+        Command::Allocate { sku, work } => allocate(&cli, sku, work).await,
+        Command::Transfer { from, to, work } => transfer(&cli, from, to, work).await,
     }
 }
 
@@ -139,19 +134,12 @@ fn emit(value: serde_json::Value) -> Result<(), AppError> {
     writeln!(out, "{value}").and_then(|()| out.flush()).map_err(|e| AppError::Runtime(format!("stdout: {e}")))
 }
 
-async fn allocate(
-    cli: &Cli,
-    sku: &str,
-    qty: i64,
-    ttl_ms: i64,
-    think_ms: i64,
-    job: Option<&str>,
-    wait_ms: i64,
-) -> Result<ExitCode, AppError> {
+async fn allocate(cli: &Cli, sku: &str, work: &WorkArgs) -> Result<ExitCode, AppError> {
+    let WorkArgs { qty, ttl_ms, think_ms, wait_ms, .. } = *work;
     let key = Warehouse::resource(sku)?;
     let ttl = palisade::Ttl::new(millis(ttl_ms))?.get();
     let wait = millis(wait_ms);
-    let job = job_id(job)?;
+    let job = job_id(work.job.as_deref())?;
     warn_if_single_process(cli);
     let (locks, warehouse) = connect(cli).await?;
     // Checked against where the stock keeps its fence: a lock service that lost its fence
@@ -218,28 +206,19 @@ fn job_id(job: Option<&str>) -> Result<String, AppError> {
 }
 
 /// `transfer`'s flags.
-struct TransferArgs<'a> {
-    from: &'a str,
-    to: &'a str,
-    qty: i64,
-    ttl_ms: i64,
-    think_ms: i64,
-    wait_ms: i64,
-}
-
-async fn transfer(cli: &Cli, t: &TransferArgs<'_>, job: Option<&str>) -> Result<ExitCode, AppError> {
-    let keys = [Warehouse::resource(t.from)?, Warehouse::resource(t.to)?];
-    if t.from == t.to {
-        return Err(AppError::Usage(format!("--from and --to name the same SKU ({}): a transfer needs two", t.from)));
+async fn transfer(cli: &Cli, from: &str, to: &str, work: &WorkArgs) -> Result<ExitCode, AppError> {
+    let keys = [Warehouse::resource(from)?, Warehouse::resource(to)?];
+    if from == to {
+        return Err(AppError::Usage(format!("--from and --to name the same SKU ({from}): a transfer needs two")));
     }
-    let ttl = palisade::Ttl::new(millis(t.ttl_ms))?.get();
-    let wait = millis(t.wait_ms);
-    let job = job_id(job)?;
+    let ttl = palisade::Ttl::new(millis(work.ttl_ms))?.get();
+    let wait = millis(work.wait_ms);
+    let job = job_id(work.job.as_deref())?;
     warn_if_single_process(cli);
     let (locks, warehouse) = connect(cli).await?;
     // Fencing rule 5 for each SKU first: a lock service that lost a counter is repaired here
     // (each lock taken checked and let go at once), instead of the transfer being refused.
-    for sku in [t.from, t.to] {
+    for sku in [from, to] {
         if let Some(lease) = warehouse.lock_checked(&locks, sku, LockOptions::ttl(ttl).wait(wait)).await? {
             lease.release().await?;
         }
@@ -253,15 +232,15 @@ async fn transfer(cli: &Cli, t: &TransferArgs<'_>, job: Option<&str>) -> Result<
         )),
         _ => AppError::from(e),
     })?;
-    let fences: serde_json::Map<String, serde_json::Value> = [t.from, t.to]
+    let fences: serde_json::Map<String, serde_json::Value> = [from, to]
         .iter()
         .zip(&keys)
         .map(|(sku, key)| (sku.to_string(), json!(both.fence(key).map(|f| f.get()))))
         .collect();
     emit(json!({"event": "acquired", "fences": fences, "job": job}))?;
     let attempt = both.leases().first().map(|l| l.token().to_string()).unwrap_or_default();
-    let order = Transfer { from: t.from, to: t.to, job: &job, attempt: &attempt, qty: t.qty };
-    let outcome = warehouse.transfer(&both, Mode::Fenced, &order, millis(t.think_ms)).await?;
+    let order = Transfer { from, to, job: &job, attempt: &attempt, qty: work.qty };
+    let outcome = warehouse.transfer(&both, Mode::Fenced, &order, millis(work.think_ms)).await?;
     let code = match outcome {
         Outcome::Applied => {
             emit(json!({"event": "write", "applied": true}))?;
@@ -283,13 +262,12 @@ async fn transfer(cli: &Cli, t: &TransferArgs<'_>, job: Option<&str>) -> Result<
         }
         Outcome::InsufficientStock { available } => {
             emit(json!({"event": "write", "applied": false, "reason": "insufficient_stock"}))?;
-            eprintln!("warehouse: insufficient stock for {}: {available} available, {} requested", t.from, t.qty);
+            eprintln!("warehouse: insufficient stock for {from}: {available} available, {} requested", work.qty);
             ExitCode::from(1)
         }
         Outcome::UnknownSku => {
             eprintln!(
-                "warehouse: unknown SKU {:?} or {:?}: run `warehouse setup --sku S --qty N` for both first",
-                t.from, t.to
+                "warehouse: unknown SKU {from:?} or {to:?}: run `warehouse setup --sku S --qty N` for both first"
             );
             ExitCode::from(1)
         }

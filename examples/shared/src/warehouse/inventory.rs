@@ -285,9 +285,7 @@ impl Warehouse {
                     {
                         continue;
                     }
-                    let rest = &key[audit_prefix.len()..];
-                    let job = rest.split_once('/').map_or(rest, |(job, _)| job);
-                    *per_job.entry(job.to_string()).or_insert(0) += 1;
+                    *per_job.entry(job_of(&key, &audit_prefix).to_string()).or_insert(0) += 1;
                 }
                 Ok(per_job)
             }
@@ -358,9 +356,7 @@ impl Warehouse {
                 let transfer_prefix = format!("{prefix}/transfer/");
                 let mut per_job: BTreeMap<String, TransferSides> = BTreeMap::new();
                 for (key, _) in store.list(&transfer_prefix).await? {
-                    let rest = &key[transfer_prefix.len()..];
-                    let job = rest.split_once('/').map_or(rest, |(job, _)| job);
-                    let sides = per_job.entry(job.to_string()).or_default();
+                    let sides = per_job.entry(job_of(&key, &transfer_prefix).to_string()).or_default();
                     if key.ends_with("/out") {
                         sides.out += 1;
                     } else {
@@ -432,6 +428,13 @@ impl Warehouse {
             }
         }
     }
+}
+
+/// The job of a record-store audit or transfer key listed under `prefix`
+/// (`<prefix><job>/<rest>`).
+fn job_of<'k>(key: &'k str, prefix: &str) -> &'k str {
+    let rest = key.strip_prefix(prefix).unwrap_or(key);
+    rest.split_once('/').map_or(rest, |(job, _)| job)
 }
 
 /// The quantity in a record-store audit value (`sku=S qty=N fence=F`).
