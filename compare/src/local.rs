@@ -159,7 +159,7 @@ impl Local {
 }
 
 /// `SAVE` on a Redis of ours: its next start loads the snapshot.
-async fn save(server: &LoopbackServer) -> Result<(), String> {
+pub(crate) async fn save(server: &LoopbackServer) -> Result<(), String> {
     let client = redis::Client::open(server.redis_url()).map_err(|e| e.to_string())?;
     let mut conn = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
     redis::cmd("SAVE").query_async::<()>(&mut conn).await.map_err(|e| format!("SAVE: {e}"))
@@ -167,7 +167,7 @@ async fn save(server: &LoopbackServer) -> Result<(), String> {
 
 /// Drops the store-native lock service's table (`palisade_locks`), as a restore of the lock
 /// service's data from nothing would leave it; it is created again at the next connect.
-async fn drop_lock_table(url: &str) -> Result<(), String> {
+pub(crate) async fn drop_lock_table(url: &str) -> Result<(), String> {
     use sqlx::Connection as _;
     let statement = "DROP TABLE IF EXISTS palisade_locks";
     if url.starts_with("sqlite:") {

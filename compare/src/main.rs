@@ -22,6 +22,7 @@ mod memory;
 mod perf;
 mod report;
 mod target;
+mod torture;
 mod warehouse;
 mod worker;
 
@@ -43,6 +44,13 @@ struct Cli {
 enum Command {
     /// Compare lock services and stores under the same faults and load.
     Compare(CompareArgs),
+    /// Run a lock service × store pair under a random fault schedule drawn from a seed, record
+    /// every client call in a history, and check the history. Exit 0: no anomaly; 1: an
+    /// anomaly (the report names it); 2: bad usage; 3: the run could not be made.
+    Torture(torture::TortureArgs),
+    /// (internal) A client process of the torture run.
+    #[command(hide = true)]
+    TortureClient(torture::client::ClientArgs),
     /// (internal) The worker process the fault scenarios freeze and kill.
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
@@ -150,6 +158,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Worker(args) => runtime.block_on(worker::run(args)),
         Command::Holder(args) => runtime.block_on(worker::hold(args)),
+        Command::Torture(args) => runtime.block_on(torture::torture(args)),
+        Command::TortureClient(args) => runtime.block_on(torture::client::run(args)),
         Command::Compare(args) => match runtime.block_on(report::compare(args)) {
             Ok(code) => code,
             Err(e) => {

@@ -8,16 +8,24 @@ use std::time::Duration;
 use palisade::{AnyLockService, FencedStoreExt, LockService, LockServiceExt, ResourceKey, WriteBatch};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-/// `palisade worker` flags (internal).
+/// What an internal client process works on: its lock service, its store, and the run's
+/// namespace (the resources' domain and the records' prefix). Shared by `palisade worker` and
+/// `palisade torture-client`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct WorkerArgs {
+pub struct PairArgs {
     #[arg(long)]
     pub lock: String,
     #[arg(long)]
     pub store: String,
-    /// The scenario's namespace (resource domain and record prefix).
     #[arg(long)]
     pub ns: String,
+}
+
+/// `palisade worker` flags (internal).
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub pair: PairArgs,
     #[arg(long)]
     pub ttl_ms: u64,
 }
@@ -32,10 +40,11 @@ pub async fn run(args: WorkerArgs) -> ExitCode {
     }
 }
 
-async fn work(args: &WorkerArgs) -> palisade::Result<()> {
+async fn work(worker: &WorkerArgs) -> palisade::Result<()> {
+    let args = &worker.pair;
     let store = palisade::connect_store(&args.store).await?;
     let key = ResourceKey::new(args.ns.clone(), "fault")?;
-    let ttl = Duration::from_millis(args.ttl_ms);
+    let ttl = Duration::from_millis(worker.ttl_ms);
     match palisade::connect_any_lock(&args.lock).await? {
         AnyLockService::Fenced(locks) => {
             let lease = locks.lock(&key, LockOptions::ttl(ttl).wait(Duration::from_secs(60))).await?;

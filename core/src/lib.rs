@@ -155,6 +155,24 @@ pub mod spi {
     pub use crate::ttl::validate_wait;
     pub use async_trait::async_trait;
 
+    /// Whether the bug `name` is planted in this process: test fixtures that re-introduce a
+    /// known bug in a real backend, so that `palisade torture` can show it finds each one from
+    /// its history alone. Only with the feature `planted-bugs` (tests; never a release build)
+    /// and when the environment variable `PALISADE_PLANTED_BUG` names the bug; without the
+    /// feature, a constant `false` the compiler removes.
+    #[cfg(feature = "planted-bugs")]
+    pub fn planted_bug(name: &str) -> bool {
+        static PLANTED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        PLANTED.get_or_init(|| std::env::var("PALISADE_PLANTED_BUG").ok()).as_deref() == Some(name)
+    }
+
+    /// Whether the bug `name` is planted in this process: never, in a build without the
+    /// feature `planted-bugs`.
+    #[cfg(not(feature = "planted-bugs"))]
+    pub const fn planted_bug(_name: &str) -> bool {
+        false
+    }
+
     /// What the SQL stores share, generic over the sqlx driver (feature `sql`).
     #[cfg(feature = "sql")]
     pub mod sql {

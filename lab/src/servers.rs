@@ -1185,6 +1185,11 @@ pub const ZK_SASL_USER: &str = "palisade";
 pub const ZK_SASL_PASSWORD: &str = "palisade-sasl-secret";
 
 impl ZkEnsemble {
+    /// Member `i`'s pid (`None` if there is no such member, or it is stopped).
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members.get(i).and_then(LoopbackServer::pid)
+    }
+
     /// Starts `size` servers and waits until each is a leader or a follower.
     pub fn start(classpath: &str, size: usize) -> std::io::Result<Self> {
         ZkEnsemble::start_at(classpath, &vec![Site::loopback(); size])
@@ -1410,6 +1415,12 @@ impl PostgresServer {
     /// (stop it with SIGINT, a fast shutdown) and data directory.
     pub fn detach(self) -> Option<(u32, PathBuf)> {
         self.server.detach()
+    }
+
+    /// The postmaster's pid (`None` once stopped). Each session is a child process of it: to
+    /// freeze the whole server, signal its descendants too.
+    pub fn pid(&self) -> Option<u32> {
+        self.server.pid()
     }
 
     /// Initialises a database cluster (trust authentication, user `postgres`) and starts it.

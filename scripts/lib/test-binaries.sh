@@ -18,6 +18,7 @@
 # last. Any binary not listed runs too, after these.
 TEST_BINARIES_LONG_FIRST=(
   'palisade-compare: quick'
+  'palisade-compare: torture'
   'doc tests'
   'palisade-integration: dynamodb_e2e'
   'palisade-conformance: broken'
@@ -40,8 +41,10 @@ test_binary_label() {
 # certification (found by its source, see is_heavy), whose load scenario holds 500 grants and
 # writes a second through the machine's servers with a bound of 2 s on each call (two of them
 # side by side failed it), and these, which start servers of their own by the dozen or lean on a
-# CPU-bound one (moto).
+# CPU-bound one (moto), or, as the torture, hold client processes and servers busy with calls
+# whose bounds the checker judges.
 TEST_BINARIES_HEAVY=(
+  'palisade-compare: torture'
   'palisade-integration: dynamodb_e2e'
   'palisade-integration: partitions'
 )

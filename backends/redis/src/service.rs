@@ -285,7 +285,7 @@ impl RedisLockService {
         let requested_at = Instant::now();
         let mut script = redis::cmd("EVALSHA");
         script.arg(ACQUIRE.get_hash()).arg(2).arg(key.lock_key()).arg(key.fence_key());
-        script.arg(&token.to_hex()[..]).arg(ttl.as_millis_ceil());
+        script.arg(&token.to_hex()[..]).arg(server_ttl(ttl));
         if waiting {
             script.arg("wait");
         }
@@ -472,7 +472,7 @@ impl LockService for RedisLockService {
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         let mut extend = EXTEND.key(grant.key().lock_key());
-        extend.arg(&grant.token().to_hex()[..]).arg(ttl.as_millis_ceil());
+        extend.arg(&grant.token().to_hex()[..]).arg(server_ttl(ttl));
         let (reply, _) = self.invoke_script(&extend, "extend").await?;
         if decode_done(&reply, "extend")? {
             Ok(ttl)
@@ -622,4 +622,12 @@ fn open_client(config: &RedisConfig) -> redis::RedisResult<redis::Client> {
         return redis::Client::build_with_tls(config.url.as_str(), certificates);
     }
     redis::Client::open(config.url.as_str())
+}
+
+/// The TTL a grant's script sends the server, in milliseconds. Planted bug (tests only,
+/// `redis-lock-outlives-its-ttl`): a unit slip sends a thousand times the grant's TTL, so a
+/// holder that dies leaves its lock held for good.
+fn server_ttl(ttl: Ttl) -> u64 {
+    let ms = ttl.as_millis_ceil();
+    if palisade_core::spi::planted_bug("redis-lock-outlives-its-ttl") { ms.saturating_mul(1000) } else { ms }
 }

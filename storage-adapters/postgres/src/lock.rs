@@ -19,7 +19,7 @@ use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::config::PostgresConfig;
 use crate::db::{BACKEND, map_err, reply_lost};
@@ -111,6 +111,9 @@ pub struct PostgresLockService {
 struct Inner {
     pool: PgPool,
     statements: LockStatements,
+    /// Whether the service makes its table (the config's `migrate`): then it also makes it
+    /// again when it finds it gone.
+    migrate: bool,
     /// Waiters per resource; entries die with the last waiter.
     waiters: Mutex<HashMap<String, Weak<Notify>>>,
     /// The task that listens for releases, started by the first wait.
@@ -148,16 +151,13 @@ impl PostgresLockService {
     pub async fn with_config(pool: PgPool, config: &PostgresConfig) -> Result<Self> {
         let statements = LockStatements::new(&config.locks_table)?;
         if config.migrate {
-            let mut tx = pool.begin().await.map_err(map_err)?;
-            // The store's migration lock: concurrent CREATE TABLE IF NOT EXISTS collide.
-            sqlx::query("SELECT pg_advisory_xact_lock(7243010045)").execute(&mut *tx).await.map_err(map_err)?;
-            sqlx::raw_sql(AssertSqlSafe(statements.schema.clone())).execute(&mut *tx).await.map_err(map_err)?;
-            tx.commit().await.map_err(map_err)?;
+            make_table(&pool, &statements.schema).await?;
         }
         Ok(PostgresLockService {
             inner: Arc::new(Inner {
                 pool,
                 statements,
+                migrate: config.migrate,
                 waiters: Mutex::new(HashMap::new()),
                 listener: Mutex::new(None),
             }),
@@ -179,6 +179,29 @@ impl PostgresLockService {
     /// retryable [`ErrorKind::Unavailable`]. Every attempt has a grant id of its own, so that
     /// clean-up can never release a later attempt's grant.
     async fn attempt(&self, key: &ResourceKey, ttl: Ttl, waiting: bool) -> Result<AttemptOutcome<Grant<Fenced>>> {
+        self.with_table(|| self.attempt_once(key, ttl, waiting)).await
+    }
+
+    /// Runs `op`; if it finds the lock table gone (dropped, or a restore that did not bring
+    /// it back: every lock and fence counter lost), makes the table again, when the service
+    /// makes its table at all, and runs `op` once more. Grants then start from an empty table,
+    /// and `lock_checked` and the store's watermark put their fences above every earlier one;
+    /// without this, the service would refuse every call until someone made the table.
+    async fn with_table<T, F>(&self, op: impl Fn() -> F) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        match op().await {
+            Err(e) if self.inner.migrate && table_missing(&e) => {
+                warn!(table = %self.inner.statements.channel, "the lock table is gone (its data lost); making it again");
+                make_table(&self.inner.pool, &self.inner.statements.schema).await?;
+                op().await
+            }
+            other => other,
+        }
+    }
+
+    async fn attempt_once(&self, key: &ResourceKey, ttl: Ttl, waiting: bool) -> Result<AttemptOutcome<Grant<Fenced>>> {
         let token = OwnerToken::generate()?;
         // The first send's time: a resend's reply may carry the expiry the first one set.
         let requested_at = Instant::now();
@@ -250,6 +273,10 @@ impl PostgresLockService {
     /// reply (it is idempotent per grant, as the single acquire is). Whenever the answer is not
     /// the whole set granted, what the sends may have taken is released in the background.
     async fn attempt_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        self.with_table(|| self.attempt_all_once(keys, ttl)).await
+    }
+
+    async fn attempt_all_once(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
         let tokens = keys.iter().map(|_| OwnerToken::generate()).collect::<Result<Vec<_>>>()?;
         let requested_at = Instant::now();
         let resources: Vec<String> = keys.iter().map(ToString::to_string).collect();
@@ -449,6 +476,15 @@ impl PostgresLockService {
     /// whether it was sent again after a lost reply. Extend and release are idempotent on the
     /// row (an expiry set again, a grant cleared again), so a lost reply is resent.
     async fn on_grant(&self, statement: &Arc<str>, grant: &Grant<Fenced>, third: Option<i64>) -> Result<(u64, bool)> {
+        self.with_table(|| self.on_grant_once(statement, grant, third)).await
+    }
+
+    async fn on_grant_once(
+        &self,
+        statement: &Arc<str>,
+        grant: &Grant<Fenced>,
+        third: Option<i64>,
+    ) -> Result<(u64, bool)> {
         let grant_id = grant.grant_id();
         let fence = storable_fence(BACKEND, grant.fence())?;
         let mut sends = 0;
@@ -474,6 +510,23 @@ impl PostgresLockService {
     fn not_holder(grant: &Grant<Fenced>) -> Error {
         Error::new(ErrorKind::NotHolder, BACKEND, format!("lock {} is not held by this grant", grant.key()))
     }
+}
+
+/// Makes the lock table if it is missing, under the store's migration lock (concurrent
+/// `CREATE TABLE IF NOT EXISTS` collide).
+async fn make_table(pool: &PgPool, schema: &str) -> Result<()> {
+    let mut tx = pool.begin().await.map_err(map_err)?;
+    sqlx::query("SELECT pg_advisory_xact_lock(7243010045)").execute(&mut *tx).await.map_err(map_err)?;
+    sqlx::raw_sql(AssertSqlSafe(schema.to_string())).execute(&mut *tx).await.map_err(map_err)?;
+    tx.commit().await.map_err(map_err)
+}
+
+/// Whether `e` is PostgreSQL saying a table does not exist (42P01 `undefined_table`): the lock
+/// service's statements name one table only, its own.
+fn table_missing(e: &Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .is_some_and(|e| matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01")))
 }
 
 /// Listens for releases and wakes the waiters of each released resource; after (re)connecting,
@@ -621,12 +674,16 @@ impl LockService for PostgresLockService {
     }
 
     async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
-        sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.statements.advance)))
-            .bind(key.to_string())
-            .bind(storable_fence(BACKEND, floor)?)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(map_err)?;
+        let floor = storable_fence(BACKEND, floor)?;
+        self.with_table(|| async {
+            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.statements.advance)))
+                .bind(key.to_string())
+                .bind(floor)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(map_err)
+        })
+        .await?;
         Ok(())
     }
 }

@@ -649,6 +649,9 @@ impl FencedStore for PostgresStore {
     }
 
     async fn read(&self, key: &str) -> Result<Option<Record>> {
+        if palisade_core::spi::planted_bug("postgres-store-serves-stale-reads") {
+            return planted::cached_read(key, sql::read_record(&self.pool, &self.statements.read, key, map_err)).await;
+        }
         sql::read_record(&self.pool, &self.statements.read, key, map_err).await
     }
 
@@ -686,5 +689,38 @@ mod tests {
         assert_eq!(decode_refusal("42 -"), (Fence::new(42), None));
         assert_eq!(decode_refusal(&format!("42 {}", "+f".repeat(16))), (Fence::new(42), None));
         assert_eq!(decode_refusal("not a message"), (Fence::default(), None));
+    }
+}
+
+/// Planted bug (tests only, `postgres-store-serves-stale-reads`): a read cache in front of the
+/// store that keeps an answer for a second, as a cache or a lagging replica would, so a read
+/// after another process's accepted write can return the value before it.
+mod planted {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use palisade_core::{Record, Result};
+
+    type Cache = Mutex<HashMap<String, (Instant, Option<Record>)>>;
+
+    pub(super) async fn cached_read(
+        key: &str,
+        read: impl Future<Output = Result<Option<Record>>>,
+    ) -> Result<Option<Record>> {
+        static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+        let cache = CACHE.get_or_init(Cache::default);
+        let hit = cache
+            .lock()
+            .ok()
+            .and_then(|c| c.get(key).filter(|(at, _)| at.elapsed() < Duration::from_secs(1)).map(|(_, r)| r.clone()));
+        if let Some(record) = hit {
+            return Ok(record);
+        }
+        let record = read.await?;
+        if let Ok(mut c) = cache.lock() {
+            c.insert(key.to_string(), (Instant::now(), record.clone()));
+        }
+        Ok(record)
     }
 }

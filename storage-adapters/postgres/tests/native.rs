@@ -779,3 +779,36 @@ async fn a_transfer_under_a_multi_lease_is_fenced_on_both_rows_or_refused_whole(
     assert_eq!(stock().await, [("SKU-1".to_string(), 7), ("SKU-2".to_string(), 4)], "nothing half applied");
     newer.release().await.unwrap();
 }
+
+/// A lock table dropped under a running lock service (its data lost while it runs: every lock
+/// and fence counter gone, what `palisade torture` does to a store-native service) is made
+/// again by the service itself: the next acquire answers within its wait and is granted, with
+/// no restart and no operator, and `lock_checked` puts the new fence above the store's
+/// watermark.
+#[tokio::test]
+async fn a_lock_table_dropped_under_a_running_service_is_made_again() {
+    use palisade_core::{FencedStoreExt, LockServiceExt, WriteBatch};
+    use std::time::Duration;
+    let url = require_env("PALISADE_POSTGRES_URL");
+    let locks_table = unique("dropped_locks");
+    let store = PostgresStore::open(PostgresConfig { locks_table: locks_table.clone(), ..PostgresConfig::new(url) })
+        .await
+        .unwrap();
+    let locks = std::sync::Arc::new(palisade_postgres::PostgresLockService::new(&store).await.unwrap());
+    let key = ResourceKey::new("dropped", unique("k")).unwrap();
+    let options = || LockOptions::ttl(Duration::from_secs(10)).wait(Duration::from_secs(2));
+    let lease = locks.lock_checked(&store, &key, options()).await.unwrap();
+    store.write(&lease, &WriteBatch::new().put(unique("rec"), b"before".to_vec())).await.unwrap();
+    let before = lease.fence();
+    lease.release().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {locks_table}"))).execute(store.pool()).await.unwrap();
+    for attempt in 0..2 {
+        let lease = tokio::time::timeout(Duration::from_secs(5), locks.lock_checked(&store, &key, options()))
+            .await
+            .expect("the acquire answers within its wait")
+            .unwrap_or_else(|e| panic!("attempt {attempt}: not granted after the table was dropped: {e:?}"));
+        assert!(lease.fence() > before, "{} after {before}", lease.fence());
+        store.write(&lease, &WriteBatch::new().put(unique("rec"), b"after".to_vec())).await.unwrap();
+        lease.release().await.unwrap();
+    }
+}

@@ -15,6 +15,7 @@ use palisade_core::{
 use sqlx::Row;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::warn;
 
 use crate::db::map_err;
 use crate::lock_table::{ACQUIRE, ADVANCE, EXTEND, RELEASE, migrate, now_ms};
@@ -113,15 +114,44 @@ impl SqliteLockService {
                 .connect_lazy_with((*options).clone().busy_timeout(ONE_ATTEMPT))
         };
         let service = SqliteLockService { store: store.clone(), attempts };
-        let _writer = service.store.writer().await?;
-        let mut tx = service.store.pool().begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
-        migrate(&mut tx).await?;
-        tx.commit().await.map_err(map_err)?;
+        service.make_table().await?;
         Ok(service)
+    }
+
+    /// Makes the lock table if it is missing (and adds the columns later versions added).
+    async fn make_table(&self) -> Result<()> {
+        let _writer = self.store.writer().await?;
+        let mut tx = self.store.pool().begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
+        migrate(&mut tx).await?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    /// Runs `op`; if it finds the lock table gone (dropped, or a file restored without it:
+    /// every lock and fence counter lost), makes the table again and runs `op` once more.
+    /// Grants then start from an empty table, and `lock_checked` and the store's watermark put
+    /// their fences above every earlier one; without this, the service would refuse every
+    /// call until it was opened again.
+    async fn with_table<T, F>(&self, op: impl Fn() -> F) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        match op().await {
+            // Planted bug (tests only): the table is not made again.
+            Err(e) if table_missing(&e) && !palisade_core::spi::planted_bug("sqlite-lock-table-not-remade") => {
+                warn!("the lock table is gone (its data lost); making it again");
+                self.make_table().await?;
+                op().await
+            }
+            other => other,
+        }
     }
 
     /// Runs one write statement under this process's writer queue.
     async fn execute(&self, statement: &'static str, grant: &Grant<Fenced>, ttl: Option<Ttl>) -> Result<u64> {
+        self.with_table(|| self.execute_once(statement, grant, ttl)).await
+    }
+
+    async fn execute_once(&self, statement: &'static str, grant: &Grant<Fenced>, ttl: Option<Ttl>) -> Result<u64> {
         let _writer = self.store.writer().await?;
         let result = sqlx::query(statement)
             .bind(grant.key().to_string())
@@ -133,6 +163,48 @@ impl SqliteLockService {
             .await
             .map_err(map_err)?;
         Ok(result.rows_affected())
+    }
+
+    async fn try_acquire_once(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
+        let token = OwnerToken::generate()?;
+        let requested_at = Instant::now();
+        let _writer = self.one_attempts_writer().await?;
+        let row = sqlx::query(ACQUIRE)
+            .bind(key.to_string())
+            .bind(GrantId::of(&token).as_bytes().as_slice())
+            .bind(now_ms())
+            .bind(millis(ttl.get()))
+            .fetch_optional(&self.attempts)
+            .await
+            .map_err(busy_past_one_attempt)?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some(Grant::new(key.clone(), token, fence_of(&row)?, ttl, requested_at)))
+    }
+
+    async fn try_acquire_all_once(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
+        let tokens = keys.iter().map(|_| OwnerToken::generate()).collect::<Result<Vec<_>>>()?;
+        let requested_at = Instant::now();
+        let _writer = self.one_attempts_writer().await?;
+        let mut tx = self.attempts.begin_with("BEGIN IMMEDIATE").await.map_err(busy_past_one_attempt)?;
+        let now = now_ms();
+        let mut grants = Vec::with_capacity(keys.len());
+        for (i, (key, token)) in keys.iter().zip(tokens).enumerate() {
+            let row = sqlx::query(ACQUIRE)
+                .bind(key.to_string())
+                .bind(GrantId::of(&token).as_bytes().as_slice())
+                .bind(now)
+                .bind(millis(ttl.get()))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(busy_past_one_attempt)?;
+            let Some(row) = row else {
+                tx.rollback().await.map_err(map_err)?;
+                return Ok(AllOrNone::Held(i));
+            };
+            grants.push(Grant::new(key.clone(), token, fence_of(&row)?, ttl, requested_at));
+        }
+        tx.commit().await.map_err(busy_past_one_attempt)?;
+        Ok(AllOrNone::Granted(grants))
     }
 
     fn not_holder(grant: &Grant<Fenced>) -> Error {
@@ -155,6 +227,13 @@ impl SqliteLockService {
             .with_retryable(true)
         })
     }
+}
+
+/// Whether `e` is SQLite saying the lock table does not exist.
+fn table_missing(e: &Error) -> bool {
+    std::error::Error::source(e).and_then(|source| source.downcast_ref::<sqlx::Error>()).is_some_and(
+        |e| matches!(e, sqlx::Error::Database(db) if db.message().starts_with("no such table: palisade_locks")),
+    )
 }
 
 /// An attempt's error: another process that held the file past one attempt's bound is said
@@ -274,48 +353,14 @@ impl LockService for SqliteLockService {
     }
 
     async fn try_acquire(&self, key: &ResourceKey, ttl: Ttl) -> Result<Option<Grant<Fenced>>> {
-        let token = OwnerToken::generate()?;
-        let requested_at = Instant::now();
-        let _writer = self.one_attempts_writer().await?;
-        let row = sqlx::query(ACQUIRE)
-            .bind(key.to_string())
-            .bind(GrantId::of(&token).as_bytes().as_slice())
-            .bind(now_ms())
-            .bind(millis(ttl.get()))
-            .fetch_optional(&self.attempts)
-            .await
-            .map_err(busy_past_one_attempt)?;
-        let Some(row) = row else { return Ok(None) };
-        Ok(Some(Grant::new(key.clone(), token, fence_of(&row)?, ttl, requested_at)))
+        self.with_table(|| self.try_acquire_once(key, ttl)).await
     }
 
     /// One `BEGIN IMMEDIATE` transaction: the acquire statement for each key in order, rolled
     /// back at the first key held.
     async fn try_acquire_all(&self, keys: &[ResourceKey], ttl: Ttl) -> Result<AllOrNone<Grant<Fenced>>> {
         distinct_keys(BACKEND, keys)?;
-        let tokens = keys.iter().map(|_| OwnerToken::generate()).collect::<Result<Vec<_>>>()?;
-        let requested_at = Instant::now();
-        let _writer = self.one_attempts_writer().await?;
-        let mut tx = self.attempts.begin_with("BEGIN IMMEDIATE").await.map_err(busy_past_one_attempt)?;
-        let now = now_ms();
-        let mut grants = Vec::with_capacity(keys.len());
-        for (i, (key, token)) in keys.iter().zip(tokens).enumerate() {
-            let row = sqlx::query(ACQUIRE)
-                .bind(key.to_string())
-                .bind(GrantId::of(&token).as_bytes().as_slice())
-                .bind(now)
-                .bind(millis(ttl.get()))
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(busy_past_one_attempt)?;
-            let Some(row) = row else {
-                tx.rollback().await.map_err(map_err)?;
-                return Ok(AllOrNone::Held(i));
-            };
-            grants.push(Grant::new(key.clone(), token, fence_of(&row)?, ttl, requested_at));
-        }
-        tx.commit().await.map_err(busy_past_one_attempt)?;
-        Ok(AllOrNone::Granted(grants))
+        self.with_table(|| self.try_acquire_all_once(keys, ttl)).await
     }
 
     async fn acquire(&self, key: &ResourceKey, ttl: Ttl, wait: Duration) -> Result<Grant<Fenced>> {
@@ -353,13 +398,12 @@ impl LockService for SqliteLockService {
     }
 
     async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
-        let _writer = self.store.writer().await?;
-        sqlx::query(ADVANCE)
-            .bind(key.to_string())
-            .bind(storable_fence(BACKEND, floor)?)
-            .execute(self.store.pool())
-            .await
-            .map_err(map_err)?;
+        let floor = storable_fence(BACKEND, floor)?;
+        self.with_table(|| async {
+            let _writer = self.store.writer().await?;
+            sqlx::query(ADVANCE).bind(key.to_string()).bind(floor).execute(self.store.pool()).await.map_err(map_err)
+        })
+        .await?;
         Ok(())
     }
 }

@@ -534,7 +534,8 @@ pub(crate) async fn raise_watermark(
         .await
         .map_err(map_err)?
         .rows_affected();
-    if changed == 1 {
+    // Planted bug (tests only): a refusal is ignored and the write goes ahead.
+    if changed == 1 || palisade_core::spi::planted_bug("sqlite-store-accepts-stale-fences") {
         return Ok(());
     }
     let (current, grant): (i64, Option<Vec<u8>>) = sqlx::query_as(sql(&statements.read_watermark))

@@ -479,3 +479,32 @@ async fn a_transfer_under_a_multi_lease_is_fenced_on_both_rows_or_refused_whole(
     assert_eq!(stock().await, [("SKU-1".to_string(), 7), ("SKU-2".to_string(), 4)], "nothing half applied");
     newer.release().await.unwrap();
 }
+
+/// A lock table dropped under a running lock service (its data lost while it runs: every lock
+/// and fence counter gone, what `palisade torture` does to a store-native service) is made
+/// again by the service itself: the next acquire answers within its wait and is granted, with
+/// no restart and no operator, and `lock_checked` puts the new fence above the store's
+/// watermark.
+#[tokio::test]
+async fn a_lock_table_dropped_under_a_running_service_is_made_again() {
+    use palisade_core::{FencedStoreExt, LockServiceExt};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_store(&dir).await;
+    let locks = Arc::new(palisade_sqlite::SqliteLockService::new(&store).await.unwrap());
+    let options = || LockOptions::ttl(Duration::from_secs(10)).wait(Duration::from_secs(2));
+    let lease = locks.lock_checked(&store, &res(), options()).await.unwrap();
+    store.write(&lease, &WriteBatch::new().put("before", b"1".to_vec())).await.unwrap();
+    let before = lease.fence();
+    lease.release().await.unwrap();
+    sqlx::query("DROP TABLE palisade_locks").execute(store.pool()).await.unwrap();
+    for attempt in 0..2 {
+        let lease = tokio::time::timeout(Duration::from_secs(5), locks.lock_checked(&store, &res(), options()))
+            .await
+            .expect("the acquire answers within its wait")
+            .unwrap_or_else(|e| panic!("attempt {attempt}: not granted after the table was dropped: {e:?}"));
+        assert!(lease.fence() > before, "{} after {before}", lease.fence());
+        store.write(&lease, &WriteBatch::new().put("after", b"2".to_vec())).await.unwrap();
+        lease.release().await.unwrap();
+    }
+}

@@ -1,0 +1,180 @@
+//! A client process of the torture run (`palisade torture-client`, internal): it takes locks,
+//! reads and writes each resource's register through the fenced store, and prints every call
+//! and its outcome as a history event (one JSON line each) until its stdin closes.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use palisade::{
+    DynFencedStore, DynLockService, ErrorKind, FencedStoreExt, Lease, LockOptions, LockServiceExt, ResourceKey,
+    WriteBatch,
+};
+use palisade_history::{Call, Event, Outcome};
+use tokio::io::AsyncReadExt;
+
+use super::schedule::Rng;
+use super::{CALL_MS, now, register_key, resource_name};
+
+/// `palisade torture-client` flags (internal).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    #[command(flatten)]
+    pub pair: crate::worker::PairArgs,
+    /// This process's number in the history.
+    #[arg(long)]
+    pub process: u32,
+    #[arg(long)]
+    pub resources: usize,
+    #[arg(long)]
+    pub ttl_ms: u64,
+    #[arg(long)]
+    pub wait_ms: u64,
+    /// Draws the workload's choices (which resource, how many writes, how long to sleep).
+    #[arg(long)]
+    pub seed: u64,
+}
+
+pub async fn run(args: ClientArgs) -> ExitCode {
+    let stop = Arc::new(AtomicBool::new(false));
+    // Stdin closing is the signal to finish the current cycle and exit.
+    let stopping = stop.clone();
+    tokio::spawn(async move {
+        let mut sink = Vec::new();
+        let _ = tokio::io::stdin().read_to_end(&mut sink).await;
+        stopping.store(true, Ordering::SeqCst);
+    });
+    match work(&args, &stop).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("torture client {}: {e}", args.process);
+            ExitCode::from(1)
+        }
+    }
+}
+
+struct Recorder {
+    process: u32,
+    next: u64,
+}
+
+impl Recorder {
+    fn invoke(&mut self, call: Call, within_ms: u64) -> u64 {
+        self.next += 1;
+        emit(&Event::Invoke { process: self.process, op: self.next, at: now(), within_ms, call });
+        self.next
+    }
+
+    fn complete(&self, op: u64, outcome: Outcome) {
+        emit(&Event::Complete { process: self.process, op, at: now(), outcome });
+    }
+}
+
+fn emit(event: &Event) {
+    // One line per event, written whole: the parent reads lines, and a process killed
+    // mid-write leaves at most a torn last line, which the parent drops.
+    if let Ok(line) = serde_json::to_string(event) {
+        println!("{line}");
+    }
+}
+
+async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
+    let locks = palisade::connect_lock(&args.pair.lock).await?;
+    let store = palisade::connect_store(&args.pair.store).await?;
+    let mut rng = Rng::new(args.seed ^ (u64::from(args.process) << 32));
+    let mut rec = Recorder { process: args.process, next: 0 };
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let mut grants = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let index = rng.below(args.resources);
+        let resource = resource_name(index);
+        let key = ResourceKey::new(args.pair.ns.clone(), resource.clone())?;
+        let op = rec.invoke(Call::Acquire { resource: resource.clone(), ttl_ms: args.ttl_ms }, args.wait_ms + CALL_MS);
+        let options = LockOptions::ttl(ttl).wait(Duration::from_millis(args.wait_ms));
+        let lease = match locks.lock_checked(&*store, &key, options).await {
+            Ok(lease) => {
+                grants += 1;
+                let grant = format!("p{}.{grants}", args.process);
+                rec.complete(op, Outcome::Granted { grant: grant.clone(), fence: lease.fence().get() });
+                (lease, grant)
+            }
+            Err(e) if e.kind() == ErrorKind::Timeout => {
+                rec.complete(op, Outcome::Refused);
+                continue;
+            }
+            Err(e) => {
+                rec.complete(op, Outcome::Unknown { error: e.to_string() });
+                tokio::time::sleep(Duration::from_millis(rng.between(10, 100))).await;
+                continue;
+            }
+        };
+        hold(args, &mut rng, &mut rec, &store, &resource, lease).await;
+        tokio::time::sleep(Duration::from_millis(rng.between(0, 30))).await;
+    }
+    Ok(())
+}
+
+/// Reads and writes under the lease a few times, sometimes extending it, then gives it back.
+async fn hold(
+    args: &ClientArgs,
+    rng: &mut Rng,
+    rec: &mut Recorder,
+    store: &Arc<DynFencedStore>,
+    resource: &str,
+    (lease, grant): (Lease<DynLockService>, String),
+) {
+    let register = register_key(&args.pair.ns, resource);
+    let fence = lease.fence().get();
+    for write in 0..rng.between(1, 3) {
+        let op = rec.invoke(Call::Read { resource: resource.to_string() }, CALL_MS);
+        let outcome = match store.read(&register).await {
+            Ok(record) => Outcome::Value { value: record.map(|r| String::from_utf8_lossy(&r.value).into_owned()) },
+            Err(e) => Outcome::Unknown { error: e.to_string() },
+        };
+        rec.complete(op, outcome);
+        let value = format!("{grant}.w{write}");
+        let call = Call::Write { resource: resource.to_string(), grant: grant.clone(), fence, value: value.clone() };
+        let op = rec.invoke(call, CALL_MS);
+        let result = store.write(&lease, &WriteBatch::new().put(register.clone(), value.into_bytes())).await;
+        let refused = result.is_err();
+        rec.complete(op, write_outcome(result));
+        if refused {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.between(0, args.ttl_ms / 3))).await;
+        if rng.below(3) == 0 {
+            let call = Call::Extend { resource: resource.to_string(), grant: grant.clone() };
+            let op = rec.invoke(call, CALL_MS);
+            let outcome = done_or_lost(lease.extend(Duration::from_millis(args.ttl_ms)).await);
+            rec.complete(op, outcome);
+        }
+    }
+    let op = rec.invoke(Call::Release { resource: resource.to_string(), grant }, CALL_MS);
+    rec.complete(op, done_or_lost(lease.release().await));
+}
+
+/// A write's outcome as the history states it: only an error that certainly left nothing
+/// behind is a refusal; anything else may have been applied.
+fn write_outcome(result: palisade::Result<()>) -> Outcome {
+    let Err(e) = result else { return Outcome::Accepted };
+    match e.kind() {
+        ErrorKind::StaleFence { .. } => Outcome::Stale,
+        ErrorKind::DuplicateFence { .. } => Outcome::Duplicate,
+        ErrorKind::LeaseLost
+        | ErrorKind::NotHolder
+        | ErrorKind::Conflict
+        | ErrorKind::FenceRegression
+        | ErrorKind::InvalidArgument
+        | ErrorKind::InvalidKey => Outcome::Failed { error: e.to_string() },
+        _ => Outcome::Unknown { error: e.to_string() },
+    }
+}
+
+fn done_or_lost(result: palisade::Result<()>) -> Outcome {
+    match result {
+        Ok(()) => Outcome::Done,
+        Err(e) if matches!(e.kind(), ErrorKind::LeaseLost | ErrorKind::NotHolder) => Outcome::Lost,
+        Err(e) => Outcome::Unknown { error: e.to_string() },
+    }
+}

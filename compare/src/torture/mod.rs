@@ -1,0 +1,281 @@
+//! `palisade torture`: a lock service × store pair under a random fault schedule drawn from a
+//! seed, every client call recorded in a history, and the history judged by a checker that
+//! knows nothing of the code under test (`palisade-history`).
+//!
+//! The clients are processes of their own (`palisade torture-client`), so that a holder can be
+//! frozen with `SIGSTOP` and killed with `SIGKILL` like any real one. Each reaches the lock
+//! service and the store through fault proxies of its own (`palisade_conformance::proxy`), so
+//! one holder can be cut off, lose a reply or hear it late while the others carry on. With
+//! `--local` the servers are the run's own, and the schedule also pauses and restarts them.
+
+pub mod client;
+mod nemesis;
+mod report;
+pub mod schedule;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use palisade_history::{Bounds, History};
+
+use self::schedule::Menu;
+
+/// The bound a client promises for one call to a server (a read, a write, an extend, a
+/// release), and on top of an acquire's wait: the longest the library's own call timeouts
+/// and resends take when nothing is faulted.
+pub const CALL_MS: u64 = 2_000;
+
+/// What the checker adds to each call's promised bound: a loaded 2-core machine.
+const ALLOWANCE_MS: u64 = 3_000;
+
+/// `palisade torture` flags.
+#[derive(Debug, Clone, Args)]
+pub struct TortureArgs {
+    /// The lock service's URL (a fenced one: redis://, etcd://, zk://, postgres://, sqlite://);
+    /// with --local, the kind of server to start: redis, etcd, zk, postgres or sqlite.
+    #[arg(long)]
+    pub lock: String,
+    /// The fenced store's URL (sqlite://PATH, postgres://, dynamodb://TABLE?endpoint=…); with
+    /// --local: sqlite or postgres.
+    #[arg(long)]
+    pub store: String,
+    /// Draws the fault schedule and the clients' choices: the same seed, duration and pair
+    /// draw the same schedule. Default: a random one, printed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// How long to run: `90s`, `10m`, `1h` (a bare number is seconds). The last stretch is
+    /// quiet, for the progress check.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Start the servers (loopback, data of their own), stop them after, and let the schedule
+    /// pause and restart them too.
+    #[arg(long)]
+    pub local: bool,
+    /// Client processes.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=32))]
+    pub clients: u64,
+    /// Resources (each a lock and a register).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub resources: u64,
+    /// The clients' lease TTL, in milliseconds.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(200..=60_000))]
+    pub ttl_ms: u64,
+    /// How long a client waits for a lock, in milliseconds.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub wait_ms: u64,
+    /// Where to write history.jsonl, report.md, report.json and timeline.svg.
+    #[arg(long, default_value = "target/torture")]
+    pub out: PathBuf,
+    /// Also print the JSON report on stdout (last line).
+    #[arg(long)]
+    pub json: bool,
+    /// Re-introduce a known bug in the clients' backend (test fixtures, in builds with the
+    /// feature `planted-bugs` only), to see the torture find it: redis-lock-outlives-its-ttl,
+    /// sqlite-store-accepts-stale-fences, sqlite-lock-table-not-remade,
+    /// postgres-store-serves-stale-reads.
+    #[arg(long, value_name = "BUG")]
+    pub plant: Option<String>,
+}
+
+/// The bugs `--plant` can re-introduce, and what each breaks.
+pub const PLANTED_BUGS: &[(&str, &str)] = &[
+    (
+        "redis-lock-outlives-its-ttl",
+        "Redis: acquire and extend send the server a TTL a thousand times the grant's (a unit slip), so a killed \
+         holder's lock stays held (no progress)",
+    ),
+    (
+        "sqlite-store-accepts-stale-fences",
+        "SQLite store: a write refused by the watermark goes ahead anyway (fence order, exclusion)",
+    ),
+    (
+        "sqlite-lock-table-not-remade",
+        "SQLite lock service: a lock table dropped under it is not made again (no progress)",
+    ),
+    (
+        "postgres-store-serves-stale-reads",
+        "PostgreSQL store: reads go through a cache that keeps an answer for a second, as a lagging replica \
+         would (the register is not linearizable)",
+    ),
+];
+
+/// Checks `--plant`: a bug this build carries.
+fn planted(name: Option<&str>) -> Result<Option<&'static str>, String> {
+    let Some(name) = name else { return Ok(None) };
+    let Some((known, _)) = PLANTED_BUGS.iter().find(|(n, _)| *n == name) else {
+        let names: Vec<&str> = PLANTED_BUGS.iter().map(|(n, _)| *n).collect();
+        return Err(format!("--plant {name:?}: no such bug; the planted bugs are {}", names.join(", ")));
+    };
+    if cfg!(feature = "planted-bugs") {
+        Ok(Some(known))
+    } else {
+        Err("--plant needs a build with the feature planted-bugs (test fixtures, never a release build): \
+             cargo run -p palisade-compare --features planted-bugs -- torture …"
+            .into())
+    }
+}
+
+/// Parses `90s`, `10m`, `1h`, `500ms` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration (such as 90s, 10m, 1h)"))?;
+    let ms = match unit {
+        "" | "s" => n.checked_mul(1_000),
+        "ms" => Some(n),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        _ => None,
+    }
+    .ok_or_else(|| format!("{text:?} is not a duration (such as 90s, 10m, 1h)"))?;
+    Ok(Duration::from_millis(ms))
+}
+
+/// Nanoseconds on `CLOCK_MONOTONIC`, the clock every process of the machine shares: the
+/// history's timestamps, comparable across the clients and the nemesis.
+pub fn now() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(t) => {
+            u64::try_from(t.tv_sec()).unwrap_or(0).saturating_mul(1_000_000_000)
+                + u64::try_from(t.tv_nsec()).unwrap_or(0)
+        }
+        Err(_) => 0,
+    }
+}
+
+/// The name of resource `i` in the history and in its lock's key.
+pub fn resource_name(i: usize) -> String {
+    format!("r{i}")
+}
+
+/// The record holding a resource's register.
+pub fn register_key(ns: &str, resource: &str) -> String {
+    format!("{ns}/register/{resource}")
+}
+
+/// What the checker is told to allow, from the run's settings and the lock service's declared
+/// `expiry_delay`: after the last heal, a lock left by a paused or killed holder is free within
+/// its TTL plus the expiry delay, a waiter gets it within one more TTL of contention and its
+/// wait, and its write takes one call.
+pub fn bounds(args: &TortureArgs, expiry_delay: Duration) -> Bounds {
+    let expiry = u64::try_from(expiry_delay.as_millis()).unwrap_or(u64::MAX);
+    Bounds {
+        progress_ms: args.wait_ms + 2 * args.ttl_ms + expiry + 2 * CALL_MS + ALLOWANCE_MS,
+        allowance_ms: ALLOWANCE_MS,
+    }
+}
+
+/// Runs the torture; the exit code is the verdict.
+pub async fn torture(args: TortureArgs) -> ExitCode {
+    match run(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("palisade torture: {e}");
+            ExitCode::from(3)
+        }
+    }
+}
+
+async fn run(args: TortureArgs) -> Result<ExitCode, String> {
+    let seed = args.seed.unwrap_or_else(|| {
+        let mut b = [0u8; 8];
+        let _ = getrandom::fill(&mut b);
+        u64::from_le_bytes(b) % 1_000_000_000
+    });
+    let plant = planted(args.plant.as_deref())?;
+    let mut servers = if args.local { Some(nemesis::LocalServers::start(&args.lock, &args.store)?) } else { None };
+    let (lock_url, store_url) = match &servers {
+        Some(s) => (s.lock_url.clone(), s.store_url.clone()),
+        None => (args.lock.clone(), args.store.clone()),
+    };
+    let target = nemesis::Target::check(&lock_url, &store_url).await?;
+    let bounds = bounds(&args, target.expiry_delay);
+    let quiet_ms = bounds.progress_ms + ALLOWANCE_MS;
+    let total_ms = u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX);
+    if total_ms < quiet_ms + 5_000 {
+        return Err(format!(
+            "--duration {} s is too short for this pair: the quiet stretch the progress check needs is {} s, and \
+             faults need at least 5 s more",
+            total_ms / 1000,
+            quiet_ms.div_ceil(1000)
+        ));
+    }
+    let menu = Menu {
+        clients: usize::try_from(args.clients).unwrap_or(4),
+        ttl_ms: args.ttl_ms,
+        lock_proxied: target.lock_proxied,
+        store_proxied: target.store_proxied,
+        lock_server: servers.as_ref().is_some_and(|s| s.lock_restartable),
+        lock_data: servers.as_ref().is_some_and(|s| s.lock_loses_data),
+        store_server: servers.as_ref().is_some_and(|s| s.store_restartable),
+    };
+    let steps = schedule::draw(seed, total_ms - quiet_ms, &menu);
+    eprintln!(
+        "palisade torture: seed {seed}, {} fault(s) over {} s, then {} s quiet; {} clients on {} resources",
+        steps.len(),
+        (total_ms - quiet_ms) / 1000,
+        quiet_ms / 1000,
+        args.clients,
+        args.resources
+    );
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    if let Some(bug) = plant {
+        eprintln!("palisade torture: the clients carry the planted bug {bug}");
+    }
+    let run = nemesis::Run::start(&args, seed, plant, &lock_url, &store_url, &target).await?;
+    let events = run.drive(&steps, servers.as_mut(), Duration::from_millis(total_ms)).await?;
+    let history = History::from_events(events.clone()).map_err(|e| e.to_string())?;
+    let verdict = palisade_history::check(&history, bounds);
+    let replay = format!(
+        "palisade torture{}{} --lock {} --store {} --seed {seed} --duration {}s --clients {} --resources {} --ttl-ms {} \
+         --wait-ms {}",
+        if args.local { " --local" } else { "" },
+        plant.map(|bug| format!(" --plant {bug}")).unwrap_or_default(),
+        crate::target::shown(&args.lock),
+        crate::target::shown(&args.store),
+        total_ms / 1000,
+        args.clients,
+        args.resources,
+        args.ttl_ms,
+        args.wait_ms
+    );
+    let summary = report::Summary {
+        replay,
+        planted: plant,
+        lock: crate::target::shown(&lock_url),
+        store: crate::target::shown(&store_url),
+        seed,
+        duration_s: total_ms / 1000,
+        bounds,
+        steps: &steps,
+        history: &history,
+        verdict: &verdict,
+    };
+    report::write(&args.out, &summary, &events)?;
+    report::print(&summary, &args.out);
+    if args.json {
+        println!("{}", report::json(&summary));
+    }
+    drop(servers);
+    Ok(if verdict.valid() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("99999999999999999999h").is_err());
+    }
+}

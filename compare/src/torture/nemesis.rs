@@ -1,0 +1,546 @@
+//! The run: the pair it judges, the servers it may own, the client processes and their fault
+//! proxies, and the nemesis that plays the schedule against them while their events are
+//! collected.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use palisade::AnyLockService;
+use palisade_conformance::FaultProxy;
+use palisade_conformance::proxy::proxy_url;
+use palisade_history::{Call, Event, Outcome};
+use palisade_lab::servers::{LoopbackServer, PostgresServer, Restart, ZkEnsemble};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::schedule::{Fault, Side, Step};
+use super::{CALL_MS, TortureArgs, now, register_key, resource_name};
+
+/// The pair under test, as the run found it.
+pub struct Target {
+    /// The lock service's declared `expiry_delay`: how long past its TTL a lock may stay held.
+    pub expiry_delay: Duration,
+    pub lock_proxied: bool,
+    pub store_proxied: bool,
+}
+
+impl Target {
+    /// Connects to both once: the lock service must be fenced, and both must be reachable
+    /// from other processes.
+    pub async fn check(lock: &str, store: &str) -> Result<Target, String> {
+        for (what, url) in [("lock service", lock), ("store", store)] {
+            if url.starts_with("memory:") {
+                return Err(format!(
+                    "the {what} {url} lives inside one process, and the torture's clients are processes of their \
+                     own: give a server's URL"
+                ));
+            }
+        }
+        let expiry_delay = match palisade::connect_any_lock(lock).await.map_err(|e| e.to_string())? {
+            AnyLockService::Fenced(locks) => locks.capabilities().expiry_delay,
+            AnyLockService::Unfenced(_) => {
+                return Err(format!(
+                    "{} issues no fence (an efficiency lock): the torture judges fenced pairs, whose store can \
+                     refuse a stale holder",
+                    crate::target::shown(lock)
+                ));
+            }
+        };
+        palisade::connect_store(store).await.map_err(|e| e.to_string())?;
+        Ok(Target {
+            expiry_delay,
+            lock_proxied: !lock.starts_with("sqlite:"),
+            store_proxied: store.starts_with("postgres") || store.starts_with("dynamodb:"),
+        })
+    }
+}
+
+/// Puts fault proxies in front of the servers a URL names; a DynamoDB URL names its server in
+/// its `endpoint` parameter.
+async fn proxied(url: &str) -> Result<(String, Vec<FaultProxy>), String> {
+    if let Some((head, query)) = url.split_once('?').filter(|_| url.starts_with("dynamodb:")) {
+        let mut proxies = Vec::new();
+        let mut params = Vec::new();
+        for param in query.split('&') {
+            match param.strip_prefix("endpoint=") {
+                Some(endpoint) => {
+                    let (rewritten, mut p) = proxy_url(endpoint).await.map_err(|e| e.to_string())?;
+                    proxies.append(&mut p);
+                    params.push(format!("endpoint={rewritten}"));
+                }
+                None => params.push(param.to_string()),
+            }
+        }
+        if proxies.is_empty() {
+            return Err("a dynamodb:// URL without ?endpoint= names no server the torture can reach".into());
+        }
+        return Ok((format!("{head}?{}", params.join("&")), proxies));
+    }
+    proxy_url(url).await.map_err(|e| e.to_string())
+}
+
+/// The servers of a `--local` run: started here, on loopback with data of their own, and
+/// stopped on drop.
+pub struct LocalServers {
+    redis: Option<LoopbackServer>,
+    etcd: Option<LoopbackServer>,
+    zk: Option<ZkEnsemble>,
+    postgres: Option<PostgresServer>,
+    _sqlite_dir: Option<tempfile::TempDir>,
+    lock_kind: String,
+    pub lock_url: String,
+    pub store_url: String,
+    pub lock_restartable: bool,
+    pub lock_loses_data: bool,
+    pub store_restartable: bool,
+}
+
+impl LocalServers {
+    /// Starts a server for each side named by its kind (`redis`, `etcd`, `zk`, `postgres`,
+    /// `sqlite`); a side given as a URL is used as it is, and is not the run's to pause or
+    /// restart.
+    pub fn start(lock: &str, store: &str) -> Result<LocalServers, String> {
+        let io = |what: &str, e: std::io::Error| {
+            format!("cannot start {what}: {e} (run scripts/services up once to install the servers)")
+        };
+        let mut servers = LocalServers {
+            redis: None,
+            etcd: None,
+            zk: None,
+            postgres: None,
+            _sqlite_dir: None,
+            lock_kind: lock.to_string(),
+            lock_url: String::new(),
+            store_url: String::new(),
+            lock_restartable: ["redis", "etcd", "zk", "postgres"].contains(&lock),
+            lock_loses_data: ["redis", "etcd", "zk", "postgres", "sqlite"].contains(&lock),
+            store_restartable: store == "postgres",
+        };
+        if lock == "postgres" || store == "postgres" {
+            servers.postgres = Some(PostgresServer::start().map_err(|e| io("PostgreSQL", e))?);
+        }
+        let sqlite_url = if lock == "sqlite" || store == "sqlite" {
+            let dir = tempfile::tempdir().map_err(|e| io("a SQLite directory", e))?;
+            let url = format!("sqlite://{}/torture.db?synchronous=normal", dir.path().display());
+            servers._sqlite_dir = Some(dir);
+            url
+        } else {
+            String::new()
+        };
+        let postgres_url = servers.postgres.as_ref().map(PostgresServer::url).unwrap_or_default();
+        servers.store_url = match store {
+            "sqlite" => sqlite_url.clone(),
+            "postgres" => postgres_url.clone(),
+            url if url.contains("://") => url.to_string(),
+            other => return Err(format!("--local starts a sqlite or postgres store, not {other:?}")),
+        };
+        servers.lock_url = match lock {
+            "redis" => {
+                let redis = LoopbackServer::redis("redis-server", &[]).map_err(|e| io("redis-server", e))?;
+                let url = redis.redis_url();
+                servers.redis = Some(redis);
+                url
+            }
+            "etcd" => {
+                let etcd = LoopbackServer::etcd("etcd").map_err(|e| io("etcd", e))?;
+                let url = format!("{}?session_ttl_s=2", etcd.etcd_url());
+                servers.etcd = Some(etcd);
+                url
+            }
+            "zk" => {
+                let zk = ZkEnsemble::start(&crate::local::zk_classpath(), 1).map_err(|e| io("ZooKeeper", e))?;
+                let url = format!("{}?session_timeout_ms=2000", zk.url());
+                servers.zk = Some(zk);
+                url
+            }
+            "postgres" => postgres_url,
+            "sqlite" => sqlite_url,
+            url if url.contains("://") => url.to_string(),
+            other => {
+                return Err(format!(
+                    "--local starts a redis, etcd, zk, postgres or sqlite lock service, not {other:?}"
+                ));
+            }
+        };
+        Ok(servers)
+    }
+
+    /// The processes to freeze to pause a side's server (a PostgreSQL server is its postmaster
+    /// and every session's process).
+    fn pids(&self, side: Side) -> Vec<u32> {
+        let main = match (side, self.lock_kind.as_str()) {
+            (Side::Lock, "redis") => self.redis.as_ref().and_then(LoopbackServer::pid),
+            (Side::Lock, "etcd") => self.etcd.as_ref().and_then(LoopbackServer::pid),
+            (Side::Lock, "zk") => self.zk.as_ref().and_then(|z| z.pid(0)),
+            (Side::Lock, "postgres") | (Side::Store, _) => self.postgres.as_ref().and_then(PostgresServer::pid),
+            _ => None,
+        };
+        main.map(with_descendants).unwrap_or_default()
+    }
+
+    /// Restarts a side's server with its data.
+    async fn restart(&mut self, side: Side) -> Result<(), String> {
+        let e = |e: std::io::Error| e.to_string();
+        match (side, self.lock_kind.as_str()) {
+            (Side::Lock, "redis") => {
+                let redis = self.redis.as_mut().ok_or("no Redis")?;
+                crate::local::save(redis).await?;
+                tokio::task::block_in_place(|| redis.restart()).map_err(e)
+            }
+            (Side::Lock, "etcd") => {
+                let etcd = self.etcd.as_mut().ok_or("no etcd")?;
+                tokio::task::block_in_place(|| etcd.restart().and_then(|()| etcd.wait_etcd_healthy())).map_err(e)
+            }
+            (Side::Lock, "zk") => {
+                let zk = self.zk.as_mut().ok_or("no ZooKeeper")?;
+                tokio::task::block_in_place(|| zk.restart_as(Restart::KeepData)).map_err(e)
+            }
+            (Side::Lock, "postgres") | (Side::Store, _) => {
+                let pg = self.postgres.as_mut().ok_or("no PostgreSQL")?;
+                tokio::task::block_in_place(|| pg.restart_as(Restart::KeepData)).map_err(e)
+            }
+            _ => Err(format!("the {side} cannot be restarted here")),
+        }
+    }
+
+    /// The lock service loses every lock and fence counter: Redis, etcd and ZooKeeper restart
+    /// with their data wiped; a store-native service's lock table is dropped (then PostgreSQL
+    /// restarts), while the store's rows stay.
+    async fn lose_lock_data(&mut self) -> Result<(), String> {
+        let e = |e: std::io::Error| e.to_string();
+        match self.lock_kind.as_str() {
+            "redis" => {
+                let redis = self.redis.as_mut().ok_or("no Redis")?;
+                tokio::task::block_in_place(|| redis.wipe_and_restart()).map_err(e)
+            }
+            "etcd" => {
+                let etcd = self.etcd.as_mut().ok_or("no etcd")?;
+                tokio::task::block_in_place(|| etcd.wipe_and_restart().and_then(|()| etcd.wait_etcd_healthy()))
+                    .map_err(e)
+            }
+            "zk" => {
+                let zk = self.zk.as_mut().ok_or("no ZooKeeper")?;
+                tokio::task::block_in_place(|| zk.restart_as(Restart::LoseData)).map_err(e)
+            }
+            "postgres" => {
+                crate::local::drop_lock_table(&self.lock_url).await?;
+                let pg = self.postgres.as_mut().ok_or("no PostgreSQL")?;
+                tokio::task::block_in_place(|| pg.restart_as(Restart::KeepData)).map_err(e)
+            }
+            "sqlite" => crate::local::drop_lock_table(&self.lock_url).await,
+            other => Err(format!("the lock service {other} cannot lose its data here")),
+        }
+    }
+}
+
+/// `pid` and every process descended from it (read from /proc).
+fn with_descendants(pid: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+            // The parent is the second field after the command, which is in parentheses.
+            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
+            if let Some(ppid) = ppid {
+                parents.push((child, ppid));
+            }
+        }
+    }
+    let mut all = vec![pid];
+    let mut i = 0;
+    while i < all.len() {
+        let p = all[i];
+        all.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    all
+}
+
+fn signal_all(pids: &[u32], signal: Signal) -> Result<(), String> {
+    for &pid in pids {
+        let pid = Pid::from_raw(i32::try_from(pid).map_err(|e| e.to_string())?);
+        kill(pid, signal).map_err(|e| format!("{signal} to {pid}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// One client's place: the process now in it, and its own proxies.
+struct Slot {
+    process: u32,
+    child: Option<tokio::process::Child>,
+    lock_url: String,
+    store_url: String,
+    lock_proxies: Vec<FaultProxy>,
+    store_proxies: Vec<FaultProxy>,
+}
+
+impl Slot {
+    fn pid(&self) -> Result<Pid, String> {
+        self.child
+            .as_ref()
+            .and_then(tokio::process::Child::id)
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw)
+            .ok_or_else(|| format!("client process {} is not running", self.process))
+    }
+
+    fn proxies(&self, side: Side) -> &[FaultProxy] {
+        match side {
+            Side::Lock => &self.lock_proxies,
+            Side::Store => &self.store_proxies,
+        }
+    }
+}
+
+/// The clients, their proxies, and the events they and the nemesis record.
+pub struct Run {
+    args: TortureArgs,
+    seed: u64,
+    plant: Option<&'static str>,
+    ns: String,
+    store_url: String,
+    slots: Vec<Slot>,
+    next_process: u32,
+    events: mpsc::UnboundedSender<Event>,
+    collected: mpsc::UnboundedReceiver<Event>,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    log: std::fs::File,
+}
+
+impl Run {
+    pub async fn start(
+        args: &TortureArgs,
+        seed: u64,
+        plant: Option<&'static str>,
+        lock_url: &str,
+        store_url: &str,
+        target: &Target,
+    ) -> Result<Run, String> {
+        let mut b = [0u8; 4];
+        let _ = getrandom::fill(&mut b);
+        let ns = format!("torture{:08x}", u32::from_le_bytes(b));
+        let log_path = args.out.join("clients.log");
+        let log = std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let (events, collected) = mpsc::unbounded_channel();
+        let mut run = Run {
+            args: args.clone(),
+            seed,
+            plant,
+            ns,
+            store_url: store_url.to_string(),
+            slots: Vec::new(),
+            next_process: 1,
+            events,
+            collected,
+            readers: Vec::new(),
+            log,
+        };
+        for _ in 0..args.clients {
+            let (lock, lock_proxies) =
+                if target.lock_proxied { proxied(lock_url).await? } else { (lock_url.to_string(), Vec::new()) };
+            let (store, store_proxies) =
+                if target.store_proxied { proxied(store_url).await? } else { (store_url.to_string(), Vec::new()) };
+            run.slots.push(Slot {
+                process: 0,
+                child: None,
+                lock_url: lock,
+                store_url: store,
+                lock_proxies,
+                store_proxies,
+            });
+        }
+        for slot in 0..run.slots.len() {
+            run.spawn(slot)?;
+        }
+        Ok(run)
+    }
+
+    /// Starts a new client process in `slot`, numbered after every earlier one.
+    fn spawn(&mut self, slot: usize) -> Result<(), String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let process = self.next_process;
+        self.next_process += 1;
+        let s = &mut self.slots[slot];
+        let stderr = self.log.try_clone().map_err(|e| e.to_string())?;
+        let mut command = tokio::process::Command::new(exe);
+        match self.plant {
+            Some(bug) => command.env("PALISADE_PLANTED_BUG", bug),
+            None => command.env_remove("PALISADE_PLANTED_BUG"),
+        };
+        let mut child = command
+            .arg("torture-client")
+            .args(["--lock", &s.lock_url, "--store", &s.store_url, "--ns", &self.ns])
+            .args(["--process", &process.to_string(), "--resources", &self.args.resources.to_string()])
+            .args(["--ttl-ms", &self.args.ttl_ms.to_string(), "--wait-ms", &self.args.wait_ms.to_string()])
+            .args(["--seed", &self.seed.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start a client: {e}"))?;
+        let stdout = child.stdout.take().ok_or("no client stdout")?;
+        let events = self.events.clone();
+        self.readers.push(tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                // A client killed mid-line leaves a torn last line: not an event.
+                if let Ok(event) = serde_json::from_str::<Event>(&line) {
+                    let _ = events.send(event);
+                }
+            }
+        }));
+        s.process = process;
+        s.child = Some(child);
+        Ok(())
+    }
+
+    fn record(&self, event: Event) {
+        let _ = self.events.send(event);
+    }
+
+    /// Plays the schedule, lets the clients run to `total`, stops them, reads every register
+    /// once more, and returns every event recorded.
+    pub async fn drive(
+        mut self,
+        steps: &[Step],
+        mut servers: Option<&mut super::nemesis::LocalServers>,
+        total: Duration,
+    ) -> Result<Vec<Event>, String> {
+        let start = Instant::now();
+        for (id, step) in steps.iter().enumerate() {
+            tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
+            let id = id as u64;
+            self.record(Event::Fault { at: now(), id, what: step.fault.to_string() });
+            self.apply(step.fault, servers.as_deref_mut()).await?;
+            self.record(Event::Healed { at: now(), id });
+        }
+        tokio::time::sleep_until(start + total).await;
+        self.stop().await;
+        self.final_reads().await;
+        let Run { mut collected, events, .. } = self;
+        drop(events);
+        let mut all = Vec::new();
+        while let Some(event) = collected.recv().await {
+            all.push(event);
+        }
+        all.sort_by_key(Event::at);
+        Ok(all)
+    }
+
+    async fn apply(&mut self, fault: Fault, servers: Option<&mut LocalServers>) -> Result<(), String> {
+        let hold = |ms: u64| tokio::time::sleep(Duration::from_millis(ms));
+        match fault {
+            Fault::PauseClient { client, ms } => {
+                let pid = self.slots[client].pid()?;
+                kill(pid, Signal::SIGSTOP).map_err(|e| e.to_string())?;
+                hold(ms).await;
+                kill(pid, Signal::SIGCONT).map_err(|e| e.to_string())?;
+            }
+            Fault::KillClient { client, down_ms } => {
+                let slot = &mut self.slots[client];
+                if let Some(mut child) = slot.child.take() {
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                }
+                let process = slot.process;
+                self.record(Event::Crashed { at: now(), process });
+                hold(down_ms).await;
+                self.spawn(client)?;
+            }
+            Fault::Partition { client, side, ms } => {
+                self.slots[client].proxies(side).iter().for_each(FaultProxy::partition);
+                hold(ms).await;
+                self.slots[client].proxies(side).iter().for_each(FaultProxy::heal);
+            }
+            Fault::LoseReply { client, side } => {
+                let proxies = self.slots[client].proxies(side);
+                let before: usize = proxies.iter().map(FaultProxy::lost_replies).sum();
+                proxies.iter().for_each(FaultProxy::lose_next_reply);
+                // Armed until a reply is lost, or a TTL has passed with no request.
+                let until = Instant::now() + Duration::from_millis(self.args.ttl_ms);
+                while Instant::now() < until && proxies.iter().map(FaultProxy::lost_replies).sum::<usize>() == before {
+                    hold(10).await;
+                }
+                proxies.iter().for_each(FaultProxy::disarm);
+            }
+            Fault::SlowReplies { client, side, delay_ms, ms } => {
+                let delay = Duration::from_millis(delay_ms);
+                self.slots[client].proxies(side).iter().for_each(|p| p.delay_replies(delay));
+                hold(ms).await;
+                self.slots[client].proxies(side).iter().for_each(FaultProxy::no_delay);
+            }
+            Fault::Cut { client, side } => {
+                self.slots[client].proxies(side).iter().for_each(FaultProxy::cut_connections)
+            }
+            Fault::PauseServer { side, ms } => {
+                let servers = servers.ok_or("a server fault needs --local")?;
+                let pids = servers.pids(side);
+                signal_all(&pids, Signal::SIGSTOP)?;
+                hold(ms).await;
+                signal_all(&pids, Signal::SIGCONT)?;
+            }
+            Fault::RestartServer { side } => servers.ok_or("a server fault needs --local")?.restart(side).await?,
+            Fault::LoseLockData => servers.ok_or("a server fault needs --local")?.lose_lock_data().await?,
+        }
+        Ok(())
+    }
+
+    /// Closes every client's stdin (finish the cycle, then exit) and waits; a client still
+    /// running after its bound is killed, and its open call stays open in the history.
+    async fn stop(&mut self) {
+        let bound = Duration::from_millis(self.args.wait_ms + 4 * CALL_MS + self.args.ttl_ms * 3);
+        for slot in &mut self.slots {
+            if let Some(child) = slot.child.as_mut() {
+                drop(child.stdin.take());
+            }
+        }
+        for i in 0..self.slots.len() {
+            let Some(mut child) = self.slots[i].child.take() else { continue };
+            if tokio::time::timeout(bound, child.wait()).await.is_err() {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                let process = self.slots[i].process;
+                eprintln!("palisade torture: client {process} did not stop within {} ms; killed", bound.as_millis());
+                self.record(Event::Crashed { at: now(), process });
+            }
+        }
+        for reader in self.readers.drain(..) {
+            let _ = reader.await;
+        }
+    }
+
+    /// Process 0 reads every register once more, straight from the store: the last word on
+    /// which writes landed.
+    async fn final_reads(&mut self) {
+        let store = match palisade::connect_store(&self.store_url).await {
+            Ok(store) => Some(store),
+            Err(e) => {
+                eprintln!("palisade torture: the final reads cannot connect: {e}");
+                None
+            }
+        };
+        let Some(store) = store.map(|s: Arc<palisade::DynFencedStore>| s) else { return };
+        for (op, index) in (0..self.args.resources).enumerate() {
+            let resource = resource_name(usize::try_from(index).unwrap_or(0));
+            let op = op as u64 + 1;
+            self.record(Event::Invoke {
+                process: 0,
+                op,
+                at: now(),
+                within_ms: CALL_MS,
+                call: Call::Read { resource: resource.clone() },
+            });
+            let outcome = match store.read(&register_key(&self.ns, &resource)).await {
+                Ok(record) => Outcome::Value { value: record.map(|r| String::from_utf8_lossy(&r.value).into_owned()) },
+                Err(e) => Outcome::Unknown { error: e.to_string() },
+            };
+            self.record(Event::Complete { process: 0, op, at: now(), outcome });
+        }
+    }
+}
