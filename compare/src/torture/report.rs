@@ -95,6 +95,10 @@ pub fn print(s: &Summary<'_>, out: &Path) {
         if v.anomalies.len() > 10 {
             eprintln!("  … and {} more in the report", v.anomalies.len() - 10);
         }
+        eprintln!("palisade torture: the schedule (ms from the start):");
+        for step in s.steps {
+            eprintln!("  {:>7}  {}", step.at_ms, step.fault);
+        }
         eprintln!("palisade torture: replay with: {}", s.replay);
         eprintln!("palisade torture: report in {}", out.display());
     }
@@ -122,6 +126,9 @@ pub fn write(out: &Path, s: &Summary<'_>, events: &[Event]) -> Result<(), String
     put("timeline.svg", timeline(s))?;
     Ok(())
 }
+
+/// The most calls an anomaly's window lists in the report.
+const MAX_WINDOW: usize = 40;
 
 fn markdown(s: &Summary<'_>) -> String {
     let v = s.verdict;
@@ -181,6 +188,38 @@ fn markdown(s: &Summary<'_>) -> String {
             let _ = writeln!(md, "{}", w.describe(origin(s.history)));
         }
         let _ = writeln!(md, "```\n");
+        // The history's window itself: every call on the resource that overlaps it, and the
+        // faults that did.
+        let within: Vec<_> = s
+            .history
+            .operations
+            .iter()
+            .filter(|o| o.call.resource() == a.resource)
+            .filter(|o| o.invoked <= a.window.1 && o.completed.unwrap_or(u64::MAX) >= a.window.0)
+            .collect();
+        let faults: Vec<_> = s
+            .history
+            .faults
+            .iter()
+            .filter(|f| f.began <= a.window.1 && f.healed.unwrap_or(u64::MAX) >= a.window.0)
+            .collect();
+        let _ = writeln!(
+            md,
+            "<details><summary>The window: {} calls on {}, {} faults</summary>\n\n```",
+            within.len(),
+            a.resource,
+            faults.len()
+        );
+        for f in &faults {
+            let _ = writeln!(md, "fault {} [{:.3} ms] {}", f.id, ms(s.history, f.began), f.what);
+        }
+        for o in within.iter().take(MAX_WINDOW) {
+            let _ = writeln!(md, "{}", o.describe(origin(s.history)));
+        }
+        if within.len() > MAX_WINDOW {
+            let _ = writeln!(md, "… {} more in history.jsonl", within.len() - MAX_WINDOW);
+        }
+        let _ = writeln!(md, "```\n</details>\n");
     }
     let _ = writeln!(md, "## Schedule\n");
     let _ = writeln!(md, "| # | at | fault | began | healed |");
