@@ -132,8 +132,8 @@ fn bad_input_and_pairs_it_cannot_judge_are_refused_with_reasons() {
 
 /// The planted bugs (feature `planted-bugs`): each re-introduces a known bug in a real backend,
 /// and the torture must find it from the history alone, name it, and exit 1, within the run's
-/// stated duration. Each seed draws a schedule with the fault the bug needs (the schedule is
-/// the seed's: the same every run).
+/// stated duration. Each run's seed draws a schedule with the fault the bug needs (a schedule
+/// is fixed by its seed number: the same every run).
 #[cfg(feature = "planted-bugs")]
 mod planted {
     use super::*;
