@@ -159,7 +159,7 @@ impl Local {
 }
 
 /// `SAVE` on a Redis of ours: its next start loads the snapshot.
-pub(crate) async fn save(server: &LoopbackServer) -> Result<(), String> {
+async fn save(server: &LoopbackServer) -> Result<(), String> {
     let client = redis::Client::open(server.redis_url()).map_err(|e| e.to_string())?;
     let mut conn = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
     redis::cmd("SAVE").query_async::<()>(&mut conn).await.map_err(|e| format!("SAVE: {e}"))

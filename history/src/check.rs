@@ -11,6 +11,11 @@
 //! - **exclusion**: no grant's applied writes surround another grant's applied write in real
 //!   time (grant A wrote, then B wrote, then A wrote again). It judges holds by writes alone,
 //!   not by fences, so it still speaks if fences are wrong.
+//! - **overlap**: no two grants whose leases were safe at the same moment both had a write
+//!   applied. A lease is safe from its acquire's completion until the `safe_until` its holder
+//!   was told (moved by each extend), or until its release began. Only a fault in which the
+//!   lock service lost its locks excuses an overlap of grants taken on either side of it;
+//!   then only the store's fence check keeps them apart.
 //! - **register**: the register is linearizable. Values are unique, so each read names its
 //!   write; a write of unknown outcome that nobody read may not have happened, one that was
 //!   read happened at some moment after its invocation (Jepsen's `:info`). A write the store
@@ -53,6 +58,9 @@ pub enum AnomalyKind {
     DuplicateFence,
     /// Two grants' writes interleaved.
     Exclusion,
+    /// Two grants' leases were safe at the same moment, and both wrote: the lock service let
+    /// two holders act at once.
+    Overlap,
     /// The register is not linearizable.
     Register,
     /// A read returned a value nobody wrote, a value whose write the store refused, or a value
@@ -73,6 +81,7 @@ impl fmt::Display for AnomalyKind {
             AnomalyKind::FenceOrder => "fence order",
             AnomalyKind::DuplicateFence => "duplicate fence",
             AnomalyKind::Exclusion => "exclusion",
+            AnomalyKind::Overlap => "overlapping holds",
             AnomalyKind::Register => "register not linearizable",
             AnomalyKind::PhantomRead => "phantom read",
             AnomalyKind::NoProgress => "no progress after heal",
@@ -172,6 +181,7 @@ pub fn check(history: &History, bounds: Bounds) -> Verdict {
         fence_order(resource, &applied, &mut verdict.anomalies);
         refusals(resource, ops, &mut verdict.anomalies);
         exclusion(resource, &applied, &mut verdict.anomalies);
+        overlap(resource, ops, &applied, history, &mut verdict.anomalies);
     }
     progress(history, &by_resource, bounds, &mut verdict.anomalies);
     bounded(history, bounds, &mut verdict.anomalies);
@@ -472,6 +482,83 @@ fn exclusion(resource: &str, applied: &[Applied<'_>], anomalies: &mut Vec<Anomal
                 vec![span.first_done, b.op, span.last_begun],
             ));
         }
+    }
+}
+
+fn overlap(
+    resource: &str,
+    ops: &[&Operation],
+    applied: &[Applied<'_>],
+    history: &History,
+    anomalies: &mut Vec<Anomaly>,
+) {
+    struct Hold<'h> {
+        acquire: &'h Operation,
+        /// From the acquire's completion to the last `safe_until` its holder was told, or the
+        /// start of its release if earlier.
+        from: Time,
+        until: Time,
+        /// The first write applied under it.
+        wrote: &'h Operation,
+    }
+    let mut first_write: HashMap<&str, &Operation> = HashMap::new();
+    for a in applied {
+        let first = first_write.entry(a.grant).or_insert(a.op);
+        if a.op.invoked < first.invoked {
+            *first = a.op;
+        }
+    }
+    let mut holds: BTreeMap<&str, Hold<'_>> = BTreeMap::new();
+    for op in ops {
+        if let (Call::Acquire { .. }, Some(Outcome::Granted { grant, safe_until: Some(until), .. }), Some(from)) =
+            (&op.call, &op.outcome, op.completed)
+            && let Some(&wrote) = first_write.get(grant.as_str())
+        {
+            holds.insert(grant, Hold { acquire: op, from, until: *until, wrote });
+        }
+    }
+    for op in ops {
+        match (&op.call, &op.outcome) {
+            (Call::Extend { grant, .. }, Some(Outcome::Done { safe_until: Some(until) })) => {
+                if let Some(hold) = holds.get_mut(grant.as_str()) {
+                    hold.until = hold.until.max(*until);
+                }
+            }
+            (Call::Release { grant, .. }, _) => {
+                if let Some(hold) = holds.get_mut(grant.as_str()) {
+                    hold.until = hold.until.min(op.invoked);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut holds: Vec<Hold<'_>> = holds.into_values().filter(|h| h.until > h.from).collect();
+    holds.sort_by_key(|h| h.from);
+    // Locks lost between an earlier grant's acquire and a later one's completion excuse them.
+    let lost_locks = |earlier: &Operation, later: &Operation| {
+        history
+            .faults
+            .iter()
+            .any(|f| f.loses_locks && f.began >= earlier.invoked && f.began <= later.completed_or_never())
+    };
+    let mut open: Vec<&Hold<'_>> = Vec::new();
+    for hold in &holds {
+        open.retain(|h| h.until > hold.from);
+        for earlier in &open {
+            if !lost_locks(earlier.acquire, hold.acquire) {
+                anomalies.push(Anomaly::new(
+                    AnomalyKind::Overlap,
+                    resource,
+                    format!(
+                        "a lease was granted {:.1} ms before an earlier one's safe_until, and both wrote: two \
+                         holders at once",
+                        (earlier.until - hold.from) as f64 / 1e6
+                    ),
+                    vec![earlier.acquire, earlier.wrote, hold.acquire, hold.wrote],
+                ));
+            }
+        }
+        open.push(hold);
     }
 }
 

@@ -51,6 +51,11 @@ pub enum Event {
         id: u64,
         /// What it is, in words (`pause client 3 for 2400 ms`).
         what: String,
+        /// Whether the lock service loses its locks in this fault (restarted empty, its lock
+        /// table dropped): holds granted before it may overlap holds granted after it, which
+        /// only the store's fence check then keeps apart.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        loses_locks: bool,
     },
     /// The fault `id` ended: the paused process runs again, the partition heals, the server
     /// is back.
@@ -149,11 +154,20 @@ pub enum Outcome {
         grant: String,
         /// The grant's fencing token.
         fence: u64,
+        /// Until when the holder was told its lease is safe to act under (its `safe_until`,
+        /// on the history's clock); `None` where the recorder does not know.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        safe_until: Option<Time>,
     },
     /// An acquire found the lock held for its whole wait.
     Refused,
     /// An extend or a release succeeded.
-    Done,
+    Done {
+        /// For an extend: until when the lease is now safe to act under (as for
+        /// [`Outcome::Granted`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        safe_until: Option<Time>,
+    },
     /// An extend or a release found the grant gone (expired, taken over).
     Lost,
     /// The store accepted a write.
@@ -258,7 +272,7 @@ impl fmt::Display for Shown<'_> {
         }
         match &this.outcome {
             None => f.write_str(" → no answer"),
-            Some(Outcome::Granted { grant, fence }) => write!(f, " → granted {grant} fence {fence}"),
+            Some(Outcome::Granted { grant, fence, .. }) => write!(f, " → granted {grant} fence {fence}"),
             Some(Outcome::Value { value: Some(v) }) => write!(f, " → {v:?}"),
             Some(Outcome::Value { value: None }) => f.write_str(" → empty"),
             Some(Outcome::Failed { error }) => write!(f, " → failed: {error}"),
@@ -272,7 +286,7 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
     match outcome {
         Outcome::Granted { .. } => "granted",
         Outcome::Refused => "refused",
-        Outcome::Done => "done",
+        Outcome::Done { .. } => "done",
         Outcome::Lost => "lost",
         Outcome::Accepted => "accepted",
         Outcome::Stale => "stale fence",
@@ -290,6 +304,8 @@ pub struct FaultWindow {
     pub id: u64,
     /// What it was.
     pub what: String,
+    /// Whether the lock service lost its locks in it.
+    pub loses_locks: bool,
     /// When it began.
     pub began: Time,
     /// `None`: never healed (the run ended inside it).
@@ -365,9 +381,9 @@ impl History {
                     operation.completed = Some(at);
                     operation.outcome = Some(outcome);
                 }
-                Event::Fault { at, id, what } => {
+                Event::Fault { at, id, what, loses_locks } => {
                     faults.insert(id, history.faults.len());
-                    history.faults.push(FaultWindow { id, what, began: at, healed: None });
+                    history.faults.push(FaultWindow { id, what, loses_locks, began: at, healed: None });
                 }
                 Event::Healed { at, id } => {
                     let Some(&i) = faults.get(&id) else {

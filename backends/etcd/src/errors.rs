@@ -95,6 +95,22 @@ pub(crate) fn never_sent(e: &EtcdError) -> bool {
     }
 }
 
+/// Whether the attempt failed with its connection (reset, closed under it, a broken pipe),
+/// whatever the server did with it: a request written into a connection that a proxy, a load
+/// balancer or a restarted member had closed. An idempotent request is sent again on a new
+/// connection (issue 40: a release after a fault proxy cut the connection failed as
+/// `OutcomeUnknown`, and its lock stayed held until its TTL).
+fn connection_broken(e: &EtcdError) -> bool {
+    match e {
+        EtcdError::GRpcStatus(status) => {
+            status.code() == Code::Unavailable
+                || (status.code() == Code::Unknown && status.message().contains("transport error"))
+        }
+        EtcdError::TransportError(_) | EtcdError::IoError(_) => true,
+        _ => false,
+    }
+}
+
 /// How long an attempt of an idempotent request goes unanswered before another one is sent
 /// beside it. A member cut off by a partition answers nothing and resets nothing, and until the
 /// connection's keepalive gives up on it the balancer still routes requests there; sent again,
@@ -115,8 +131,8 @@ pub(crate) struct Answer<T> {
 /// member) while it fails without having left this process: a dead member must not fail a
 /// request that a live one can serve. An `idempotent` request (a read, the delete of a key
 /// named by our own token) is also sent again whenever its attempts go unanswered for
-/// [`RESEND_IDEMPOTENT_AFTER`]: repeating it changes nothing, and a silent member must not hold
-/// it for the whole request timeout.
+/// [`RESEND_IDEMPOTENT_AFTER`], and whenever its connection breaks under it: repeating it
+/// changes nothing, and a silent member or a cut connection must not fail it.
 ///
 /// A resend never cancels the attempts before it: the first answer of any attempt is the
 /// answer. A cluster slower than the resend interval (a loaded leader, a slow fsync) still
@@ -182,6 +198,8 @@ where
         match tokio::time::timeout_at(first_due, first.as_mut()).await {
             Ok(Ok(value)) => return Ok(Answer { value, resent: false }),
             Ok(Err(e)) if never_sent(&e) => (Vec::new(), 0, Some(retry_after(e)?)),
+            // It may have reached the server, but sent again it changes nothing.
+            Ok(Err(e)) if idempotent && connection_broken(&e) => (Vec::new(), 1, Some(retry_after(e)?)),
             Ok(Err(e)) => return Err(map(e, what, writes)),
             Err(_) if !idempotent || Instant::now() >= give_up => return Err(timed_out(what, writes)),
             // Unanswered for the resend interval: the loop sends it again at once, beside it.
@@ -224,6 +242,10 @@ where
                         let retry = retry_after(e)?;
                         next_send = Some(next_send.map_or(retry, |at| at.min(retry)));
                     }
+                    Err(e) if idempotent && connection_broken(&e) && in_flight.is_empty() => {
+                        let retry = retry_after(e)?;
+                        next_send = Some(next_send.map_or(retry, |at| at.min(retry)));
+                    }
                     // Another attempt may still answer.
                     Err(e) if !in_flight.is_empty() => {
                         debug!(what, error = %e, "an attempt failed; waiting for the others");
@@ -232,5 +254,63 @@ where
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// What tonic answers for a request written into a connection the other side had closed
+    /// (seen in the conformance suite after a fault proxy cut a connection).
+    fn broken_pipe() -> EtcdError {
+        EtcdError::GRpcStatus(tonic::Status::unknown("transport error"))
+    }
+
+    /// A send whose first attempt meets a broken connection and whose later ones are answered.
+    fn broken_then_answered(sent: &AtomicUsize) -> impl FnMut() -> std::future::Ready<Result<u32, EtcdError>> + '_ {
+        move || {
+            let n = sent.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(if n == 0 { Err(broken_pipe()) } else { Ok(7) })
+        }
+    }
+
+    #[tokio::test]
+    async fn an_idempotent_request_that_meets_a_broken_connection_is_sent_again() {
+        let sent = AtomicUsize::new(0);
+        let answer = send_until_answered(Duration::from_secs(2), "release", true, true, broken_then_answered(&sent))
+            .await
+            .expect("answered by the second attempt");
+        assert_eq!((answer.value, answer.resent), (7, true), "the first attempt may have reached the server");
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_request_that_is_not_idempotent_is_not_sent_again_and_its_outcome_is_unknown() {
+        let sent = AtomicUsize::new(0);
+        let e = send_until_answered(Duration::from_secs(2), "acquire", true, false, broken_then_answered(&sent))
+            .await
+            .err()
+            .expect("no second attempt");
+        assert_eq!(e.kind(), palisade_core::ErrorKind::OutcomeUnknown);
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_idempotent_request_whose_connection_stays_broken_fails_within_its_timeout() {
+        let started = tokio::time::Instant::now();
+        let e = send_until_answered(Duration::from_millis(300), "release", true, true, || {
+            std::future::ready(Err::<u32, _>(broken_pipe()))
+        })
+        .await
+        .err()
+        .expect("never answered");
+        assert_eq!(e.kind(), palisade_core::ErrorKind::OutcomeUnknown);
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     }
 }

@@ -624,10 +624,17 @@ fn open_client(config: &RedisConfig) -> redis::RedisResult<redis::Client> {
     redis::Client::open(config.url.as_str())
 }
 
-/// The TTL a grant's script sends the server, in milliseconds. Planted bug (tests only,
-/// `redis-lock-outlives-its-ttl`): a unit slip sends a thousand times the grant's TTL, so a
-/// holder that dies leaves its lock held for good.
+/// The TTL a grant's script sends the server, in milliseconds. Planted bugs (tests only):
+/// `redis-lock-outlives-its-ttl`, a unit slip that sends a thousand times the grant's TTL, so
+/// a holder that dies leaves its lock held for good; `redis-lock-expires-early`, a quarter of
+/// it, so the server frees a lock while its holder is still told it is safe.
 fn server_ttl(ttl: Ttl) -> u64 {
     let ms = ttl.as_millis_ceil();
-    if palisade_core::spi::planted_bug("redis-lock-outlives-its-ttl") { ms.saturating_mul(1000) } else { ms }
+    if palisade_core::spi::planted_bug("redis-lock-outlives-its-ttl") {
+        ms.saturating_mul(1000)
+    } else if palisade_core::spi::planted_bug("redis-lock-expires-early") {
+        (ms / 4).max(1)
+    } else {
+        ms
+    }
 }

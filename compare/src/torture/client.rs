@@ -96,7 +96,8 @@ async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
             Ok(lease) => {
                 grants += 1;
                 let grant = format!("p{}.{grants}", args.process);
-                rec.complete(op, Outcome::Granted { grant: grant.clone(), fence: lease.fence().get() });
+                let safe_until = Some(on_history_clock(lease.safe_until()));
+                rec.complete(op, Outcome::Granted { grant: grant.clone(), fence: lease.fence().get(), safe_until });
                 (lease, grant)
             }
             Err(e) if e.kind() == ErrorKind::Timeout => {
@@ -146,7 +147,10 @@ async fn hold(
         if rng.below(3) == 0 {
             let call = Call::Extend { resource: resource.to_string(), grant: grant.clone() };
             let op = rec.invoke(call, CALL_MS);
-            let outcome = done_or_lost(lease.extend(Duration::from_millis(args.ttl_ms)).await);
+            let outcome = match done_or_lost(lease.extend(Duration::from_millis(args.ttl_ms)).await) {
+                Outcome::Done { .. } => Outcome::Done { safe_until: Some(on_history_clock(lease.safe_until())) },
+                other => other,
+            };
             rec.complete(op, outcome);
         }
     }
@@ -171,9 +175,18 @@ fn write_outcome(result: palisade::Result<()>) -> Outcome {
     }
 }
 
+/// `instant` on the history's clock (`CLOCK_MONOTONIC`, which `Instant` reads too).
+fn on_history_clock(instant: tokio::time::Instant) -> u64 {
+    let (here, t) = (tokio::time::Instant::now(), now());
+    match instant.checked_duration_since(here) {
+        Some(ahead) => t.saturating_add(u64::try_from(ahead.as_nanos()).unwrap_or(u64::MAX)),
+        None => t.saturating_sub(u64::try_from(here.duration_since(instant).as_nanos()).unwrap_or(u64::MAX)),
+    }
+}
+
 fn done_or_lost(result: palisade::Result<()>) -> Outcome {
     match result {
-        Ok(()) => Outcome::Done,
+        Ok(()) => Outcome::Done { safe_until: None },
         Err(e) if matches!(e.kind(), ErrorKind::LeaseLost | ErrorKind::NotHolder) => Outcome::Lost,
         Err(e) => Outcome::Unknown { error: e.to_string() },
     }

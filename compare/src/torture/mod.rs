@@ -73,7 +73,7 @@ pub struct TortureArgs {
     pub json: bool,
     /// Re-introduce a known bug in the clients' backend (test fixtures, in builds with the
     /// feature `planted-bugs` only), to see the torture find it: redis-lock-outlives-its-ttl,
-    /// sqlite-store-accepts-stale-fences, sqlite-lock-table-not-remade,
+    /// redis-lock-expires-early, sqlite-store-accepts-stale-fences, sqlite-lock-table-not-remade,
     /// postgres-store-serves-stale-reads.
     #[arg(long, value_name = "BUG")]
     pub plant: Option<String>,
@@ -85,6 +85,11 @@ pub const PLANTED_BUGS: &[(&str, &str)] = &[
         "redis-lock-outlives-its-ttl",
         "Redis: acquire and extend send the server a TTL a thousand times the grant's (a unit slip), so a killed \
          holder's lock stays held (no progress)",
+    ),
+    (
+        "redis-lock-expires-early",
+        "Redis: acquire and extend send the server a quarter of the grant's TTL, so the lock is free again while \
+         its holder is still told it is safe (overlapping holds; the store's fences keep the data in order)",
     ),
     (
         "sqlite-store-accepts-stale-fences",

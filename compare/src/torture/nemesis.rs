@@ -140,7 +140,11 @@ impl LocalServers {
         };
         servers.lock_url = match lock {
             "redis" => {
-                let redis = LoopbackServer::redis("redis-server", &[]).map_err(|e| io("redis-server", e))?;
+                // Every acknowledged write in the append-only file before it is acknowledged:
+                // a restart keeps every lock and fence (the deployment the Redis docs advise
+                // for fences that survive), and only the data-loss fault loses locks.
+                let redis = LoopbackServer::redis("redis-server", &["--appendonly", "yes", "--appendfsync", "always"])
+                    .map_err(|e| io("redis-server", e))?;
                 let url = redis.redis_url();
                 servers.redis = Some(redis);
                 url
@@ -188,7 +192,6 @@ impl LocalServers {
         match (side, self.lock_kind.as_str()) {
             (Side::Lock, "redis") => {
                 let redis = self.redis.as_mut().ok_or("no Redis")?;
-                crate::local::save(redis).await?;
                 tokio::task::block_in_place(|| redis.restart()).map_err(e)
             }
             (Side::Lock, "etcd") => {
@@ -416,7 +419,8 @@ impl Run {
         for (id, step) in steps.iter().enumerate() {
             tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
             let id = id as u64;
-            self.record(Event::Fault { at: now(), id, what: step.fault.to_string() });
+            let loses_locks = matches!(step.fault, Fault::LoseLockData);
+            self.record(Event::Fault { at: now(), id, what: step.fault.to_string(), loses_locks });
             self.apply(step.fault, servers.as_deref_mut()).await?;
             self.record(Event::Healed { at: now(), id });
         }

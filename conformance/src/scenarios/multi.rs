@@ -178,7 +178,7 @@ pub async fn lock_all_leaves_no_orphan<F: LockServiceFactory>(ctx: &Ctx, factory
                      until its TTL"
                 )));
             };
-            attempt!(ctx, other.release(&got).await, "release");
+            attempt!(ctx, other.release(&got).await, "another client's release of a member lock_all gave up");
         }
     }
     attempt!(ctx, blocker.release().await, "the blocker's release");
@@ -194,7 +194,7 @@ pub async fn lock_all_leaves_no_orphan<F: LockServiceFactory>(ctx: &Ctx, factory
         if faulty.lost_since(before) == 0 {
             ensure!(ctx, skip > 0, "the fault proxy lost no reply: does the faulty client dial it?");
             if let Ok(locks) = result {
-                attempt!(ctx, locks.release().await, "release");
+                attempt!(ctx, locks.release().await, "release of a set taken with no reply lost");
             }
             break;
         }
@@ -226,7 +226,7 @@ pub async fn lock_all_leaves_no_orphan<F: LockServiceFactory>(ctx: &Ctx, factory
                     outcomes.last().map_or("", String::as_str)
                 )));
             };
-            attempt!(ctx, other.release(&next).await, "release");
+            attempt!(ctx, other.release(&next).await, "another client's release of a member after the fault");
         }
     }
     ctx.note(outcomes.join("; "));
