@@ -116,6 +116,9 @@ pairs! {
     zookeeper_with_dynamodb: 9, "zk", &dynamodb("zk");
     postgres_on_its_own_database: 10, "postgres", "postgres";
     sqlite_on_its_own_file: 11, "sqlite", "sqlite";
+    // Three-member clusters: the schedule kills the leader and starts it again.
+    etcd_cluster_with_postgres: 12, "etcd3", "postgres";
+    zookeeper_ensemble_with_sqlite: 13, "zk3", "sqlite";
 }
 
 #[test]

@@ -1158,6 +1158,15 @@ impl EtcdCluster {
         Ok(leader)
     }
 
+    /// Starts member `i` again (after [`kill_member`](Self::kill_member); a running member is
+    /// killed first) with its data directory, so it rejoins the cluster as the same member.
+    /// Waits until it reports itself healthy.
+    pub fn restart_member(&mut self, i: usize) -> std::io::Result<()> {
+        let member = self.members.get_mut(i).ok_or_else(|| std::io::Error::other(format!("no member {i}")))?;
+        member.restart()?;
+        wait_etcd_healthy(&[&*member])
+    }
+
     /// Whether member `i` reports itself healthy (part of a quorum with a leader).
     pub fn member_healthy(&self, i: usize) -> bool {
         self.members.get(i).is_some_and(|m| m.child.is_some() && etcd_healthy(m.addr()))

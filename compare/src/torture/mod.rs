@@ -34,7 +34,8 @@ const ALLOWANCE_MS: u64 = 3_000;
 #[derive(Debug, Clone, Args)]
 pub struct TortureArgs {
     /// The lock service's URL (a fenced one: redis://, etcd://, zk://, postgres://, sqlite://);
-    /// with --local, the kind of server to start: redis, etcd, zk, postgres or sqlite.
+    /// with --local, the kind of server to start: redis, etcd, zk, postgres or sqlite, or a
+    /// three-member cluster whose leader the schedule kills: etcd3 or zk3.
     #[arg(long)]
     pub lock: String,
     /// The fenced store's URL (sqlite://PATH, postgres://, dynamodb://TABLE?endpoint=…); with
@@ -216,6 +217,7 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
         lock_server: servers.as_ref().is_some_and(|s| s.lock_restartable),
         lock_data: servers.as_ref().is_some_and(|s| s.lock_loses_data),
         store_server: servers.as_ref().is_some_and(|s| s.store_restartable),
+        lock_leader: servers.as_ref().is_some_and(|s| s.lock_has_leader),
     };
     let steps = schedule::draw(seed, total_ms - quiet_ms, &menu);
     eprintln!(
@@ -231,7 +233,7 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
         eprintln!("palisade torture: the clients carry the planted bug {bug}");
     }
     let run = nemesis::Run::start(&args, seed, plant, &lock_url, &store_url, &target).await?;
-    let events = run.drive(&steps, servers.as_mut(), Duration::from_millis(total_ms)).await?;
+    let (events, nemesis_failed) = run.drive(&steps, servers.as_mut(), Duration::from_millis(total_ms)).await;
     let history = History::from_events(events.clone()).map_err(|e| e.to_string())?;
     let verdict = palisade_history::check(&history, bounds);
     let replay = format!(
@@ -265,6 +267,13 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
         println!("{}", report::json(&summary));
     }
     drop(servers);
+    if let Some(e) = nemesis_failed {
+        // The history so far is written and judged above; the run itself is not whole.
+        return Err(format!(
+            "the nemesis stopped the run early: {e} (the history so far is in {})",
+            args.out.display()
+        ));
+    }
     Ok(if verdict.valid() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 

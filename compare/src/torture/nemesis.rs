@@ -12,7 +12,7 @@ use palisade::AnyLockService;
 use palisade_conformance::FaultProxy;
 use palisade_conformance::proxy::proxy_url;
 use palisade_history::{Call, Event, Outcome};
-use palisade_lab::servers::{LoopbackServer, PostgresServer, Restart, ZkEnsemble};
+use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, Restart, ZkEnsemble};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -88,6 +88,9 @@ async fn proxied(url: &str) -> Result<(String, Vec<FaultProxy>), String> {
 pub struct LocalServers {
     redis: Option<LoopbackServer>,
     etcd: Option<LoopbackServer>,
+    /// `etcd3`: three members.
+    etcd_cluster: Option<EtcdCluster>,
+    /// `zk`: one server; `zk3`: three.
     zk: Option<ZkEnsemble>,
     postgres: Option<PostgresServer>,
     _sqlite_dir: Option<tempfile::TempDir>,
@@ -97,12 +100,15 @@ pub struct LocalServers {
     pub lock_restartable: bool,
     pub lock_loses_data: bool,
     pub store_restartable: bool,
+    /// The lock service is a cluster whose leader the schedule may kill.
+    pub lock_has_leader: bool,
 }
 
 impl LocalServers {
     /// Starts a server for each side named by its kind (`redis`, `etcd`, `zk`, `postgres`,
-    /// `sqlite`); a side given as a URL is used as it is, and is not the run's to pause or
-    /// restart.
+    /// `sqlite`, and the three-member clusters `etcd3` and `zk3`); a side given as a URL is
+    /// used as it is, and is not the run's to pause or restart. A cluster's faults are its
+    /// leader's: killed, and back with its data.
     pub fn start(lock: &str, store: &str) -> Result<LocalServers, String> {
         let io = |what: &str, e: std::io::Error| {
             format!("cannot start {what}: {e} (run scripts/services up once to install the servers)")
@@ -110,6 +116,7 @@ impl LocalServers {
         let mut servers = LocalServers {
             redis: None,
             etcd: None,
+            etcd_cluster: None,
             zk: None,
             postgres: None,
             _sqlite_dir: None,
@@ -119,6 +126,7 @@ impl LocalServers {
             lock_restartable: ["redis", "etcd", "zk", "postgres"].contains(&lock),
             lock_loses_data: ["redis", "etcd", "zk", "postgres", "sqlite"].contains(&lock),
             store_restartable: store == "postgres",
+            lock_has_leader: ["etcd3", "zk3"].contains(&lock),
         };
         if lock == "postgres" || store == "postgres" {
             servers.postgres = Some(PostgresServer::start().map_err(|e| io("PostgreSQL", e))?);
@@ -155,10 +163,17 @@ impl LocalServers {
                 servers.etcd = Some(etcd);
                 url
             }
-            "zk" => {
-                let zk = ZkEnsemble::start(&crate::local::zk_classpath(), 1).map_err(|e| io("ZooKeeper", e))?;
+            "zk" | "zk3" => {
+                let size = if lock == "zk3" { 3 } else { 1 };
+                let zk = ZkEnsemble::start(&crate::local::zk_classpath(), size).map_err(|e| io("ZooKeeper", e))?;
                 let url = format!("{}?session_timeout_ms=2000", zk.url());
                 servers.zk = Some(zk);
+                url
+            }
+            "etcd3" => {
+                let etcd = EtcdCluster::start("etcd", 3).map_err(|e| io("an etcd cluster", e))?;
+                let url = format!("{}?session_ttl_s=2", etcd.url());
+                servers.etcd_cluster = Some(etcd);
                 url
             }
             "postgres" => postgres_url,
@@ -166,7 +181,7 @@ impl LocalServers {
             url if url.contains("://") => url.to_string(),
             other => {
                 return Err(format!(
-                    "--local starts a redis, etcd, zk, postgres or sqlite lock service, not {other:?}"
+                    "--local starts a redis, etcd, etcd3, zk, zk3, postgres or sqlite lock service, not {other:?}"
                 ));
             }
         };
@@ -208,6 +223,30 @@ impl LocalServers {
             }
             _ => Err(format!("the {side} cannot be restarted here")),
         }
+    }
+
+    /// Kills the lock service's leader (waiting up to a few seconds for one to be elected, as
+    /// after an earlier kill); returns which member it was.
+    async fn kill_leader(&mut self) -> Result<usize, String> {
+        let within = Duration::from_secs(10);
+        let e = |e: std::io::Error| e.to_string();
+        if let Some(etcd) = self.etcd_cluster.as_mut() {
+            return etcd.kill_leader(within).await.map_err(e);
+        }
+        match self.zk.as_mut() {
+            Some(zk) if self.lock_kind == "zk3" => zk.kill_leader(within).await.map_err(e),
+            _ => Err("the lock service has no leader to kill here".into()),
+        }
+    }
+
+    /// Starts member `i` of the lock service's cluster again, with its data.
+    async fn restart_member(&mut self, i: usize) -> Result<(), String> {
+        let e = |e: std::io::Error| e.to_string();
+        if let Some(etcd) = self.etcd_cluster.as_mut() {
+            return tokio::task::block_in_place(|| etcd.restart_member(i)).map_err(e);
+        }
+        let zk = self.zk.as_mut().ok_or("no ZooKeeper")?;
+        tokio::task::block_in_place(|| zk.restart_member(i)).map_err(e)
     }
 
     /// The lock service loses every lock and fence counter: Redis, etcd and ZooKeeper restart
@@ -264,10 +303,15 @@ fn with_descendants(pid: u32) -> Vec<u32> {
     all
 }
 
+/// Sends `signal` to each process; one that is gone already (a server's child that exited and
+/// was reaped meanwhile) needs none.
 fn signal_all(pids: &[u32], signal: Signal) -> Result<(), String> {
     for &pid in pids {
         let pid = Pid::from_raw(i32::try_from(pid).map_err(|e| e.to_string())?);
-        kill(pid, signal).map_err(|e| format!("{signal} to {pid}: {e}"))?;
+        match kill(pid, signal) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => return Err(format!("{signal} to {pid}: {e}")),
+        }
     }
     Ok(())
 }
@@ -408,23 +452,32 @@ impl Run {
     }
 
     /// Plays the schedule, lets the clients run to `total`, stops them, reads every register
-    /// once more, and returns every event recorded.
+    /// once more, and returns every event recorded. A fault the nemesis could not inject or
+    /// heal (a server that would not start again) ends the schedule there: the clients are
+    /// stopped as at the end, and the error comes back beside the events, so that the history
+    /// so far is still written and judged.
     pub async fn drive(
         mut self,
         steps: &[Step],
         mut servers: Option<&mut super::nemesis::LocalServers>,
         total: Duration,
-    ) -> Result<Vec<Event>, String> {
+    ) -> (Vec<Event>, Option<String>) {
         let start = Instant::now();
+        let mut failed = None;
         for (id, step) in steps.iter().enumerate() {
             tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
             let id = id as u64;
             let loses_locks = matches!(step.fault, Fault::LoseLockData);
             self.record(Event::Fault { at: now(), id, what: step.fault.to_string(), loses_locks });
-            self.apply(step.fault, servers.as_deref_mut()).await?;
+            if let Err(e) = self.apply(step.fault, servers.as_deref_mut()).await {
+                failed = Some(format!("fault {id} ({}): {e}", step.fault));
+                break;
+            }
             self.record(Event::Healed { at: now(), id });
         }
-        tokio::time::sleep_until(start + total).await;
+        if failed.is_none() {
+            tokio::time::sleep_until(start + total).await;
+        }
         self.stop().await;
         self.final_reads().await;
         let Run { mut collected, events, .. } = self;
@@ -434,7 +487,7 @@ impl Run {
             all.push(event);
         }
         all.sort_by_key(Event::at);
-        Ok(all)
+        (all, failed)
     }
 
     async fn apply(&mut self, fault: Fault, servers: Option<&mut LocalServers>) -> Result<(), String> {
@@ -491,6 +544,12 @@ impl Run {
             }
             Fault::RestartServer { side } => servers.ok_or("a server fault needs --local")?.restart(side).await?,
             Fault::LoseLockData => servers.ok_or("a server fault needs --local")?.lose_lock_data().await?,
+            Fault::KillLeader { ms } => {
+                let servers = servers.ok_or("a server fault needs --local")?;
+                let member = servers.kill_leader().await?;
+                hold(ms).await;
+                servers.restart_member(member).await?;
+            }
         }
         Ok(())
     }
@@ -546,5 +605,20 @@ impl Run {
             };
             self.record(Event::Complete { process: 0, op, at: now(), outcome });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_gone_before_its_signal_is_no_error() {
+        // A paused PostgreSQL's backend that exited as the pause began: its postmaster, thawed
+        // first, reaps it before the thaw reaches it (a 30-minute run stopped on that).
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let pid = child.id();
+        child.wait().expect("reaped");
+        assert_eq!(signal_all(&[pid], Signal::SIGCONT), Ok(()));
     }
 }

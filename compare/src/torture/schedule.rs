@@ -47,6 +47,9 @@ pub enum Fault {
     /// The lock service loses every lock and fence counter: its server restarted empty, or a
     /// store-native service's lock table dropped (the store's own rows stay).
     LoseLockData,
+    /// `SIGKILL` the lock service's leader (a cluster's: the others elect another), and start
+    /// it again with its data `ms` later.
+    KillLeader { ms: u64 },
 }
 
 impl Fault {
@@ -56,7 +59,8 @@ impl Fault {
             Fault::PauseClient { ms, .. }
             | Fault::Partition { ms, .. }
             | Fault::SlowReplies { ms, .. }
-            | Fault::PauseServer { ms, .. } => ms,
+            | Fault::PauseServer { ms, .. }
+            | Fault::KillLeader { ms } => ms,
             Fault::KillClient { down_ms, .. } => down_ms,
             Fault::LoseReply { .. } | Fault::Cut { .. } | Fault::RestartServer { .. } | Fault::LoseLockData => 0,
         }
@@ -81,6 +85,9 @@ impl fmt::Display for Fault {
             Fault::PauseServer { side, ms } => write!(f, "pause the server of {side} for {ms} ms (SIGSTOP)"),
             Fault::RestartServer { side } => write!(f, "restart the server of {side}, data kept"),
             Fault::LoseLockData => f.write_str("the lock service loses every lock and fence counter"),
+            Fault::KillLeader { ms } => {
+                write!(f, "kill the lock service's leader (SIGKILL), back with its data {ms} ms later")
+            }
         }
     }
 }
@@ -107,6 +114,8 @@ pub struct Menu {
     pub lock_data: bool,
     /// The store's server is ours to pause and restart (with its data: a store never loses it).
     pub store_server: bool,
+    /// The lock service is a cluster of ours whose leader the schedule may kill.
+    pub lock_leader: bool,
 }
 
 /// A deterministic generator (SplitMix64): the schedule must not depend on a crate's version.
@@ -159,6 +168,10 @@ pub fn draw(seed: u64, faulty_ms: u64, menu: &Menu) -> Vec<Step> {
     if menu.store_server {
         kinds.extend(["pause-store-server", "restart-store-kept"]);
     }
+    // Last, so that the menus without it draw the schedules they always did.
+    if menu.lock_leader {
+        kinds.extend(["kill-lock-leader", "kill-lock-leader"]);
+    }
     let mut steps = Vec::new();
     let mut at = 1_000;
     loop {
@@ -179,6 +192,7 @@ pub fn draw(seed: u64, faulty_ms: u64, menu: &Menu) -> Vec<Step> {
             "cut-lock" | "cut-store" => Fault::Cut { client, side: side(kind) },
             "pause-lock-server" | "pause-store-server" => Fault::PauseServer { side: side(kind), ms: span },
             "restart-lock-kept" | "restart-store-kept" => Fault::RestartServer { side: side(kind) },
+            "kill-lock-leader" => Fault::KillLeader { ms: span },
             _ => Fault::LoseLockData,
         };
         if at + fault.lasts_ms() > faulty_ms {
@@ -203,6 +217,7 @@ mod tests {
             lock_server: true,
             lock_data: true,
             store_server: true,
+            lock_leader: false,
         }
     }
 
@@ -244,5 +259,19 @@ mod tests {
         assert!(all.iter().any(|f| matches!(f, Fault::LoseLockData)));
         assert!(all.iter().any(|f| matches!(f, Fault::RestartServer { side: Side::Store })));
         assert!(all.iter().any(|f| matches!(f, Fault::Partition { side: Side::Store, .. })));
+        assert!(!all.iter().any(|f| matches!(f, Fault::KillLeader { .. })), "no cluster, no leader to kill");
+        let cluster = Menu { lock_server: false, lock_data: false, lock_leader: true, ..menu() };
+        let drawn: Vec<Fault> = (0..50).flat_map(|seed| draw(seed, 60_000, &cluster)).map(|s| s.fault).collect();
+        assert!(drawn.iter().any(|f| matches!(f, Fault::KillLeader { .. })));
+    }
+
+    #[test]
+    fn a_menu_without_a_leader_draws_what_it_drew_before_leaders_were_on_the_menu() {
+        // The planted-bug tests name seeds by the schedules they draw: a fault added to the
+        // menu must not move them. Seed 53's thirty seconds on Redis × SQLite: five kills.
+        let redis_sqlite = Menu { store_proxied: false, lock_data: true, store_server: false, ..menu() };
+        let kills =
+            draw(53, 16_000, &redis_sqlite).iter().filter(|s| matches!(s.fault, Fault::KillClient { .. })).count();
+        assert_eq!(kills, 5);
     }
 }

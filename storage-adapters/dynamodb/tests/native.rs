@@ -325,6 +325,41 @@ async fn a_write_whose_answer_never_comes_is_outcome_unknown_never_applied_or_re
     assert_eq!(store.read("amb/1").await.unwrap(), None);
 }
 
+/// A write's first answer is held back past the attempt timeout, and meanwhile another grant
+/// writes a higher fence. The SDK resends the write with its client request token, and
+/// DynamoDB answers a resend of a transaction that applied with that success, without
+/// evaluating its condition again: the write applied, and it must be reported as applied, never
+/// refused as stale (`palisade torture` found a read of a value whose write was "refused", on a
+/// server that ignored the token).
+#[tokio::test]
+async fn a_write_resent_after_a_late_answer_is_answered_as_the_first_attempt_was() {
+    let real = config("resent");
+    let store = DynamoStore::open(real.clone()).await.unwrap();
+    let proxy = faulty_proxy(
+        real.endpoint.clone().unwrap(),
+        Fault::DelayFirstReply("TransactWriteItems", Duration::from_millis(1500)),
+    )
+    .await;
+    let mut through_proxy = real.clone();
+    through_proxy.endpoint = Some(proxy);
+    through_proxy.max_attempts = 3;
+    through_proxy.attempt_timeout = Duration::from_millis(600);
+    through_proxy.operation_timeout = Duration::from_secs(10);
+    let late = DynamoStore::open(through_proxy).await.unwrap();
+    let resource = ResourceKey::new("resent", "x").unwrap();
+    let first = tokio::spawn(async move {
+        late.apply(&resource, gf(1), &WriteBatch::new().put("resent/1", b"first".to_vec())).await
+    });
+    // The first attempt has reached the server and applied; its answer is held back.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let resource = ResourceKey::new("resent", "x").unwrap();
+    let next = GrantFence::new(Fence::new(2), GrantId::from_bytes([0xb2; 16]));
+    store.apply(&resource, next, &WriteBatch::new().put("resent/1", b"second".to_vec())).await.unwrap();
+    let result = first.await.unwrap();
+    assert!(result.is_ok(), "the first write applied (its resend carried its token), but was reported as {result:?}");
+    assert_eq!(store.read("resent/1").await.unwrap().map(|r| r.value), Some(b"second".to_vec()));
+}
+
 /// `fence` as the test's one grant presents it.
 fn gf(fence: u64) -> GrantFence {
     GrantFence::new(Fence::new(fence), GrantId::from_bytes([0xa1; 16]))
