@@ -171,7 +171,7 @@ fn markdown(s: &Summary<'_>) -> String {
     if v.valid() {
         let _ = writeln!(
             md,
-            "None: fences in order, no two holders' writes interleaved, no refusal without a cause, the registers linearizable, progress after the last heal, every call within its bound.\n"
+            "None: fences in order, no two holders' writes interleaved, no two leases that wrote safe at once, no refusal without a cause, the registers linearizable, progress after the last heal, every call within its bound.\n"
         );
     }
     for a in &v.anomalies {
