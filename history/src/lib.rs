@@ -8,7 +8,7 @@
 //!   they pair into ([`History`]).
 //! - [`mod@check`]: what a correct system's history never shows ([`check()`], [`AnomalyKind`]),
 //!   per resource: fences applied out of order or from two grants, two holders' writes
-//!   interleaved, a register that is not linearizable (writes of unknown outcome taken as
+//!   interleaved, two grants that both wrote while both leases were safe, a register that is not linearizable (writes of unknown outcome taken as
 //!   Jepsen takes `:info`), no progress after the last fault healed, and calls that outlive
 //!   their bound.
 //!
