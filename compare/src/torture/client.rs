@@ -147,15 +147,12 @@ async fn hold(
         if rng.below(3) == 0 {
             let call = Call::Extend { resource: resource.to_string(), grant: grant.clone() };
             let op = rec.invoke(call, CALL_MS);
-            let outcome = match done_or_lost(lease.extend(Duration::from_millis(args.ttl_ms)).await) {
-                Outcome::Done { .. } => Outcome::Done { safe_until: Some(on_history_clock(lease.safe_until())) },
-                other => other,
-            };
-            rec.complete(op, outcome);
+            let extended = lease.extend(Duration::from_millis(args.ttl_ms)).await;
+            rec.complete(op, done_or_lost(extended.map(|()| Some(on_history_clock(lease.safe_until())))));
         }
     }
     let op = rec.invoke(Call::Release { resource: resource.to_string(), grant }, CALL_MS);
-    rec.complete(op, done_or_lost(lease.release().await));
+    rec.complete(op, done_or_lost(lease.release().await.map(|()| None)));
 }
 
 /// A write's outcome as the history states it: only an error that certainly left nothing
@@ -184,9 +181,10 @@ fn on_history_clock(instant: tokio::time::Instant) -> u64 {
     }
 }
 
-fn done_or_lost(result: palisade::Result<()>) -> Outcome {
+/// An extend's or a release's outcome; `Ok` carries the lease's new `safe_until` (an extend's).
+fn done_or_lost(result: palisade::Result<Option<u64>>) -> Outcome {
     match result {
-        Ok(()) => Outcome::Done { safe_until: None },
+        Ok(safe_until) => Outcome::Done { safe_until },
         Err(e) if matches!(e.kind(), ErrorKind::LeaseLost | ErrorKind::NotHolder) => Outcome::Lost,
         Err(e) => Outcome::Unknown { error: e.to_string() },
     }

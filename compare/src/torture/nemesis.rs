@@ -467,7 +467,7 @@ impl Run {
         for (id, step) in steps.iter().enumerate() {
             tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
             let id = id as u64;
-            let loses_locks = matches!(step.fault, Fault::LoseLockData);
+            let loses_locks = step.fault.loses_locks();
             self.record(Event::Fault { at: now(), id, what: step.fault.to_string(), loses_locks });
             if let Err(e) = self.apply(step.fault, servers.as_deref_mut()).await {
                 failed = Some(format!("fault {id} ({}): {e}", step.fault));

@@ -65,6 +65,13 @@ impl Fault {
             Fault::LoseReply { .. } | Fault::Cut { .. } | Fault::RestartServer { .. } | Fault::LoseLockData => 0,
         }
     }
+
+    /// Whether the lock service loses its locks in this fault: only then may holds granted
+    /// before and after it overlap (the history's `loses_locks`). A leader killed in a cluster
+    /// and a server restarted with its data keep every acknowledged lock.
+    pub fn loses_locks(&self) -> bool {
+        matches!(self, Fault::LoseLockData)
+    }
 }
 
 impl fmt::Display for Fault {
