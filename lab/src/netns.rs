@@ -26,6 +26,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// (of any process) holds.
 const FIRST_OCTETS: [u8; 2] = [10, 231];
 
+/// The port [`Host::heal`] knocks on to learn that the host is back: the discard port, which
+/// nothing in the lab listens on (a listener there would answer too, which is as good).
+const HEAL_KNOCK_PORT: u16 = 9;
+
 /// Worker threads of a [`Host::runtime`].
 const WORKERS: usize = 2;
 
@@ -127,28 +131,34 @@ impl Host {
     }
 
     /// Undoes [`cut`](Self::cut): the link comes up and retransmissions get through. Returns
-    /// once the bridge forwards the host's traffic again (at most 5 s); connections that
+    /// once the root namespace has exchanged packets with the host again (at most 5 s), so a
+    /// connection opened after `heal` returns gets through at once; connections that
     /// retransmitted into the cut resume at their next retransmission, which TCP's backoff may
     /// put seconds away.
+    ///
+    /// The link's state alone says too little: the kernel may report the veth and its bridge
+    /// port up and forwarding while the host's end still drops what it sends, for up to a
+    /// second after a link change. So `heal` knocks on a closed port of the host until the
+    /// host's kernel answers (with a refusal, or with a connection if something listens there).
     pub fn heal(&self) -> std::io::Result<()> {
         ip(&["link", "set", &self.outside, "up"])?;
-        let (operstate, brport) = (
-            format!("/sys/class/net/{}/operstate", self.outside),
-            format!("/sys/class/net/{}/brport/state", self.outside),
-        );
-        let forwarding = || {
-            std::fs::read_to_string(&operstate).is_ok_and(|s| s.trim() == "up")
-                // 3: BR_STATE_FORWARDING
-                && std::fs::read_to_string(&brport).is_ok_and(|s| s.trim() == "3")
-        };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !forwarding() {
-            if std::time::Instant::now() > deadline {
-                return Err(std::io::Error::other(format!("{} did not come back up in 5 s", self.outside)));
+        let knock = std::net::SocketAddr::new(self.ip(), HEAL_KNOCK_PORT);
+        loop {
+            match std::net::TcpStream::connect_timeout(&knock, std::time::Duration::from_millis(50)) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(()),
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e) => {
+                    return Err(std::io::Error::other(format!(
+                        "{} ({}) did not answer within 5 s of its link coming back up: {e}",
+                        self.namespace, self.address
+                    )));
+                }
             }
-            std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        Ok(())
     }
 
     /// `program` to be run on this host (through `ip netns exec`, which becomes the program:
