@@ -78,9 +78,14 @@ fn dynamodb(tag: &str) -> String {
 }
 
 fn runs_clean(pair: u64, lock: &str, store: &str) {
+    runs_clean_with(pair, lock, store, &[]);
+}
+
+fn runs_clean_with(pair: u64, lock: &str, store: &str, more: &[&str]) {
     let seed = seed(pair);
-    let (output, json, out) =
-        torture(&["--local", "--lock", lock, "--store", store, "--seed", &seed, "--duration", DURATION, "--json"]);
+    let mut args = vec!["--local", "--lock", lock, "--store", store, "--seed", &seed, "--duration", DURATION, "--json"];
+    args.extend_from_slice(more);
+    let (output, json, out) = torture(&args);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let report = std::fs::read_to_string(out.path().join("report.md")).unwrap_or_default();
     assert_eq!(output.status.code(), Some(0), "{lock} × {store}, seed {seed}:\n{stderr}\n{report}");
@@ -94,6 +99,13 @@ fn runs_clean(pair: u64, lock: &str, store: &str) {
         let kills =
             json["schedule"].as_array().unwrap().iter().filter(|s| s["fault"].as_str().unwrap().contains("leader"));
         assert!(kills.count() >= 1, "the cluster's leader killed: {json}");
+    }
+    if more.contains(&"--hosts") && std::env::var_os("PALISADE_TORTURE_SEED").is_none() {
+        let faults: Vec<&str> =
+            json["schedule"].as_array().unwrap().iter().map(|s| s["fault"].as_str().unwrap()).collect();
+        for kind in ["off the network", "host sends", "sent to client"] {
+            assert!(faults.iter().any(|f| f.contains(kind)), "a fault with {kind:?} drawn: {json}");
+        }
     }
     for file in ["history.jsonl", "report.md", "report.json", "timeline.svg"] {
         assert!(out.path().join(file).is_file(), "{file} written");
@@ -135,6 +147,18 @@ fn zookeeper_ensemble_with_sqlite() {
     runs_clean(44, "zk3", "sqlite");
 }
 
+/// Clients on hosts of their own (network namespaces): seeds whose faults cut a client's host
+/// off the network once, and make one lose what it sends and one what it receives.
+#[test]
+fn redis_with_postgres_on_hosts() {
+    runs_clean_with(192, "redis", "postgres", &["--hosts"]);
+}
+
+#[test]
+fn etcd_with_sqlite_on_hosts() {
+    runs_clean_with(252, "etcd", "sqlite", &["--hosts"]);
+}
+
 #[test]
 fn the_same_seed_draws_the_same_schedule() {
     let run = |seed: &str| {
@@ -174,6 +198,7 @@ fn bad_input_and_pairs_it_cannot_judge_are_refused_with_reasons() {
     fails(&["--lock", &redlock, "--store", &sqlite], 3, "issues no fence");
     fails(&["--local", "--lock", "sqlite", "--store", "sqlite", "--duration", "10s"], 3, "too short");
     fails(&["--local", "--lock", "mysql", "--store", "sqlite"], 3, "not \"mysql\"");
+    fails(&["--local", "--hosts", "--lock", "sqlite", "--store", "sqlite"], 3, "nothing to cut");
 }
 
 /// The planted bugs (feature `planted-bugs`): each re-introduces a known bug in a real backend,

@@ -67,4 +67,58 @@ fn hosts_reach_each_other_until_cut() {
         .unwrap();
     assert!(reached, "host a reaches the gateway");
     accepting.abort();
+
+    // A program started on a host runs there, and nothing else does.
+    let mut sleeper = a.command("sleep").arg("30").spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !a.runs(sleeper.id()).unwrap() {
+        assert!(std::time::Instant::now() < deadline, "a program started on host a is not on it");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!b.runs(sleeper.id()).unwrap(), "a program on host a is on host b too");
+    assert!(!a.runs(std::process::id()).unwrap(), "the test itself is on host a");
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+#[test]
+fn one_way_loss_drops_one_way_only() {
+    let lab = Lab::new().expect("a lab (root and iproute2)");
+    let a = lab.host().unwrap();
+    let on_a = a.runtime().unwrap();
+    let at_a = std::sync::Arc::new(on_a.run(tokio::net::UdpSocket::bind((a.ip(), 0))).unwrap().expect("bind on a"));
+    let a_addr = at_a.local_addr().unwrap();
+    let at_gateway = std::net::UdpSocket::bind((lab.gateway(), 0)).unwrap();
+    at_gateway.set_read_timeout(Some(CONNECT)).unwrap();
+    let gateway = at_gateway.local_addr().unwrap();
+    // Datagrams, not connections: one way of a connection is lost with the other's answers.
+    let to_a = || {
+        at_gateway.send_to(b"to a", a_addr).unwrap();
+        let socket = std::sync::Arc::clone(&at_a);
+        on_a.run(async move {
+            let mut buf = [0u8; 16];
+            tokio::time::timeout(CONNECT, socket.recv_from(&mut buf)).await.is_ok_and(|r| r.is_ok())
+        })
+        .unwrap()
+    };
+    let from_a = || {
+        let socket = std::sync::Arc::clone(&at_a);
+        on_a.run(async move { socket.send_to(b"from a", gateway).await }).unwrap().unwrap();
+        let mut buf = [0u8; 16];
+        at_gateway.recv_from(&mut buf).is_ok()
+    };
+    assert!(to_a() && from_a(), "both ways before any loss");
+
+    a.drop_sent().unwrap();
+    assert!(to_a(), "what others send still reaches a host that loses what it sends");
+    assert!(!from_a(), "a host that loses what it sends was heard");
+    a.stop_dropping().unwrap();
+    assert!(to_a() && from_a(), "both ways once the loss ends");
+
+    a.drop_received().unwrap();
+    assert!(!to_a(), "a host that loses what it receives received");
+    assert!(from_a(), "what a host that loses what it receives sends still arrives");
+    a.stop_dropping().unwrap();
+    a.stop_dropping().unwrap();
+    assert!(to_a() && from_a(), "both ways once the loss ends (ending it twice is no error)");
 }

@@ -7,6 +7,9 @@
 //! host. [`Host::cut`] takes the host's end of the bridge down: nothing flows to or from it,
 //! packets in flight are lost, open TCP connections stay open and retransmit into the void (as
 //! behind a failed switch port, not a closed socket); [`Host::heal`] brings it back.
+//! [`Host::drop_sent`] and [`Host::drop_received`] lose traffic one way only (a queue that holds
+//! nothing on that way's side of the veth pair: `tc`'s `pfifo limit 0`, which needs no kernel
+//! module beyond the base qdiscs); [`Host::stop_dropping`] ends both.
 //!
 //! Servers run on a host through [`Host::command`] (`ip netns exec`), or in the root namespace
 //! bound to the gateway so that hosts reach them. Clients run on a host through
@@ -83,7 +86,7 @@ impl Lab {
         let inside = format!("pln{}{n}", self.id);
         ip(&["netns", "add", &namespace])?;
         // From here on, dropping `host` deletes whatever was made.
-        let host = Host { namespace, outside, address: self.address(n) };
+        let host = Host { namespace, outside, inside: inside.clone(), address: self.address(n) };
         ip(&["link", "add", &host.outside, "type", "veth", "peer", "name", &inside])?;
         ip(&["link", "set", &inside, "netns", &host.namespace])?;
         ip(&["link", "set", &host.outside, "master", &self.bridge])?;
@@ -108,8 +111,11 @@ impl Drop for Lab {
 #[derive(Debug)]
 pub struct Host {
     namespace: String,
-    /// The veth end on the bridge, in the root namespace: what [`cut`](Self::cut) takes down.
+    /// The veth end on the bridge, in the root namespace: what [`cut`](Self::cut) takes down,
+    /// and whose queue [`drop_received`](Self::drop_received) empties.
     outside: String,
+    /// The veth end in the host's namespace, whose queue [`drop_sent`](Self::drop_sent) empties.
+    inside: String,
     address: Ipv4Addr,
 }
 
@@ -159,6 +165,36 @@ impl Host {
                 }
             }
         }
+    }
+
+    /// Loses everything the host sends, from now until [`stop_dropping`](Self::stop_dropping):
+    /// its requests never arrive, while what others send still reaches it. Connections stay
+    /// open; a TCP peer of the host sees silence, the host sees its own retransmissions unanswered.
+    pub fn drop_sent(&self) -> std::io::Result<()> {
+        tc(&["-n", &self.namespace, "qdisc", "replace", "dev", &self.inside, "root", "pfifo", "limit", "0"])
+    }
+
+    /// Loses everything sent to the host, from now until [`stop_dropping`](Self::stop_dropping):
+    /// its requests arrive and are carried out, and every answer is lost on the way back.
+    pub fn drop_received(&self) -> std::io::Result<()> {
+        tc(&["qdisc", "replace", "dev", &self.outside, "root", "pfifo", "limit", "0"])
+    }
+
+    /// Ends [`drop_sent`](Self::drop_sent) and [`drop_received`](Self::drop_received) (either,
+    /// both or neither in force): both ends of the pair send at once again, as a veth does.
+    pub fn stop_dropping(&self) -> std::io::Result<()> {
+        tc(&["-n", &self.namespace, "qdisc", "replace", "dev", &self.inside, "root", "noqueue"])?;
+        tc(&["qdisc", "replace", "dev", &self.outside, "root", "noqueue"])
+    }
+
+    /// Whether process `pid` is on this host (in its network namespace): how a caller that
+    /// started a program through [`command`](Self::command) learns that `ip netns exec` has
+    /// become it, and that a fault on the host reaches it.
+    pub fn runs(&self, pid: u32) -> std::io::Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        let theirs = std::fs::metadata(format!("/proc/{pid}/ns/net"))?;
+        let ours = std::fs::metadata(format!("/var/run/netns/{}", self.namespace))?;
+        Ok(theirs.dev() == ours.dev() && theirs.ino() == ours.ino())
     }
 
     /// `program` to be run on this host (through `ip netns exec`, which becomes the program:
@@ -266,11 +302,20 @@ pub(crate) fn exec_in(namespace: &str, program: &str) -> Command {
 /// Runs `ip ARGS`; an error carries what it printed (and a hint when `ip` is missing or we
 /// are not root).
 fn ip(args: &[&str]) -> std::io::Result<()> {
-    let output = Command::new("ip").args(args).stdin(Stdio::null()).output().map_err(|e| {
+    iproute2("ip", args)
+}
+
+/// Runs `tc ARGS` (iproute2's traffic control), as [`ip`] does.
+fn tc(args: &[&str]) -> std::io::Result<()> {
+    iproute2("tc", args)
+}
+
+fn iproute2(program: &str, args: &[&str]) -> std::io::Result<()> {
+    let output = Command::new(program).args(args).stdin(Stdio::null()).output().map_err(|e| {
         std::io::Error::new(
             e.kind(),
             format!(
-                "running `ip {}`: {e} (network namespaces need iproute2, which the test command installs)",
+                "running `{program} {}`: {e} (network namespaces need iproute2, which the test command installs)",
                 args.join(" ")
             ),
         )
@@ -280,7 +325,7 @@ fn ip(args: &[&str]) -> std::io::Result<()> {
     }
     let said = String::from_utf8_lossy(&output.stderr);
     let hint = if said.contains("Operation not permitted") { " (network namespaces need root)" } else { "" };
-    Err(std::io::Error::other(format!("`ip {}` failed: {}{hint}", args.join(" "), said.trim())))
+    Err(std::io::Error::other(format!("`{program} {}` failed: {}{hint}", args.join(" "), said.trim())))
 }
 
 /// A third octet for `10.231.X.0/24` that no interface of the root namespace uses yet, claimed

@@ -54,6 +54,12 @@ pub struct TortureArgs {
     /// pause and restart them too.
     #[arg(long)]
     pub local: bool,
+    /// Run each client on a host of its own (a Linux network namespace on a bridge; needs root
+    /// and iproute2), so that the schedule also cuts a client's host off the network and makes
+    /// it lose what it sends or what it receives. The servers stay where they are; the clients
+    /// reach them through fault proxies on the bridge.
+    #[arg(long)]
+    pub hosts: bool,
     /// Client processes.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=32))]
     pub clients: u64,
@@ -198,6 +204,14 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
         None => (args.lock.clone(), args.store.clone()),
     };
     let target = nemesis::Target::check(&lock_url, &store_url).await?;
+    if args.hosts && !target.lock_proxied && !target.store_proxied {
+        return Err(format!(
+            "--hosts: neither {} nor {} is reached over the network, so there is nothing to cut a client's host off \
+             from",
+            crate::target::shown(&lock_url),
+            crate::target::shown(&store_url)
+        ));
+    }
     let bounds = bounds(&args, target.expiry_delay);
     let quiet_ms = bounds.progress_ms + ALLOWANCE_MS;
     let total_ms = u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX);
@@ -218,6 +232,7 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
         lock_data: servers.as_ref().is_some_and(|s| s.lock_loses_data),
         store_server: servers.as_ref().is_some_and(|s| s.store_restartable),
         lock_leader: servers.as_ref().is_some_and(|s| s.lock_has_leader),
+        hosts: args.hosts,
     };
     let steps = schedule::draw(seed, total_ms - quiet_ms, &menu);
     eprintln!(
@@ -237,9 +252,10 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
     let history = History::from_events(events.clone()).map_err(|e| e.to_string())?;
     let verdict = palisade_history::check(&history, bounds);
     let replay = format!(
-        "palisade torture{}{} --lock {} --store {} --seed {seed} --duration {}s --clients {} --resources {} --ttl-ms {} \
+        "palisade torture{}{}{} --lock {} --store {} --seed {seed} --duration {}s --clients {} --resources {} --ttl-ms {} \
          --wait-ms {}",
         if args.local { " --local" } else { "" },
+        if args.hosts { " --hosts" } else { "" },
         plant.map(|bug| format!(" --plant {bug}")).unwrap_or_default(),
         crate::target::shown(&args.lock),
         crate::target::shown(&args.store),

@@ -2,6 +2,7 @@
 //! proxies, and the nemesis that plays the schedule against them while their events are
 //! collected.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +11,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use palisade::AnyLockService;
 use palisade_conformance::FaultProxy;
-use palisade_conformance::proxy::proxy_url;
+use palisade_conformance::proxy::proxy_url_on;
 use palisade_history::{Call, Event, Outcome};
+use palisade_lab::netns::{Host, Lab};
 use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, Restart, ZkEnsemble};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
@@ -59,16 +61,16 @@ impl Target {
     }
 }
 
-/// Puts fault proxies in front of the servers a URL names; a DynamoDB URL names its server in
-/// its `endpoint` parameter.
-async fn proxied(url: &str) -> Result<(String, Vec<FaultProxy>), String> {
+/// Puts fault proxies listening on `listen` in front of the servers a URL names; a DynamoDB URL
+/// names its server in its `endpoint` parameter.
+async fn proxied(listen: IpAddr, url: &str) -> Result<(String, Vec<FaultProxy>), String> {
     if let Some((head, query)) = url.split_once('?').filter(|_| url.starts_with("dynamodb:")) {
         let mut proxies = Vec::new();
         let mut params = Vec::new();
         for param in query.split('&') {
             match param.strip_prefix("endpoint=") {
                 Some(endpoint) => {
-                    let (rewritten, mut p) = proxy_url(endpoint).await.map_err(|e| e.to_string())?;
+                    let (rewritten, mut p) = proxy_url_on(listen, endpoint).await.map_err(|e| e.to_string())?;
                     proxies.append(&mut p);
                     params.push(format!("endpoint={rewritten}"));
                 }
@@ -80,7 +82,7 @@ async fn proxied(url: &str) -> Result<(String, Vec<FaultProxy>), String> {
         }
         return Ok((format!("{head}?{}", params.join("&")), proxies));
     }
-    proxy_url(url).await.map_err(|e| e.to_string())
+    proxy_url_on(listen, url).await.map_err(|e| e.to_string())
 }
 
 /// The servers of a `--local` run: started here, on loopback with data of their own, and
@@ -324,6 +326,8 @@ struct Slot {
     store_url: String,
     lock_proxies: Vec<FaultProxy>,
     store_proxies: Vec<FaultProxy>,
+    /// The client's host, with `--hosts`: every process in this slot runs there.
+    host: Option<Host>,
 }
 
 impl Slot {
@@ -334,6 +338,22 @@ impl Slot {
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw)
             .ok_or_else(|| format!("client process {} is not running", self.process))
+    }
+
+    /// The client's host, once the client now in the slot is seen on it: a fault on a host
+    /// the client is not on would be no fault at all, so that is an error, not a quiet pass.
+    async fn host(&self) -> Result<&Host, String> {
+        let host = self.host.as_ref().ok_or("a network fault needs --hosts")?;
+        let pid = self.child.as_ref().and_then(tokio::process::Child::id).ok_or("the client is not running")?;
+        // `ip netns exec` becomes the client within milliseconds of a (re)start.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !host.runs(pid).map_err(|e| format!("is client process {pid} on its host? {e}"))? {
+            if Instant::now() > deadline {
+                return Err(format!("client process {pid} is not on its host {}", host.namespace()));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(host)
     }
 
     fn proxies(&self, side: Side) -> &[FaultProxy] {
@@ -357,6 +377,9 @@ pub struct Run {
     collected: mpsc::UnboundedReceiver<Event>,
     readers: Vec<tokio::task::JoinHandle<()>>,
     log: std::fs::File,
+    /// The bridge the clients' hosts are on, with `--hosts` (dropped after the slots' hosts,
+    /// being declared after them).
+    _lab: Option<Lab>,
 }
 
 impl Run {
@@ -374,6 +397,16 @@ impl Run {
         let log_path = args.out.join("clients.log");
         let log = std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
         let (events, collected) = mpsc::unbounded_channel();
+        let lab = if args.hosts {
+            Some(
+                tokio::task::block_in_place(Lab::new)
+                    .map_err(|e| format!("--hosts: cannot make the network namespaces the clients run in: {e}"))?,
+            )
+        } else {
+            None
+        };
+        // Where the proxies listen: on the bridge when the clients are on hosts of their own.
+        let listen = lab.as_ref().map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), Lab::gateway);
         let mut run = Run {
             args: args.clone(),
             seed,
@@ -386,12 +419,20 @@ impl Run {
             collected,
             readers: Vec::new(),
             log,
+            _lab: None,
         };
         for _ in 0..args.clients {
             let (lock, lock_proxies) =
-                if target.lock_proxied { proxied(lock_url).await? } else { (lock_url.to_string(), Vec::new()) };
-            let (store, store_proxies) =
-                if target.store_proxied { proxied(store_url).await? } else { (store_url.to_string(), Vec::new()) };
+                if target.lock_proxied { proxied(listen, lock_url).await? } else { (lock_url.to_string(), Vec::new()) };
+            let (store, store_proxies) = if target.store_proxied {
+                proxied(listen, store_url).await?
+            } else {
+                (store_url.to_string(), Vec::new())
+            };
+            let host = match &lab {
+                Some(lab) => Some(tokio::task::block_in_place(|| lab.host()).map_err(|e| format!("--hosts: {e}"))?),
+                None => None,
+            };
             run.slots.push(Slot {
                 process: 0,
                 child: None,
@@ -399,8 +440,10 @@ impl Run {
                 store_url: store,
                 lock_proxies,
                 store_proxies,
+                host,
             });
         }
+        run._lab = lab;
         for slot in 0..run.slots.len() {
             run.spawn(slot)?;
         }
@@ -414,7 +457,16 @@ impl Run {
         self.next_process += 1;
         let s = &mut self.slots[slot];
         let stderr = self.log.try_clone().map_err(|e| e.to_string())?;
-        let mut command = tokio::process::Command::new(exe);
+        // On a host, `ip netns exec` becomes the client: the child's pid is the client's, for
+        // the signals of pauses and kills.
+        let mut command = match &s.host {
+            Some(host) => {
+                let mut c = tokio::process::Command::new("ip");
+                c.args(["netns", "exec", host.namespace()]).arg(exe);
+                c
+            }
+            None => tokio::process::Command::new(exe),
+        };
         match self.plant {
             Some(bug) => command.env("PALISADE_PLANTED_BUG", bug),
             None => command.env_remove("PALISADE_PLANTED_BUG"),
@@ -549,6 +601,22 @@ impl Run {
                 let member = servers.kill_leader().await?;
                 hold(ms).await;
                 servers.restart_member(member).await?;
+            }
+            Fault::IsolateHost { client, ms } => {
+                let host = self.slots[client].host().await?;
+                host.cut().map_err(|e| e.to_string())?;
+                hold(ms).await;
+                tokio::task::block_in_place(|| host.heal()).map_err(|e| e.to_string())?;
+            }
+            Fault::DropSent { client, ms } | Fault::DropReceived { client, ms } => {
+                let host = self.slots[client].host().await?;
+                match fault {
+                    Fault::DropSent { .. } => host.drop_sent(),
+                    _ => host.drop_received(),
+                }
+                .map_err(|e| e.to_string())?;
+                hold(ms).await;
+                host.stop_dropping().map_err(|e| e.to_string())?;
             }
         }
         Ok(())

@@ -50,6 +50,14 @@ pub enum Fault {
     /// `SIGKILL` the lock service's leader (a cluster's: the others elect another), and start
     /// it again with its data `ms` later.
     KillLeader { ms: u64 },
+    /// The client's host is cut off from every server and every other client for `ms` (its
+    /// link down): a network partition, where the proxy's partition holds bytes back instead.
+    IsolateHost { client: usize, ms: u64 },
+    /// Everything the client's host sends is lost for `ms`; what reaches it still arrives.
+    DropSent { client: usize, ms: u64 },
+    /// Everything sent to the client's host is lost for `ms`: its requests arrive and are
+    /// carried out, their answers never come back.
+    DropReceived { client: usize, ms: u64 },
 }
 
 impl Fault {
@@ -60,7 +68,10 @@ impl Fault {
             | Fault::Partition { ms, .. }
             | Fault::SlowReplies { ms, .. }
             | Fault::PauseServer { ms, .. }
-            | Fault::KillLeader { ms } => ms,
+            | Fault::KillLeader { ms }
+            | Fault::IsolateHost { ms, .. }
+            | Fault::DropSent { ms, .. }
+            | Fault::DropReceived { ms, .. } => ms,
             Fault::KillClient { down_ms, .. } => down_ms,
             Fault::LoseReply { .. } | Fault::Cut { .. } | Fault::RestartServer { .. } | Fault::LoseLockData => 0,
         }
@@ -95,6 +106,15 @@ impl fmt::Display for Fault {
             Fault::KillLeader { ms } => {
                 write!(f, "kill the lock service's leader (SIGKILL), back with its data {ms} ms later")
             }
+            Fault::IsolateHost { client, ms } => {
+                write!(f, "cut client {client}'s host off from the network for {ms} ms (link down)")
+            }
+            Fault::DropSent { client, ms } => {
+                write!(f, "lose everything client {client}'s host sends for {ms} ms (one-way loss)")
+            }
+            Fault::DropReceived { client, ms } => {
+                write!(f, "lose everything sent to client {client}'s host for {ms} ms (one-way loss)")
+            }
         }
     }
 }
@@ -123,6 +143,9 @@ pub struct Menu {
     pub store_server: bool,
     /// The lock service is a cluster of ours whose leader the schedule may kill.
     pub lock_leader: bool,
+    /// Each client runs on a host of its own (a network namespace), which the schedule may cut
+    /// off or make lose its traffic one way.
+    pub hosts: bool,
 }
 
 /// A deterministic generator (SplitMix64): the schedule must not depend on a crate's version.
@@ -179,6 +202,10 @@ pub fn draw(seed: u64, faulty_ms: u64, menu: &Menu) -> Vec<Step> {
     if menu.lock_leader {
         kinds.extend(["kill-lock-leader", "kill-lock-leader"]);
     }
+    // After the leader, for the same reason.
+    if menu.hosts {
+        kinds.extend(["isolate-host", "drop-sent", "drop-received"]);
+    }
     let mut steps = Vec::new();
     let mut at = 1_000;
     loop {
@@ -200,6 +227,9 @@ pub fn draw(seed: u64, faulty_ms: u64, menu: &Menu) -> Vec<Step> {
             "pause-lock-server" | "pause-store-server" => Fault::PauseServer { side: side(kind), ms: span },
             "restart-lock-kept" | "restart-store-kept" => Fault::RestartServer { side: side(kind) },
             "kill-lock-leader" => Fault::KillLeader { ms: span },
+            "isolate-host" => Fault::IsolateHost { client, ms: span },
+            "drop-sent" => Fault::DropSent { client, ms: span },
+            "drop-received" => Fault::DropReceived { client, ms: span },
             _ => Fault::LoseLockData,
         };
         if at + fault.lasts_ms() > faulty_ms {
@@ -225,6 +255,7 @@ mod tests {
             lock_data: true,
             store_server: true,
             lock_leader: false,
+            hosts: false,
         }
     }
 
@@ -270,6 +301,18 @@ mod tests {
         let cluster = Menu { lock_server: false, lock_data: false, lock_leader: true, ..menu() };
         let drawn: Vec<Fault> = (0..50).flat_map(|seed| draw(seed, 60_000, &cluster)).map(|s| s.fault).collect();
         assert!(drawn.iter().any(|f| matches!(f, Fault::KillLeader { .. })));
+        let network =
+            |f: &Fault| matches!(f, Fault::IsolateHost { .. } | Fault::DropSent { .. } | Fault::DropReceived { .. });
+        assert!(!all.iter().any(network), "no hosts, no host to cut off");
+        let on_hosts = Menu { hosts: true, ..menu() };
+        let drawn: Vec<Fault> = (0..50).flat_map(|seed| draw(seed, 60_000, &on_hosts)).map(|s| s.fault).collect();
+        for kind in [
+            |f: &Fault| matches!(f, Fault::IsolateHost { .. }),
+            |f: &Fault| matches!(f, Fault::DropSent { .. }),
+            |f: &Fault| matches!(f, Fault::DropReceived { .. }),
+        ] {
+            assert!(drawn.iter().any(kind), "every network fault is drawn on hosts");
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@
 //!
 //! [`LockServiceFactory::faulty_client`]: crate::LockServiceFactory::faulty_client
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -66,7 +66,8 @@ struct Shared {
     connections: AtomicUsize,
 }
 
-/// A running fault proxy on an ephemeral port of 127.0.0.1; dropping it stops accepting
+/// A running fault proxy on an ephemeral port of 127.0.0.1 (or of the address given to
+/// [`start_on`](Self::start_on)); dropping it stops accepting
 /// connections (open ones end when either side closes).
 #[derive(Debug)]
 pub struct FaultProxy {
@@ -76,9 +77,15 @@ pub struct FaultProxy {
 }
 
 impl FaultProxy {
-    /// Starts a proxy that forwards every connection it accepts to `upstream`.
+    /// Starts a proxy on 127.0.0.1 that forwards every connection it accepts to `upstream`.
     pub async fn start(upstream: SocketAddr) -> Result<FaultProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io_err)?;
+        FaultProxy::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), upstream).await
+    }
+
+    /// Starts a proxy listening on `listen` (an address of this machine: a lab's gateway, for
+    /// clients on hosts of their own) that forwards every connection it accepts to `upstream`.
+    pub async fn start_on(listen: IpAddr, upstream: SocketAddr) -> Result<FaultProxy> {
+        let listener = TcpListener::bind((listen, 0)).await.map_err(io_err)?;
         let addr = listener.local_addr().map_err(io_err)?;
         let shared = Arc::new(Shared {
             upstream,
@@ -209,6 +216,12 @@ impl Drop for FaultProxy {
 /// # }
 /// ```
 pub async fn proxy_url(url: &str) -> Result<(String, Vec<FaultProxy>)> {
+    proxy_url_on(IpAddr::V4(Ipv4Addr::LOCALHOST), url).await
+}
+
+/// [`proxy_url`] with the proxies listening on `listen` rather than 127.0.0.1 (a lab's gateway,
+/// so that clients on hosts of their own reach them).
+pub async fn proxy_url_on(listen: IpAddr, url: &str) -> Result<(String, Vec<FaultProxy>)> {
     let bad = |what: &str| Error::new(ErrorKind::InvalidConfig, "fault-proxy", format!("cannot proxy a URL: {what}"));
     let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
@@ -225,7 +238,7 @@ pub async fn proxy_url(url: &str) -> Result<(String, Vec<FaultProxy>)> {
             .map_err(|_| bad("a host without a port, or one that does not resolve"))?
             .next()
             .ok_or_else(|| bad("a host that does not resolve"))?;
-        let proxy = FaultProxy::start(upstream).await?;
+        let proxy = FaultProxy::start_on(listen, upstream).await?;
         dialed.push(proxy.addr().to_string());
         proxies.push(proxy);
     }
