@@ -201,6 +201,96 @@ fn bad_input_and_pairs_it_cannot_judge_are_refused_with_reasons() {
     fails(&["--local", "--hosts", "--lock", "sqlite", "--store", "sqlite"], 3, "nothing to cut");
 }
 
+/// The conformance suite's broken lock service (palisade-broken-lock), one flaw at a time,
+/// living in this test's process and served to the torture's client processes by the
+/// conformance crate's relay (`--lock relay://…`, through the clients' fault proxies), with a
+/// SQLite store. The flaws a history can show are found; the control passes. The 60 s runs'
+/// seeds draw eleven client pauses or lock-service partitions longer than the TTL (what a late
+/// release or a lease that outlives its lock needs); docs/torture/README.md lists the flaws
+/// the torture cannot see, and why.
+mod broken_twins {
+    use std::sync::Arc;
+
+    use palisade_broken_lock::{BrokenLock, LockFlaw};
+    use palisade_conformance::relay::Relay;
+
+    use super::*;
+
+    /// Runs the torture against `flaw` for `duration`; its exit code and the anomaly kinds found.
+    fn tortured(flaw: LockFlaw, seed: &str, duration: &str) -> (Option<i32>, Vec<String>, String) {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let relay = runtime.block_on(Relay::serve(Arc::new(BrokenLock::new(flaw).unwrap()))).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let lock = format!("relay://{}", relay.addr());
+        let store = format!("sqlite://{}/t.db", dir.path().display());
+        let (output, json, out) =
+            torture(&["--lock", &lock, "--store", &store, "--seed", seed, "--duration", duration, "--json"]);
+        let kinds = json
+            .map(|j| {
+                j["anomalies"].as_array().unwrap().iter().map(|a| a["kind"].as_str().unwrap().to_string()).collect()
+            })
+            .unwrap_or_default();
+        let report = std::fs::read_to_string(out.path().join("report.md")).unwrap_or_default();
+        let said = format!("{flaw:?}: {}\n{report}", String::from_utf8_lossy(&output.stderr));
+        (output.status.code(), kinds, said)
+    }
+
+    fn found(flaw: LockFlaw, seed: &str, duration: &str, kinds: &[&str]) {
+        let (code, seen, said) = tortured(flaw, seed, duration);
+        eprintln!("{flaw:?}, seed {seed}: found {seen:?}");
+        assert_eq!(code, Some(1), "{said}");
+        assert!(kinds.iter().any(|k| seen.iter().any(|s| s == k)), "expected one of {kinds:?}, found {seen:?}: {said}");
+    }
+
+    #[test]
+    fn the_control_passes() {
+        let (code, seen, said) = tortured(LockFlaw::None, &seed(21), "25s");
+        assert_eq!((code, seen), (Some(0), vec![]), "{said}");
+    }
+
+    #[test]
+    fn no_exclusion_is_found() {
+        found(LockFlaw::NoExclusion, &seed(22), "25s", &["overlap", "exclusion"]);
+    }
+
+    #[test]
+    fn extend_does_nothing_is_found() {
+        found(LockFlaw::ExtendDoesNothing, &seed(303), "60s", &["overlap"]);
+    }
+
+    #[test]
+    fn release_ignores_token_is_found() {
+        found(LockFlaw::ReleaseIgnoresToken, &seed(725), "60s", &["overlap", "exclusion"]);
+    }
+
+    #[test]
+    fn token_per_client_is_found() {
+        // Every client process reaches the one service through the relay, so all of them
+        // share its token: a holder's late release frees whoever holds the lock now.
+        found(LockFlaw::TokenPerClient, &seed(725), "60s", &["overlap", "exclusion"]);
+    }
+
+    #[test]
+    fn never_expires_is_found() {
+        found(LockFlaw::NeverExpires, &seed(25), "25s", &["no_progress"]);
+    }
+
+    #[test]
+    fn overstates_ttl_is_found() {
+        found(LockFlaw::OverstatesTtl, &seed(26), "25s", &["overlap"]);
+    }
+
+    #[test]
+    fn renews_forever_is_found() {
+        found(LockFlaw::RenewsForever, &seed(27), "25s", &["no_progress"]);
+    }
+
+    #[test]
+    fn counter_deleted_with_lock_is_found() {
+        found(LockFlaw::CounterDeletedWithLock, &seed(28), "25s", &["no_progress"]);
+    }
+}
+
 /// The planted bugs (feature `planted-bugs`): each re-introduces a known bug in a real backend,
 /// and the torture must find it from the history alone, name it, and exit 1, within the run's
 /// stated duration. Each run's seed draws a schedule with the fault the bug needs (a schedule

@@ -80,7 +80,7 @@ fn emit(event: &Event) {
 }
 
 async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
-    let locks = palisade::connect_lock(&args.pair.lock).await?;
+    let locks = super::connect_lock(&args.pair.lock).await?;
     let store = palisade::connect_store(&args.pair.store).await?;
     let mut rng = Rng::new(args.seed ^ (u64::from(args.process) << 32));
     let mut rec = Recorder { process: args.process, next: 0 };

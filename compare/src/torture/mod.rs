@@ -33,7 +33,8 @@ const ALLOWANCE_MS: u64 = 3_000;
 /// `palisade torture` flags.
 #[derive(Debug, Clone, Args)]
 pub struct TortureArgs {
-    /// The lock service's URL (a fenced one: redis://, etcd://, zk://, postgres://, sqlite://);
+    /// The lock service's URL (a fenced one: redis://, etcd://, zk://, postgres://, sqlite://, or
+    /// relay://HOST:PORT for a service in another process served by the conformance crate's relay);
     /// with --local, the kind of server to start: redis, etcd, zk, postgres or sqlite, or a
     /// three-member cluster whose leader the schedule kills: etcd3 or zk3.
     #[arg(long)]
@@ -156,6 +157,18 @@ pub fn now() -> u64 {
         }
         Err(_) => 0,
     }
+}
+
+/// Connects to the lock service a URL names: a Palisade URL, or `relay://HOST:PORT`, a service
+/// living in another process (a test's deliberately broken one) served by
+/// `palisade_conformance::relay::Relay`, whose capabilities the relay tells.
+pub async fn connect_lock(url: &str) -> palisade::Result<std::sync::Arc<palisade::DynLockService>> {
+    let Some(addr) = url.strip_prefix("relay://") else { return palisade::connect_lock(url).await };
+    let addr: std::net::SocketAddr = addr.trim_end_matches('/').parse().map_err(|_| {
+        palisade::Error::new(palisade::ErrorKind::InvalidConfig, "relay", "a relay:// URL is relay://IP:PORT")
+    })?;
+    let relayed = palisade_conformance::relay::RelayLockService::<palisade::Fenced>::discover(addr).await?;
+    Ok(std::sync::Arc::new(relayed))
 }
 
 /// The name of resource `i` in the history and in its lock's key.

@@ -42,14 +42,18 @@ impl Target {
                 ));
             }
         }
-        let expiry_delay = match palisade::connect_any_lock(lock).await.map_err(|e| e.to_string())? {
-            AnyLockService::Fenced(locks) => locks.capabilities().expiry_delay,
-            AnyLockService::Unfenced(_) => {
-                return Err(format!(
-                    "{} issues no fence (an efficiency lock): the torture judges fenced pairs, whose store can \
-                     refuse a stale holder",
-                    crate::target::shown(lock)
-                ));
+        let expiry_delay = if lock.starts_with("relay://") {
+            super::connect_lock(lock).await.map_err(|e| e.to_string())?.capabilities().expiry_delay
+        } else {
+            match palisade::connect_any_lock(lock).await.map_err(|e| e.to_string())? {
+                AnyLockService::Fenced(locks) => locks.capabilities().expiry_delay,
+                AnyLockService::Unfenced(_) => {
+                    return Err(format!(
+                        "{} issues no fence (an efficiency lock): the torture judges fenced pairs, whose store can \
+                         refuse a stale holder",
+                        crate::target::shown(lock)
+                    ));
+                }
             }
         };
         palisade::connect_store(store).await.map_err(|e| e.to_string())?;

@@ -10,7 +10,8 @@
 //! client chooses:
 //! `id TRY key ttl_us` → `GRANT token fence|- granted_ttl_us` or `BUSY`;
 //! `id EXTEND key token fence|- ttl_us` → `OK granted_ttl_us`; `id RELEASE key token fence|-` →
-//! `OK`; any request → `ERR kind message` on failure.
+//! `OK`; `id CAPS` → `CAPS name=value …`, the relayed service's capabilities (what
+//! [`RelayLockService::discover`] reads); any request → `ERR kind message` on failure.
 //!
 //! A reply can be lost after its request ran (the fault scenarios make sure of it). The client
 //! then reconnects and sends the same line again; the relay answers a request id it has seen
@@ -205,8 +206,66 @@ async fn handle<S: LockService>(service: &S, line: &str) -> Result<String> {
             service.release(&grant_from(key, token, fence, ttl)?).await?;
             Ok("OK".to_string())
         }
+        ["CAPS"] => Ok(caps_text(&service.capabilities())),
         _ => Err(proto_err("unknown request")),
     }
+}
+
+/// `CAPS name=value …`: every field of `caps`, the enums by their variant names.
+fn caps_text(caps: &Capabilities) -> String {
+    format!(
+        "CAPS fence_source={:?} fences_survive_release={} fences_survive_restart={} gap_free={} waiting={:?} \
+         expiry_delay_us={} deployment={:?} replication={:?} multi_acquire={:?}",
+        caps.fence_source,
+        caps.fences_survive_release,
+        caps.fences_survive_restart,
+        caps.gap_free,
+        caps.waiting,
+        caps.expiry_delay.as_micros(),
+        caps.deployment,
+        caps.replication,
+        caps.multi_acquire
+    )
+}
+
+/// The variant of `variants` named `name` (its `Debug` form).
+fn variant<T: std::fmt::Debug + Copy>(variants: &[T], name: &str) -> Result<T> {
+    variants
+        .iter()
+        .copied()
+        .find(|v| format!("{v:?}") == name)
+        .ok_or_else(|| proto_err(&format!("a capability this relay client does not know: {name}")))
+}
+
+/// Reads what [`caps_text`] wrote; a field missing or unknown is an error, never a default.
+fn parse_caps(reply: &str) -> Result<Capabilities> {
+    use palisade_core::{Deployment, FenceSource, Replication, Waiting};
+    let fields: HashMap<&str, &str> =
+        reply.strip_prefix("CAPS ").unwrap_or_default().split(' ').filter_map(|f| f.split_once('=')).collect();
+    let field = |name: &str| fields.get(name).copied().ok_or_else(|| proto_err(&format!("CAPS without {name}")));
+    let flag = |name: &str| -> Result<bool> { field(name)?.parse().map_err(|_| proto_err("a flag not true or false")) };
+    Ok(Capabilities {
+        fence_source: variant(
+            &[FenceSource::Counter, FenceSource::Revision, FenceSource::Zxid, FenceSource::None],
+            field("fence_source")?,
+        )?,
+        fences_survive_release: flag("fences_survive_release")?,
+        fences_survive_restart: flag("fences_survive_restart")?,
+        gap_free: flag("gap_free")?,
+        waiting: variant(&[Waiting::Polling, Waiting::Native, Waiting::NativeFifo], field("waiting")?)?,
+        expiry_delay: Duration::from_micros(
+            field("expiry_delay_us")?.parse().map_err(|_| proto_err("a bad expiry_delay_us"))?,
+        ),
+        deployment: variant(&[Deployment::InProcess, Deployment::Embedded, Deployment::Network], field("deployment")?)?,
+        replication: variant(
+            &[Replication::None, Replication::LeaderQuorum, Replication::ClientMajority],
+            field("replication")?,
+        )?,
+        multi_acquire: variant(
+            &[MultiAcquire::PerKey, MultiAcquire::OneRequest, MultiAcquire::PerShard],
+            field("multi_acquire")?,
+        )?,
+    })
 }
 
 /// What a [`RelayLockService`] does when a request's reply is lost (its connection ended
@@ -255,6 +314,25 @@ impl<F: Fencing> RelayLockService<F> {
     /// Connects to a relay; `capabilities` are the relayed service's.
     pub async fn connect(addr: SocketAddr, capabilities: Capabilities) -> Result<Self> {
         RelayLockService::connect_with(addr, capabilities, RelayRetry::SameRequest).await
+    }
+
+    /// Connects to a relay and asks it for the relayed service's capabilities: how a process
+    /// that was given only the relay's address (a client of `palisade torture`) connects.
+    pub async fn discover(addr: SocketAddr) -> Result<Self> {
+        let mut client = RelayLockService::connect(addr, Capabilities::default()).await?;
+        let capabilities = parse_caps(&client.call("CAPS".to_string()).await?)?;
+        // A fenced client's grant needs a fence (`token_from(None)` is none); an unfenced one's not.
+        let fenced_client = F::token_from(None).is_none();
+        if fenced_client != capabilities.issues_fences() {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                "the relayed service's fencing is not the one this client was built for",
+            ));
+        }
+        client.batch = capabilities.multi_acquire == MultiAcquire::OneRequest;
+        client.capabilities = capabilities;
+        Ok(client)
     }
 
     /// Connects to a relay, resending requests whose reply was lost as `retry` says.
@@ -408,5 +486,46 @@ impl<F: Fencing> LockService for RelayLockService<F> {
     async fn release(&self, grant: &Grant<F>) -> Result<()> {
         let fence = fence_text(grant.fence_if_any());
         self.call(format!("RELEASE {} {} {fence}", grant.key(), grant.token())).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+    use super::*;
+    use palisade_core::{Deployment, FenceSource, Fenced, MemoryLockService, Replication, Unfenced, Waiting};
+
+    #[test]
+    fn capabilities_cross_the_relay_whole() {
+        let caps = Capabilities {
+            fence_source: FenceSource::Revision,
+            fences_survive_release: true,
+            fences_survive_restart: false,
+            gap_free: true,
+            waiting: Waiting::NativeFifo,
+            expiry_delay: Duration::from_micros(1_500_250),
+            deployment: Deployment::Embedded,
+            replication: Replication::ClientMajority,
+            multi_acquire: MultiAcquire::PerShard,
+        };
+        assert_eq!(parse_caps(&caps_text(&caps)).unwrap(), caps);
+        assert_eq!(parse_caps(&caps_text(&Capabilities::default())).unwrap(), Capabilities::default());
+        let unknown = caps_text(&caps).replace("PerShard", "PerPlanet");
+        assert!(parse_caps(&unknown).unwrap_err().message().contains("PerPlanet"));
+        assert!(parse_caps("CAPS gap_free=true").is_err(), "a missing field is an error, not a default");
+    }
+
+    #[tokio::test]
+    async fn a_client_given_only_the_address_learns_the_capabilities() {
+        let service = Arc::new(MemoryLockService::default());
+        let relay = Relay::serve(Arc::clone(&service)).await.unwrap();
+        let client = RelayLockService::<Fenced>::discover(relay.addr()).await.unwrap();
+        assert_eq!(client.capabilities(), service.capabilities());
+        let key = ResourceKey::new("relay", "caps").unwrap();
+        let grant = client.try_acquire(&key, Ttl::new(Duration::from_secs(5)).unwrap()).await.unwrap().unwrap();
+        client.release(&grant).await.unwrap();
+        let wrong = RelayLockService::<Unfenced>::discover(relay.addr()).await.unwrap_err();
+        assert_eq!(wrong.kind(), ErrorKind::InvalidConfig);
     }
 }
