@@ -103,7 +103,7 @@ fn runs_clean_with(pair: u64, lock: &str, store: &str, more: &[&str]) {
     if more.contains(&"--hosts") && std::env::var_os("PALISADE_TORTURE_SEED").is_none() {
         let faults: Vec<&str> =
             json["schedule"].as_array().unwrap().iter().map(|s| s["fault"].as_str().unwrap()).collect();
-        for kind in ["off the network", "host sends", "sent to client"] {
+        for kind in ["host off from the network", "host sends", "sent to client"] {
             assert!(faults.iter().any(|f| f.contains(kind)), "a fault with {kind:?} drawn: {json}");
         }
     }
