@@ -100,6 +100,11 @@ fn runs_clean_with(pair: u64, lock: &str, store: &str, more: &[&str]) {
             json["schedule"].as_array().unwrap().iter().filter(|s| s["fault"].as_str().unwrap().contains("leader"));
         assert!(kills.count() >= 1, "the cluster's leader killed: {json}");
     }
+    if lock == "sentinel" && std::env::var_os("PALISADE_TORTURE_SEED").is_none() {
+        let failovers =
+            json["schedule"].as_array().unwrap().iter().filter(|s| s["fault"].as_str().unwrap().contains("Sentinels"));
+        assert!(failovers.count() >= 2, "the master failed over: {json}");
+    }
     if more.contains(&"--hosts") && std::env::var_os("PALISADE_TORTURE_SEED").is_none() {
         let faults: Vec<&str> =
             json["schedule"].as_array().unwrap().iter().map(|s| s["fault"].as_str().unwrap()).collect();
@@ -145,6 +150,13 @@ fn etcd_cluster_with_postgres() {
 #[test]
 fn zookeeper_ensemble_with_sqlite() {
     runs_clean(44, "zk3", "sqlite");
+}
+
+/// Redis behind Sentinels, failed over twice (seed 6 draws two failovers; the Sentinels allow
+/// one every 10 s, so the run takes about 45 s).
+#[test]
+fn redis_sentinel_with_sqlite() {
+    runs_clean(6, "sentinel", "sqlite");
 }
 
 /// Clients on hosts of their own (network namespaces): seeds whose faults cut a client's host

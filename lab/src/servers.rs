@@ -597,6 +597,63 @@ impl RedisSentinels {
         self.sentinels.iter().map(|s| format!("--- sentinel {}:\n{}\n", s.port(), s.log_tail(lines))).collect()
     }
 
+    /// Which server the Sentinels name master now: 0 for the first master, 1 for its replica
+    /// (see [`servers`](Self::servers)); `None` if no Sentinel answers or they name neither.
+    pub fn master_index(&self) -> Option<usize> {
+        let port = self.master_port()?;
+        [self.master.port(), self.replica.port()].iter().position(|&p| p == port)
+    }
+
+    /// A failover: kills the server the Sentinels name master now (SIGKILL; it stays down) and
+    /// waits, up to `within`, until they name the other. Returns the killed server's index
+    /// ([`master_index`](Self::master_index)). The Sentinels start no failover of the group
+    /// within twice the failover timeout (10 s) of the last one, so two in a row take that long.
+    pub fn fail_over(&mut self, within: Duration) -> std::io::Result<usize> {
+        let Some(old) = self.master_index() else {
+            return Err(std::io::Error::other("the Sentinels name no master of the group"));
+        };
+        if old == 0 {
+            self.master.kill()
+        } else {
+            self.replica.kill()
+        }
+        let deadline = Instant::now() + within;
+        while self.master_index() != Some(1 - old) {
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other(format!(
+                    "the Sentinels did not promote the replica within {} s:\n{}",
+                    within.as_secs(),
+                    self.sentinel_logs(10)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(old)
+    }
+
+    /// Starts server `i` ([`master_index`](Self::master_index)) again after a
+    /// [`fail_over`](Self::fail_over), with its first arguments (the Sentinels make it a replica
+    /// of the master they name, whatever those say), and waits, up to `within`, until that
+    /// master reports it as an online replica: until the group can fail over again.
+    pub fn restart_server(&mut self, i: usize, within: Duration) -> std::io::Result<()> {
+        let (server, other) =
+            if i == 0 { (&mut self.master, &self.replica) } else { (&mut self.replica, &self.master) };
+        server.restart()?;
+        let online = format!("port={},state=online", server.port());
+        let deadline = Instant::now() + within;
+        while !redis_command(other.addr(), &["INFO", "replication"]).is_ok_and(|r| r.contains(&online)) {
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other(format!(
+                    "the restarted server on port {} was not an online replica of the master within {} s",
+                    server.port(),
+                    within.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
     /// Kills the first master with SIGKILL (it stays dead: the replica is promoted).
     pub fn kill_master(&mut self) {
         self.master.kill();

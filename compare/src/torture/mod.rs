@@ -35,8 +35,9 @@ const ALLOWANCE_MS: u64 = 3_000;
 pub struct TortureArgs {
     /// The lock service's URL (a fenced one: redis://, etcd://, zk://, postgres://, sqlite://, or
     /// relay://HOST:PORT for a service in another process served by the conformance crate's relay);
-    /// with --local, the kind of server to start: redis, etcd, zk, postgres or sqlite, or a
-    /// three-member cluster whose leader the schedule kills: etcd3 or zk3.
+    /// with --local, the kind of server to start: redis, etcd, zk, postgres or sqlite, a
+    /// three-member cluster whose leader the schedule kills (etcd3 or zk3), or sentinel (a Redis
+    /// master and replica behind three Sentinels, which the schedule fails over).
     #[arg(long)]
     pub lock: String,
     /// The fenced store's URL (sqlite://PATH, postgres://, dynamodb://TABLE?endpoint=…); with
@@ -217,6 +218,11 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
         None => (args.lock.clone(), args.store.clone()),
     };
     let target = nemesis::Target::check(&lock_url, &store_url).await?;
+    if args.hosts && lock_url.starts_with("redis+sentinel:") {
+        return Err("--hosts: the Sentinels name the master by its loopback address, which a client on a host of \
+                    its own cannot reach"
+            .into());
+    }
     if args.hosts && !target.lock_proxied && !target.store_proxied {
         return Err(format!(
             "--hosts: neither {} nor {} is reached over the network, so there is nothing to cut a client's host off \
@@ -246,6 +252,7 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
         store_server: servers.as_ref().is_some_and(|s| s.store_restartable),
         lock_leader: servers.as_ref().is_some_and(|s| s.lock_has_leader),
         hosts: args.hosts,
+        lock_failover: servers.as_ref().is_some_and(|s| s.lock_fails_over),
     };
     let steps = schedule::draw(seed, total_ms - quiet_ms, &menu);
     eprintln!(
@@ -261,7 +268,8 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
         eprintln!("palisade torture: the clients carry the planted bug {bug}");
     }
     let run = nemesis::Run::start(&args, seed, plant, &lock_url, &store_url, &target).await?;
-    let (events, nemesis_failed) = run.drive(&steps, servers.as_mut(), Duration::from_millis(total_ms)).await;
+    let (events, nemesis_failed) =
+        run.drive(&steps, servers.as_mut(), Duration::from_millis(total_ms), Duration::from_millis(quiet_ms)).await;
     let history = History::from_events(events.clone()).map_err(|e| e.to_string())?;
     let verdict = palisade_history::check(&history, bounds);
     let replay = format!(

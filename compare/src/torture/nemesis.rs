@@ -14,7 +14,7 @@ use palisade_conformance::FaultProxy;
 use palisade_conformance::proxy::proxy_url_on;
 use palisade_history::{Call, Event, Outcome};
 use palisade_lab::netns::{Host, Lab};
-use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, Restart, ZkEnsemble};
+use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, RedisSentinels, Restart, ZkEnsemble};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -59,7 +59,9 @@ impl Target {
         palisade::connect_store(store).await.map_err(|e| e.to_string())?;
         Ok(Target {
             expiry_delay,
-            lock_proxied: !lock.starts_with("sqlite:"),
+            // The Sentinels name the master by its own address, which the clients then dial
+            // directly: proxies would see the Sentinels' traffic only.
+            lock_proxied: !lock.starts_with("sqlite:") && !lock.starts_with("redis+sentinel:"),
             store_proxied: store.starts_with("postgres") || store.starts_with("dynamodb:"),
         })
     }
@@ -93,6 +95,8 @@ async fn proxied(listen: IpAddr, url: &str) -> Result<(String, Vec<FaultProxy>),
 /// stopped on drop.
 pub struct LocalServers {
     redis: Option<LoopbackServer>,
+    /// `sentinel`: a master, its replica and three Sentinels.
+    sentinels: Option<RedisSentinels>,
     etcd: Option<LoopbackServer>,
     /// `etcd3`: three members.
     etcd_cluster: Option<EtcdCluster>,
@@ -108,6 +112,8 @@ pub struct LocalServers {
     pub store_restartable: bool,
     /// The lock service is a cluster whose leader the schedule may kill.
     pub lock_has_leader: bool,
+    /// The lock service is Redis behind Sentinels, which the schedule may fail over.
+    pub lock_fails_over: bool,
 }
 
 impl LocalServers {
@@ -121,6 +127,7 @@ impl LocalServers {
         };
         let mut servers = LocalServers {
             redis: None,
+            sentinels: None,
             etcd: None,
             etcd_cluster: None,
             zk: None,
@@ -133,6 +140,7 @@ impl LocalServers {
             lock_loses_data: ["redis", "etcd", "zk", "postgres", "sqlite"].contains(&lock),
             store_restartable: store == "postgres",
             lock_has_leader: ["etcd3", "zk3"].contains(&lock),
+            lock_fails_over: lock == "sentinel",
         };
         if lock == "postgres" || store == "postgres" {
             servers.postgres = Some(PostgresServer::start().map_err(|e| io("PostgreSQL", e))?);
@@ -163,6 +171,12 @@ impl LocalServers {
                 servers.redis = Some(redis);
                 url
             }
+            "sentinel" => {
+                let group = RedisSentinels::start("redis-server").map_err(|e| io("Redis with Sentinels", e))?;
+                let url = group.url();
+                servers.sentinels = Some(group);
+                url
+            }
             "etcd" => {
                 let etcd = LoopbackServer::etcd("etcd").map_err(|e| io("etcd", e))?;
                 let url = format!("{}?session_ttl_s=2", etcd.etcd_url());
@@ -187,7 +201,8 @@ impl LocalServers {
             url if url.contains("://") => url.to_string(),
             other => {
                 return Err(format!(
-                    "--local starts a redis, etcd, etcd3, zk, zk3, postgres or sqlite lock service, not {other:?}"
+                    "--local starts a redis, sentinel, etcd, etcd3, zk, zk3, postgres or sqlite lock service, not \
+                     {other:?}"
                 ));
             }
         };
@@ -243,6 +258,20 @@ impl LocalServers {
             Some(zk) if self.lock_kind == "zk3" => zk.kill_leader(within).await.map_err(e),
             _ => Err("the lock service has no leader to kill here".into()),
         }
+    }
+
+    /// Fails the lock service's Redis over to its replica (waiting as long as the Sentinels
+    /// may take to allow another failover); returns which server was killed.
+    async fn fail_over(&mut self) -> Result<usize, String> {
+        let group = self.sentinels.as_mut().ok_or("the lock service has no Sentinels here")?;
+        tokio::task::block_in_place(|| group.fail_over(Duration::from_secs(30))).map_err(|e| e.to_string())
+    }
+
+    /// Starts server `i` of the Sentinels' group again, and waits until it is the master's
+    /// replica (what the next failover needs).
+    async fn rejoin(&mut self, i: usize) -> Result<(), String> {
+        let group = self.sentinels.as_mut().ok_or("the lock service has no Sentinels here")?;
+        tokio::task::block_in_place(|| group.restart_server(i, Duration::from_secs(30))).map_err(|e| e.to_string())
     }
 
     /// Starts member `i` of the lock service's cluster again, with its data.
@@ -507,8 +536,10 @@ impl Run {
         let _ = self.events.send(event);
     }
 
-    /// Plays the schedule, lets the clients run to `total`, stops them, reads every register
-    /// once more, and returns every event recorded. A fault the nemesis could not inject or
+    /// Plays the schedule, lets the clients run to `total` and for at least `quiet` after the
+    /// last fault healed (a fault whose servers took longer than drawn, a failover waiting for
+    /// the Sentinels, must not eat the quiet stretch the progress check needs), stops them,
+    /// reads every register once more, and returns every event recorded. A fault the nemesis could not inject or
     /// heal (a server that would not start again) ends the schedule there: the clients are
     /// stopped as at the end, and the error comes back beside the events, so that the history
     /// so far is still written and judged.
@@ -517,6 +548,7 @@ impl Run {
         steps: &[Step],
         mut servers: Option<&mut super::nemesis::LocalServers>,
         total: Duration,
+        quiet: Duration,
     ) -> (Vec<Event>, Option<String>) {
         let start = Instant::now();
         let mut failed = None;
@@ -532,7 +564,7 @@ impl Run {
             self.record(Event::Healed { at: now(), id });
         }
         if failed.is_none() {
-            tokio::time::sleep_until(start + total).await;
+            tokio::time::sleep_until((start + total).max(Instant::now() + quiet)).await;
         }
         self.stop().await;
         self.final_reads().await;
@@ -605,6 +637,12 @@ impl Run {
                 let member = servers.kill_leader().await?;
                 hold(ms).await;
                 servers.restart_member(member).await?;
+            }
+            Fault::FailOver { ms } => {
+                let servers = servers.ok_or("a server fault needs --local")?;
+                let killed = servers.fail_over().await?;
+                hold(ms).await;
+                servers.rejoin(killed).await?;
             }
             Fault::IsolateHost { client, ms } => {
                 let host = self.slots[client].host().await?;

@@ -58,6 +58,10 @@ pub enum Fault {
     /// Everything sent to the client's host is lost for `ms`: its requests arrive and are
     /// carried out, their answers never come back.
     DropReceived { client: usize, ms: u64 },
+    /// `SIGKILL` the lock service's master behind Sentinel: the Sentinels promote its replica,
+    /// which may lack the last grants (replication is asynchronous); the killed server comes
+    /// back `ms` later, as the new master's replica.
+    FailOver { ms: u64 },
 }
 
 impl Fault {
@@ -71,7 +75,8 @@ impl Fault {
             | Fault::KillLeader { ms }
             | Fault::IsolateHost { ms, .. }
             | Fault::DropSent { ms, .. }
-            | Fault::DropReceived { ms, .. } => ms,
+            | Fault::DropReceived { ms, .. }
+            | Fault::FailOver { ms } => ms,
             Fault::KillClient { down_ms, .. } => down_ms,
             Fault::LoseReply { .. } | Fault::Cut { .. } | Fault::RestartServer { .. } | Fault::LoseLockData => 0,
         }
@@ -79,9 +84,10 @@ impl Fault {
 
     /// Whether the lock service loses its locks in this fault: only then may holds granted
     /// before and after it overlap (the history's `loses_locks`). A leader killed in a cluster
-    /// and a server restarted with its data keep every acknowledged lock.
+    /// and a server restarted with its data keep every acknowledged lock; a Sentinel failover
+    /// may not (the Redis service's docs say so: the store's fences are what stays safe).
     pub fn loses_locks(&self) -> bool {
-        matches!(self, Fault::LoseLockData)
+        matches!(self, Fault::LoseLockData | Fault::FailOver { .. })
     }
 }
 
@@ -115,6 +121,10 @@ impl fmt::Display for Fault {
             Fault::DropReceived { client, ms } => {
                 write!(f, "lose everything sent to client {client}'s host for {ms} ms (one-way loss)")
             }
+            Fault::FailOver { ms } => write!(
+                f,
+                "kill the Redis master (SIGKILL), the Sentinels promote its replica; back as a replica {ms} ms later"
+            ),
         }
     }
 }
@@ -146,6 +156,9 @@ pub struct Menu {
     /// Each client runs on a host of its own (a network namespace), which the schedule may cut
     /// off or make lose its traffic one way.
     pub hosts: bool,
+    /// The lock service is a Redis master and replica behind Sentinels of ours, which the
+    /// schedule may fail over.
+    pub lock_failover: bool,
 }
 
 /// A deterministic generator (SplitMix64): the schedule must not depend on a crate's version.
@@ -206,6 +219,9 @@ pub fn draw(seed: u64, faulty_ms: u64, menu: &Menu) -> Vec<Step> {
     if menu.hosts {
         kinds.extend(["isolate-host", "drop-sent", "drop-received"]);
     }
+    if menu.lock_failover {
+        kinds.extend(["fail-over-lock", "fail-over-lock"]);
+    }
     let mut steps = Vec::new();
     let mut at = 1_000;
     loop {
@@ -230,6 +246,7 @@ pub fn draw(seed: u64, faulty_ms: u64, menu: &Menu) -> Vec<Step> {
             "isolate-host" => Fault::IsolateHost { client, ms: span },
             "drop-sent" => Fault::DropSent { client, ms: span },
             "drop-received" => Fault::DropReceived { client, ms: span },
+            "fail-over-lock" => Fault::FailOver { ms: span },
             _ => Fault::LoseLockData,
         };
         if at + fault.lasts_ms() > faulty_ms {
@@ -256,6 +273,7 @@ mod tests {
             store_server: true,
             lock_leader: false,
             hosts: false,
+            lock_failover: false,
         }
     }
 
@@ -304,6 +322,11 @@ mod tests {
         let network =
             |f: &Fault| matches!(f, Fault::IsolateHost { .. } | Fault::DropSent { .. } | Fault::DropReceived { .. });
         assert!(!all.iter().any(network), "no hosts, no host to cut off");
+        assert!(!all.iter().any(|f| matches!(f, Fault::FailOver { .. })), "no Sentinels, no failover");
+        let sentinel = Menu { lock_server: false, lock_data: false, lock_failover: true, ..menu() };
+        let drawn: Vec<Fault> = (0..50).flat_map(|seed| draw(seed, 60_000, &sentinel)).map(|s| s.fault).collect();
+        assert!(drawn.iter().any(|f| matches!(f, Fault::FailOver { .. })));
+        assert!(Fault::FailOver { ms: 1 }.loses_locks(), "a failover may lose what was not replicated");
         let on_hosts = Menu { hosts: true, ..menu() };
         let drawn: Vec<Fault> = (0..50).flat_map(|seed| draw(seed, 60_000, &on_hosts)).map(|s| s.fault).collect();
         for kind in [
