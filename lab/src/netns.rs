@@ -7,9 +7,10 @@
 //! host. [`Host::cut`] takes the host's end of the bridge down: nothing flows to or from it,
 //! packets in flight are lost, open TCP connections stay open and retransmit into the void (as
 //! behind a failed switch port, not a closed socket); [`Host::heal`] brings it back.
-//! [`Host::drop_sent`] and [`Host::drop_received`] lose traffic one way only (a queue that holds
-//! nothing on that way's side of the veth pair: `tc`'s `pfifo limit 0`, which needs no kernel
-//! module beyond the base qdiscs); [`Host::stop_dropping`] ends both.
+//! [`Host::drop_sent`] and [`Host::drop_received`] lose traffic one way only (`tc`'s `blackhole`
+//! queue on that way's side of the veth pair, built into every kernel with traffic control: it
+//! drops each packet and tells the sender it went out, so the sender's TCP waits and backs off
+//! as behind a real loss); [`Host::stop_dropping`] ends both.
 //!
 //! Servers run on a host through [`Host::command`] (`ip netns exec`), or in the root namespace
 //! bound to the gateway so that hosts reach them. Clients run on a host through
@@ -169,15 +170,16 @@ impl Host {
 
     /// Loses everything the host sends, from now until [`stop_dropping`](Self::stop_dropping):
     /// its requests never arrive, while what others send still reaches it. Connections stay
-    /// open; a TCP peer of the host sees silence, the host sees its own retransmissions unanswered.
+    /// open; a TCP peer of the host sees silence, and the host's own TCP, told each segment went
+    /// out, retransmits into the loss with its usual backoff.
     pub fn drop_sent(&self) -> std::io::Result<()> {
-        tc(&["-n", &self.namespace, "qdisc", "replace", "dev", &self.inside, "root", "pfifo", "limit", "0"])
+        tc(&["-n", &self.namespace, "qdisc", "replace", "dev", &self.inside, "root", "blackhole"])
     }
 
     /// Loses everything sent to the host, from now until [`stop_dropping`](Self::stop_dropping):
     /// its requests arrive and are carried out, and every answer is lost on the way back.
     pub fn drop_received(&self) -> std::io::Result<()> {
-        tc(&["qdisc", "replace", "dev", &self.outside, "root", "pfifo", "limit", "0"])
+        tc(&["qdisc", "replace", "dev", &self.outside, "root", "blackhole"])
     }
 
     /// Ends [`drop_sent`](Self::drop_sent) and [`drop_received`](Self::drop_received) (either,

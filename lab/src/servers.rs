@@ -632,13 +632,19 @@ impl RedisSentinels {
     }
 
     /// Starts server `i` ([`master_index`](Self::master_index)) again after a
-    /// [`fail_over`](Self::fail_over), with its first arguments (the Sentinels make it a replica
-    /// of the master they name, whatever those say), and waits, up to `within`, until that
-    /// master reports it as an online replica: until the group can fail over again.
+    /// [`fail_over`](Self::fail_over), makes it a replica of the other (the master now) at once
+    /// (`REPLICAOF`: started with its first arguments, the first master would otherwise be an
+    /// empty master until the Sentinels demote it), and waits, up to `within`, until the master
+    /// reports it as an online replica: until the group can fail over again.
     pub fn restart_server(&mut self, i: usize, within: Duration) -> std::io::Result<()> {
         let (server, other) =
             if i == 0 { (&mut self.master, &self.replica) } else { (&mut self.replica, &self.master) };
         server.restart()?;
+        let (ip, port) = (other.addr().ip().to_string(), other.port().to_string());
+        let reply = redis_command(server.addr(), &["REPLICAOF", &ip, &port])?;
+        if !reply.starts_with("+OK") {
+            return Err(std::io::Error::other(format!("REPLICAOF {ip} {port}: {}", reply.trim())));
+        }
         let online = format!("port={},state=online", server.port());
         let deadline = Instant::now() + within;
         while !redis_command(other.addr(), &["INFO", "replication"]).is_ok_and(|r| r.contains(&online)) {

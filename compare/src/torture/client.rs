@@ -117,6 +117,9 @@ async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
 }
 
 /// Reads and writes under the lease a few times, sometimes extending it, then gives it back.
+/// One hold in four is long: it keeps writing, extending the lease after each write, until
+/// two TTLs have passed, as a job that outlives its first lease does (without these, a lease
+/// rarely outlives its first TTL, and an extend the service ignores goes unseen).
 async fn hold(
     args: &ClientArgs,
     rng: &mut Rng,
@@ -127,7 +130,12 @@ async fn hold(
 ) {
     let register = register_key(&args.pair.ns, resource);
     let fence = lease.fence().get();
-    for write in 0..rng.between(1, 3) {
+    let long_until = (rng.below(4) == 0).then(|| tokio::time::Instant::now() + Duration::from_millis(2 * args.ttl_ms));
+    let writes = if long_until.is_some() { u64::MAX } else { rng.between(1, 3) };
+    for write in 0..writes {
+        if long_until.is_some_and(|until| tokio::time::Instant::now() >= until) {
+            break;
+        }
         let op = rec.invoke(Call::Read { resource: resource.to_string() }, CALL_MS);
         let outcome = match store.read(&register).await {
             Ok(record) => Outcome::Value { value: record.map(|r| String::from_utf8_lossy(&r.value).into_owned()) },
@@ -144,7 +152,7 @@ async fn hold(
             break;
         }
         tokio::time::sleep(Duration::from_millis(rng.between(0, args.ttl_ms / 3))).await;
-        if rng.below(3) == 0 {
+        if long_until.is_some() || rng.below(3) == 0 {
             let call = Call::Extend { resource: resource.to_string(), grant: grant.clone() };
             let op = rec.invoke(call, CALL_MS);
             let extended = lease.extend(Duration::from_millis(args.ttl_ms)).await;

@@ -5,8 +5,12 @@
 //! The clients are processes of their own (`palisade torture-client`), so that a holder can be
 //! frozen with `SIGSTOP` and killed with `SIGKILL` like any real one. Each reaches the lock
 //! service and the store through fault proxies of its own (`palisade_conformance::proxy`), so
-//! one holder can be cut off, lose a reply or hear it late while the others carry on. With
-//! `--local` the servers are the run's own, and the schedule also pauses and restarts them.
+//! one holder can be cut off, lose a reply or hear it late while the others carry on (a
+//! service whose servers announce the addresses clients dial, Redis behind Sentinels or a
+//! Redis Cluster, and a SQLite file are reached directly). With `--local` the servers are the
+//! run's own, and the schedule also pauses, restarts and fails them over. With `--hosts` each
+//! client is on a network namespace of its own, which the schedule cuts off the network or
+//! makes lose its traffic one way.
 
 pub mod client;
 mod nemesis;
@@ -165,11 +169,16 @@ pub fn now() -> u64 {
 /// `palisade_conformance::relay::Relay`, whose capabilities the relay tells.
 pub async fn connect_lock(url: &str) -> palisade::Result<std::sync::Arc<palisade::DynLockService>> {
     let Some(addr) = url.strip_prefix("relay://") else { return palisade::connect_lock(url).await };
-    let addr: std::net::SocketAddr = addr.trim_end_matches('/').parse().map_err(|_| {
-        palisade::Error::new(palisade::ErrorKind::InvalidConfig, "relay", "a relay:// URL is relay://IP:PORT")
-    })?;
+    let addr = relay_addr(addr)?;
     let relayed = palisade_conformance::relay::RelayLockService::<palisade::Fenced>::discover(addr).await?;
     Ok(std::sync::Arc::new(relayed))
+}
+
+/// The `IP:PORT` of a `relay://` URL.
+pub fn relay_addr(addr: &str) -> palisade::Result<std::net::SocketAddr> {
+    addr.trim_end_matches('/').parse().map_err(|_| {
+        palisade::Error::new(palisade::ErrorKind::InvalidConfig, "relay", "a relay:// URL is relay://IP:PORT")
+    })
 }
 
 /// The name of resource `i` in the history and in its lock's key.
@@ -194,14 +203,40 @@ pub fn bounds(args: &TortureArgs, expiry_delay: Duration) -> Bounds {
     }
 }
 
-/// Runs the torture; the exit code is the verdict.
+/// Runs the torture; the exit code is the verdict. Interrupted (Ctrl-C, `SIGTERM`), it stops
+/// what it started (client processes, servers, network namespaces: dropping the run does) and
+/// exits 3 with no verdict.
 pub async fn torture(args: TortureArgs) -> ExitCode {
-    match run(args).await {
+    let outcome = tokio::select! {
+        outcome = run(args) => outcome,
+        signal = interrupted() => Err(format!("interrupted by {signal}: what the run started is stopped, and no verdict")),
+    };
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("palisade torture: {e}");
             ExitCode::from(3)
         }
+    }
+}
+
+/// Resolves at the first Ctrl-C or `SIGTERM`, with the signal's name; never where neither can
+/// be listened for.
+async fn interrupted() -> &'static str {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => match result {
+            Ok(()) => "Ctrl-C",
+            Err(_) => std::future::pending().await,
+        },
+        () = terminate => "SIGTERM",
     }
 }
 
@@ -218,10 +253,12 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
         None => (args.lock.clone(), args.store.clone()),
     };
     let target = nemesis::Target::check(&lock_url, &store_url).await?;
-    if args.hosts && lock_url.starts_with("redis+sentinel:") {
-        return Err("--hosts: the Sentinels name the master by its loopback address, which a client on a host of \
-                    its own cannot reach"
-            .into());
+    if args.hosts && nemesis::dials_announced_addresses(&lock_url) {
+        return Err(format!(
+            "--hosts: the clients of {} dial the addresses its servers announce, not proxies on the hosts' bridge, \
+             and a client on a host of its own reaches no loopback address but its own",
+            crate::target::shown(&lock_url)
+        ));
     }
     if args.hosts && !target.lock_proxied && !target.store_proxied {
         return Err(format!(

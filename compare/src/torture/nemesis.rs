@@ -42,29 +42,44 @@ impl Target {
                 ));
             }
         }
-        let expiry_delay = if lock.starts_with("relay://") {
-            super::connect_lock(lock).await.map_err(|e| e.to_string())?.capabilities().expiry_delay
+        let unfenced = || {
+            format!(
+                "{} issues no fence (an efficiency lock): the torture judges fenced pairs, whose store can refuse a \
+                 stale holder",
+                crate::target::shown(lock)
+            )
+        };
+        let expiry_delay = if let Some(addr) = lock.strip_prefix("relay://") {
+            let addr = super::relay_addr(addr).map_err(|e| e.to_string())?;
+            let capabilities =
+                palisade_conformance::relay::capabilities(addr).await.map_err(|e| format!("{lock}: {e}"))?;
+            if !capabilities.issues_fences() {
+                return Err(unfenced());
+            }
+            capabilities.expiry_delay
         } else {
             match palisade::connect_any_lock(lock).await.map_err(|e| e.to_string())? {
                 AnyLockService::Fenced(locks) => locks.capabilities().expiry_delay,
-                AnyLockService::Unfenced(_) => {
-                    return Err(format!(
-                        "{} issues no fence (an efficiency lock): the torture judges fenced pairs, whose store can \
-                         refuse a stale holder",
-                        crate::target::shown(lock)
-                    ));
-                }
+                AnyLockService::Unfenced(_) => return Err(unfenced()),
             }
         };
         palisade::connect_store(store).await.map_err(|e| e.to_string())?;
         Ok(Target {
             expiry_delay,
-            // The Sentinels name the master by its own address, which the clients then dial
-            // directly: proxies would see the Sentinels' traffic only.
-            lock_proxied: !lock.starts_with("sqlite:") && !lock.starts_with("redis+sentinel:"),
+            lock_proxied: !lock.starts_with("sqlite:") && !dials_announced_addresses(lock),
             store_proxied: store.starts_with("postgres") || store.starts_with("dynamodb:"),
         })
     }
+}
+
+/// Whether the clients of this lock service dial the addresses its servers announce (Redis
+/// behind Sentinels names the master, a Redis Cluster's nodes name each other), not the ones
+/// the URL gives: proxies in front of the URL's hosts would see almost none of their traffic.
+pub fn dials_announced_addresses(url: &str) -> bool {
+    url.starts_with("redis+sentinel:")
+        || url.starts_with("rediss+sentinel:")
+        || url.starts_with("redis+cluster:")
+        || url.starts_with("rediss+cluster:")
 }
 
 /// Puts fault proxies listening on `listen` in front of the servers a URL names; a DynamoDB URL
@@ -118,7 +133,8 @@ pub struct LocalServers {
 
 impl LocalServers {
     /// Starts a server for each side named by its kind (`redis`, `etcd`, `zk`, `postgres`,
-    /// `sqlite`, and the three-member clusters `etcd3` and `zk3`); a side given as a URL is
+    /// `sqlite`, the three-member clusters `etcd3` and `zk3`, and `sentinel`: a Redis master and
+    /// replica behind three Sentinels); a side given as a URL is
     /// used as it is, and is not the run's to pause or restart. A cluster's faults are its
     /// leader's: killed, and back with its data.
     pub fn start(lock: &str, store: &str) -> Result<LocalServers, String> {
@@ -364,20 +380,29 @@ struct Slot {
 }
 
 impl Slot {
-    fn pid(&self) -> Result<Pid, String> {
-        self.child
-            .as_ref()
-            .and_then(tokio::process::Child::id)
-            .and_then(|id| i32::try_from(id).ok())
-            .map(Pid::from_raw)
-            .ok_or_else(|| format!("client process {} is not running", self.process))
+    /// The running client's process id; an error names a client that is gone (killed and not
+    /// yet replaced, or exited by itself: its log says why).
+    fn running(&mut self) -> Result<u32, String> {
+        let exited = self.child.as_mut().map(tokio::process::Child::try_wait);
+        match (exited, self.child.as_ref().and_then(tokio::process::Child::id)) {
+            (Some(Ok(Some(status))), _) => {
+                Err(format!("client process {} exited by itself ({status}; see clients.log)", self.process))
+            }
+            (_, Some(id)) => Ok(id),
+            _ => Err(format!("client process {} is not running", self.process)),
+        }
+    }
+
+    fn pid(&mut self) -> Result<Pid, String> {
+        let id = self.running()?;
+        Ok(Pid::from_raw(i32::try_from(id).map_err(|e| e.to_string())?))
     }
 
     /// The client's host, once the client now in the slot is seen on it: a fault on a host
     /// the client is not on would be no fault at all, so that is an error, not a quiet pass.
-    async fn host(&self) -> Result<&Host, String> {
+    async fn host(&mut self) -> Result<&Host, String> {
+        let pid = self.running()?;
         let host = self.host.as_ref().ok_or("a network fault needs --hosts")?;
-        let pid = self.child.as_ref().and_then(tokio::process::Child::id).ok_or("the client is not running")?;
         // `ip netns exec` becomes the client within milliseconds of a (re)start.
         let deadline = Instant::now() + Duration::from_secs(5);
         while !host.runs(pid).map_err(|e| format!("is client process {pid} on its host? {e}"))? {
@@ -494,9 +519,8 @@ impl Run {
         // the signals of pauses and kills.
         let mut command = match &s.host {
             Some(host) => {
-                let mut c = tokio::process::Command::new("ip");
-                c.args(["netns", "exec", host.namespace()]).arg(exe);
-                c
+                let exe = exe.to_str().ok_or("the palisade executable's path is not UTF-8")?;
+                tokio::process::Command::from(host.command(exe))
             }
             None => tokio::process::Command::new(exe),
         };
@@ -644,21 +668,22 @@ impl Run {
                 hold(ms).await;
                 servers.rejoin(killed).await?;
             }
+            // `ip` and `tc` run to completion off the runtime's workers, which carry the proxies.
             Fault::IsolateHost { client, ms } => {
                 let host = self.slots[client].host().await?;
-                host.cut().map_err(|e| e.to_string())?;
+                tokio::task::block_in_place(|| host.cut()).map_err(|e| e.to_string())?;
                 hold(ms).await;
                 tokio::task::block_in_place(|| host.heal()).map_err(|e| e.to_string())?;
             }
             Fault::DropSent { client, ms } | Fault::DropReceived { client, ms } => {
                 let host = self.slots[client].host().await?;
-                match fault {
+                tokio::task::block_in_place(|| match fault {
                     Fault::DropSent { .. } => host.drop_sent(),
                     _ => host.drop_received(),
-                }
+                })
                 .map_err(|e| e.to_string())?;
                 hold(ms).await;
-                host.stop_dropping().map_err(|e| e.to_string())?;
+                tokio::task::block_in_place(|| host.stop_dropping()).map_err(|e| e.to_string())?;
             }
         }
         Ok(())

@@ -41,6 +41,10 @@ const BACKEND: &str = "relay";
 const REPLY_CACHE: usize = 4096;
 /// How long a client keeps resending a request whose reply was lost.
 const RESEND_FOR: Duration = Duration::from_secs(3);
+/// How long a client waits for a connection, or for one request's reply, before it takes the
+/// reply for lost: well past the longest a relayed call takes (a broken service's zero wait
+/// that blocks 1.5 s). With [`RESEND_FOR`] it bounds every call: about 8 s.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The replies to the latest request ids, oldest first out.
 #[derive(Debug, Default)]
@@ -211,6 +215,12 @@ async fn handle<S: LockService>(service: &S, line: &str) -> Result<String> {
     }
 }
 
+/// Asks the relay at `addr` for the relayed service's capabilities (the `CAPS` request).
+pub async fn capabilities(addr: SocketAddr) -> Result<Capabilities> {
+    let client = RelayLockService::<palisade_core::Unfenced>::connect(addr, Capabilities::default()).await?;
+    parse_caps(&client.call("CAPS".to_string()).await?)
+}
+
 /// `CAPS name=value …`: every field of `caps`, the enums by their variant names.
 fn caps_text(caps: &Capabilities) -> String {
     format!(
@@ -316,23 +326,25 @@ impl<F: Fencing> RelayLockService<F> {
         RelayLockService::connect_with(addr, capabilities, RelayRetry::SameRequest).await
     }
 
-    /// Connects to a relay and asks it for the relayed service's capabilities: how a process
-    /// that was given only the relay's address (a client of `palisade torture`) connects.
+    /// Connects to a relay and asks it for the relayed service's capabilities ([`capabilities`]):
+    /// how a process that was given only the relay's address (a client of `palisade torture`)
+    /// connects. A service whose fencing is not `F`'s is an `InvalidConfig` error.
     pub async fn discover(addr: SocketAddr) -> Result<Self> {
-        let mut client = RelayLockService::connect(addr, Capabilities::default()).await?;
-        let capabilities = parse_caps(&client.call("CAPS".to_string()).await?)?;
+        let capabilities = capabilities(addr).await?;
         // A fenced client's grant needs a fence (`token_from(None)` is none); an unfenced one's not.
         let fenced_client = F::token_from(None).is_none();
         if fenced_client != capabilities.issues_fences() {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
                 BACKEND,
-                "the relayed service's fencing is not the one this client was built for",
+                if capabilities.issues_fences() {
+                    "the relayed service issues fences, and this client was built for an unfenced one"
+                } else {
+                    "the relayed service issues no fence, and this client was built for a fenced one"
+                },
             ));
         }
-        client.batch = capabilities.multi_acquire == MultiAcquire::OneRequest;
-        client.capabilities = capabilities;
-        Ok(client)
+        RelayLockService::connect(addr, capabilities).await
     }
 
     /// Connects to a relay, resending requests whose reply was lost as `retry` says.
@@ -351,16 +363,23 @@ impl<F: Fencing> RelayLockService<F> {
     }
 
     async fn open(addr: SocketAddr) -> Result<Conn> {
-        let stream = TcpStream::connect(addr).await.map_err(io_err)?;
+        let stream = tokio::time::timeout(EXCHANGE_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| io_err(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(io_err)?;
         let _ = stream.set_nodelay(true);
         let (read, write) = stream.into_split();
         Ok((BufReader::new(read).lines(), write))
     }
 
-    /// Sends `request` and reads its reply on the open connection.
+    /// Sends `request` and reads its reply on the open connection; a reply that takes longer
+    /// than [`EXCHANGE_TIMEOUT`] is lost.
     async fn exchange(conn: &mut Conn, line: &str) -> std::io::Result<Option<String>> {
-        conn.1.write_all(line.as_bytes()).await?;
-        conn.0.next_line().await
+        let exchange = async {
+            conn.1.write_all(line.as_bytes()).await?;
+            conn.0.next_line().await
+        };
+        tokio::time::timeout(EXCHANGE_TIMEOUT, exchange).await.map_err(|_| std::io::ErrorKind::TimedOut)?
     }
 
     async fn call(&self, request: String) -> Result<String> {
@@ -527,5 +546,27 @@ mod tests {
         client.release(&grant).await.unwrap();
         let wrong = RelayLockService::<Unfenced>::discover(relay.addr()).await.unwrap_err();
         assert_eq!(wrong.kind(), ErrorKind::InvalidConfig);
+        assert!(wrong.message().contains("issues fences"), "{wrong}");
+        assert_eq!(capabilities(relay.addr()).await.unwrap(), service.capabilities());
+    }
+
+    #[tokio::test]
+    async fn a_relay_that_never_answers_is_an_unknown_outcome_within_the_bound() {
+        // Accepts connections and reads requests, and never answers one.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let client = RelayLockService::<Fenced>::connect(addr, Capabilities::default()).await.unwrap();
+        let key = ResourceKey::new("relay", "silent").unwrap();
+        let started = Instant::now();
+        let error = client.try_acquire(&key, Ttl::new(Duration::from_secs(5)).unwrap()).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::OutcomeUnknown, "{error}");
+        let bound = RESEND_FOR + EXCHANGE_TIMEOUT + Duration::from_secs(2);
+        assert!(started.elapsed() < bound, "answered after {:?}, past {bound:?}", started.elapsed());
     }
 }
