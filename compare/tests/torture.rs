@@ -282,7 +282,7 @@ mod broken_twins {
 
     #[test]
     fn never_expires_is_found() {
-        found(LockFlaw::NeverExpires, &seed(126), "25s", &["no_progress"]);
+        found(LockFlaw::NeverExpires, &seed(2805), "60s", &["no_progress"]);
     }
 
     #[test]
