@@ -511,8 +511,12 @@ impl RedisSentinels {
         // Redis waits 5 s before a diskless sync, in case more replicas come: none will.
         let master = LoopbackServer::redis_at(master, program, &["--repl-diskless-sync-delay", "0"])?;
         let (master_ip, master_port) = (master.addr().ip(), master.port().to_string());
-        let replica =
-            LoopbackServer::redis_at(replica, program, &["--replicaof", &master_ip.to_string(), &master_port])?;
+        // Either server may be the master after a failover: neither waits before a sync.
+        let replica = LoopbackServer::redis_at(
+            replica,
+            program,
+            &["--replicaof", &master_ip.to_string(), &master_port, "--repl-diskless-sync-delay", "0"],
+        )?;
         // Sentinels announce the address they reach the master from; they must listen there
         // too, or they cannot hear each other and never reach a quorum.
         let bind = if master_ip.is_loopback() { master_ip.to_string() } else { format!("127.0.0.1 {master_ip}") };
@@ -637,27 +641,43 @@ impl RedisSentinels {
     /// empty master until the Sentinels demote it), and waits, up to `within`, until the master
     /// reports it as an online replica: until the group can fail over again.
     pub fn restart_server(&mut self, i: usize, within: Duration) -> std::io::Result<()> {
-        let (server, other) =
-            if i == 0 { (&mut self.master, &self.replica) } else { (&mut self.replica, &self.master) };
-        server.restart()?;
-        let (ip, port) = (other.addr().ip().to_string(), other.port().to_string());
-        let reply = redis_command(server.addr(), &["REPLICAOF", &ip, &port])?;
-        if !reply.starts_with("+OK") {
-            return Err(std::io::Error::other(format!("REPLICAOF {ip} {port}: {}", reply.trim())));
+        if i == 0 {
+            self.master.restart()?
+        } else {
+            self.replica.restart()?
         }
-        let online = format!("port={},state=online", server.port());
+        let (server, other) = if i == 0 { (&self.master, &self.replica) } else { (&self.replica, &self.master) };
+        let (ip, port) = (other.addr().ip().to_string(), other.port().to_string());
         let deadline = Instant::now() + within;
-        while !redis_command(other.addr(), &["INFO", "replication"]).is_ok_and(|r| r.contains(&online)) {
+        let mut asked: Option<Instant> = None;
+        let online = format!("port={},state=online", server.port());
+        loop {
+            // Asked again every 5 s (a Sentinel that had not yet heard of the failover may have
+            // pointed it elsewhere meanwhile); asking to follow the master it follows is a no-op.
+            if asked.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+                let reply = redis_command(server.addr(), &["REPLICAOF", &ip, &port])?;
+                if !reply.starts_with("+OK") {
+                    return Err(std::io::Error::other(format!("REPLICAOF {ip} {port}: {}", reply.trim())));
+                }
+                asked = Some(Instant::now());
+            }
+            if redis_command(other.addr(), &["INFO", "replication"]).is_ok_and(|r| r.contains(&online)) {
+                return Ok(());
+            }
             if Instant::now() > deadline {
+                let info = |s: &LoopbackServer| redis_command(s.addr(), &["INFO", "replication"]).unwrap_or_default();
                 return Err(std::io::Error::other(format!(
-                    "the restarted server on port {} was not an online replica of the master within {} s",
+                    "the restarted server on port {} was not an online replica of the master on port {port} within \
+                     {} s\n--- its INFO replication:\n{}\n--- the master's:\n{}\n{}",
                     server.port(),
-                    within.as_secs()
+                    within.as_secs(),
+                    info(server),
+                    info(other),
+                    self.sentinel_logs(20)
                 )));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(())
     }
 
     /// Kills the first master with SIGKILL (it stays dead: the replica is promoted).
