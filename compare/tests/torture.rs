@@ -171,6 +171,38 @@ fn etcd_with_sqlite_on_hosts() {
     runs_clean_with(252, "etcd", "sqlite", &["--hosts"]);
 }
 
+/// A client process started while the schedule holds its store down (restarted, partitioned)
+/// keeps trying to connect instead of giving up and leaving its place empty for the rest of the
+/// run (it used to give up after the library's own connect attempts, about 11 s, and sit idle
+/// until told to stop); told to stop meanwhile, it stops.
+#[test]
+fn a_client_started_while_its_store_is_down_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let said = dir.path().join("client.err");
+    let mut client = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .arg("torture-client")
+        .args(["--lock", &format!("sqlite://{}/locks.db", dir.path().display())])
+        .args(["--store", &format!("postgres://postgres@127.0.0.1:{closed}/postgres")])
+        .args(["--ns", "down", "--process", "1", "--resources", "1", "--ttl-ms", "1000", "--wait-ms", "1000"])
+        .args(["--seed", "1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&said).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(16));
+    let gave_up = std::fs::read_to_string(&said).unwrap();
+    assert!(gave_up.is_empty(), "the client gave up on a store that was down for 16 s: {gave_up}");
+    drop(client.stdin.take());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while client.try_wait().unwrap().is_none() {
+        // One connect attempt may be under way: the library's own, about 11 s.
+        assert!(std::time::Instant::now() < deadline, "the client did not stop within 15 s of being told to");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn the_same_seed_draws_the_same_schedule() {
     let run = |seed: &str| {

@@ -80,8 +80,10 @@ fn emit(event: &Event) {
 }
 
 async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
-    let locks = super::connect_lock(&args.pair.lock).await?;
-    let store = palisade::connect_store(&args.pair.store).await?;
+    // A client started while the schedule holds a server down (a restart, a partition, a
+    // failover) keeps trying, as a real worker would, instead of leaving its place empty.
+    let locks = until_connected(stop, || super::connect_lock(&args.pair.lock)).await?;
+    let store = until_connected(stop, || palisade::connect_store(&args.pair.store)).await?;
     let mut rng = Rng::new(args.seed ^ (u64::from(args.process) << 32));
     let mut rec = Recorder { process: args.process, next: 0 };
     let ttl = Duration::from_millis(args.ttl_ms);
@@ -114,6 +116,25 @@ async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
         tokio::time::sleep(Duration::from_millis(rng.between(0, 30))).await;
     }
     Ok(())
+}
+
+/// Connects with `connect` until it succeeds, trying again every 200 ms while the error is one
+/// a server coming back may end (unavailable, timed out); any other error, or the stop signal,
+/// ends the tries with the last error.
+async fn until_connected<T, F, Fut>(stop: &AtomicBool, connect: F) -> palisade::Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = palisade::Result<T>>,
+{
+    loop {
+        match connect().await {
+            Ok(connected) => return Ok(connected),
+            Err(e) if e.is_retryable() && !stop.load(Ordering::SeqCst) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Reads and writes under the lease a few times, sometimes extending it, then gives it back.
