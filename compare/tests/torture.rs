@@ -284,11 +284,23 @@ mod broken_twins {
         found_with(flaw, seed, duration, &[], kinds);
     }
 
+    /// How many runs a flaw gets: whether a frozen holder wakes with writes left, or a killed
+    /// one held a lock it had not yet extended, is the machine's timing, not the seed's, and a
+    /// loaded CI machine missed once in about six runs of seed 725.
+    const RUNS: usize = 3;
+
     fn found_with(flaw: LockFlaw, seed: &str, duration: &str, more: &[&str], kinds: &[&str]) {
-        let (code, seen, said) = tortured(flaw, seed, duration, more);
-        eprintln!("{flaw:?}, seed {seed}: found {seen:?}");
-        assert_eq!(code, Some(1), "{said}");
-        assert!(kinds.iter().any(|k| seen.iter().any(|s| s == k)), "expected one of {kinds:?}, found {seen:?}: {said}");
+        let mut said = String::new();
+        for run in 1..=RUNS {
+            let (code, seen, report) = tortured(flaw, seed, duration, more);
+            eprintln!("{flaw:?}, seed {seed}, run {run}: found {seen:?}");
+            if code == Some(1) && kinds.iter().any(|k| seen.iter().any(|s| s == k)) {
+                return;
+            }
+            assert!(code == Some(0) || code == Some(1), "{report}");
+            said = format!("expected one of {kinds:?} in {RUNS} runs; the last found {seen:?}: {report}");
+        }
+        panic!("{said}");
     }
 
     #[test]
