@@ -285,7 +285,7 @@ mod broken_twins {
     }
 
     /// How many runs a flaw gets: whether a frozen holder wakes with writes left, or a killed
-    /// one held a lock it had not yet extended, is the machine's timing, not the seed's, and a
+    /// one held a lock it had not yet extended, is the machine's timing, not the schedule's, and a
     /// loaded CI machine missed once in about six runs of seed 725.
     const RUNS: usize = 3;
 

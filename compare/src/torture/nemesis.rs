@@ -563,10 +563,10 @@ impl Run {
     /// Plays the schedule, lets the clients run to `total` and for at least `quiet` after the
     /// last fault healed (a fault whose servers took longer than drawn, a failover waiting for
     /// the Sentinels, must not eat the quiet stretch the progress check needs), stops them,
-    /// reads every register once more, and returns every event recorded. A fault the nemesis could not inject or
-    /// heal (a server that would not start again) ends the schedule there: the clients are
-    /// stopped as at the end, and the error comes back beside the events, so that the history
-    /// so far is still written and judged.
+    /// reads every register once more, and returns every event recorded. A fault the nemesis
+    /// could not inject or heal (a server that would not start again) ends the schedule there:
+    /// the clients are stopped as at the end, and the error comes back beside the events, so
+    /// that the history so far is still written and judged.
     pub async fn drive(
         mut self,
         steps: &[Step],

@@ -217,8 +217,7 @@ async fn handle<S: LockService>(service: &S, line: &str) -> Result<String> {
 
 /// Asks the relay at `addr` for the relayed service's capabilities (the `CAPS` request).
 pub async fn capabilities(addr: SocketAddr) -> Result<Capabilities> {
-    let client = RelayLockService::<palisade_core::Unfenced>::connect(addr, Capabilities::default()).await?;
-    parse_caps(&client.call("CAPS".to_string()).await?)
+    RelayLockService::<palisade_core::Unfenced>::connect(addr, Capabilities::default()).await?.ask_capabilities().await
 }
 
 /// `CAPS name=value …`: every field of `caps`, the enums by their variant names.
@@ -330,7 +329,8 @@ impl<F: Fencing> RelayLockService<F> {
     /// how a process that was given only the relay's address (a client of `palisade torture`)
     /// connects. A service whose fencing is not `F`'s is an `InvalidConfig` error.
     pub async fn discover(addr: SocketAddr) -> Result<Self> {
-        let capabilities = capabilities(addr).await?;
+        let mut client = RelayLockService::connect(addr, Capabilities::default()).await?;
+        let capabilities = client.ask_capabilities().await?;
         // A fenced client's grant needs a fence (`token_from(None)` is none); an unfenced one's not.
         let fenced_client = F::token_from(None).is_none();
         if fenced_client != capabilities.issues_fences() {
@@ -344,7 +344,15 @@ impl<F: Fencing> RelayLockService<F> {
                 },
             ));
         }
-        RelayLockService::connect(addr, capabilities).await
+        // The connection that asked serves the calls too.
+        client.batch = capabilities.multi_acquire == MultiAcquire::OneRequest;
+        client.capabilities = capabilities;
+        Ok(client)
+    }
+
+    /// The relayed service's capabilities, asked on this client's connection.
+    async fn ask_capabilities(&self) -> Result<Capabilities> {
+        parse_caps(&self.call("CAPS".to_string()).await?)
     }
 
     /// Connects to a relay, resending requests whose reply was lost as `retry` says.
