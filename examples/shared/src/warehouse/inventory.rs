@@ -202,17 +202,18 @@ impl Warehouse {
         if self.scope.is_empty() { name.to_string() } else { format!("{}.{name}", self.scope) }
     }
 
-    /// Takes the SKU's lock and checks the grant against where its writes keep their fence
-    /// (fencing rule 5): the stock row on the tables, the store's watermark for records. A
-    /// zero wait tries once (`Ok(None)` when held).
+    /// Takes the SKU's lock (`alloc:SCOPE.SKU` in a scoped warehouse) and checks the grant
+    /// against where its writes keep their fence (fencing rule 5): the stock row on the tables,
+    /// the store's watermark for records. A zero wait tries once (`Ok(None)` when held).
     pub async fn lock_checked(
         &self,
         locks: &Arc<DynLockService>,
         sku: &str,
         options: LockOptions,
     ) -> palisade::Result<Option<Lease<DynLockService>>> {
-        let key = Self::resource(sku)?;
+        // The scope's own SKU, as a simulation's workers and a transfer's `lock_all` name it.
         let row = self.scoped(sku);
+        let key = Self::resource(&row)?;
         macro_rules! checked {
             ($source:expr) => {
                 if options.wait.is_zero() {
@@ -329,6 +330,32 @@ impl Warehouse {
 }
 
 impl Warehouse {
+    /// The attempts each job of `sku` was applied by, from the audit (of this scope): one per
+    /// job in a warehouse that never ships twice.
+    pub async fn applied_attempts(&self, sku: &str) -> palisade::Result<BTreeMap<String, Vec<String>>> {
+        let job_prefix = self.scoped("");
+        match &self.data {
+            #[cfg(feature = "postgres")]
+            Data::Postgres(store) => postgres::applied_attempts(store, &job_prefix, &self.scoped(sku)).await,
+            Data::Sqlite(store) => sqlite::applied_attempts(store, &job_prefix, &self.scoped(sku)).await,
+            Data::Records { store, prefix } => {
+                let audit_prefix = format!("{prefix}/audit/");
+                let wanted = format!("sku={sku} ");
+                let mut per_job: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                for (key, record) in store.list(&audit_prefix).await? {
+                    if !record.value.starts_with(wanted.as_bytes()) {
+                        continue;
+                    }
+                    let rest = key.strip_prefix(&audit_prefix).unwrap_or(&key);
+                    if let Some((job, attempt)) = rest.split_once('/') {
+                        per_job.entry(job.to_string()).or_default().push(attempt.to_string());
+                    }
+                }
+                Ok(per_job)
+            }
+        }
+    }
+
     /// Units shipped: the quantities of every allocation's audit rows (of this scope).
     pub async fn shipped(&self) -> palisade::Result<i64> {
         let job_prefix = self.scoped("");
@@ -468,6 +495,8 @@ mod sql {
         "INSERT INTO inventory (sku, qty, fence) VALUES ($1, 0, NULL) ON CONFLICT (sku) DO NOTHING";
     pub const AUDIT_COUNTS: &str = "SELECT job, COUNT(*) FROM allocations \
          WHERE substr(job, 1, length($1)) = $1 AND ($2 IS NULL OR sku = $2) GROUP BY job";
+    pub const AUDIT_ATTEMPTS: &str = "SELECT job, attempt FROM allocations \
+         WHERE sku = $1 AND substr(job, 1, length($2)) = $2 ORDER BY job, attempt";
     pub const CREATE_TRANSFERS: &str = "CREATE TABLE IF NOT EXISTS transfers (\
          job TEXT NOT NULL, attempt TEXT NOT NULL, side TEXT NOT NULL, sku TEXT NOT NULL, qty BIGINT NOT NULL, \
          fence BIGINT, PRIMARY KEY (job, attempt, side))";
@@ -547,6 +576,24 @@ macro_rules! sql_tables {
                     .into_iter()
                     .map(|(job, n)| (job[job_prefix.len()..].to_string(), usize::try_from(n).unwrap_or(0)))
                     .collect())
+            }
+
+            pub(super) async fn applied_attempts(
+                store: &$store,
+                job_prefix: &str,
+                sku: &str,
+            ) -> palisade::Result<BTreeMap<String, Vec<String>>> {
+                let rows: Vec<(String, String)> = sqlx::query_as(sql::AUDIT_ATTEMPTS)
+                    .bind(sku)
+                    .bind(job_prefix)
+                    .fetch_all(store.pool())
+                    .await
+                    .map_err($map_err)?;
+                let mut per_job: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                for (job, attempt) in rows {
+                    per_job.entry(job[job_prefix.len()..].to_string()).or_default().push(attempt);
+                }
+                Ok(per_job)
             }
 
             /// One allocation: the read, the pause, then one transaction (fenced: the
@@ -915,4 +962,45 @@ async fn transfer_records(
 
 fn parse_qty(record: &Record) -> i64 {
     std::str::from_utf8(&record.value).ok().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is the failure report
+
+    use super::*;
+
+    #[tokio::test]
+    async fn warehouses_of_two_scopes_lock_their_own_skus() {
+        // Two runs sharing one lock service and one store (a simulation's run id, a torture's
+        // namespace): each SKU's lock is its scope's, as its rows and records are.
+        let locks = palisade::connect_lock("memory://wh-scopes").await.unwrap();
+        let a = Warehouse::connect("memory://wh-scopes", "a").await.unwrap();
+        let b = Warehouse::connect("memory://wh-scopes", "b").await.unwrap();
+        let ttl = LockOptions::ttl(Duration::from_secs(10));
+        let held = a.lock_checked(&locks, "SKU-1", ttl).await.unwrap().expect("a's SKU-1 is free");
+        assert_eq!(held.key(), &Warehouse::resource("a.SKU-1").unwrap());
+        let other = b.lock_checked(&locks, "SKU-1", ttl).await.unwrap();
+        assert!(other.is_some(), "b's SKU-1 is another SKU than a's, and free");
+    }
+
+    #[tokio::test]
+    async fn applied_attempts_name_each_job_s_attempts() {
+        let locks = palisade::connect_lock("memory://wh-attempts").await.unwrap();
+        let wh = Warehouse::connect("memory://wh-attempts", "run").await.unwrap();
+        wh.initial_stock("SKU-1", 10).await.unwrap();
+        wh.initial_stock("SKU-2", 10).await.unwrap();
+        let ttl = LockOptions::ttl(Duration::from_secs(10));
+        let lease = wh.lock_checked(&locks, "SKU-1", ttl).await.unwrap().expect("free");
+        for (job, attempt) in [("j1", "x"), ("j1", "y"), ("j2", "z")] {
+            let order = Order { sku: "SKU-1", job, attempt, qty: 2 };
+            wh.allocate(&lease, Mode::Fenced, &order, Duration::ZERO).await.unwrap();
+        }
+        let applied = wh.applied_attempts("SKU-1").await.unwrap();
+        let expected: BTreeMap<String, Vec<String>> =
+            [("j1".to_string(), vec!["x".to_string()]), ("j2".to_string(), vec!["z".to_string()])].into();
+        assert_eq!(applied, expected);
+        assert!(wh.applied_attempts("SKU-2").await.unwrap().is_empty());
+        assert_eq!(wh.stock("SKU-1").await.unwrap().map(|s| s.qty), Some(6));
+    }
 }
