@@ -24,8 +24,16 @@
 //!   actually provide?"): each value's writes and reads form a cluster whose zone runs from
 //!   its earliest completion to its latest invocation; the history is linearizable if and only
 //!   if no two forward zones overlap and no backward zone lies inside a forward one.
-//! - **progress**: once the last fault has healed, every resource sees a write accepted
-//!   within the stated bound.
+//! - **allocations** (a SKU of the warehouse: its stock and its audit): the audit, read once
+//!   the clients have stopped, names the attempts applied. No job is applied twice; every
+//!   acknowledged attempt is in it and no refused one; a job found already done was applied
+//!   by an attempt that began before; and every stock read lies between the initial stock
+//!   less every applied attempt that began before the read ended, and the initial stock less
+//!   every applied attempt that ended before the read began (a counter's linearizability:
+//!   each applied attempt takes its units at one moment inside its call). Applied attempts
+//!   are the SKU's writes for the fence order, exclusion and overlap checks.
+//! - **progress**: once the last fault has healed, every resource sees a write (or an
+//!   allocation) accepted within the stated bound.
 //! - **bounded calls**: every operation invoked after the last fault healed answers within
 //!   its promised bound plus the allowance, unless its process was killed.
 
@@ -71,8 +79,16 @@ pub enum AnomalyKind {
     /// An operation did not answer within its bound, nothing being faulted.
     Unbounded,
     /// The store refused a write as stale (or as a duplicate) though no write that could have
-    /// raised its watermark that far had begun: a holder turned away for nothing.
+    /// raised its watermark that far had begun, or found a job already done that no earlier
+    /// attempt had applied: a holder turned away for nothing.
     UnjustifiedRefusal,
+    /// One job applied by two attempts: a duplicate shipment, the incident's harm.
+    DoubleAllocation,
+    /// The audit disagrees with the answers: an acknowledged allocation missing from it, a
+    /// refused one in it, or an attempt nobody made.
+    Audit,
+    /// A stock read that no order of the applied allocations explains.
+    Stock,
 }
 
 impl fmt::Display for AnomalyKind {
@@ -87,6 +103,9 @@ impl fmt::Display for AnomalyKind {
             AnomalyKind::NoProgress => "no progress after heal",
             AnomalyKind::Unbounded => "unbounded call",
             AnomalyKind::UnjustifiedRefusal => "unjustified refusal",
+            AnomalyKind::DoubleAllocation => "job allocated twice",
+            AnomalyKind::Audit => "audit disagrees",
+            AnomalyKind::Stock => "stock not explained",
         })
     }
 }
@@ -147,6 +166,9 @@ pub struct Verdict {
     pub writes_unknown: usize,
     /// Reads answered.
     pub reads: usize,
+    /// Allocations applied (as the audit says, or acknowledged where there is no audit); each
+    /// allocation attempt also counts as a write above.
+    pub allocations_applied: usize,
     /// What the checker found.
     pub anomalies: Vec<Anomaly>,
 }
@@ -169,15 +191,22 @@ pub fn check(history: &History, bounds: Bounds) -> Verdict {
     for op in &history.operations {
         match (&op.call, &op.outcome) {
             (Call::Acquire { .. }, Some(Outcome::Granted { .. })) => verdict.grants += 1,
-            (Call::Write { .. }, Some(Outcome::Accepted)) => verdict.writes_accepted += 1,
-            (Call::Write { .. }, None | Some(Outcome::Unknown { .. })) => verdict.writes_unknown += 1,
-            (Call::Write { .. }, Some(_)) => verdict.writes_refused += 1,
-            (Call::Read { .. }, Some(Outcome::Value { .. })) => verdict.reads += 1,
+            (Call::Write { .. } | Call::Allocate { .. }, Some(Outcome::Accepted)) => verdict.writes_accepted += 1,
+            (Call::Write { .. } | Call::Allocate { .. }, None | Some(Outcome::Unknown { .. })) => {
+                verdict.writes_unknown += 1
+            }
+            (Call::Write { .. } | Call::Allocate { .. }, Some(_)) => verdict.writes_refused += 1,
+            (Call::Read { .. }, Some(Outcome::Value { .. })) | (Call::Stock { .. }, Some(Outcome::Units { .. })) => {
+                verdict.reads += 1
+            }
             _ => {}
         }
     }
     for (resource, ops) in &by_resource {
-        let applied = register(resource, ops, &mut verdict.anomalies);
+        let mut applied = register(resource, ops, &mut verdict.anomalies);
+        let allocated = allocations(resource, ops, &mut verdict.anomalies);
+        verdict.allocations_applied += allocated.len();
+        applied.extend(allocated);
         fence_order(resource, &applied, &mut verdict.anomalies);
         refusals(resource, ops, &mut verdict.anomalies);
         exclusion(resource, &applied, &mut verdict.anomalies);
@@ -404,17 +433,15 @@ fn refusals(resource: &str, ops: &[&Operation], anomalies: &mut Vec<Anomaly>) {
     let mayhave: Vec<(&Operation, u64, &str)> = ops
         .iter()
         .filter(|o| matches!(o.outcome, None | Some(Outcome::Accepted | Outcome::Unknown { .. })))
-        .filter_map(|o| match &o.call {
-            Call::Write { fence, grant, .. } => Some((*o, *fence, grant.as_str())),
-            _ => None,
-        })
+        .filter_map(|o| fenced(&o.call).map(|(fence, grant)| (*o, fence, grant)))
         .collect();
     for op in ops {
-        let Call::Write { fence, grant, .. } = &op.call else { continue };
+        let Some((fence, grant)) = fenced(&op.call) else { continue };
+        let fence = &fence;
         let cause = match op.outcome {
             Some(Outcome::Stale) => mayhave.iter().find(|(w, f, _)| f > fence && w.invoked < op.completed_or_never()),
             Some(Outcome::Duplicate) => {
-                mayhave.iter().find(|(w, f, g)| f == fence && g != grant && w.invoked < op.completed_or_never())
+                mayhave.iter().find(|(w, f, g)| f == fence && *g != grant && w.invoked < op.completed_or_never())
             }
             _ => continue,
         };
@@ -425,6 +452,189 @@ fn refusals(resource: &str, ops: &[&Operation], anomalies: &mut Vec<Anomaly>) {
                 resource,
                 format!("the store refused fence {fence} as {what}, but no write that could have set its watermark had begun"),
                 vec![op],
+            ));
+        }
+    }
+}
+
+/// A fenced write's fence and grant: a register write's or an allocation's.
+fn fenced(call: &Call) -> Option<(u64, &str)> {
+    match call {
+        Call::Write { fence, grant, .. } | Call::Allocate { fence, grant, .. } => Some((*fence, grant)),
+        _ => None,
+    }
+}
+
+/// The allocation checks of a SKU; returns the attempts that were applied.
+fn allocations<'h>(resource: &str, ops: &[&'h Operation], anomalies: &mut Vec<Anomaly>) -> Vec<Applied<'h>> {
+    struct Attempt<'h> {
+        op: &'h Operation,
+        grant: &'h str,
+        fence: u64,
+        job: &'h str,
+        qty: i64,
+    }
+    let mut attempts: HashMap<&str, Attempt<'h>> = HashMap::new();
+    for op in ops {
+        if let Call::Allocate { grant, fence, job, attempt, qty, .. } = &op.call
+            && let Some(first) = attempts.insert(attempt, Attempt { op, grant, fence: *fence, job, qty: *qty })
+        {
+            anomalies.push(Anomaly::new(
+                AnomalyKind::Audit,
+                resource,
+                format!("the attempt {attempt:?} was made twice: the audit cannot name it"),
+                vec![first.op, op],
+            ));
+        }
+    }
+    // The last audit read answered.
+    let audit = ops.iter().rev().find_map(|o| match (&o.call, &o.outcome) {
+        (Call::Audit { .. }, Some(Outcome::Audited { jobs })) => Some((*o, jobs)),
+        _ => None,
+    });
+    let applied: BTreeSet<&str> = match audit {
+        Some((audit_op, jobs)) => {
+            let mut applied = BTreeSet::new();
+            for (job, ids) in jobs {
+                let made: Vec<&Operation> = ids.iter().filter_map(|a| attempts.get(a.as_str())).map(|a| a.op).collect();
+                if ids.len() > 1 {
+                    let mut witnesses = made.clone();
+                    witnesses.push(audit_op);
+                    anomalies.push(Anomaly::new(
+                        AnomalyKind::DoubleAllocation,
+                        resource,
+                        format!(
+                            "job {job:?} was applied by {} attempts ({}): shipped twice",
+                            ids.len(),
+                            ids.join(", ")
+                        ),
+                        witnesses,
+                    ));
+                }
+                for id in ids {
+                    match attempts.get(id.as_str()) {
+                        Some(a) if a.job != job => anomalies.push(Anomaly::new(
+                            AnomalyKind::Audit,
+                            resource,
+                            format!("the audit has attempt {id:?} under job {job:?}, but it was made for {:?}", a.job),
+                            vec![a.op, audit_op],
+                        )),
+                        Some(_) => {}
+                        None => anomalies.push(Anomaly::new(
+                            AnomalyKind::Audit,
+                            resource,
+                            format!("the audit has attempt {id:?} of job {job:?}, which nobody made"),
+                            vec![audit_op],
+                        )),
+                    }
+                    applied.insert(id.as_str());
+                }
+            }
+            for (id, a) in &attempts {
+                let in_audit = applied.contains(id);
+                match &a.op.outcome {
+                    Some(Outcome::Accepted) if !in_audit => anomalies.push(Anomaly::new(
+                        AnomalyKind::Audit,
+                        resource,
+                        format!("the allocation {id:?} was acknowledged, and the audit does not have it: lost"),
+                        vec![a.op, audit_op],
+                    )),
+                    Some(Outcome::Stale | Outcome::Duplicate | Outcome::AlreadyDone | Outcome::Failed { .. })
+                        if in_audit =>
+                    {
+                        anomalies.push(Anomaly::new(
+                            AnomalyKind::Audit,
+                            resource,
+                            format!("the allocation {id:?} was refused, and the audit has it: applied after all"),
+                            vec![a.op, audit_op],
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            applied
+        }
+        // With no audit, only what was acknowledged is known to have landed.
+        None => attempts
+            .iter()
+            .filter(|(_, a)| matches!(a.op.outcome, Some(Outcome::Accepted)))
+            .map(|(id, _)| *id)
+            .collect(),
+    };
+    // A job found already done needs an attempt of it that may have landed and began first.
+    for a in attempts.values().filter(|a| matches!(a.op.outcome, Some(Outcome::AlreadyDone))) {
+        let cause = attempts.iter().find(|(id, b)| {
+            b.job == a.job
+                && !std::ptr::eq(b.op, a.op)
+                && b.op.invoked < a.op.completed_or_never()
+                && match audit {
+                    Some(_) => applied.contains(*id),
+                    None => matches!(b.op.outcome, None | Some(Outcome::Accepted | Outcome::Unknown { .. })),
+                }
+        });
+        if cause.is_none() {
+            anomalies.push(Anomaly::new(
+                AnomalyKind::UnjustifiedRefusal,
+                resource,
+                format!("job {:?} was found already done, but no attempt of it that landed had begun", a.job),
+                vec![a.op],
+            ));
+        }
+    }
+    let counted: Vec<(&Operation, i64, bool)> =
+        attempts.iter().map(|(id, a)| (a.op, a.qty, applied.contains(id))).collect();
+    stock(resource, ops, &counted, audit.is_some(), anomalies);
+    attempts
+        .into_iter()
+        .filter(|(id, _)| applied.contains(id))
+        .map(|(_, a)| Applied { op: a.op, grant: a.grant, fence: a.fence })
+        .collect()
+}
+
+/// The stock check: a counter from the restock, less each applied allocation's units at one
+/// moment inside its call. `attempts` are (operation, units, applied); `audited` says whether
+/// `applied` is known exactly (from the audit) or only for acknowledged ones.
+fn stock(
+    resource: &str,
+    ops: &[&Operation],
+    attempts: &[(&Operation, i64, bool)],
+    audited: bool,
+    anomalies: &mut Vec<Anomaly>,
+) {
+    let Some(restock) =
+        ops.iter().find(|o| matches!(o.call, Call::Restock { .. }) && matches!(o.outcome, Some(Outcome::Accepted)))
+    else {
+        return;
+    };
+    let Call::Restock { qty: initial, .. } = restock.call else { return };
+    // Without an audit, an attempt of unknown outcome may have landed or not.
+    let may_have = |(op, _, applied): &(&Operation, i64, bool)| {
+        *applied || (!audited && matches!(op.outcome, None | Some(Outcome::Unknown { .. })))
+    };
+    for read in ops {
+        let (Call::Stock { .. }, Some(Outcome::Units { qty: Some(seen) })) = (&read.call, &read.outcome) else {
+            continue;
+        };
+        if read.invoked < restock.completed_or_never() {
+            continue;
+        }
+        let taken_at_most: i64 =
+            attempts.iter().filter(|a| may_have(a) && a.0.invoked < read.completed_or_never()).map(|a| a.1).sum();
+        let taken_at_least: i64 = attempts.iter().filter(|a| a.2 && a.0.effect_by() < read.invoked).map(|a| a.1).sum();
+        let (low, high) = (initial - taken_at_most, initial - taken_at_least);
+        if *seen < low || *seen > high {
+            let mut witnesses = vec![*restock, *read];
+            witnesses.extend(
+                attempts.iter().filter(|a| a.2 && a.0.invoked < read.completed_or_never()).map(|a| a.0).take(6),
+            );
+            anomalies.push(Anomaly::new(
+                AnomalyKind::Stock,
+                resource,
+                format!(
+                    "a read found {seen} units; from {initial} and the allocations applied around it, it can only be \
+                     {low} to {high}"
+                ),
+                witnesses,
             ));
         }
     }
@@ -578,7 +788,7 @@ fn progress(
             continue;
         }
         let progressed = ops.iter().any(|o| {
-            matches!((&o.call, &o.outcome), (Call::Write { .. }, Some(Outcome::Accepted)))
+            matches!((&o.call, &o.outcome), (Call::Write { .. } | Call::Allocate { .. }, Some(Outcome::Accepted)))
                 && o.completed.is_some_and(|c| c >= healed && c <= deadline)
         });
         if !progressed {

@@ -129,6 +129,42 @@ pub enum Call {
         /// The resource.
         resource: String,
     },
+    /// Allocate `qty` units of the SKU `resource` for `job`, under `grant`, whose fence is
+    /// `fence`: the warehouse's allocation, one fenced write of the stock and the job's audit
+    /// row, applied only if the job has no audit row yet. `attempt` is unique in a history, and
+    /// is what the audit row names.
+    Allocate {
+        /// The SKU (its lock is this resource's).
+        resource: String,
+        /// The grant written under.
+        grant: String,
+        /// The grant's fence.
+        fence: u64,
+        /// The job: many attempts may name one job, at most one may be applied.
+        job: String,
+        /// This attempt, unique in the history.
+        attempt: String,
+        /// Units taken from the stock.
+        qty: i64,
+    },
+    /// Set the SKU's stock, before any client runs: where the stock check starts from.
+    Restock {
+        /// The SKU.
+        resource: String,
+        /// Units in stock.
+        qty: i64,
+    },
+    /// Read the SKU's stock.
+    Stock {
+        /// The SKU.
+        resource: String,
+    },
+    /// Read the SKU's audit: which attempts were applied, per job. Recorded once the clients
+    /// have stopped, it is the last word on which allocations landed.
+    Audit {
+        /// The SKU.
+        resource: String,
+    },
 }
 
 impl Call {
@@ -139,7 +175,11 @@ impl Call {
             | Call::Extend { resource, .. }
             | Call::Release { resource, .. }
             | Call::Write { resource, .. }
-            | Call::Read { resource } => resource,
+            | Call::Read { resource }
+            | Call::Allocate { resource, .. }
+            | Call::Restock { resource, .. }
+            | Call::Stock { resource }
+            | Call::Audit { resource } => resource,
         }
     }
 }
@@ -186,6 +226,19 @@ pub enum Outcome {
     Value {
         /// `None`: the register was empty.
         value: Option<String>,
+    },
+    /// An allocation found its job already applied (by another attempt), and left the stock
+    /// alone.
+    AlreadyDone,
+    /// A stock read's answer.
+    Units {
+        /// `None`: the SKU has no stock record.
+        qty: Option<i64>,
+    },
+    /// An audit read's answer: the attempts applied, per job.
+    Audited {
+        /// Job → the attempts of it the audit holds (more than one is a job applied twice).
+        jobs: BTreeMap<String, Vec<String>>,
     },
     /// The operation may or may not have taken effect (a timeout, a lost connection): Jepsen's
     /// `:info`.
@@ -269,6 +322,12 @@ impl fmt::Display for Shown<'_> {
                 write!(f, "write {resource} {value:?} fence {fence} ({grant})")?
             }
             Call::Read { resource } => write!(f, "read {resource}")?,
+            Call::Allocate { resource, grant, fence, job, attempt, qty } => {
+                write!(f, "allocate {qty} of {resource} for {job} (attempt {attempt}) fence {fence} ({grant})")?
+            }
+            Call::Restock { resource, qty } => write!(f, "restock {resource} to {qty}")?,
+            Call::Stock { resource } => write!(f, "stock of {resource}")?,
+            Call::Audit { resource } => write!(f, "audit of {resource}")?,
         }
         match &this.outcome {
             None => f.write_str(" → no answer"),
@@ -277,6 +336,12 @@ impl fmt::Display for Shown<'_> {
             Some(Outcome::Value { value: None }) => f.write_str(" → empty"),
             Some(Outcome::Failed { error }) => write!(f, " → failed: {error}"),
             Some(Outcome::Unknown { error }) => write!(f, " → unknown: {error}"),
+            Some(Outcome::Units { qty: Some(qty) }) => write!(f, " → {qty} units"),
+            Some(Outcome::Units { qty: None }) => f.write_str(" → no stock record"),
+            Some(Outcome::Audited { jobs }) => {
+                let attempts: usize = jobs.values().map(Vec::len).sum();
+                write!(f, " → {} jobs, {attempts} attempts applied", jobs.len())
+            }
             Some(other) => write!(f, " → {}", outcome_name(other)),
         }
     }
@@ -293,6 +358,9 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
         Outcome::Duplicate => "duplicate fence",
         Outcome::Failed { .. } => "failed",
         Outcome::Value { .. } => "value",
+        Outcome::AlreadyDone => "already done",
+        Outcome::Units { .. } => "units",
+        Outcome::Audited { .. } => "audited",
         Outcome::Unknown { .. } => "unknown",
     }
 }

@@ -439,3 +439,145 @@ fn grants_recorded_without_safe_until_are_not_judged_for_overlap() {
         .verdict();
     assert!(v.valid(), "{:#?}", v.anomalies);
 }
+
+// The warehouse's allocations: a SKU "s" restocked to 100 units, attempts of jobs, stock reads,
+// and the audit read once the clients have stopped.
+
+fn restock(r: &mut Recorder) -> &mut Recorder {
+    r.call(0, 0, 1, Call::Restock { resource: "s".into(), qty: 100 }, Outcome::Accepted)
+}
+
+fn allocate<'r>(
+    r: &'r mut Recorder,
+    p: u32,
+    span: (u64, Option<u64>),
+    (grant, fence): (&str, u64),
+    (job, attempt, qty): (&str, &str, i64),
+    outcome: Outcome,
+) -> &'r mut Recorder {
+    let call = Call::Allocate {
+        resource: "s".into(),
+        grant: grant.into(),
+        fence,
+        job: job.into(),
+        attempt: attempt.into(),
+        qty,
+    };
+    r.op(p, span.0, span.1, call, outcome)
+}
+
+fn stock_read(r: &mut Recorder, p: u32, from: u64, to: u64, qty: i64) -> &mut Recorder {
+    r.call(p, from, to, Call::Stock { resource: "s".into() }, Outcome::Units { qty: Some(qty) })
+}
+
+fn audit<'r>(r: &'r mut Recorder, at: u64, jobs: &[(&str, &[&str])]) -> &'r mut Recorder {
+    let jobs = jobs.iter().map(|(j, a)| (j.to_string(), a.iter().map(|a| a.to_string()).collect())).collect();
+    r.call(0, at, at + 1, Call::Audit { resource: "s".into() }, Outcome::Audited { jobs })
+}
+
+/// Two holders one after the other; the second retries the first's job and finds it done, a
+/// stale third is refused, and an attempt of unknown outcome landed (the audit says so).
+fn good_allocations() -> Recorder {
+    let mut r = Recorder::default();
+    restock(&mut r);
+    allocate(&mut r, 1, (10, Some(12)), ("g1", 1), ("j1", "a1", 3), Outcome::Accepted);
+    stock_read(&mut r, 1, 13, 14, 97);
+    allocate(&mut r, 2, (20, Some(22)), ("g2", 2), ("j1", "a2", 3), Outcome::AlreadyDone);
+    allocate(&mut r, 2, (23, Some(25)), ("g2", 2), ("j2", "a3", 2), unknown());
+    allocate(&mut r, 1, (26, Some(27)), ("g1", 1), ("j3", "a4", 5), Outcome::Stale);
+    stock_read(&mut r, 3, 30, 31, 95);
+    audit(&mut r, 40, &[("j1", &["a1"]), ("j2", &["a3"])]);
+    stock_read(&mut r, 0, 42, 43, 95);
+    r
+}
+
+#[test]
+fn allocations_audited_and_counted_are_valid() {
+    let v = good_allocations().verdict();
+    assert!(v.valid(), "{:#?}", v.anomalies);
+    assert_eq!(v.allocations_applied, 2);
+    assert_eq!((v.writes_accepted, v.writes_refused, v.writes_unknown), (1, 2, 1));
+}
+
+#[test]
+fn a_job_applied_by_two_attempts_is_a_double_allocation() {
+    let mut r = Recorder::default();
+    restock(&mut r);
+    allocate(&mut r, 1, (10, Some(12)), ("g1", 1), ("j1", "a1", 3), Outcome::Accepted);
+    allocate(&mut r, 2, (20, Some(22)), ("g2", 2), ("j1", "a2", 3), Outcome::Accepted);
+    audit(&mut r, 40, &[("j1", &["a1", "a2"])]);
+    stock_read(&mut r, 0, 42, 43, 94);
+    let v = r.verdict();
+    assert_eq!(kinds(&v), vec![AnomalyKind::DoubleAllocation], "{:#?}", v.anomalies);
+    assert!(v.anomalies[0].message.contains("j1"), "{}", v.anomalies[0]);
+}
+
+#[test]
+fn an_audit_that_disagrees_with_the_answers_is_an_anomaly() {
+    // Acknowledged but missing; refused but present; present but never made.
+    for (audited, outcome) in [
+        (&[][..], Outcome::Accepted),
+        (&["a1"][..], Outcome::Stale),
+        (&["a1"][..], Outcome::AlreadyDone),
+        (&["a1", "a9"][..], Outcome::Accepted),
+    ] {
+        let mut r = Recorder::default();
+        allocate(&mut r, 1, (10, Some(12)), ("g1", 1), ("j1", "a1", 3), outcome.clone());
+        let jobs: Vec<(&str, &[&str])> =
+            audited.iter().map(|a| if *a == "a1" { ("j1", &["a1"][..]) } else { ("j9", &["a9"][..]) }).collect();
+        audit(&mut r, 40, &jobs);
+        let v = r.verdict();
+        assert!(kinds(&v).contains(&AnomalyKind::Audit), "{outcome:?} audited as {audited:?}: {:#?}", v.anomalies);
+    }
+}
+
+#[test]
+fn a_job_found_done_with_no_earlier_attempt_landed_is_an_unjustified_refusal() {
+    let mut r = Recorder::default();
+    allocate(&mut r, 2, (5, Some(6)), ("g2", 2), ("j1", "a2", 3), Outcome::AlreadyDone);
+    allocate(&mut r, 1, (10, Some(12)), ("g1", 1), ("j1", "a1", 3), Outcome::Accepted);
+    audit(&mut r, 40, &[("j1", &["a1"])]);
+    let v = r.verdict();
+    assert_eq!(kinds(&v), vec![AnomalyKind::UnjustifiedRefusal], "{:#?}", v.anomalies);
+}
+
+#[test]
+fn a_stock_no_order_of_allocations_explains_is_an_anomaly() {
+    // Too high after an acknowledged allocation (a lost decrement), too low before any began
+    // (a decrement applied twice, or units taken by nobody's attempt).
+    for (from, seen) in [(13, 100), (5, 97)] {
+        let mut r = Recorder::default();
+        restock(&mut r);
+        allocate(&mut r, 1, (10, Some(12)), ("g1", 1), ("j1", "a1", 3), Outcome::Accepted);
+        stock_read(&mut r, 2, from, from + 1, seen);
+        audit(&mut r, 40, &[("j1", &["a1"])]);
+        let v = r.verdict();
+        assert_eq!(kinds(&v), vec![AnomalyKind::Stock], "read at {from} ms saw {seen}: {:#?}", v.anomalies);
+    }
+    // While the allocation runs, either level is fine.
+    for seen in [100, 97] {
+        let mut r = Recorder::default();
+        restock(&mut r);
+        allocate(&mut r, 1, (10, Some(12)), ("g1", 1), ("j1", "a1", 3), Outcome::Accepted);
+        stock_read(&mut r, 2, 11, 11, seen);
+        audit(&mut r, 40, &[("j1", &["a1"])]);
+        assert!(r.verdict().valid(), "{seen} during the allocation");
+    }
+}
+
+#[test]
+fn allocations_are_writes_to_the_fence_checks() {
+    // A stale holder's allocation applied after the newer holder's: fence order.
+    let mut r = Recorder::default();
+    restock(&mut r);
+    allocate(&mut r, 2, (20, Some(22)), ("g2", 2), ("j2", "a2", 1), Outcome::Accepted);
+    allocate(&mut r, 1, (30, Some(32)), ("g1", 1), ("j3", "a3", 1), Outcome::Accepted);
+    audit(&mut r, 40, &[("j2", &["a2"]), ("j3", &["a3"])]);
+    let v = r.verdict();
+    assert!(kinds(&v).contains(&AnomalyKind::FenceOrder), "{:#?}", v.anomalies);
+    // A stale refusal with nothing higher begun: unjustified.
+    let mut r = Recorder::default();
+    allocate(&mut r, 1, (10, Some(12)), ("g1", 1), ("j1", "a1", 1), Outcome::Stale);
+    audit(&mut r, 40, &[]);
+    assert_eq!(kinds(&r.verdict()), vec![AnomalyKind::UnjustifiedRefusal]);
+}

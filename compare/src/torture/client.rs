@@ -1,6 +1,7 @@
 //! A client process of the torture run (`palisade torture-client`, internal): it takes locks,
-//! reads and writes each resource's register through the fenced store, and prints every call
-//! and its outcome as a history event (one JSON line each) until its stdin closes.
+//! reads and writes each resource's register through the fenced store, allocates the
+//! warehouse's stock of each SKU as the warehouse example does, and prints every call and its
+//! outcome as a history event (one JSON line each) until its stdin closes.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,11 +12,12 @@ use palisade::{
     DynFencedStore, DynLockService, ErrorKind, FencedStoreExt, Lease, LockOptions, LockServiceExt, ResourceKey,
     WriteBatch,
 };
+use palisade_examples::warehouse::inventory::{self, Mode, Order, Warehouse};
 use palisade_history::{Call, Event, Outcome};
 use tokio::io::AsyncReadExt;
 
 use super::schedule::Rng;
-use super::{CALL_MS, now, register_key, resource_name};
+use super::{CALL_MS, now, register_key, resource_name, sku_name};
 
 /// `palisade torture-client` flags (internal).
 #[derive(Debug, Clone, clap::Args)]
@@ -84,23 +86,41 @@ async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
     // failover) keeps trying, as a real worker would, instead of leaving its place empty.
     let locks = until_connected(stop, || super::connect_lock(&args.pair.lock)).await?;
     let store = until_connected(stop, || palisade::connect_store(&args.pair.store)).await?;
+    let warehouse = until_connected(stop, || Warehouse::connect(&args.pair.store, &args.pair.ns)).await?;
     let mut rng = Rng::new(args.seed ^ (u64::from(args.process) << 32));
     let mut rec = Recorder { process: args.process, next: 0 };
     let ttl = Duration::from_millis(args.ttl_ms);
     let mut grants = 0u64;
     while !stop.load(Ordering::SeqCst) {
-        let index = rng.below(args.resources);
-        let resource = resource_name(index);
-        let key = ResourceKey::new(args.pair.ns.clone(), resource.clone())?;
+        // Half the holds are of a register, half of a SKU of the warehouse.
+        let index = rng.below(2 * args.resources);
+        let on = if index < args.resources {
+            On::Register { resource: resource_name(index), register: String::new() }
+        } else {
+            On::Sku { resource: sku_name(index - args.resources), warehouse: &warehouse }
+        };
+        let resource = on.resource().to_string();
         let op = rec.invoke(Call::Acquire { resource: resource.clone(), ttl_ms: args.ttl_ms }, args.wait_ms + CALL_MS);
         let options = LockOptions::ttl(ttl).wait(Duration::from_millis(args.wait_ms));
-        let lease = match locks.lock_checked(&*store, &key, options).await {
-            Ok(lease) => {
+        let locked = match &on {
+            On::Register { .. } => {
+                let key = ResourceKey::new(args.pair.ns.clone(), resource.clone())?;
+                locks.lock_checked(&*store, &key, options).await.map(Some)
+            }
+            // The warehouse's own lock and check: the SKU's row fence on the tables.
+            On::Sku { warehouse, .. } => warehouse.lock_checked(&locks, &resource, options).await,
+        };
+        let lease = match locked {
+            Ok(Some(lease)) => {
                 grants += 1;
                 let grant = format!("p{}.{grants}", args.process);
                 let safe_until = Some(on_history_clock(lease.safe_until()));
                 rec.complete(op, Outcome::Granted { grant: grant.clone(), fence: lease.fence().get(), safe_until });
                 (lease, grant)
+            }
+            Ok(None) => {
+                rec.complete(op, Outcome::Refused);
+                continue;
             }
             Err(e) if e.kind() == ErrorKind::Timeout => {
                 rec.complete(op, Outcome::Refused);
@@ -112,10 +132,32 @@ async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
                 continue;
             }
         };
-        hold(args, &mut rng, &mut rec, &store, &resource, lease).await;
+        let on = match on {
+            On::Register { resource, .. } => {
+                On::Register { register: register_key(&args.pair.ns, &resource), resource }
+            }
+            sku => sku,
+        };
+        hold(args, &mut rng, &mut rec, &store, &on, lease).await;
         tokio::time::sleep(Duration::from_millis(rng.between(0, 30))).await;
     }
     Ok(())
+}
+
+/// What a hold works on.
+enum On<'w> {
+    /// A resource's register (`register`: its record's key).
+    Register { resource: String, register: String },
+    /// A SKU of the warehouse: its stock, allocated for jobs.
+    Sku { resource: String, warehouse: &'w Warehouse },
+}
+
+impl On<'_> {
+    fn resource(&self) -> &str {
+        match self {
+            On::Register { resource, .. } | On::Sku { resource, .. } => resource,
+        }
+    }
 }
 
 /// Connects with `connect` until it succeeds, trying again every 200 ms while the error is one
@@ -137,38 +179,32 @@ where
     }
 }
 
-/// Reads and writes under the lease a few times, sometimes extending it, then gives it back.
-/// One hold in four is long: it keeps writing, extending the lease after each write, until
-/// two TTLs have passed, as a job that outlives its first lease does (without these, a lease
-/// rarely outlives its first TTL, and an extend the service ignores goes unseen).
+/// Reads and writes under the lease a few times (a register's value, or a SKU's stock and an
+/// allocation), sometimes extending it, then gives it back. One hold in four is long: it keeps
+/// writing, extending the lease after each write, until two TTLs have passed, as a job that
+/// outlives its first lease does (without these, a lease rarely outlives its first TTL, and an
+/// extend the service ignores goes unseen).
 async fn hold(
     args: &ClientArgs,
     rng: &mut Rng,
     rec: &mut Recorder,
     store: &Arc<DynFencedStore>,
-    resource: &str,
+    on: &On<'_>,
     (lease, grant): (Lease<DynLockService>, String),
 ) {
-    let register = register_key(&args.pair.ns, resource);
-    let fence = lease.fence().get();
+    let resource = on.resource();
     let long_until = (rng.below(4) == 0).then(|| tokio::time::Instant::now() + Duration::from_millis(2 * args.ttl_ms));
     let writes = if long_until.is_some() { u64::MAX } else { rng.between(1, 3) };
     for write in 0..writes {
         if long_until.is_some_and(|until| tokio::time::Instant::now() >= until) {
             break;
         }
-        let op = rec.invoke(Call::Read { resource: resource.to_string() }, CALL_MS);
-        let outcome = match store.read(&register).await {
-            Ok(record) => Outcome::Value { value: record.map(|r| String::from_utf8_lossy(&r.value).into_owned()) },
-            Err(e) => Outcome::Unknown { error: e.to_string() },
+        let refused = match on {
+            On::Register { register, .. } => {
+                write_register(rec, store, (resource, register), (&lease, &grant), write).await
+            }
+            On::Sku { warehouse, .. } => allocate(rng, rec, warehouse, resource, (&lease, &grant), write).await,
         };
-        rec.complete(op, outcome);
-        let value = format!("{grant}.w{write}");
-        let call = Call::Write { resource: resource.to_string(), grant: grant.clone(), fence, value: value.clone() };
-        let op = rec.invoke(call, CALL_MS);
-        let result = store.write(&lease, &WriteBatch::new().put(register.clone(), value.into_bytes())).await;
-        let refused = result.is_err();
-        rec.complete(op, write_outcome(result));
         if refused {
             break;
         }
@@ -182,6 +218,81 @@ async fn hold(
     }
     let op = rec.invoke(Call::Release { resource: resource.to_string(), grant }, CALL_MS);
     rec.complete(op, done_or_lost(lease.release().await.map(|()| None)));
+}
+
+/// Reads the register, then writes a value of this grant's to it; whether the write was
+/// refused (the hold then ends).
+async fn write_register(
+    rec: &mut Recorder,
+    store: &Arc<DynFencedStore>,
+    (resource, register): (&str, &str),
+    (lease, grant): (&Lease<DynLockService>, &str),
+    write: u64,
+) -> bool {
+    let op = rec.invoke(Call::Read { resource: resource.to_string() }, CALL_MS);
+    let outcome = match store.read(register).await {
+        Ok(record) => Outcome::Value { value: record.map(|r| String::from_utf8_lossy(&r.value).into_owned()) },
+        Err(e) => Outcome::Unknown { error: e.to_string() },
+    };
+    rec.complete(op, outcome);
+    let value = format!("{grant}.w{write}");
+    let fence = lease.fence().get();
+    let call = Call::Write { resource: resource.to_string(), grant: grant.to_string(), fence, value: value.clone() };
+    let op = rec.invoke(call, CALL_MS);
+    let result = store.write(lease, &WriteBatch::new().put(register.to_string(), value.into_bytes())).await;
+    let refused = result.is_err();
+    rec.complete(op, write_outcome(result));
+    refused
+}
+
+/// Jobs come in a window that slides by one every this long: the clients of one SKU keep
+/// drawing the same few jobs, so a job is often tried again by another holder (as a queue
+/// redelivers one whose worker went quiet), and at most one attempt may ship it.
+const JOB_EVERY_MS: u64 = 200;
+
+/// Reads the SKU's stock, then allocates it for a job through the warehouse's own allocation
+/// (the stock and the job's audit row in one fenced write, only if the job is not done yet);
+/// whether the allocation was refused (the hold then ends).
+async fn allocate(
+    rng: &mut Rng,
+    rec: &mut Recorder,
+    warehouse: &Warehouse,
+    sku: &str,
+    (lease, grant): (&Lease<DynLockService>, &str),
+    write: u64,
+) -> bool {
+    let op = rec.invoke(Call::Stock { resource: sku.to_string() }, CALL_MS);
+    let outcome = match warehouse.stock(sku).await {
+        Ok(stock) => Outcome::Units { qty: stock.map(|s| s.qty) },
+        Err(e) => Outcome::Unknown { error: e.to_string() },
+    };
+    rec.complete(op, outcome);
+    let n = now() / (JOB_EVERY_MS * 1_000_000) + rng.below(4) as u64;
+    let (job, attempt, qty) = (format!("{sku}.j{n}"), format!("{grant}.a{write}"), 1 + (n % 3) as i64);
+    let fence = lease.fence().get();
+    let call = Call::Allocate {
+        resource: sku.to_string(),
+        grant: grant.to_string(),
+        fence,
+        job: job.clone(),
+        attempt: attempt.clone(),
+        qty,
+    };
+    let op = rec.invoke(call, CALL_MS);
+    let order = Order { sku, job: &job, attempt: &attempt, qty };
+    // A short pause between the allocation's read and its write: the window a stale holder
+    // wakes in.
+    let pause = Duration::from_millis(rng.between(0, 20));
+    let outcome = match warehouse.allocate(lease, Mode::Fenced, &order, pause).await {
+        Ok(inventory::Outcome::Applied) => Outcome::Accepted,
+        Ok(inventory::Outcome::StaleFence { .. }) => Outcome::Stale,
+        Ok(inventory::Outcome::AlreadyDone) => Outcome::AlreadyDone,
+        Ok(other) => Outcome::Failed { error: format!("{other:?}") },
+        Err(e) => write_outcome(Err(e)),
+    };
+    let refused = !matches!(outcome, Outcome::Accepted | Outcome::AlreadyDone);
+    rec.complete(op, outcome);
+    refused
 }
 
 /// A write's outcome as the history states it: only an error that certainly left nothing

@@ -64,6 +64,7 @@ pub fn json(s: &Summary<'_>) -> Value {
         "grants": v.grants,
         "writes": { "accepted": v.writes_accepted, "refused": v.writes_refused, "unknown": v.writes_unknown },
         "reads": v.reads,
+        "allocations_applied": v.allocations_applied,
         "crashed_processes": s.history.crashed.len(),
         "bounds": s.bounds,
     })
@@ -73,13 +74,15 @@ pub fn json(s: &Summary<'_>) -> Value {
 pub fn print(s: &Summary<'_>, out: &Path) {
     let v = s.verdict;
     eprintln!(
-        "palisade torture: {} operations ({} grants, {} writes accepted, {} refused, {} unknown, {} reads), {} faults",
+        "palisade torture: {} operations ({} grants, {} writes accepted, {} refused, {} unknown, {} reads, {} \
+         allocations applied), {} faults",
         v.operations,
         v.grants,
         v.writes_accepted,
         v.writes_refused,
         v.writes_unknown,
         v.reads,
+        v.allocations_applied,
         s.history.faults.len()
     );
     if v.valid() {
@@ -150,17 +153,26 @@ fn markdown(s: &Summary<'_>) -> String {
     }
     let _ = writeln!(md, "![holds and faults](timeline.svg)\n");
     let _ = writeln!(md, "## Operations\n");
-    let _ = writeln!(md, "| grants | writes accepted | refused | unknown outcome | reads | processes killed |");
-    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|");
     let _ = writeln!(
         md,
-        "| {} | {} | {} | {} | {} | {} |\n",
+        "| grants | writes accepted | refused | unknown outcome | reads | allocations applied | processes killed |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "| {} | {} | {} | {} | {} | {} | {} |\n",
         v.grants,
         v.writes_accepted,
         v.writes_refused,
         v.writes_unknown,
         v.reads,
+        v.allocations_applied,
         s.history.crashed.len()
+    );
+    let _ = writeln!(
+        md,
+        "Writes are the registers' writes and the SKUs' allocations; an allocation that found its job \
+         already done counts as refused.\n"
     );
     let _ = writeln!(
         md,
@@ -171,7 +183,7 @@ fn markdown(s: &Summary<'_>) -> String {
     if v.valid() {
         let _ = writeln!(
             md,
-            "None: fences in order, no two holders' writes interleaved, no two leases that wrote safe at once, no refusal without a cause, the registers linearizable, progress after the last heal, every call within its bound.\n"
+            "None: fences in order, no two holders' writes interleaved, no two leases that wrote safe at once, no refusal without a cause, the registers linearizable, no job allocated twice, the audits agreeing with the answers and the stock with the allocations applied, progress after the last heal, every call within its bound.\n"
         );
     }
     for a in &v.anomalies {
@@ -233,8 +245,9 @@ fn markdown(s: &Summary<'_>) -> String {
     md
 }
 
-/// Holds (a bar from grant to release, per client process, coloured by resource; struck
-/// through in red where a write was refused) and faults (shaded spans, numbered as in the
+/// Holds (a bar from grant to release, per client process, coloured by resource, a black line
+/// under it to the lease's last `safe_until`; struck through in red where a write or an
+/// allocation was refused for its fence) and faults (shaded spans, numbered as in the
 /// schedule).
 fn timeline(s: &Summary<'_>) -> String {
     let h = s.history;
@@ -271,14 +284,21 @@ fn timeline(s: &Summary<'_>) -> String {
         let y = 20.0 + row * i as f64;
         let _ = write!(svg, r#"<text x="4" y="{:.1}">p{p}</text>"#, y + 11.0);
         let ops: Vec<_> = h.operations.iter().filter(|o| o.process == *p).collect();
-        let mut held: Option<(f64, &str)> = None;
+        // The hold: from its grant, on a resource, safe until the last `safe_until` it was told.
+        let mut held: Option<(f64, &str, Option<f64>)> = None;
         for op in &ops {
             match (&op.call, &op.outcome) {
-                (Call::Acquire { resource, .. }, Some(Outcome::Granted { .. })) => {
-                    held = Some((ms(h, op.completed.unwrap_or(op.invoked)), resource.as_str()));
+                (Call::Acquire { resource, .. }, Some(Outcome::Granted { safe_until, .. })) => {
+                    let safe = safe_until.map(|t| ms(h, t));
+                    held = Some((ms(h, op.completed.unwrap_or(op.invoked)), resource.as_str(), safe));
+                }
+                (Call::Extend { .. }, Some(Outcome::Done { safe_until: Some(t) })) => {
+                    if let Some((_, _, safe)) = &mut held {
+                        *safe = Some(safe.map_or(ms(h, *t), |s| s.max(ms(h, *t))));
+                    }
                 }
                 (Call::Release { .. }, _) => {
-                    if let Some((from, resource)) = held.take() {
+                    if let Some((from, resource, safe)) = held.take() {
                         let n = resources.len();
                         let colour = COLOURS[*resources.entry(resource).or_insert(n) % COLOURS.len()];
                         let to = ms(h, op.completed.unwrap_or(h.end));
@@ -289,9 +309,21 @@ fn timeline(s: &Summary<'_>) -> String {
                             (x(to) - x(from)).max(1.0),
                             row - 4.0
                         );
+                        // The lease's safe_until: a black line under the bar, so that a bar
+                        // running past its line is a holder acting after it was told to stop.
+                        if let Some(safe) = safe {
+                            let _ = write!(
+                                svg,
+                                r##"<line x1="{:.1}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#000" stroke-width="1.5"><title>{resource}: safe until {safe:.0} ms</title></line>"##,
+                                x(from),
+                                x(safe.max(from)),
+                                y + row - 3.0,
+                                y + row - 3.0
+                            );
+                        }
                     }
                 }
-                (Call::Write { .. }, Some(Outcome::Stale | Outcome::Duplicate)) => {
+                (Call::Write { .. } | Call::Allocate { .. }, Some(Outcome::Stale | Outcome::Duplicate)) => {
                     let t = x(ms(h, op.invoked));
                     let _ = write!(
                         svg,
