@@ -112,6 +112,14 @@ fn runs_clean_with(pair: u64, lock: &str, store: &str, more: &[&str]) {
             assert!(faults.iter().any(|f| f.contains(kind)), "a fault with {kind:?} drawn: {json}");
         }
     }
+    if more.contains(&"--clock-jumps") && std::env::var_os("PALISADE_TORTURE_SEED").is_none() {
+        let faults: Vec<&str> =
+            json["schedule"].as_array().unwrap().iter().map(|s| s["fault"].as_str().unwrap()).collect();
+        for way in ["s ahead", "s back"] {
+            assert!(faults.iter().any(|f| f.contains("wall clock") && f.contains(way)), "a clock {way:?}: {json}");
+        }
+    }
+    assert!(json["allocations_applied"].as_u64().unwrap() > 10, "the warehouse's allocations ran: {json}");
     for file in ["history.jsonl", "report.md", "report.json", "timeline.svg"] {
         assert!(out.path().join(file).is_file(), "{file} written");
     }
@@ -169,6 +177,19 @@ fn redis_with_postgres_on_hosts() {
 #[test]
 fn etcd_with_sqlite_on_hosts() {
     runs_clean_with(252, "etcd", "sqlite", &["--hosts"]);
+}
+
+/// Clients whose wall clocks the schedule steps ahead and back (libfaketime): seeds that step
+/// one ahead and one back. The store-native lock services judge expiry by a clock no one steps
+/// (SQLite: the machine's monotonic clock; PostgreSQL: the server's).
+#[test]
+fn sqlite_on_its_own_file_with_clock_jumps() {
+    runs_clean_with(84, "sqlite", "sqlite", &["--clock-jumps"]);
+}
+
+#[test]
+fn postgres_on_its_own_database_with_clock_jumps() {
+    runs_clean_with(37, "postgres", "postgres", &["--clock-jumps"]);
 }
 
 /// A client process started while the schedule holds its store down (restarted, partitioned)
@@ -366,7 +387,11 @@ mod planted {
     const SEED_LOSE_SQLITE: &str = "2";
 
     fn found(bug: &str, lock: &str, store: &str, seed: &str, duration: &str, kinds: &[&str]) {
-        let (output, json, out) = torture(&[
+        found_with(bug, (lock, store), seed, duration, kinds, &[]);
+    }
+
+    fn found_with(bug: &str, (lock, store): (&str, &str), seed: &str, duration: &str, kinds: &[&str], more: &[&str]) {
+        let mut args = vec![
             "--local",
             "--lock",
             lock,
@@ -379,7 +404,9 @@ mod planted {
             "--plant",
             bug,
             "--json",
-        ]);
+        ];
+        args.extend_from_slice(more);
+        let (output, json, out) = torture(&args);
         let stderr = String::from_utf8_lossy(&output.stderr);
         let report = std::fs::read_to_string(out.path().join("report.md")).unwrap_or_default();
         assert_eq!(output.status.code(), Some(1), "{bug} not found:\n{stderr}\n{report}");
@@ -390,6 +417,21 @@ mod planted {
         assert!(kinds.iter().any(|k| seen.contains(k)), "{bug}: expected one of {kinds:?}, found {seen:?}\n{report}");
         assert!(report.contains(&format!("**Planted bug** `{bug}`")), "{report}");
         assert!(stderr.contains("replay with: palisade torture --local --plant"), "{stderr}");
+    }
+
+    /// Seed 42's 25 s step a client's wall clock 245 s back, then 1,142 s ahead: a holder
+    /// whose clock is behind writes an expiry already past for everyone else, and a client
+    /// whose clock is ahead sees every other hold as over.
+    #[test]
+    fn sqlite_lock_judged_by_wall_clock_is_found() {
+        found_with(
+            "sqlite-lock-judged-by-wall-clock",
+            ("sqlite", "sqlite"),
+            "42",
+            "25s",
+            &["overlap"],
+            &["--clock-jumps"],
+        );
     }
 
     #[test]

@@ -33,6 +33,7 @@ prereq_missing_packages() {
   command -v openssl >/dev/null || echo "openssl" # certificates for the TLS Redis
   command -v setpriv >/dev/null || echo "util-linux" # PostgreSQL refuses to run as root
   command -v ip >/dev/null || echo "iproute2" # network namespaces for the partition tests
+  ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || echo "libfaketime" # the torture's clock jumps
 }
 
 # The venv that holds moto, keyed by the requirements file so a new pin makes a new venv.

@@ -66,10 +66,15 @@ pub struct TortureArgs {
     /// reach them through fault proxies on the bridge.
     #[arg(long)]
     pub hosts: bool,
+    /// Run each client under libfaketime (Debian: `apt install libfaketime`), so that the
+    /// schedule also steps a client's wall clock ahead or back (its monotonic clock runs on).
+    #[arg(long)]
+    pub clock_jumps: bool,
     /// Client processes.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=32))]
     pub clients: u64,
-    /// Resources (each a lock and a register).
+    /// Resources of each kind: registers (r0, r1, …) and SKUs of the warehouse (s0, s1, …), each
+    /// with a lock of its own.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub resources: u64,
     /// The clients' lease TTL, in milliseconds.
@@ -87,7 +92,7 @@ pub struct TortureArgs {
     /// Re-introduce a known bug in the clients' backend (test fixtures, in builds with the
     /// feature `planted-bugs` only), to see the torture find it: redis-lock-outlives-its-ttl,
     /// redis-lock-expires-early, sqlite-store-accepts-stale-fences, sqlite-lock-table-not-remade,
-    /// postgres-store-serves-stale-reads.
+    /// sqlite-lock-judged-by-wall-clock, postgres-store-serves-stale-reads.
     #[arg(long, value_name = "BUG")]
     pub plant: Option<String>,
 }
@@ -111,6 +116,12 @@ pub const PLANTED_BUGS: &[(&str, &str)] = &[
     (
         "sqlite-lock-table-not-remade",
         "SQLite lock service: a lock table dropped under it is not made again (no progress)",
+    ),
+    (
+        "sqlite-lock-judged-by-wall-clock",
+        "SQLite lock service: expiry judged by the wall clock alone, as before it was judged by the monotonic \
+         clock, so a client whose clock is stepped ends or keeps holds wrongly (overlapping holds; needs \
+         --clock-jumps)",
     ),
     (
         "postgres-store-serves-stale-reads",
@@ -185,6 +196,14 @@ pub fn relay_addr(addr: &str) -> palisade::Result<std::net::SocketAddr> {
 pub fn resource_name(i: usize) -> String {
     format!("r{i}")
 }
+
+/// The name of the warehouse's SKU `i` in the history, its lock and its stock.
+pub fn sku_name(i: usize) -> String {
+    format!("s{i}")
+}
+
+/// The stock each SKU starts with: more than a run allocates.
+pub const INITIAL_STOCK: i64 = 1_000_000_000;
 
 /// The record holding a resource's register.
 pub fn register_key(ns: &str, resource: &str) -> String {
@@ -268,6 +287,14 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
             crate::target::shown(&store_url)
         ));
     }
+    let faketime = if args.clock_jumps {
+        Some(nemesis::libfaketime().ok_or(
+            "--clock-jumps runs the clients under libfaketime, and it is not installed (Debian: apt install \
+             libfaketime; or name the library in PALISADE_LIBFAKETIME)",
+        )?)
+    } else {
+        None
+    };
     let bounds = bounds(&args, target.expiry_delay);
     let quiet_ms = bounds.progress_ms + ALLOWANCE_MS;
     let total_ms = u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX);
@@ -290,6 +317,7 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
         lock_leader: servers.as_ref().is_some_and(|s| s.lock_has_leader),
         hosts: args.hosts,
         lock_failover: servers.as_ref().is_some_and(|s| s.lock_fails_over),
+        clock_jumps: args.clock_jumps,
     };
     let steps = schedule::draw(seed, total_ms - quiet_ms, &menu);
     eprintln!(
@@ -304,17 +332,18 @@ async fn run(args: TortureArgs) -> Result<ExitCode, String> {
     if let Some(bug) = plant {
         eprintln!("palisade torture: the clients carry the planted bug {bug}");
     }
-    let run = nemesis::Run::start(&args, seed, plant, &lock_url, &store_url, &target).await?;
+    let run = nemesis::Run::start(&args, seed, plant, &lock_url, &store_url, &target, faketime).await?;
     let (events, nemesis_failed) =
         run.drive(&steps, servers.as_mut(), Duration::from_millis(total_ms), Duration::from_millis(quiet_ms)).await;
     let history = History::from_events(events.clone()).map_err(|e| e.to_string())?;
     let verdict = palisade_history::check(&history, bounds);
     let replay = format!(
-        "palisade torture{}{}{} --lock {} --store {} --seed {seed} --duration {}s --clients {} --resources {} --ttl-ms {} \
+        "palisade torture{}{}{}{} --lock {} --store {} --seed {seed} --duration {}s --clients {} --resources {} --ttl-ms {} \
          --wait-ms {}",
         if args.local { " --local" } else { "" },
         if args.hosts { " --hosts" } else { "" },
         plant.map(|bug| format!(" --plant {bug}")).unwrap_or_default(),
+        if args.clock_jumps { " --clock-jumps" } else { "" },
         crate::target::shown(&args.lock),
         crate::target::shown(&args.store),
         total_ms / 1000,

@@ -3,6 +3,7 @@
 //! collected.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use nix::unistd::Pid;
 use palisade::AnyLockService;
 use palisade_conformance::FaultProxy;
 use palisade_conformance::proxy::proxy_url_on;
+use palisade_examples::warehouse::inventory::Warehouse;
 use palisade_history::{Call, Event, Outcome};
 use palisade_lab::netns::{Host, Lab};
 use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, RedisSentinels, Restart, ZkEnsemble};
@@ -20,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::schedule::{Fault, Side, Step};
-use super::{CALL_MS, TortureArgs, now, register_key, resource_name};
+use super::{CALL_MS, INITIAL_STOCK, TortureArgs, now, register_key, resource_name, sku_name};
 
 /// The pair under test, as the run found it.
 pub struct Target {
@@ -431,10 +433,16 @@ pub struct Run {
     store_url: String,
     slots: Vec<Slot>,
     next_process: u32,
+    /// Process 0's (this one's) next operation number: the restock before the clients start,
+    /// the final reads after they stop.
+    next_op: u64,
     events: mpsc::UnboundedSender<Event>,
     collected: mpsc::UnboundedReceiver<Event>,
     readers: Vec<tokio::task::JoinHandle<()>>,
     log: std::fs::File,
+    /// With `--clock-jumps`: libfaketime, which every client runs under, and the directory of
+    /// the files that tell each slot's clients their wall clock's step.
+    clocks: Option<(PathBuf, PathBuf)>,
     /// The bridge the clients' hosts are on, with `--hosts` (dropped after the slots' hosts,
     /// being declared after them).
     _lab: Option<Lab>,
@@ -448,6 +456,7 @@ impl Run {
         lock_url: &str,
         store_url: &str,
         target: &Target,
+        faketime: Option<PathBuf>,
     ) -> Result<Run, String> {
         let mut b = [0u8; 4];
         let _ = getrandom::fill(&mut b);
@@ -473,12 +482,20 @@ impl Run {
             store_url: store_url.to_string(),
             slots: Vec::new(),
             next_process: 1,
+            next_op: 0,
             events,
             collected,
             readers: Vec::new(),
             log,
+            clocks: faketime.map(|lib| (lib, args.out.join("clocks"))),
             _lab: None,
         };
+        if let Some((_, dir)) = &run.clocks {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            for slot in 0..run.slots_wanted() {
+                run.step_clock(slot, 0)?;
+            }
+        }
         for _ in 0..args.clients {
             let (lock, lock_proxies) =
                 if target.lock_proxied { proxied(listen, lock_url).await? } else { (lock_url.to_string(), Vec::new()) };
@@ -502,6 +519,7 @@ impl Run {
             });
         }
         run._lab = lab;
+        run.restock().await?;
         for slot in 0..run.slots.len() {
             run.spawn(slot)?;
         }
@@ -513,6 +531,7 @@ impl Run {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let process = self.next_process;
         self.next_process += 1;
+        let clock_file = self.clock_file(slot);
         let s = &mut self.slots[slot];
         let stderr = self.log.try_clone().map_err(|e| e.to_string())?;
         // On a host, `ip netns exec` becomes the client: the child's pid is the client's, for
@@ -528,6 +547,16 @@ impl Run {
             Some(bug) => command.env("PALISADE_PLANTED_BUG", bug),
             None => command.env_remove("PALISADE_PLANTED_BUG"),
         };
+        if let Some((lib, _)) = &self.clocks {
+            // The step is read from the slot's file at most a second late; the monotonic
+            // clocks (the history's, a lease's `safe_until`) are left alone.
+            command
+                .env("LD_PRELOAD", lib)
+                .env("FAKETIME_TIMESTAMP_FILE", clock_file)
+                .env("FAKETIME_CACHE_DURATION", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .env("DONT_FAKE_MONOTONIC", "1");
+        }
         let mut child = command
             .arg("torture-client")
             .args(["--lock", &s.lock_url, "--store", &s.store_url, "--ns", &self.ns])
@@ -558,6 +587,25 @@ impl Run {
 
     fn record(&self, event: Event) {
         let _ = self.events.send(event);
+    }
+
+    fn slots_wanted(&self) -> usize {
+        usize::try_from(self.args.clients).unwrap_or(0)
+    }
+
+    /// The file that tells the clients of `slot` their wall clock's step (libfaketime's).
+    fn clock_file(&self, slot: usize) -> PathBuf {
+        self.clocks.as_ref().map_or_else(PathBuf::new, |(_, dir)| dir.join(format!("client-{slot}.faketime")))
+    }
+
+    /// Steps the wall clock of `slot`'s clients `by_s` seconds from the true time (0: back to
+    /// it). Written whole and renamed into place, so that a client never reads half a step.
+    fn step_clock(&self, slot: usize, by_s: i64) -> Result<(), String> {
+        let file = self.clock_file(slot);
+        let partial = file.with_extension("partial");
+        std::fs::write(&partial, format!("{by_s:+}\n"))
+            .and_then(|()| std::fs::rename(&partial, &file))
+            .map_err(|e| format!("{}: {e}", file.display()))
     }
 
     /// Plays the schedule, lets the clients run to `total` and for at least `quiet` after the
@@ -675,6 +723,18 @@ impl Run {
                 hold(ms).await;
                 tokio::task::block_in_place(|| host.heal()).map_err(|e| e.to_string())?;
             }
+            Fault::JumpClock { client, by_s, ms } => {
+                let pid = self.slots[client].pid()?;
+                // A step written for a client that is not under libfaketime would change nothing:
+                // an error, not a silent pass.
+                let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+                if !maps.contains("libfaketime") {
+                    return Err(format!("client process {pid} does not run under libfaketime"));
+                }
+                self.step_clock(client, by_s)?;
+                hold(ms).await;
+                self.step_clock(client, 0)?;
+            }
             Fault::DropSent { client, ms } | Fault::DropReceived { client, ms } => {
                 let host = self.slots[client].host().await?;
                 tokio::task::block_in_place(|| match fault {
@@ -713,8 +773,45 @@ impl Run {
         }
     }
 
-    /// Process 0 reads every register once more, straight from the store: the last word on
-    /// which writes landed.
+    /// Process 0 records one of its own operations: `call`, answered by `answer`.
+    async fn own<F>(&mut self, call: Call, answer: F) -> Outcome
+    where
+        F: std::future::Future<Output = Outcome>,
+    {
+        self.next_op += 1;
+        let op = self.next_op;
+        self.record(Event::Invoke { process: 0, op, at: now(), within_ms: CALL_MS, call });
+        let outcome = answer.await;
+        self.record(Event::Complete { process: 0, op, at: now(), outcome: outcome.clone() });
+        outcome
+    }
+
+    /// Process 0 puts every SKU's initial stock, before any client runs: where the stock
+    /// check starts from.
+    async fn restock(&mut self) -> Result<(), String> {
+        let warehouse = Warehouse::connect(&self.store_url, &self.ns)
+            .await
+            .map_err(|e| format!("the warehouse's tables or records cannot be set up: {e}"))?;
+        for index in 0..self.args.resources {
+            let sku = sku_name(usize::try_from(index).unwrap_or(0));
+            let call = Call::Restock { resource: sku.clone(), qty: INITIAL_STOCK };
+            let outcome = self
+                .own(call, async {
+                    match warehouse.initial_stock(&sku, INITIAL_STOCK).await {
+                        Ok(()) => Outcome::Accepted,
+                        Err(e) => Outcome::Unknown { error: e.to_string() },
+                    }
+                })
+                .await;
+            if let Outcome::Unknown { error } = outcome {
+                return Err(format!("the stock of {sku} cannot be set up: {error}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Process 0 reads every register, every SKU's audit and stock once more, straight from
+    /// the store: the last word on which writes and allocations landed.
     async fn final_reads(&mut self) {
         let store = match palisade::connect_store(&self.store_url).await {
             Ok(store) => Some(store),
@@ -724,23 +821,58 @@ impl Run {
             }
         };
         let Some(store) = store.map(|s: Arc<palisade::DynFencedStore>| s) else { return };
-        for (op, index) in (0..self.args.resources).enumerate() {
+        for index in 0..self.args.resources {
             let resource = resource_name(usize::try_from(index).unwrap_or(0));
-            let op = op as u64 + 1;
-            self.record(Event::Invoke {
-                process: 0,
-                op,
-                at: now(),
-                within_ms: CALL_MS,
-                call: Call::Read { resource: resource.clone() },
-            });
-            let outcome = match store.read(&register_key(&self.ns, &resource)).await {
-                Ok(record) => Outcome::Value { value: record.map(|r| String::from_utf8_lossy(&r.value).into_owned()) },
-                Err(e) => Outcome::Unknown { error: e.to_string() },
-            };
-            self.record(Event::Complete { process: 0, op, at: now(), outcome });
+            let key = register_key(&self.ns, &resource);
+            self.own(Call::Read { resource }, async {
+                match store.read(&key).await {
+                    Ok(record) => {
+                        Outcome::Value { value: record.map(|r| String::from_utf8_lossy(&r.value).into_owned()) }
+                    }
+                    Err(e) => Outcome::Unknown { error: e.to_string() },
+                }
+            })
+            .await;
+        }
+        let warehouse = match Warehouse::connect(&self.store_url, &self.ns).await {
+            Ok(warehouse) => warehouse,
+            Err(e) => {
+                eprintln!("palisade torture: the final audit cannot connect: {e}");
+                return;
+            }
+        };
+        for index in 0..self.args.resources {
+            let sku = sku_name(usize::try_from(index).unwrap_or(0));
+            self.own(Call::Audit { resource: sku.clone() }, async {
+                match warehouse.applied_attempts(&sku).await {
+                    Ok(jobs) => Outcome::Audited { jobs },
+                    Err(e) => Outcome::Unknown { error: e.to_string() },
+                }
+            })
+            .await;
+            self.own(Call::Stock { resource: sku.clone() }, async {
+                match warehouse.stock(&sku).await {
+                    Ok(stock) => Outcome::Units { qty: stock.map(|s| s.qty) },
+                    Err(e) => Outcome::Unknown { error: e.to_string() },
+                }
+            })
+            .await;
         }
     }
+}
+
+/// Where libfaketime is: `PALISADE_LIBFAKETIME`, or where Debian and a source build put it.
+/// The variant that serialises its own state across threads, since a client runs many.
+pub fn libfaketime() -> Option<PathBuf> {
+    if let Some(named) = std::env::var_os("PALISADE_LIBFAKETIME") {
+        return Some(PathBuf::from(named)).filter(|p| p.is_file());
+    }
+    let mut candidates = vec![PathBuf::from("/usr/local/lib/faketime/libfaketimeMT.so.1")];
+    if let Ok(dirs) = std::fs::read_dir("/usr/lib") {
+        candidates.extend(dirs.flatten().map(|d| d.path().join("faketime/libfaketimeMT.so.1")));
+    }
+    candidates.push(PathBuf::from("/usr/lib/faketime/libfaketimeMT.so.1"));
+    candidates.into_iter().find(|p| p.is_file())
 }
 
 #[cfg(test)]

@@ -62,6 +62,10 @@ pub enum Fault {
     /// which may lack the last grants (replication is asynchronous); the killed server comes
     /// back `ms` later, as the new master's replica.
     FailOver { ms: u64 },
+    /// The client's wall clock is stepped by `by_s` seconds (ahead, or back when negative),
+    /// and stepped back `ms` later, as NTP, an operator or a resumed VM steps one; its
+    /// monotonic clock runs on untouched (libfaketime).
+    JumpClock { client: usize, by_s: i64, ms: u64 },
 }
 
 impl Fault {
@@ -76,7 +80,8 @@ impl Fault {
             | Fault::IsolateHost { ms, .. }
             | Fault::DropSent { ms, .. }
             | Fault::DropReceived { ms, .. }
-            | Fault::FailOver { ms } => ms,
+            | Fault::FailOver { ms }
+            | Fault::JumpClock { ms, .. } => ms,
             Fault::KillClient { down_ms, .. } => down_ms,
             Fault::LoseReply { .. } | Fault::Cut { .. } | Fault::RestartServer { .. } | Fault::LoseLockData => 0,
         }
@@ -125,6 +130,10 @@ impl fmt::Display for Fault {
                 f,
                 "kill the Redis master (SIGKILL), the Sentinels promote its replica; back as a replica {ms} ms later"
             ),
+            Fault::JumpClock { client, by_s, ms } => {
+                let way = if by_s < 0 { "back" } else { "ahead" };
+                write!(f, "step client {client}'s wall clock {} s {way} for {ms} ms (libfaketime)", by_s.unsigned_abs())
+            }
         }
     }
 }
@@ -159,6 +168,8 @@ pub struct Menu {
     /// The lock service is a Redis master and replica behind Sentinels of ours, which the
     /// schedule may fail over.
     pub lock_failover: bool,
+    /// The clients' wall clocks are ours to step (they run under libfaketime).
+    pub clock_jumps: bool,
 }
 
 /// A deterministic generator (SplitMix64): the schedule must not depend on a crate's version.
@@ -222,6 +233,9 @@ pub fn draw(seed: u64, faulty_ms: u64, menu: &Menu) -> Vec<Step> {
     if menu.lock_failover {
         kinds.extend(["fail-over-lock", "fail-over-lock"]);
     }
+    if menu.clock_jumps {
+        kinds.extend(["jump-clock", "jump-clock"]);
+    }
     let mut steps = Vec::new();
     let mut at = 1_000;
     loop {
@@ -247,6 +261,13 @@ pub fn draw(seed: u64, faulty_ms: u64, menu: &Menu) -> Vec<Step> {
             "drop-sent" => Fault::DropSent { client, ms: span },
             "drop-received" => Fault::DropReceived { client, ms: span },
             "fail-over-lock" => Fault::FailOver { ms: span },
+            // A step of a few TTLs to an hour, either way; libfaketime reads the step within a
+            // second, so the clock stays stepped for at least two.
+            "jump-clock" => {
+                let by_s = i64::try_from(rng.between(2, 3_600)).unwrap_or(2);
+                let by_s = if rng.below(2) == 0 { by_s } else { -by_s };
+                Fault::JumpClock { client, by_s, ms: 2_000 + span }
+            }
             _ => Fault::LoseLockData,
         };
         if at + fault.lasts_ms() > faulty_ms {
@@ -274,6 +295,7 @@ mod tests {
             lock_leader: false,
             hosts: false,
             lock_failover: false,
+            clock_jumps: false,
         }
     }
 
@@ -336,6 +358,13 @@ mod tests {
         ] {
             assert!(drawn.iter().any(kind), "every network fault is drawn on hosts");
         }
+        let jump = |f: &Fault| matches!(f, Fault::JumpClock { .. });
+        assert!(!all.iter().any(jump), "no libfaketime, no clock to step");
+        let jumps = Menu { clock_jumps: true, ..menu() };
+        let drawn: Vec<Fault> = (0..50).flat_map(|seed| draw(seed, 60_000, &jumps)).map(|s| s.fault).collect();
+        assert!(drawn.iter().any(|f| matches!(f, Fault::JumpClock { by_s, .. } if *by_s > 0)), "ahead");
+        assert!(drawn.iter().any(|f| matches!(f, Fault::JumpClock { by_s, .. } if *by_s < 0)), "back");
+        assert!(!Fault::JumpClock { client: 0, by_s: 60, ms: 1 }.loses_locks());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::db::map_err;
-use crate::lock_table::{ACQUIRE, ADVANCE, EXTEND, RELEASE, migrate, now_ms};
+use crate::lock_table::{ACQUIRE, ADVANCE, EXTEND, Now, RELEASE, migrate};
 use crate::store::SqliteStore;
 
 use crate::db::BACKEND;
@@ -35,10 +35,13 @@ const ONE_ATTEMPT: Duration = Duration::from_millis(100);
 ///   restores both together), where an in-process counter starts again at 1 with every process;
 /// - **processes on one machine coordinate**: every process that opens the file shares its locks.
 ///
-/// Each acquire, extend and release is one statement. Expiry is judged by the machine's wall
-/// clock (every process on one machine reads the same one): a clock stepped back lengthens
-/// holds by as much, one stepped forward ends them early — and in either case the store's fence
-/// check still refuses a stale holder's write. A release by a lock service of this process on
+/// Each acquire, extend and release is one statement. Expiry is judged by the machine's
+/// monotonic clock in the current boot (every process on one machine reads the same one, and
+/// nobody steps it): a wall clock stepped ahead or back neither ends a hold early nor keeps an
+/// expired one. A row from an earlier boot is expired. Processes sharing a file must share a
+/// Linux time namespace. A row written by an earlier version (which knew only the wall clock)
+/// is judged by the wall clock, as that version judges it; so is every row on a machine that
+/// tells no boot id (not Linux). A release by a lock service of this process on
 /// the same file wakes this process's waiters for the key at once; releases by other processes,
 /// and expiries, are found by polling with backoff (2 ms doubling to 250 ms). A file shared
 /// over a network file system is not supported (SQLite's own locking is unreliable there).
@@ -153,12 +156,15 @@ impl SqliteLockService {
 
     async fn execute_once(&self, statement: &'static str, grant: &Grant<Fenced>, ttl: Option<Ttl>) -> Result<u64> {
         let _writer = self.store.writer().await?;
+        let now = Now::read();
         let result = sqlx::query(statement)
             .bind(grant.key().to_string())
             .bind(grant.grant_id().as_bytes().as_slice())
-            .bind(now_ms())
+            .bind(now.wall_ms)
             .bind(ttl.map_or(0, |t| millis(t.get())))
             .bind(storable_fence(BACKEND, grant.fence())?)
+            .bind(now.boot_id())
+            .bind(now.monotonic_ms())
             .execute(self.store.pool())
             .await
             .map_err(map_err)?;
@@ -169,11 +175,14 @@ impl SqliteLockService {
         let token = OwnerToken::generate()?;
         let requested_at = Instant::now();
         let _writer = self.one_attempts_writer().await?;
+        let now = Now::read();
         let row = sqlx::query(ACQUIRE)
             .bind(key.to_string())
             .bind(GrantId::of(&token).as_bytes().as_slice())
-            .bind(now_ms())
+            .bind(now.wall_ms)
             .bind(millis(ttl.get()))
+            .bind(now.boot_id())
+            .bind(now.monotonic_ms())
             .fetch_optional(&self.attempts)
             .await
             .map_err(busy_past_one_attempt)?;
@@ -186,14 +195,16 @@ impl SqliteLockService {
         let requested_at = Instant::now();
         let _writer = self.one_attempts_writer().await?;
         let mut tx = self.attempts.begin_with("BEGIN IMMEDIATE").await.map_err(busy_past_one_attempt)?;
-        let now = now_ms();
+        let now = Now::read();
         let mut grants = Vec::with_capacity(keys.len());
         for (i, (key, token)) in keys.iter().zip(tokens).enumerate() {
             let row = sqlx::query(ACQUIRE)
                 .bind(key.to_string())
                 .bind(GrantId::of(&token).as_bytes().as_slice())
-                .bind(now)
+                .bind(now.wall_ms)
                 .bind(millis(ttl.get()))
+                .bind(now.boot_id())
+                .bind(now.monotonic_ms())
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(busy_past_one_attempt)?;

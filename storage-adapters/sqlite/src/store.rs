@@ -514,11 +514,14 @@ pub(crate) async fn raise_watermark(
     if let Some(live) = statements.live_lock {
         // Inside the write transaction, which holds the file's write lock: no grant can be
         // made between this check and the commit.
+        let now = crate::lock_table::Now::read();
         let live: Option<i64> = sqlx::query_scalar(live)
             .bind(resource.to_string())
             .bind(fence.grant().as_bytes().as_slice())
             .bind(fence_i64)
-            .bind(crate::lock_table::now_ms())
+            .bind(now.wall_ms)
+            .bind(now.boot_id())
+            .bind(now.monotonic_ms())
             .fetch_optional(&mut *conn)
             .await
             .map_err(map_err)?;
