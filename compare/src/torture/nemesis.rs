@@ -490,8 +490,10 @@ impl Run {
             clocks: faketime.map(|lib| (lib, args.out.join("clocks"))),
             _lab: None,
         };
-        if let Some((_, dir)) = &run.clocks {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if let Some((_, dir)) = &mut run.clocks {
+            std::fs::create_dir_all(&*dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            // Absolute: a client on a host of its own, or started elsewhere, finds it too.
+            *dir = std::fs::canonicalize(&*dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             for slot in 0..run.slots_wanted() {
                 run.step_clock(slot, 0)?;
             }
