@@ -95,7 +95,8 @@ async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
         // Half the holds are of a register, half of a SKU of the warehouse.
         let index = rng.below(2 * args.resources);
         let on = if index < args.resources {
-            On::Register { resource: resource_name(index), register: String::new() }
+            let resource = resource_name(index);
+            On::Register { register: register_key(&args.pair.ns, &resource), resource }
         } else {
             On::Sku { resource: sku_name(index - args.resources), warehouse: &warehouse }
         };
@@ -131,12 +132,6 @@ async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
                 tokio::time::sleep(Duration::from_millis(rng.between(10, 100))).await;
                 continue;
             }
-        };
-        let on = match on {
-            On::Register { resource, .. } => {
-                On::Register { register: register_key(&args.pair.ns, &resource), resource }
-            }
-            sku => sku,
         };
         hold(args, &mut rng, &mut rec, &store, &on, lease).await;
         tokio::time::sleep(Duration::from_millis(rng.between(0, 30))).await;

@@ -42,13 +42,12 @@ const ADDED_COLUMNS: [(&str, &str); 4] = [
 /// the caller's write transaction.
 pub(crate) async fn migrate(conn: &mut SqliteConnection) -> palisade_core::Result<()> {
     sqlx::query(CREATE_LOCKS).execute(&mut *conn).await.map_err(map_err)?;
+    let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('palisade_locks')")
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_err)?;
     for (column, add) in ADDED_COLUMNS {
-        let has: i64 = sqlx::query_scalar("SELECT count(*) FROM pragma_table_info('palisade_locks') WHERE name = ?1")
-            .bind(column)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(map_err)?;
-        if has == 0 {
+        if !columns.iter().any(|c| c == column) {
             sqlx::query(add).execute(&mut *conn).await.map_err(map_err)?;
         }
     }
@@ -270,5 +269,28 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(acquire(&mut conn, "r", b"b", 60_000, &Now::read()).await, Some(3));
+    }
+
+    #[tokio::test]
+    async fn a_table_of_an_earlier_version_gains_the_columns_it_lacks_and_keeps_its_rows() {
+        let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        sqlx::query(
+            "CREATE TABLE palisade_locks (resource TEXT PRIMARY KEY NOT NULL, owner BLOB, \
+             expires_at_ms INTEGER NOT NULL, fence INTEGER NOT NULL) WITHOUT ROWID",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        sqlx::query("INSERT INTO palisade_locks VALUES ('r', NULL, 0, 7)").execute(&mut conn).await.unwrap();
+        migrate(&mut conn).await.unwrap();
+        migrate(&mut conn).await.unwrap();
+        let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('palisade_locks')")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        for (column, _) in ADDED_COLUMNS {
+            assert!(columns.iter().any(|c| c == column), "{column} added: {columns:?}");
+        }
+        assert_eq!(acquire(&mut conn, "r", b"a", 60_000, &Now::read()).await, Some(8), "the counter kept");
     }
 }
