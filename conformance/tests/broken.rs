@@ -9,21 +9,20 @@
 // `broken_twins::` in the run that keeps one test per core.
 mod broken_twins {
 
-    use std::collections::{BTreeMap, HashMap};
+    use std::collections::HashMap;
     use std::path::PathBuf;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     use palisade_conformance::memory::MemoryStoreFactory;
-    use palisade_conformance::relay::{Relay, RelayLockService, RelayRetry};
+    use palisade_conformance::relay::{Relay, RelayLockService, RelayRetry, RelayStore, StoreRelay};
     use palisade_conformance::{
         Ctx, FencedStoreFactory, LockServiceFactory, Outcome, ProcessAccess, Restart, Timing, e2e, harness,
     };
     use palisade_conformance::{FaultProxy, FaultyClient};
-    use palisade_core::spi::{async_trait, conflict_error};
+    use palisade_core::spi::async_trait;
     use palisade_core::{
-        Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, FencedStore, Grant, GrantFence, LockService,
-        OwnerToken, Record, ResourceKey, Result, Ttl, WriteBatch, WriteOp,
+        Capabilities, Error, ErrorKind, FenceSource, Fenced, Grant, LockService, OwnerToken, ResourceKey, Result, Ttl,
     };
     use tokio::time::Instant;
 
@@ -117,227 +116,25 @@ mod broken_twins {
     }
 
     // ---------------------------------------------------------------------------------------------
-    // A store with one flaw at a time.
+    // A store with one flaw at a time: palisade-broken-store, which the torture's tests use
+    // too.
 
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    enum StoreFlaw {
-        /// None: the control, which passes every store scenario.
-        None,
-        /// Applies writes whatever their fence (the watermark only goes up).
-        AcceptsLowerFence,
-        /// Applies operations one by one and stops at a failed condition, keeping what it wrote.
-        PartialBatch,
-        /// Reports a stale write as success (the incident's "zero rows updated" bug).
-        SilentRejection,
-        /// Does not validate batches.
-        NoValidation,
-        /// Accepts a fence equal to the watermark from any grant (the rule before rule 2 knew grants).
-        AcceptsEqualFromAnyGrant,
-        /// Reads the watermark, then writes in a second step (bug class 18): another writer can
-        /// slip in between.
-        CheckThenWrite,
-        /// Checks the fence only when the batch has a `Put` (and then sets the watermark
-        /// unconditionally).
-        ChecksOnlyPuts,
-        /// One watermark per key domain (a table's worth) instead of one per resource.
-        WatermarkPerDomain,
-        /// Keeps watermarks in the client's memory: a new client starts with none.
-        WatermarkInClient,
-        /// Accepts fence 0 (an uninitialised fence).
-        AcceptsZero,
-        /// Answers `read_many` in key order, as a naive `WHERE key = ANY(…)` returns rows, instead
-        /// of the order asked.
-        ReadManyInKeyOrder,
-        /// Declares that fenced writes require a live lock, and checks only the fence.
-        ClaimsLiveLock,
-        /// Judges only the first resource's fence of a multi-resource write (and raises every
-        /// watermark): a transfer whose other side went stale lands anyway.
-        ChecksOnlyFirstFence,
-    }
-
-    type Watermarks = Arc<Mutex<HashMap<ResourceKey, GrantFence>>>;
-    type Records = Arc<Mutex<BTreeMap<String, Record>>>;
-
-    /// One client of a broken store. Records are shared by every client; so are watermarks,
-    /// unless the flaw keeps them in the client.
-    struct BrokenStore {
-        flaw: StoreFlaw,
-        watermarks: Watermarks,
-        records: Records,
-    }
-
-    impl BrokenStore {
-        /// Whose watermark a write to `res` checks and raises.
-        fn scope(&self, res: &ResourceKey) -> ResourceKey {
-            if self.flaw == StoreFlaw::WatermarkPerDomain {
-                ResourceKey::new(res.domain(), "all").unwrap()
-            } else {
-                res.clone()
-            }
-        }
-
-        /// The fence check; `Ok(true)`: go on and raise the watermark, `Ok(false)`: report success
-        /// without writing.
-        fn check(&self, current: Option<GrantFence>, presented: GrantFence, batch: &WriteBatch) -> Result<bool> {
-            let f = presented.fence();
-            if (f.get() == 0 && self.flaw != StoreFlaw::AcceptsZero) || f > Fence::MAX_STORABLE {
-                return Err(Error::new(ErrorKind::InvalidArgument, "broken", format!("fence {f} cannot be stored")));
-            }
-            if self.flaw == StoreFlaw::ChecksOnlyPuts && !batch.ops().iter().any(|op| matches!(op, WriteOp::Put { .. }))
-            {
-                return Ok(true);
-            }
-            if let Some(c) = current.filter(|c| f < c.fence()) {
-                return match self.flaw {
-                    StoreFlaw::AcceptsLowerFence => Ok(true),
-                    StoreFlaw::SilentRejection => Ok(false),
-                    _ => Err(Error::stale_fence("broken", f, c.fence())),
-                };
-            }
-            if current.is_some_and(|c| c.fence() == f && c.grant() != presented.grant())
-                && self.flaw != StoreFlaw::AcceptsEqualFromAnyGrant
-            {
-                return Err(Error::duplicate_fence("broken", f));
-            }
-            Ok(true)
-        }
-
-        async fn apply_ops(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
-            if self.flaw != StoreFlaw::NoValidation {
-                batch.validate()?;
-            }
-            // The members whose fence is judged: all, or the first alone.
-            let judged =
-                if self.flaw == StoreFlaw::ChecksOnlyFirstFence { &fences[..fences.len().min(1)] } else { fences };
-            if self.flaw == StoreFlaw::CheckThenWrite {
-                for (res, presented) in judged {
-                    let current = self.watermarks.lock().unwrap().get(&self.scope(res)).copied();
-                    if !self.check(current, *presented, batch).map_err(|e| e.with_resource(res.clone()))? {
-                        return Ok(());
-                    }
-                }
-                tokio::task::yield_now().await; // the second round trip
-            }
-            let mut watermarks = self.watermarks.lock().unwrap();
-            let mut records = self.records.lock().unwrap();
-            if self.flaw != StoreFlaw::CheckThenWrite {
-                for (res, presented) in judged {
-                    match self.check(watermarks.get(&self.scope(res)).copied(), *presented, batch) {
-                        Ok(true) => {}
-                        Ok(false) => return Ok(()),
-                        Err(e) => return Err(e.with_resource(res.clone())),
-                    }
-                }
-            }
-            let record_fence = fences.last().map(|(_, f)| f.fence());
-            let holds = |records: &BTreeMap<String, Record>, op: &WriteOp| match op {
-                WriteOp::Create { key, .. } => !records.contains_key(key),
-                WriteOp::Check { key, expected } => records.get(key).map(|r| &r.value) == expected.as_ref(),
-                _ => true,
-            };
-            if self.flaw != StoreFlaw::PartialBatch
-                && let Some(op) = batch.ops().iter().find(|op| !holds(&records, op))
-            {
-                return Err(conflict_error("broken", op));
-            }
-            for (res, presented) in fences {
-                let scope = self.scope(res);
-                let lower = watermarks.get(&scope).is_some_and(|c| presented.fence() < c.fence());
-                if !lower || self.flaw == StoreFlaw::ChecksOnlyPuts || self.flaw == StoreFlaw::CheckThenWrite {
-                    watermarks.insert(scope, *presented);
-                }
-            }
-            for op in batch.ops() {
-                if !holds(&records, op) {
-                    return Err(conflict_error("broken", op));
-                }
-                match op {
-                    WriteOp::Put { key, value } | WriteOp::Create { key, value } => {
-                        records.insert(key.clone(), Record { value: value.clone(), fence: record_fence });
-                    }
-                    WriteOp::Delete { key } => {
-                        records.remove(key);
-                    }
-                    WriteOp::Check { .. } => {}
-                }
-            }
-            Ok(())
-        }
-    }
-
-    #[async_trait]
-    impl FencedStore for BrokenStore {
-        fn backend(&self) -> &'static str {
-            "broken"
-        }
-        fn requires_live_lock(&self) -> bool {
-            self.flaw == StoreFlaw::ClaimsLiveLock
-        }
-        async fn apply(&self, resource: &ResourceKey, fence: GrantFence, batch: &WriteBatch) -> Result<()> {
-            self.apply_ops(&[(resource.clone(), fence)], batch).await
-        }
-        async fn apply_all(&self, fences: &[(ResourceKey, GrantFence)], batch: &WriteBatch) -> Result<()> {
-            let fences = if self.flaw == StoreFlaw::NoValidation {
-                let mut sorted = fences.to_vec();
-                sorted.sort_by(|a, b| a.0.cmp(&b.0));
-                sorted
-            } else {
-                palisade_core::spi::canonical_fences("broken", fences)?
-            };
-            self.apply_ops(&fences, batch).await
-        }
-        async fn apply_unfenced(&self, batch: &WriteBatch) -> Result<()> {
-            self.apply_ops(&[], batch).await
-        }
-        async fn watermark(&self, resource: &ResourceKey) -> Result<Option<Fence>> {
-            Ok(self.watermarks.lock().unwrap().get(&self.scope(resource)).map(GrantFence::fence))
-        }
-        async fn read(&self, key: &str) -> Result<Option<Record>> {
-            if self.flaw != StoreFlaw::NoValidation {
-                palisade_core::spi::validate_record_key(key)?;
-            }
-            Ok(self.records.lock().unwrap().get(key).cloned())
-        }
-        async fn read_many(&self, keys: &[&str]) -> Result<Vec<Option<Record>>> {
-            let mut keys = keys.to_vec();
-            if self.flaw == StoreFlaw::ReadManyInKeyOrder {
-                keys.sort_unstable();
-            }
-            let mut out = Vec::new();
-            for key in keys {
-                out.push(self.read(key).await?);
-            }
-            Ok(out)
-        }
-        async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
-            let records = self.records.lock().unwrap();
-            Ok(records.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, r)| (k.clone(), r.clone())).collect())
-        }
-    }
+    use palisade_broken_store::{BrokenStore, BrokenStoreClient, StoreFlaw};
 
     #[derive(Clone)]
-    struct BrokenStoreFactory {
-        flaw: StoreFlaw,
-        watermarks: Watermarks,
-        records: Records,
-    }
+    struct BrokenStoreFactory(BrokenStore);
 
     impl BrokenStoreFactory {
         fn new(flaw: StoreFlaw) -> Self {
-            BrokenStoreFactory { flaw, watermarks: Watermarks::default(), records: Records::default() }
+            BrokenStoreFactory(BrokenStore::new(flaw))
         }
     }
 
     #[async_trait]
     impl FencedStoreFactory for BrokenStoreFactory {
-        type Store = BrokenStore;
-        async fn client(&self) -> Result<Arc<BrokenStore>> {
-            let watermarks = if self.flaw == StoreFlaw::WatermarkInClient {
-                Watermarks::default()
-            } else {
-                Arc::clone(&self.watermarks)
-            };
-            Ok(Arc::new(BrokenStore { flaw: self.flaw, watermarks, records: Arc::clone(&self.records) }))
+        type Store = BrokenStoreClient;
+        async fn client(&self) -> Result<Arc<BrokenStoreClient>> {
+            Ok(Arc::new(self.0.client()))
         }
     }
 
@@ -662,6 +459,46 @@ mod broken_twins {
     async fn store_flaw_fails(flaw: StoreFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
         let outcomes = palisade_conformance::store_outcomes(&BrokenStoreFactory::new(flaw)).await;
         judge(&format!("{flaw:?}"), outcomes, must_fail, may_fail);
+    }
+
+    /// Runs every store scenario against a broken store served by the store relay, each client
+    /// on a connection (and a store client) of its own, as the torture's client processes
+    /// reach one, and [`judge`]s them: the relay hides no flaw.
+    async fn relayed_store_flaw_fails(flaw: StoreFlaw, must_fail: &[(&str, &str)], may_fail: &[&str]) {
+        let relay = StoreRelay::serve(Arc::new(BrokenStoreFactory::new(flaw))).await.unwrap();
+        let addr = relay.addr();
+        let relayed =
+            palisade_conformance::store_factory(move || async move { Ok(Arc::new(RelayStore::connect(addr).await?)) });
+        let outcomes = palisade_conformance::store_outcomes(&relayed).await;
+        judge(&format!("{flaw:?} through the store relay"), outcomes, must_fail, may_fail);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn broken_stores_fail_the_same_through_the_store_relay() {
+        relayed_store_flaw_fails(
+            StoreFlaw::AcceptsLowerFence,
+            &[
+                ("equal_higher_lower", "below watermark 11 gave None"),
+                ("fence_comparison_matrix", "expected Err(StaleFence"),
+                ("multi_write_all_or_nothing", "one stale member"),
+            ],
+            &[
+                "stale_batches_of_every_shape",
+                "watermark_scope",
+                "atomicity",
+                "concurrent_interleaved_fences",
+                "store_race",
+            ],
+        )
+        .await;
+        // A client per connection: the watermark kept in the client is seen.
+        relayed_store_flaw_fails(
+            StoreFlaw::WatermarkInClient,
+            &[("watermark_scope", "a new client")],
+            &["store_race", "concurrent_interleaved_fences"],
+        )
+        .await;
+        relayed_store_flaw_fails(StoreFlaw::None, &[], &[]).await;
     }
 
     #[tokio::test]

@@ -85,8 +85,8 @@ async fn work(args: &ClientArgs, stop: &AtomicBool) -> palisade::Result<()> {
     // A client started while the schedule holds a server down (a restart, a partition, a
     // failover) keeps trying, as a real worker would, instead of leaving its place empty.
     let locks = until_connected(stop, || super::connect_lock(&args.pair.lock)).await?;
-    let store = until_connected(stop, || palisade::connect_store(&args.pair.store)).await?;
-    let warehouse = until_connected(stop, || Warehouse::connect(&args.pair.store, &args.pair.ns)).await?;
+    let store = until_connected(stop, || super::connect_store(&args.pair.store)).await?;
+    let warehouse = until_connected(stop, || super::connect_warehouse(&args.pair.store, &args.pair.ns, &store)).await?;
     let mut rng = Rng::new(args.seed ^ (u64::from(args.process) << 32));
     let mut rec = Recorder { process: args.process, next: 0 };
     let ttl = Duration::from_millis(args.ttl_ms);

@@ -44,8 +44,9 @@ pub struct TortureArgs {
     /// master and replica behind three Sentinels, which the schedule fails over).
     #[arg(long)]
     pub lock: String,
-    /// The fenced store's URL (sqlite://PATH, postgres://, dynamodb://TABLE?endpoint=…); with
-    /// --local: sqlite or postgres.
+    /// The fenced store's URL (sqlite://PATH, postgres://, dynamodb://TABLE?endpoint=…, or
+    /// relay://HOST:PORT for a store in another process served by the conformance crate's store
+    /// relay); with --local: sqlite or postgres.
     #[arg(long)]
     pub store: String,
     /// Draws the fault schedule and the clients' choices: the same seed, duration and pair
@@ -183,6 +184,30 @@ pub async fn connect_lock(url: &str) -> palisade::Result<std::sync::Arc<palisade
     let addr = relay_addr(addr)?;
     let relayed = palisade_conformance::relay::RelayLockService::<palisade::Fenced>::discover(addr).await?;
     Ok(std::sync::Arc::new(relayed))
+}
+
+/// Connects to the store a URL names: a Palisade URL, or `relay://HOST:PORT`, a store living in
+/// another process (a test's deliberately broken one) served by
+/// `palisade_conformance::relay::StoreRelay`.
+pub async fn connect_store(url: &str) -> palisade::Result<std::sync::Arc<palisade::DynFencedStore>> {
+    let Some(addr) = url.strip_prefix("relay://") else { return palisade::connect_store(url).await };
+    let relayed = palisade_conformance::relay::RelayStore::connect(relay_addr(addr)?).await?;
+    Ok(std::sync::Arc::new(relayed))
+}
+
+/// The warehouse on the store a URL names: its own tables on PostgreSQL or SQLite, records in
+/// `store` (the client's connection to that URL) on any other.
+pub async fn connect_warehouse(
+    url: &str,
+    scope: &str,
+    store: &std::sync::Arc<palisade::DynFencedStore>,
+) -> palisade::Result<palisade_examples::warehouse::inventory::Warehouse> {
+    use palisade_examples::warehouse::inventory::Warehouse;
+    if Warehouse::keeps_tables(url) {
+        Warehouse::connect(url, scope).await
+    } else {
+        Ok(Warehouse::on_records(std::sync::Arc::clone(store), scope))
+    }
 }
 
 /// The `IP:PORT` of a `relay://` URL.

@@ -13,7 +13,6 @@ use nix::unistd::Pid;
 use palisade::AnyLockService;
 use palisade_conformance::FaultProxy;
 use palisade_conformance::proxy::proxy_url_on;
-use palisade_examples::warehouse::inventory::Warehouse;
 use palisade_history::{Call, Event, Outcome};
 use palisade_lab::netns::{Host, Lab};
 use palisade_lab::servers::{EtcdCluster, LoopbackServer, PostgresServer, RedisSentinels, Restart, ZkEnsemble};
@@ -65,11 +64,13 @@ impl Target {
                 AnyLockService::Unfenced(_) => return Err(unfenced()),
             }
         };
-        palisade::connect_store(store).await.map_err(|e| e.to_string())?;
+        super::connect_store(store).await.map_err(|e| format!("{}: {e}", crate::target::shown(store)))?;
         Ok(Target {
             expiry_delay,
             lock_proxied: !lock.starts_with("sqlite:") && !dials_announced_addresses(lock),
-            store_proxied: store.starts_with("postgres") || store.starts_with("dynamodb:"),
+            store_proxied: store.starts_with("postgres")
+                || store.starts_with("dynamodb:")
+                || store.starts_with("relay:"),
         })
     }
 }
@@ -791,7 +792,8 @@ impl Run {
     /// Process 0 puts every SKU's initial stock, before any client runs: where the stock
     /// check starts from.
     async fn restock(&mut self) -> Result<(), String> {
-        let warehouse = Warehouse::connect(&self.store_url, &self.ns)
+        let store = super::connect_store(&self.store_url).await.map_err(|e| format!("the store: {e}"))?;
+        let warehouse = super::connect_warehouse(&self.store_url, &self.ns, &store)
             .await
             .map_err(|e| format!("the warehouse's tables or records cannot be set up: {e}"))?;
         for index in 0..self.args.resources {
@@ -815,7 +817,7 @@ impl Run {
     /// Process 0 reads every register, every SKU's audit and stock once more, straight from
     /// the store: the last word on which writes and allocations landed.
     async fn final_reads(&mut self) {
-        let store = match palisade::connect_store(&self.store_url).await {
+        let store = match super::connect_store(&self.store_url).await {
             Ok(store) => Some(store),
             Err(e) => {
                 eprintln!("palisade torture: the final reads cannot connect: {e}");
@@ -836,7 +838,7 @@ impl Run {
             })
             .await;
         }
-        let warehouse = match Warehouse::connect(&self.store_url, &self.ns).await {
+        let warehouse = match super::connect_warehouse(&self.store_url, &self.ns, &store).await {
             Ok(warehouse) => warehouse,
             Err(e) => {
                 eprintln!("palisade torture: the final audit cannot connect: {e}");

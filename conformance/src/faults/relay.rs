@@ -1,4 +1,5 @@
-//! A loopback relay that lets a child process use a lock service living in the parent's memory.
+//! A loopback relay that lets a child process use a lock service living in the parent's memory
+//! (and, [`StoreRelay`], one for a fenced store).
 //!
 //! The process-level scenarios freeze a holder *process* with `SIGSTOP`. A service behind a
 //! server is reached by the child directly; an in-process service (the memory reference
@@ -11,64 +12,34 @@
 //! `id TRY key ttl_us` → `GRANT token fence|- granted_ttl_us` or `BUSY`;
 //! `id EXTEND key token fence|- ttl_us` → `OK granted_ttl_us`; `id RELEASE key token fence|-` →
 //! `OK`; `id CAPS` → `CAPS name=value …`, the relayed service's capabilities (what
-//! [`RelayLockService::discover`] reads); any request → `ERR kind message` on failure.
+//! [`RelayLockService::discover`] reads); any request → `ERR kind resource|- message` on failure
+//! (a fence refusal's kind with its fences: `stale_fence/presented/current`,
+//! `duplicate_fence/fence`).
 //!
 //! A reply can be lost after its request ran (the fault scenarios make sure of it). The client
 //! then reconnects and sends the same line again; the relay answers a request id it has seen
 //! from its reply cache instead of running the request twice, so a lost `TRY` reply neither
 //! orphans the grant nor takes a second one (catalogue C33).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::{
-    AllOrNone, Capabilities, Error, ErrorKind, Fence, Fencing, Grant, LockService, MultiAcquire, OwnerToken,
-    ResourceKey, Result, Ttl,
+    AllOrNone, Capabilities, Error, ErrorKind, Fencing, Grant, LockService, MultiAcquire, OwnerToken, ResourceKey,
+    Result, Ttl,
 };
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-const BACKEND: &str = "relay";
-/// Replies kept for repeated request ids: far more than the requests in flight at once.
-const REPLY_CACHE: usize = 4096;
-/// How long a client keeps resending a request whose reply was lost.
-const RESEND_FOR: Duration = Duration::from_secs(3);
-/// How long a client waits for a connection, or for one request's reply, before it takes the
-/// reply for lost: well past the longest a relayed call takes (a broken service's zero wait
-/// that blocks 1.5 s). With [`RESEND_FOR`] it bounds every call: about 8 s.
-const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
+mod store;
+mod wire;
 
-/// The replies to the latest request ids, oldest first out.
-#[derive(Debug, Default)]
-struct ReplyCache {
-    replies: HashMap<u64, String>,
-    order: VecDeque<u64>,
-}
-
-impl ReplyCache {
-    fn get(&self, id: u64) -> Option<String> {
-        self.replies.get(&id).cloned()
-    }
-
-    fn put(&mut self, id: u64, reply: &str) {
-        if self.replies.insert(id, reply.to_string()).is_none() {
-            self.order.push_back(id);
-        }
-        while self.order.len() > REPLY_CACHE {
-            if let Some(old) = self.order.pop_front() {
-                self.replies.remove(&old);
-            }
-        }
-    }
-}
+pub use store::{RelayStore, StoreRelay};
+use wire::{BACKEND, Channel, Handler, fence_text, parse_fence, proto_err};
 
 /// A running relay; dropping it stops accepting connections.
 #[derive(Debug)]
@@ -77,17 +48,24 @@ pub struct Relay {
     task: JoinHandle<()>,
 }
 
+/// The lock relay's side of a connection: the relayed service.
+struct LockHandler<S>(Arc<S>);
+
+#[async_trait]
+impl<S: LockService> Handler for LockHandler<S> {
+    async fn handle(&self, request: &str) -> Result<String> {
+        handle(&*self.0, request).await
+    }
+}
+
 impl Relay {
     /// Serves `service` on an ephemeral port of 127.0.0.1.
     pub async fn serve<S: LockService>(service: Arc<S>) -> Result<Relay> {
-        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io_err)?;
-        let addr = listener.local_addr().map_err(io_err)?;
-        let cache = Arc::new(StdMutex::new(ReplyCache::default()));
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve_connection(Arc::clone(&service), Arc::clone(&cache), stream));
-            }
-        });
+        let (addr, task) = wire::serve(move || {
+            let service = Arc::clone(&service);
+            async move { Ok(LockHandler(service)) }
+        })
+        .await?;
         Ok(Relay { addr, task })
     }
 
@@ -103,69 +81,8 @@ impl Drop for Relay {
     }
 }
 
-fn io_err(e: std::io::Error) -> Error {
-    Error::new(ErrorKind::Unavailable, BACKEND, "relay I/O failed").with_source(e)
-}
-
-fn proto_err(what: &str) -> Error {
-    Error::new(ErrorKind::Backend, BACKEND, format!("relay protocol: {what}"))
-}
-
-fn fence_text(f: Option<Fence>) -> String {
-    f.map_or_else(|| "-".to_string(), |f| f.get().to_string())
-}
-
-fn parse_fence(s: &str) -> Result<Option<Fence>> {
-    if s == "-" { Ok(None) } else { s.parse().map(|v| Some(Fence::new(v))).map_err(|_| proto_err("bad fence")) }
-}
-
 fn parse_ttl(s: &str) -> Result<Ttl> {
     Ttl::new(Duration::from_micros(s.parse().map_err(|_| proto_err("bad ttl"))?))
-}
-
-fn kind_from(name: &str) -> ErrorKind {
-    [
-        ErrorKind::Timeout,
-        ErrorKind::NotHolder,
-        ErrorKind::LeaseLost,
-        ErrorKind::Conflict,
-        ErrorKind::Unavailable,
-        ErrorKind::InvalidKey,
-        ErrorKind::InvalidArgument,
-        ErrorKind::InvalidConfig,
-        ErrorKind::Unsupported,
-        ErrorKind::FenceRegression,
-        ErrorKind::OutcomeUnknown,
-    ]
-    .into_iter()
-    .find(|k| k.as_str() == name)
-    .unwrap_or(ErrorKind::Backend)
-}
-
-async fn serve_connection<S: LockService>(service: Arc<S>, cache: Arc<StdMutex<ReplyCache>>, stream: TcpStream) {
-    let (read, mut write) = stream.into_split();
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let (id, request) = line.split_once(' ').unwrap_or((&line, ""));
-        let id = id.parse::<u64>().ok();
-        let cached = id.and_then(|id| cache.lock().unwrap_or_else(PoisonError::into_inner).get(id));
-        let reply = match cached {
-            Some(reply) => reply,
-            None => {
-                let reply = match handle(&*service, request).await {
-                    Ok(reply) => reply,
-                    Err(e) => format!("ERR {} {}", e.kind().as_str(), e.message().replace('\n', " ")),
-                };
-                if let Some(id) = id {
-                    cache.lock().unwrap_or_else(PoisonError::into_inner).put(id, &reply);
-                }
-                reply
-            }
-        };
-        if write.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
-            return;
-        }
-    }
 }
 
 fn grant_from<F: Fencing>(key: &str, token: &str, fence: &str, ttl: Ttl) -> Result<Grant<F>> {
@@ -297,26 +214,15 @@ pub enum RelayRetry {
     Never,
 }
 
-type Conn = (tokio::io::Lines<BufReader<OwnedReadHalf>>, OwnedWriteHalf);
-
 /// The child's side: a `LockService` whose calls go to a [`Relay`].
 #[derive(Debug)]
 pub struct RelayLockService<F: Fencing> {
-    addr: SocketAddr,
-    conn: Mutex<Option<Conn>>,
-    retry: RelayRetry,
+    channel: Channel,
     capabilities: Capabilities,
     /// Whether `try_acquire_all` is one request (when the relayed service declares
     /// [`MultiAcquire::OneRequest`]).
     batch: bool,
     _fencing: PhantomData<F>,
-}
-
-fn request_id() -> Result<u64> {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| Error::new(ErrorKind::Backend, BACKEND, format!("no randomness for a request id: {e}")))?;
-    Ok(u64::from_le_bytes(bytes))
 }
 
 impl<F: Fencing> RelayLockService<F> {
@@ -357,9 +263,9 @@ impl<F: Fencing> RelayLockService<F> {
 
     /// Connects to a relay, resending requests whose reply was lost as `retry` says.
     pub async fn connect_with(addr: SocketAddr, capabilities: Capabilities, retry: RelayRetry) -> Result<Self> {
-        let conn = RelayLockService::<F>::open(addr).await?;
+        let channel = Channel::open(addr, retry).await?;
         let batch = capabilities.multi_acquire == MultiAcquire::OneRequest;
-        Ok(RelayLockService { addr, conn: Mutex::new(Some(conn)), retry, capabilities, batch, _fencing: PhantomData })
+        Ok(RelayLockService { channel, capabilities, batch, _fencing: PhantomData })
     }
 
     /// Sends `try_acquire_all` one key at a time whatever the relayed service declares: a
@@ -370,78 +276,9 @@ impl<F: Fencing> RelayLockService<F> {
         self
     }
 
-    async fn open(addr: SocketAddr) -> Result<Conn> {
-        let stream = tokio::time::timeout(EXCHANGE_TIMEOUT, TcpStream::connect(addr))
-            .await
-            .map_err(|_| io_err(std::io::ErrorKind::TimedOut.into()))?
-            .map_err(io_err)?;
-        let _ = stream.set_nodelay(true);
-        let (read, write) = stream.into_split();
-        Ok((BufReader::new(read).lines(), write))
-    }
-
-    /// Sends `request` and reads its reply on the open connection; a reply that takes longer
-    /// than [`EXCHANGE_TIMEOUT`] is lost.
-    async fn exchange(conn: &mut Conn, line: &str) -> std::io::Result<Option<String>> {
-        let exchange = async {
-            conn.1.write_all(line.as_bytes()).await?;
-            conn.0.next_line().await
-        };
-        tokio::time::timeout(EXCHANGE_TIMEOUT, exchange).await.map_err(|_| std::io::ErrorKind::TimedOut)?
-    }
-
     async fn call(&self, request: String) -> Result<String> {
-        let mut id = request_id()?;
-        let give_up = Instant::now() + RESEND_FOR;
-        let mut conn = self.conn.lock().await;
-        let reply = loop {
-            if conn.is_none() {
-                match RelayLockService::<F>::open(self.addr).await {
-                    Ok(c) => *conn = Some(c),
-                    Err(_) if Instant::now() < give_up => {
-                        resend_pause().await;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            // Out of the slot while in use: a call dropped mid-exchange (a caller's timeout)
-            // drops the connection with it, so its late reply is never read as the next one's.
-            let Some(mut open) = conn.take() else { continue };
-            match RelayLockService::<F>::exchange(&mut open, &format!("{id} {request}\n")).await {
-                Ok(Some(reply)) => {
-                    *conn = Some(open);
-                    break reply;
-                }
-                Ok(None) | Err(_) => {
-                    // The reply is lost; the request may have run.
-                    let unknown = || {
-                        Error::new(ErrorKind::OutcomeUnknown, BACKEND, "the relay connection ended before the reply")
-                    };
-                    match self.retry {
-                        RelayRetry::Never => return Err(unknown()),
-                        _ if Instant::now() >= give_up => return Err(unknown()),
-                        RelayRetry::SameRequest => {}
-                        RelayRetry::NewReleaseRequest if !request.starts_with("RELEASE ") => {}
-                        RelayRetry::NewRequest | RelayRetry::NewReleaseRequest => id = request_id()?,
-                    }
-                    resend_pause().await;
-                }
-            }
-        };
-        match reply.strip_prefix("ERR ") {
-            Some(rest) => {
-                let (kind, message) = rest.split_once(' ').unwrap_or((rest, ""));
-                Err(Error::new(kind_from(kind), BACKEND, message.to_string()))
-            }
-            None => Ok(reply),
-        }
+        self.channel.call(request).await
     }
-}
-
-/// The pause between resends.
-async fn resend_pause() {
-    tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
 #[async_trait]
@@ -522,6 +359,7 @@ mod tests {
 
     use super::*;
     use palisade_core::{Deployment, FenceSource, Fenced, MemoryLockService, Replication, Unfenced, Waiting};
+    use tokio::net::TcpListener;
 
     #[test]
     fn capabilities_cross_the_relay_whole() {
@@ -574,7 +412,7 @@ mod tests {
         let started = Instant::now();
         let error = client.try_acquire(&key, Ttl::new(Duration::from_secs(5)).unwrap()).await.unwrap_err();
         assert_eq!(error.kind(), ErrorKind::OutcomeUnknown, "{error}");
-        let bound = RESEND_FOR + EXCHANGE_TIMEOUT + Duration::from_secs(2);
+        let bound = wire::RESEND_FOR + wire::EXCHANGE_TIMEOUT + Duration::from_secs(2);
         assert!(started.elapsed() < bound, "answered after {:?}, past {bound:?}", started.elapsed());
     }
 }

@@ -153,17 +153,31 @@ impl Warehouse {
     /// Connects to the store at `url`, creating the warehouse's tables if missing. `scope`
     /// separates runs sharing a database (`""` for the commands, the run id for a simulation).
     pub async fn connect(url: &str, scope: &str) -> palisade::Result<Self> {
+        if !Self::keeps_tables(url) {
+            return Ok(Self::on_records(palisade::connect_store(url).await?, scope));
+        }
         let data = if url.starts_with("sqlite:") {
             let store = palisade::sqlite::SqliteStore::connect(url).await?;
             Db::Sqlite(store.clone()).create_tables(&sql::TABLES).await?;
             Data::Sqlite(store)
-        } else if cfg!(feature = "postgres") && (url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            Self::postgres(url).await?
         } else {
-            let prefix = if scope.is_empty() { "wh".to_string() } else { format!("sim/{scope}") };
-            Data::Records { store: palisade::connect_store(url).await?, prefix }
+            Self::postgres(url).await?
         };
         Ok(Warehouse { data, scope: scope.to_string() })
+    }
+
+    /// Whether the store at `url` keeps the warehouse in tables of its own (PostgreSQL with the
+    /// `postgres` feature, SQLite); any other keeps it as records ([`on_records`](Self::on_records)).
+    pub fn keeps_tables(url: &str) -> bool {
+        url.starts_with("sqlite:")
+            || (cfg!(feature = "postgres") && (url.starts_with("postgres://") || url.starts_with("postgresql://")))
+    }
+
+    /// A warehouse kept as records in `store` (a client already connected: a store of your
+    /// own, or one served from another process). `scope` as for [`connect`](Self::connect).
+    pub fn on_records(store: Arc<DynFencedStore>, scope: &str) -> Self {
+        let prefix = if scope.is_empty() { "wh".to_string() } else { format!("sim/{scope}") };
+        Warehouse { data: Data::Records { store, prefix }, scope: scope.to_string() }
     }
 
     #[cfg(feature = "postgres")]
@@ -829,8 +843,9 @@ async fn allocate_records(
     let fence_text = fence.map_or_else(|| "none".to_string(), |f| f.fence().to_string());
     let mut paused = false;
     for _ in 0..=MAX_CONFLICT_RETRIES {
-        let mut read = store.read_many(&[&done_key, &inventory_key]).await?.into_iter();
-        let (done, stock) = (read.next().flatten(), read.next().flatten());
+        // The stock first: not the keys' order, so a store that answers in key order is caught.
+        let mut read = store.read_many(&[&inventory_key, &done_key]).await?.into_iter();
+        let (stock, done) = (read.next().flatten(), read.next().flatten());
         if done.is_some() {
             return Ok(Outcome::AlreadyDone);
         }
