@@ -266,6 +266,44 @@ fn bad_input_and_pairs_it_cannot_judge_are_refused_with_reasons() {
     fails(&["--local", "--hosts", "--lock", "sqlite", "--store", "sqlite"], 3, "nothing to cut");
 }
 
+/// A run against a broken implementation: its exit code, the anomaly kinds found, and what to
+/// print on failure (`what`, the torture's stderr and its report).
+struct Judged {
+    code: Option<i32>,
+    kinds: Vec<String>,
+    said: String,
+}
+
+fn judged(what: &str, args: &[&str]) -> Judged {
+    let (output, json, out) = torture(args);
+    let kinds = json
+        .map(|j| j["anomalies"].as_array().unwrap().iter().map(|a| a["kind"].as_str().unwrap().to_string()).collect())
+        .unwrap_or_default();
+    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap_or_default();
+    let said = format!("{what}: {}\n{report}", String::from_utf8_lossy(&output.stderr));
+    Judged { code: output.status.code(), kinds, said }
+}
+
+/// How many runs a broken implementation gets: whether a frozen holder wakes with writes left,
+/// or a killed one held a lock it had not yet extended, is the machine's timing, not the
+/// schedule's, and a loaded CI machine missed once in about six runs of seed 725.
+const RUNS: usize = 3;
+
+/// Passes when one of [`RUNS`] runs exits 1 with one of `kinds` among its anomalies.
+fn found_within_runs(what: &str, seed: &str, kinds: &[&str], run: impl Fn() -> Judged) {
+    let mut said = String::new();
+    for n in 1..=RUNS {
+        let Judged { code, kinds: seen, said: report } = run();
+        eprintln!("{what}, seed {seed}, run {n}: found {seen:?}");
+        if code == Some(1) && kinds.iter().any(|k| seen.iter().any(|s| s == k)) {
+            return;
+        }
+        assert!(code == Some(0) || code == Some(1), "{report}");
+        said = format!("expected one of {kinds:?} in {RUNS} runs; the last found {seen:?}: {report}");
+    }
+    panic!("{said}");
+}
+
 /// The conformance suite's broken lock service (palisade-broken-lock), one flaw at a time,
 /// living in this test's process and served to the torture's client processes by the
 /// conformance crate's relay (`--lock relay://…`, through the clients' fault proxies), with a
@@ -281,53 +319,27 @@ mod broken_twins {
 
     use super::*;
 
-    /// Runs the torture against `flaw` for `duration`; its exit code and the anomaly kinds found.
-    fn tortured(flaw: LockFlaw, seed: &str, duration: &str, more: &[&str]) -> (Option<i32>, Vec<String>, String) {
+    /// Runs the torture against `flaw` for `duration`.
+    fn tortured(flaw: LockFlaw, seed: &str, duration: &str) -> Judged {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let relay = runtime.block_on(Relay::serve(Arc::new(BrokenLock::new(flaw).unwrap()))).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let lock = format!("relay://{}", relay.addr());
         let store = format!("sqlite://{}/t.db", dir.path().display());
-        let mut args = vec!["--lock", &lock, "--store", &store, "--seed", seed, "--duration", duration, "--json"];
-        args.extend_from_slice(more);
-        let (output, json, out) = torture(&args);
-        let kinds = json
-            .map(|j| {
-                j["anomalies"].as_array().unwrap().iter().map(|a| a["kind"].as_str().unwrap().to_string()).collect()
-            })
-            .unwrap_or_default();
-        let report = std::fs::read_to_string(out.path().join("report.md")).unwrap_or_default();
-        let said = format!("{flaw:?}: {}\n{report}", String::from_utf8_lossy(&output.stderr));
-        (output.status.code(), kinds, said)
+        judged(
+            &format!("{flaw:?}"),
+            &["--lock", &lock, "--store", &store, "--seed", seed, "--duration", duration, "--json"],
+        )
     }
 
     fn found(flaw: LockFlaw, seed: &str, duration: &str, kinds: &[&str]) {
-        found_with(flaw, seed, duration, &[], kinds);
-    }
-
-    /// How many runs a flaw gets: whether a frozen holder wakes with writes left, or a killed
-    /// one held a lock it had not yet extended, is the machine's timing, not the schedule's, and a
-    /// loaded CI machine missed once in about six runs of seed 725.
-    const RUNS: usize = 3;
-
-    fn found_with(flaw: LockFlaw, seed: &str, duration: &str, more: &[&str], kinds: &[&str]) {
-        let mut said = String::new();
-        for run in 1..=RUNS {
-            let (code, seen, report) = tortured(flaw, seed, duration, more);
-            eprintln!("{flaw:?}, seed {seed}, run {run}: found {seen:?}");
-            if code == Some(1) && kinds.iter().any(|k| seen.iter().any(|s| s == k)) {
-                return;
-            }
-            assert!(code == Some(0) || code == Some(1), "{report}");
-            said = format!("expected one of {kinds:?} in {RUNS} runs; the last found {seen:?}: {report}");
-        }
-        panic!("{said}");
+        found_within_runs(&format!("{flaw:?}"), seed, kinds, || tortured(flaw, seed, duration));
     }
 
     #[test]
     fn the_control_passes() {
-        let (code, seen, said) = tortured(LockFlaw::None, &seed(21), "25s", &[]);
-        assert_eq!((code, seen), (Some(0), vec![]), "{said}");
+        let run = tortured(LockFlaw::None, &seed(21), "25s");
+        assert_eq!((run.code, run.kinds), (Some(0), vec![]), "{}", run.said);
     }
 
     #[test]
@@ -385,8 +397,8 @@ mod broken_stores {
     use super::*;
 
     /// Runs the torture against a store with `flaw` (and a lock service with `lock`) for
-    /// `duration`; its exit code, the anomaly kinds found, and what to print on failure.
-    fn tortured(lock: LockFlaw, flaw: StoreFlaw, seed: &str, duration: &str) -> (Option<i32>, Vec<String>, String) {
+    /// `duration`.
+    fn tortured(lock: LockFlaw, flaw: StoreFlaw, seed: &str, duration: &str) -> Judged {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let locks = runtime.block_on(Relay::serve(Arc::new(BrokenLock::new(lock).unwrap()))).unwrap();
         let store = BrokenStore::new(flaw);
@@ -396,40 +408,20 @@ mod broken_stores {
         });
         let stores = runtime.block_on(StoreRelay::serve(Arc::new(clients))).unwrap();
         let (lock, store) = (format!("relay://{}", locks.addr()), format!("relay://{}", stores.addr()));
-        let args = ["--lock", &lock, "--store", &store, "--seed", seed, "--duration", duration, "--json"];
-        let (output, json, out) = torture(&args);
-        let kinds = json
-            .map(|j| {
-                j["anomalies"].as_array().unwrap().iter().map(|a| a["kind"].as_str().unwrap().to_string()).collect()
-            })
-            .unwrap_or_default();
-        let report = std::fs::read_to_string(out.path().join("report.md")).unwrap_or_default();
-        let said = format!("{flaw:?}: {}\n{report}", String::from_utf8_lossy(&output.stderr));
-        (output.status.code(), kinds, said)
+        judged(
+            &format!("{flaw:?}"),
+            &["--lock", &lock, "--store", &store, "--seed", seed, "--duration", duration, "--json"],
+        )
     }
 
-    /// As the lock flaws' runs: whether a frozen holder wakes with writes left is the machine's
-    /// timing, not the schedule's.
-    const RUNS: usize = 3;
-
     fn found(lock: LockFlaw, flaw: StoreFlaw, seed: &str, duration: &str, kinds: &[&str]) {
-        let mut said = String::new();
-        for run in 1..=RUNS {
-            let (code, seen, report) = tortured(lock, flaw, seed, duration);
-            eprintln!("{flaw:?}, seed {seed}, run {run}: found {seen:?}");
-            if code == Some(1) && kinds.iter().any(|k| seen.iter().any(|s| s == k)) {
-                return;
-            }
-            assert!(code == Some(0) || code == Some(1), "{report}");
-            said = format!("expected one of {kinds:?} in {RUNS} runs; the last found {seen:?}: {report}");
-        }
-        panic!("{said}");
+        found_within_runs(&format!("{flaw:?}"), seed, kinds, || tortured(lock, flaw, seed, duration));
     }
 
     #[test]
     fn the_control_passes() {
-        let (code, seen, said) = tortured(LockFlaw::None, StoreFlaw::None, &seed(31), "25s");
-        assert_eq!((code, seen), (Some(0), vec![]), "{said}");
+        let run = tortured(LockFlaw::None, StoreFlaw::None, &seed(31), "25s");
+        assert_eq!((run.code, run.kinds), (Some(0), vec![]), "{}", run.said);
     }
 
     #[test]
