@@ -14,9 +14,16 @@ finds its own effect, or a later writer's, and is refused, and the client report
 store holds as refused (`palisade torture` found that on a 30-minute Redis x DynamoDB run).
 `IdempotentTransactions` below answers resends as DynamoDB does, in front of moto.
 
+moto backs up a TransactWriteItems by deep-copying the whole table once per item of the
+transaction, to put it back if the transaction is cancelled: the cost of every transaction grows
+with the table, and 30-minute `palisade torture` runs against DynamoDB grew moto to 6-9 GB and
+ran the machine out of memory. `undo_per_item` below backs up only the items the transaction
+names, and puts those back instead.
+
 usage: python3 moto_serial.py HOST PORT
 """
 
+import copy
 import hashlib
 import io
 import json
@@ -24,6 +31,9 @@ import sys
 import time
 from collections import OrderedDict
 
+import moto.dynamodb.models as dynamodb_models
+from moto.dynamodb.models.dynamo_type import DynamoType
+from moto.dynamodb.models.table import Table
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import WSGIRequestHandler, make_server
 
@@ -93,7 +103,71 @@ class IdempotentTransactions:
         return [answer]
 
 
+class _CopiesButTables:
+    """`copy` as moto's DynamoDB backend sees it: everything deep-copied as ever, except a
+    table, which comes back as itself (its backup is `undo_per_item`'s)."""
+
+    @staticmethod
+    def deepcopy(value, memo=None):
+        return value if isinstance(value, Table) else copy.deepcopy(value, memo)
+
+
+def _item_slot(backend, entry):
+    """(table, hash key, range key) of one TransactWriteItems entry, or None if moto will
+    refuse it anyway (an unknown table, a missing key)."""
+    try:
+        op_type, op = next(iter(entry.items()))
+        table = backend.tables[op["TableName"]]
+        key = op["Item"] if op_type == "Put" else op["Key"]
+        hash_key = DynamoType(key[table.hash_key_attr])
+        range_key = DynamoType(key[table.range_key_attr]) if table.range_key_attr is not None else None
+        return table, hash_key, range_key
+    except (KeyError, TypeError, StopIteration, AttributeError):
+        return None
+
+
+def _put_back(table, hash_key, range_key, item):
+    if range_key is None:
+        if item is None:
+            table.items.pop(hash_key, None)
+        else:
+            table.items[hash_key] = item
+    else:
+        if item is None:
+            table.items.get(hash_key, {}).pop(range_key, None)
+        else:
+            table.items[hash_key][range_key] = item
+
+
+def undo_per_item():
+    """Makes moto back up the items a TransactWriteItems names, not its whole tables."""
+    transact = dynamodb_models.DynamoDBBackend.transact_write_items
+
+    def transact_write_items(self, transact_items):
+        backup = []
+        for entry in transact_items if isinstance(transact_items, list) else []:
+            slot = _item_slot(self, entry)
+            if slot is not None:
+                table, hash_key, range_key = slot
+                before = table.items.get(hash_key)
+                if range_key is not None:
+                    before = before.get(range_key) if before else None
+                backup.append((table, hash_key, range_key, copy.deepcopy(before)))
+        try:
+            return transact(self, transact_items)
+        except Exception:
+            # Cancelled: every item as it was (in reverse, so an item named twice ends as it
+            # was first).
+            for table, hash_key, range_key, item in reversed(backup):
+                _put_back(table, hash_key, range_key, item)
+            raise
+
+    dynamodb_models.copy = _CopiesButTables
+    dynamodb_models.DynamoDBBackend.transact_write_items = transact_write_items
+
+
 def main() -> None:
+    undo_per_item()
     host, port = sys.argv[1], int(sys.argv[2])
     app = IdempotentTransactions(DomainDispatcherApplication(create_backend_app))
     server = make_server(host, port, app, threaded=False, request_handler=Handler)
