@@ -19,7 +19,8 @@
 //! A reply can be lost after its request ran (the fault scenarios make sure of it). The client
 //! then reconnects and sends the same line again; the relay answers a request id it has seen
 //! from its reply cache instead of running the request twice, so a lost `TRY` reply neither
-//! orphans the grant nor takes a second one (catalogue C33).
+//! orphans the grant nor takes a second one (catalogue C33). A resend that arrives while the
+//! first run is still under way waits for that run's reply.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;

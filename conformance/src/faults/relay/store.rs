@@ -123,7 +123,12 @@ fn unhex(text: &str) -> Result<Vec<u8>> {
     }
     (0..text.len())
         .step_by(2)
-        .map(|i| text.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()).ok_or_else(|| proto_err("bad hex")))
+        .map(|i| {
+            text.get(i..i + 2)
+                .filter(|pair| pair.bytes().all(|b| b.is_ascii_hexdigit())) // `from_str_radix` takes a '+'
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                .ok_or_else(|| proto_err("bad hex"))
+        })
         .collect()
 }
 
@@ -318,6 +323,7 @@ mod tests {
         assert_eq!(back.ops(), batch.ops());
         assert!(parse_batch(&["P.6b"]).is_err(), "a put without a value is a protocol error");
         assert!(parse_batch(&["P.6.00"]).is_err(), "odd hex is a protocol error");
+        assert!(parse_batch(&["P.+f.00"]).is_err(), "a sign is not hex");
         let record = Record { value: b"\x00\xff".to_vec(), fence: Some(Fence::new(12)) };
         assert_eq!(parse_record(&record_text(Some(&record))).unwrap(), Some(record));
         assert_eq!(parse_record(&record_text(None)).unwrap(), None);

@@ -11,7 +11,7 @@ use palisade_core::{Error, ErrorKind, Fence, Result};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -27,25 +27,52 @@ pub(super) const RESEND_FOR: Duration = Duration::from_secs(3);
 /// that blocks 1.5 s). With [`RESEND_FOR`] it bounds every call: about 8 s.
 pub(super) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The replies to the latest request ids, oldest first out.
+/// A request id's entry: its run under way (a repeat waits for its reply), or its reply.
+#[derive(Debug)]
+enum Entry {
+    Running(watch::Receiver<Option<String>>),
+    Done(String),
+}
+
+/// What a request id finds on arrival.
+enum Arrival {
+    /// Its reply: send it again.
+    Done(String),
+    /// Its first run, still under way (its reply was lost and it was resent): wait for it.
+    Running(watch::Receiver<Option<String>>),
+    /// Nothing: run it, and publish the reply here.
+    New(watch::Sender<Option<String>>),
+}
+
+/// The latest request ids' runs and replies, oldest first out.
 #[derive(Debug, Default)]
 pub(super) struct ReplyCache {
-    replies: HashMap<u64, String>,
+    entries: HashMap<u64, Entry>,
     order: VecDeque<u64>,
 }
 
 impl ReplyCache {
-    fn get(&self, id: u64) -> Option<String> {
-        self.replies.get(&id).cloned()
+    /// Looks `id` up, and marks it running if it is new, under one lock: a resend arriving
+    /// while the first run is under way never starts a second one.
+    fn arrive(&mut self, id: u64) -> Arrival {
+        match self.entries.get(&id) {
+            Some(Entry::Done(reply)) => Arrival::Done(reply.clone()),
+            Some(Entry::Running(running)) => Arrival::Running(running.clone()),
+            None => {
+                let (publish, running) = watch::channel(None);
+                self.insert(id, Entry::Running(running));
+                Arrival::New(publish)
+            }
+        }
     }
 
-    fn put(&mut self, id: u64, reply: &str) {
-        if self.replies.insert(id, reply.to_string()).is_none() {
+    fn insert(&mut self, id: u64, entry: Entry) {
+        if self.entries.insert(id, entry).is_none() {
             self.order.push_back(id);
         }
         while self.order.len() > REPLY_CACHE {
             if let Some(old) = self.order.pop_front() {
-                self.replies.remove(&old);
+                self.entries.remove(&old);
             }
         }
     }
@@ -155,28 +182,41 @@ async fn serve_connection<H: Handler>(handler: Result<H>, cache: Arc<StdMutex<Re
     while let Ok(Some(line)) = lines.next_line().await {
         let (id, request) = line.split_once(' ').unwrap_or((&line, ""));
         let id = id.parse::<u64>().ok();
-        let cached = id.and_then(|id| cache.lock().unwrap_or_else(PoisonError::into_inner).get(id));
-        let reply = match cached {
-            Some(reply) => reply,
-            None => {
-                let result = match &handler {
-                    Ok(handler) => handler.handle(request).await,
-                    Err(e) => Err(Error::new(e.kind(), BACKEND, format!("no client for this connection: {e}"))),
-                };
-                let reply = match result {
-                    Ok(reply) => reply,
-                    Err(e) => error_line(&e),
-                };
+        let arrival = id.map(|id| cache.lock().unwrap_or_else(PoisonError::into_inner).arrive(id));
+        let reply = match arrival {
+            Some(Arrival::Done(reply)) => reply,
+            Some(Arrival::Running(mut running)) => match running.wait_for(Option::is_some).await {
+                Ok(reply) => reply.clone().unwrap_or_default(),
+                Err(_) => error_line(&Error::new(
+                    ErrorKind::OutcomeUnknown,
+                    BACKEND,
+                    "the first run of this request ended without a reply",
+                )),
+            },
+            Some(Arrival::New(publish)) => {
+                let reply = run(&handler, request).await;
                 if let Some(id) = id {
-                    cache.lock().unwrap_or_else(PoisonError::into_inner).put(id, &reply);
+                    cache.lock().unwrap_or_else(PoisonError::into_inner).insert(id, Entry::Done(reply.clone()));
                 }
+                // Whoever resent it meanwhile is waiting; nobody may be, which is fine.
+                let _ = publish.send(Some(reply.clone()));
                 reply
             }
+            None => run(&handler, request).await,
         };
         if write.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
             return;
         }
     }
+}
+
+/// Runs one request; its reply line, an error as [`error_line`] writes it.
+async fn run<H: Handler>(handler: &Result<H>, request: &str) -> String {
+    let result = match handler {
+        Ok(handler) => handler.handle(request).await,
+        Err(e) => Err(Error::new(e.kind(), BACKEND, format!("no client for this connection: {e}"))),
+    };
+    result.unwrap_or_else(|e| error_line(&e))
 }
 
 type Conn = (tokio::io::Lines<BufReader<OwnedReadHalf>>, OwnedWriteHalf);
@@ -283,6 +323,52 @@ mod tests {
 
     use super::*;
     use palisade_core::ResourceKey;
+
+    /// Counts its runs, and holds the first one until told to finish.
+    struct Slow {
+        runs: Arc<std::sync::atomic::AtomicUsize>,
+        finish: Arc<tokio::sync::Notify>,
+    }
+
+    #[async_trait]
+    impl Handler for Slow {
+        async fn handle(&self, _request: &str) -> Result<String> {
+            if self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                self.finish.notified().await;
+            }
+            Ok("DONE".to_string())
+        }
+    }
+
+    /// A request resent (its reply lost) while its first run is still under way waits for
+    /// that run's reply instead of running again: a batch is applied once.
+    #[tokio::test]
+    async fn a_request_resent_while_it_runs_runs_once() {
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let finish = Arc::new(tokio::sync::Notify::new());
+        let (r, f) = (Arc::clone(&runs), Arc::clone(&finish));
+        let (addr, _task) = serve(move || {
+            let (runs, finish) = (Arc::clone(&r), Arc::clone(&f));
+            async move { Ok(Slow { runs, finish }) }
+        })
+        .await
+        .unwrap();
+        // The first send, whose connection is cut while the request runs.
+        let mut first = Channel::connect(addr).await.unwrap();
+        first.1.write_all(b"7 APPLY\n").await.unwrap();
+        while runs.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(first);
+        // The resend, on a new connection, while the first run is under way.
+        let mut resend = Channel::connect(addr).await.unwrap();
+        resend.1.write_all(b"7 APPLY\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        finish.notify_one();
+        let reply = tokio::time::timeout(Duration::from_secs(5), resend.0.next_line()).await.unwrap().unwrap();
+        assert_eq!(reply.as_deref(), Some("DONE"));
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "the resend ran the request again");
+    }
 
     #[test]
     fn refusals_cross_the_wire_with_their_details_and_resource() {
