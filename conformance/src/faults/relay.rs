@@ -33,7 +33,6 @@ use palisade_core::{
     AllOrNone, Capabilities, Error, ErrorKind, Fencing, Grant, LockService, MultiAcquire, OwnerToken, ResourceKey,
     Result, Ttl,
 };
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 mod store;
@@ -44,10 +43,7 @@ use wire::{BACKEND, Channel, Handler, fence_text, parse_fence, proto_err};
 
 /// A running relay; dropping it stops accepting connections.
 #[derive(Debug)]
-pub struct Relay {
-    addr: SocketAddr,
-    task: JoinHandle<()>,
-}
+pub struct Relay(wire::Listening);
 
 /// The lock relay's side of a connection: the relayed service.
 struct LockHandler<S>(Arc<S>);
@@ -62,23 +58,17 @@ impl<S: LockService> Handler for LockHandler<S> {
 impl Relay {
     /// Serves `service` on an ephemeral port of 127.0.0.1.
     pub async fn serve<S: LockService>(service: Arc<S>) -> Result<Relay> {
-        let (addr, task) = wire::serve(move || {
+        let listening = wire::serve(move || {
             let service = Arc::clone(&service);
             async move { Ok(LockHandler(service)) }
         })
         .await?;
-        Ok(Relay { addr, task })
+        Ok(Relay(listening))
     }
 
     /// The address to hand to the child.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.0.addr
     }
 }
 

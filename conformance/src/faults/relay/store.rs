@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use palisade_core::{Fence, FencedStore, GrantFence, GrantId, Record, ResourceKey, Result, WriteBatch, WriteOp};
-use tokio::task::JoinHandle;
 
 use super::RelayRetry;
 use super::wire::{self, BACKEND, Channel, Handler, fence_text, parse_fence, proto_err};
@@ -33,32 +32,23 @@ use crate::FencedStoreFactory;
 ///
 /// Dropping it stops accepting connections.
 #[derive(Debug)]
-pub struct StoreRelay {
-    addr: SocketAddr,
-    task: JoinHandle<()>,
-}
+pub struct StoreRelay(wire::Listening);
 
 impl StoreRelay {
     /// Serves the store `factory` makes clients of on an ephemeral port of 127.0.0.1: one client
     /// per connection.
     pub async fn serve<F: FencedStoreFactory + 'static>(factory: Arc<F>) -> Result<StoreRelay> {
-        let (addr, task) = wire::serve(move || {
+        let listening = wire::serve(move || {
             let factory = Arc::clone(&factory);
             async move { Ok(StoreHandler(factory.client().await?)) }
         })
         .await?;
-        Ok(StoreRelay { addr, task })
+        Ok(StoreRelay(listening))
     }
 
     /// The address to hand to the client processes (`relay://ADDR`).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for StoreRelay {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.0.addr
     }
 }
 

@@ -154,10 +154,22 @@ pub(super) trait Handler: Send + Sync + 'static {
     async fn handle(&self, request: &str) -> Result<String>;
 }
 
+/// A relay's listening socket and accepting task; dropping it stops accepting connections.
+#[derive(Debug)]
+pub(super) struct Listening {
+    pub(super) addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Accepts connections on an ephemeral port of 127.0.0.1; `handler` makes each connection's
-/// handler (a relayed store gives each its own client). Returns the address and the accepting
-/// task.
-pub(super) async fn serve<H, F, Fut>(handler: F) -> Result<(SocketAddr, JoinHandle<()>)>
+/// handler (a relayed store gives each its own client).
+pub(super) async fn serve<H, F, Fut>(handler: F) -> Result<Listening>
 where
     H: Handler,
     F: Fn() -> Fut + Send + Sync + 'static,
@@ -173,7 +185,7 @@ where
             tokio::spawn(async move { serve_connection(handler().await, cache, stream).await });
         }
     });
-    Ok((addr, task))
+    Ok(Listening { addr, task })
 }
 
 async fn serve_connection<H: Handler>(handler: Result<H>, cache: Arc<StdMutex<ReplyCache>>, stream: TcpStream) {
@@ -347,12 +359,13 @@ mod tests {
         let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let finish = Arc::new(tokio::sync::Notify::new());
         let (r, f) = (Arc::clone(&runs), Arc::clone(&finish));
-        let (addr, _task) = serve(move || {
+        let relay = serve(move || {
             let (runs, finish) = (Arc::clone(&r), Arc::clone(&f));
             async move { Ok(Slow { runs, finish }) }
         })
         .await
         .unwrap();
+        let addr = relay.addr;
         // The first send, whose connection is cut while the request runs.
         let mut first = Channel::connect(addr).await.unwrap();
         first.1.write_all(b"7 APPLY\n").await.unwrap();
