@@ -30,6 +30,11 @@
 //!   gets the next free number.
 //! - Accepted, the check keeps the lock's watermark row locked until the commit, so no newer
 //!   holder's transaction interleaves with this one.
+//!
+//! Orders 5 and 18 freeze their first worker for 2 × TTL + 50 ms, and on until another worker
+//! has issued the number it read (at most 60 s more): the incident's order of events, whatever
+//! the machine's load. A frozen worker that woke first would find its fence still the newest and
+//! issue the number itself; the newer holder would then find the counter moved and read again.
 
 use palisade_examples::{common, sql::Db, with_db};
 
@@ -60,6 +65,9 @@ struct Args {
 const TENANTS: [&str; 2] = ["acme", "globex"];
 /// Orders whose first worker freezes between reading the counter and writing the invoice.
 const FROZEN_ORDERS: [u64; 2] = [5, 18];
+/// The longest a frozen worker stays frozen, past its pause, waiting for another worker to issue
+/// the number it read (the lock's own wait is 60 s).
+const TAKEOVER_WAIT: Duration = Duration::from_secs(60);
 
 /// The application's tables and statements (PostgreSQL and SQLite read the same text).
 mod tables {
@@ -145,6 +153,21 @@ impl Books {
             if freeze {
                 println!("{order}: worker (fence {fence}) read number {number} for {tenant}, then froze");
                 tokio::time::sleep(self.pause).await;
+                // The incident's pause ended after the takeover; on a loaded machine the next
+                // worker may need longer than the pause to acquire and write, so stay frozen
+                // until it has issued the number read here (or TAKEOVER_WAIT has passed).
+                let deadline = tokio::time::Instant::now() + TAKEOVER_WAIT;
+                loop {
+                    let (next,): (i64,) = sqlx::query_as(tables::NEXT)
+                        .bind(&tenant_key)
+                        .fetch_one(store.pool())
+                        .await
+                        .map_err(sql_err)?;
+                    if next > number || tokio::time::Instant::now() >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
             // The application's transaction: the fence check first, then its own statements.
             // Returning early drops `tx`, which rolls everything back.
@@ -209,13 +232,16 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
     let queue: Arc<Mutex<Vec<(u64, bool)>>> =
         Arc::new(Mutex::new((0..args.invoices * 2).rev().map(|o| (o, true)).collect()));
     let mut workers = Vec::new();
+    let (invoices, workers_n) = (args.invoices, args.workers);
     for _ in 0..args.workers {
         let (books, queue, locks) = (Arc::clone(&books), Arc::clone(&queue), args.common.lock_client().await?);
         workers.push(tokio::spawn(async move {
             loop {
                 let Some((order, first)) = queue.lock().await.pop() else { return Ok::<(), Error>(()) };
                 let tenant = TENANTS[usize::try_from(order % 2).unwrap_or(0)];
-                let freeze = first && FROZEN_ORDERS.contains(&order);
+                // Freeze only where another worker can take over: a later order of the same
+                // tenant is queued and there is a worker to take it.
+                let freeze = first && FROZEN_ORDERS.contains(&order) && order + 2 < invoices * 2 && workers_n > 1;
                 let name = format!("order-{order:05}");
                 if books.issue(&locks, tenant, &name, freeze).await?.is_none() {
                     queue.lock().await.push((order, false));
@@ -244,8 +270,9 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
     }
     let invoiced_twice = orders_seen.values().filter(|&&n| n > 1).count();
     let stale = books.stale_refused.load(Ordering::SeqCst);
-    // A frozen worker's write is refused only if someone issued a number meanwhile (the default
-    // sizes make sure of it); either way no number is used twice and none is skipped.
+    // Each frozen worker stays frozen until another has issued the number it read, so its write
+    // is refused; with too few orders or one worker nobody freezes. Either way no number is
+    // used twice and none is skipped.
     let held = gaps == 0 && invoiced_twice == 0 && total == args.invoices * 2;
     Ok(common::finish(
         json!({

@@ -24,6 +24,11 @@ fn invoice_numbering() {
 }
 
 #[test]
+fn invoice_numbering_without_a_takeover() {
+    use_cases::invoice_numbering_without_a_takeover(None, &[]);
+}
+
+#[test]
 fn outbox_relay() {
     use_cases::outbox_relay(None, &[]);
 }

@@ -50,4 +50,13 @@ macro_rules! on_servers {
     };
 }
 
-on_servers!(nightly_aggregation, cache_refresh, invoice_numbering, outbox_relay, rate_limit, price_catalogue, metrics);
+on_servers!(
+    nightly_aggregation,
+    cache_refresh,
+    invoice_numbering,
+    invoice_numbering_without_a_takeover,
+    outbox_relay,
+    rate_limit,
+    price_catalogue,
+    metrics
+);

@@ -96,3 +96,17 @@ pub fn metrics(backend: Option<(&str, &str)>, extra: &[&str]) {
     assert!(r["palisade_lock_fence_rejected_total"].as_f64().unwrap() > 0.0, "paused holders were refused: {r}");
     assert!(r["palisade_lock_acquire_total"].as_f64().unwrap() >= 200.0, "{r}");
 }
+
+/// Where no other worker can take over (a frozen order that is its tenant's last, or one worker),
+/// nobody freezes: the run neither waits out the 60 s takeover bound nor counts a refusal.
+pub fn invoice_numbering_without_a_takeover(backend: Option<(&str, &str)>, extra: &[&str]) {
+    for (flags, invoices) in [(["--invoices", "3"], 6), (["--workers", "1"], 40)] {
+        let flags = [&flags[..], extra].concat();
+        let started = std::time::Instant::now();
+        let r = run_example("invoice-numbering", backend, &flags);
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "{flags:?} waited for a takeover: {r}");
+        assert_eq!(r["ok"], true, "{flags:?}: {r}");
+        assert_eq!(r["invoices"], invoices, "{flags:?}: {r}");
+        assert_eq!(r["stale_refused"], 0, "{flags:?}: nobody froze: {r}");
+    }
+}
