@@ -32,8 +32,9 @@
 //!   every applied attempt that ended before the read began (a counter's linearizability:
 //!   each applied attempt takes its units at one moment inside its call). Applied attempts
 //!   are the SKU's writes for the fence order, exclusion and overlap checks.
-//! - **progress**: once the last fault has healed, every resource sees a write (or an
-//!   allocation) accepted within the stated bound.
+//! - **progress**: once the last fault has healed, every resource asked for sees a write (or
+//!   an allocation) accepted within the stated bound of its first acquire after the heal (a
+//!   resource first asked for too near the end of the history is not judged).
 //! - **bounded calls**: every operation invoked after the last fault healed answers within
 //!   its promised bound plus the allowance, unless its process was killed.
 
@@ -779,12 +780,15 @@ fn progress(
     anomalies: &mut Vec<Anomaly>,
 ) {
     let Some(healed) = history.last_heal() else { return };
-    let deadline = healed.saturating_add(bounds.progress_ms.saturating_mul(1_000_000));
     for (resource, ops) in by_resource {
-        // Only resources the workload kept asking for after the heal.
+        // Only resources the workload kept asking for after the heal, and from the first ask
+        // then: a resource nobody asked for could not progress.
         let asked: Vec<&&Operation> =
             ops.iter().filter(|o| matches!(o.call, Call::Acquire { .. }) && o.invoked >= healed).collect();
-        if asked.is_empty() {
+        let Some(first_ask) = asked.iter().map(|o| o.invoked).min() else { continue };
+        let deadline = first_ask.saturating_add(bounds.progress_ms.saturating_mul(1_000_000));
+        if deadline > history.end {
+            // The history ended before the bound: it cannot say.
             continue;
         }
         let progressed = ops.iter().any(|o| {
@@ -797,7 +801,7 @@ fn progress(
                 AnomalyKind::NoProgress,
                 resource,
                 format!(
-                    "no write accepted within {} ms of the last heal ({} acquires asked for it after)",
+                    "no write accepted within {} ms of its first acquire after the last heal ({} acquires asked for it after)",
                     bounds.progress_ms,
                     asked.len()
                 ),
