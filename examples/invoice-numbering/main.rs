@@ -35,6 +35,8 @@
 //! has issued the number it read (at most 60 s more): the incident's order of events, whatever
 //! the machine's load. A frozen worker that woke first would find its fence still the newest and
 //! issue the number itself; the newer holder would then find the counter moved and read again.
+//! A worker freezes only where another can take over: with `--workers` above 1, and while
+//! another order of its tenant waits for a number.
 
 use palisade_examples::{common, sql::Db, with_db};
 
@@ -101,12 +103,21 @@ struct Books {
     ttl: Duration,
     pause: Duration,
     stale_refused: AtomicU64,
+    /// Workers that froze (each is refused once another has issued its number).
+    frozen: AtomicU64,
+    /// Each tenant's orders not yet issued (in `TENANTS` order).
+    pending: [AtomicU64; 2],
 }
 
 impl Books {
     /// The tenant's key in the shared tables (runs against one server keep apart).
     fn tenant(&self, tenant: &str) -> String {
         format!("{}.{tenant}", self.run)
+    }
+
+    /// `tenant`'s orders not yet issued.
+    fn pending(&self, tenant: &str) -> &AtomicU64 {
+        &self.pending[TENANTS.iter().position(|t| *t == tenant).unwrap_or(0)]
     }
 
     /// Issues one invoice for `order`; `Ok(None)` if the write was refused (requeue it).
@@ -150,8 +161,12 @@ impl Books {
         with_db!(&self.db, |store| {
             let (number,): (i64,) =
                 sqlx::query_as(tables::NEXT).bind(&tenant_key).fetch_one(store.pool()).await.map_err(sql_err)?;
-            if freeze {
+            // Freeze only where another worker can take over: another order of this tenant
+            // still waits for its number (workers take the lock in no set order, so a later
+            // order may have been issued already).
+            if freeze && self.pending(tenant).load(Ordering::SeqCst) > 1 {
                 println!("{order}: worker (fence {fence}) read number {number} for {tenant}, then froze");
+                self.frozen.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(self.pause).await;
                 // The incident's pause ended after the takeover; on a loaded machine the next
                 // worker may need longer than the pause to acquire and write, so stay frozen
@@ -194,6 +209,8 @@ impl Books {
                 .await
                 .map_err(sql_err)?;
             tx.commit().await?;
+            // Counted before the lease is released, so the next holder sees it.
+            self.pending(tenant).fetch_sub(1, Ordering::SeqCst);
             Ok(Attempt::Issued(u64::try_from(number).unwrap_or(0)))
         })
     }
@@ -226,22 +243,23 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
         ttl: args.common.ttl(),
         pause: args.common.pause(),
         stale_refused: AtomicU64::new(0),
+        frozen: AtomicU64::new(0),
+        pending: [AtomicU64::new(args.invoices), AtomicU64::new(args.invoices)],
     });
     books.open_tenants().await?;
     // Orders alternate between tenants; each is (order number, first attempt?).
     let queue: Arc<Mutex<Vec<(u64, bool)>>> =
         Arc::new(Mutex::new((0..args.invoices * 2).rev().map(|o| (o, true)).collect()));
     let mut workers = Vec::new();
-    let (invoices, workers_n) = (args.invoices, args.workers);
+    let workers_n = args.workers;
     for _ in 0..args.workers {
         let (books, queue, locks) = (Arc::clone(&books), Arc::clone(&queue), args.common.lock_client().await?);
         workers.push(tokio::spawn(async move {
             loop {
                 let Some((order, first)) = queue.lock().await.pop() else { return Ok::<(), Error>(()) };
                 let tenant = TENANTS[usize::try_from(order % 2).unwrap_or(0)];
-                // Freeze only where another worker can take over: a later order of the same
-                // tenant is queued and there is a worker to take it.
-                let freeze = first && FROZEN_ORDERS.contains(&order) && order + 2 < invoices * 2 && workers_n > 1;
+                // One worker has nobody to take over from it (see also `write_invoice`).
+                let freeze = first && FROZEN_ORDERS.contains(&order) && workers_n > 1;
                 let name = format!("order-{order:05}");
                 if books.issue(&locks, tenant, &name, freeze).await?.is_none() {
                     queue.lock().await.push((order, false));
@@ -271,7 +289,7 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
     let invoiced_twice = orders_seen.values().filter(|&&n| n > 1).count();
     let stale = books.stale_refused.load(Ordering::SeqCst);
     // Each frozen worker stays frozen until another has issued the number it read, so its write
-    // is refused; with too few orders or one worker nobody freezes. Either way no number is
+    // is refused; where nobody could take over, nobody froze. Either way no number is
     // used twice and none is skipped.
     let held = gaps == 0 && invoiced_twice == 0 && total == args.invoices * 2;
     Ok(common::finish(
@@ -284,6 +302,7 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
             "gaps": gaps,
             "orders_invoiced_twice": invoiced_twice,
             "stale_refused": stale,
+            "frozen": books.frozen.load(Ordering::SeqCst),
             "ok": held,
         }),
         held,
