@@ -123,6 +123,19 @@ fn runs_clean_with(pair: u64, lock: &str, store: &str, more: &[&str]) {
     for file in ["history.jsonl", "report.md", "report.json", "timeline.svg"] {
         assert!(out.path().join(file).is_file(), "{file} written");
     }
+    // The audits list the store, and promise a bound that grows with the allocations asked for.
+    let invokes: Vec<serde_json::Value> = std::fs::read_to_string(out.path().join("history.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["ev"] == "invoke")
+        .collect();
+    let asked = invokes.iter().filter(|e| e["call"]["call"] == "allocate").count() as u64;
+    let audits: Vec<&serde_json::Value> = invokes.iter().filter(|e| e["call"]["call"] == "audit").collect();
+    assert_eq!(audits.len(), 3, "one audit a SKU");
+    for audit in audits {
+        assert_eq!(audit["within_ms"].as_u64(), Some(2_000 + 2 * asked), "{audit}");
+    }
 }
 
 macro_rules! pairs {

@@ -31,6 +31,13 @@ use self::schedule::Menu;
 /// and resends take when nothing is faulted.
 pub const CALL_MS: u64 = 2_000;
 
+/// What an audit, process 0's listing of the store after the run, promises on top of a call's
+/// bound for each record an allocation may have written (its done mark and its audit row): a
+/// listing reads what it lists (DynamoDB's reads the whole table), so its bound grows with the
+/// run. 1 ms a record allows some 8 s for a page of 1 MB of the warehouse's records, which
+/// DynamoDB reads in a fraction of a second and the DynamoDB emulator the tests run in a few.
+pub const LIST_MS_PER_RECORD: u64 = 1;
+
 /// What the checker adds to each call's promised bound: a loaded 2-core machine.
 const ALLOWANCE_MS: u64 = 3_000;
 

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::schedule::{Fault, Side, Step};
-use super::{CALL_MS, INITIAL_STOCK, TortureArgs, now, register_key, resource_name, sku_name};
+use super::{CALL_MS, INITIAL_STOCK, LIST_MS_PER_RECORD, TortureArgs, now, register_key, resource_name, sku_name};
 
 /// The pair under test, as the run found it.
 pub struct Target {
@@ -439,6 +439,8 @@ pub struct Run {
     next_op: u64,
     events: mpsc::UnboundedSender<Event>,
     collected: mpsc::UnboundedReceiver<Event>,
+    /// Events taken from `collected` before the run ended (to count them), in arrival order.
+    drained: Vec<Event>,
     readers: Vec<tokio::task::JoinHandle<()>>,
     log: std::fs::File,
     /// With `--clock-jumps`: libfaketime, which every client runs under, and the directory of
@@ -486,6 +488,7 @@ impl Run {
             next_op: 0,
             events,
             collected,
+            drained: Vec::new(),
             readers: Vec::new(),
             log,
             clocks: faketime.map(|lib| (lib, args.out.join("clocks"))),
@@ -592,6 +595,15 @@ impl Run {
         let _ = self.events.send(event);
     }
 
+    /// The allocations every process has asked for so far (answered or not).
+    fn allocations_so_far(&mut self) -> u64 {
+        while let Ok(event) = self.collected.try_recv() {
+            self.drained.push(event);
+        }
+        let asked = self.drained.iter().filter(|e| matches!(e, Event::Invoke { call: Call::Allocate { .. }, .. }));
+        u64::try_from(asked.count()).unwrap_or(u64::MAX)
+    }
+
     fn slots_wanted(&self) -> usize {
         usize::try_from(self.args.clients).unwrap_or(0)
     }
@@ -643,9 +655,9 @@ impl Run {
         }
         self.stop().await;
         self.final_reads().await;
-        let Run { mut collected, events, .. } = self;
+        let Run { mut collected, events, drained, .. } = self;
         drop(events);
-        let mut all = Vec::new();
+        let mut all = drained;
         while let Some(event) = collected.recv().await {
             all.push(event);
         }
@@ -776,14 +788,15 @@ impl Run {
         }
     }
 
-    /// Process 0 records one of its own operations: `call`, answered by `answer`.
-    async fn own<F>(&mut self, call: Call, answer: F) -> Outcome
+    /// Process 0 records one of its own operations: `call`, answered by `answer`, promised
+    /// within `within_ms`.
+    async fn own<F>(&mut self, call: Call, within_ms: u64, answer: F) -> Outcome
     where
         F: std::future::Future<Output = Outcome>,
     {
         self.next_op += 1;
         let op = self.next_op;
-        self.record(Event::Invoke { process: 0, op, at: now(), within_ms: CALL_MS, call });
+        self.record(Event::Invoke { process: 0, op, at: now(), within_ms, call });
         let outcome = answer.await;
         self.record(Event::Complete { process: 0, op, at: now(), outcome: outcome.clone() });
         outcome
@@ -800,7 +813,7 @@ impl Run {
             let sku = sku_name(usize::try_from(index).unwrap_or(0));
             let call = Call::Restock { resource: sku.clone(), qty: INITIAL_STOCK };
             let outcome = self
-                .own(call, async {
+                .own(call, CALL_MS, async {
                     match warehouse.initial_stock(&sku, INITIAL_STOCK).await {
                         Ok(()) => Outcome::Accepted,
                         Err(e) => Outcome::Unknown { error: e.to_string() },
@@ -828,7 +841,7 @@ impl Run {
         for index in 0..self.args.resources {
             let resource = resource_name(usize::try_from(index).unwrap_or(0));
             let key = register_key(&self.ns, &resource);
-            self.own(Call::Read { resource }, async {
+            self.own(Call::Read { resource }, CALL_MS, async {
                 match store.read(&key).await {
                     Ok(record) => {
                         Outcome::Value { value: record.map(|r| String::from_utf8_lossy(&r.value).into_owned()) }
@@ -845,16 +858,17 @@ impl Run {
                 return;
             }
         };
+        let audit_ms = CALL_MS.saturating_add(self.allocations_so_far().saturating_mul(2 * LIST_MS_PER_RECORD));
         for index in 0..self.args.resources {
             let sku = sku_name(usize::try_from(index).unwrap_or(0));
-            self.own(Call::Audit { resource: sku.clone() }, async {
+            self.own(Call::Audit { resource: sku.clone() }, audit_ms, async {
                 match warehouse.applied_attempts(&sku).await {
                     Ok(jobs) => Outcome::Audited { jobs },
                     Err(e) => Outcome::Unknown { error: e.to_string() },
                 }
             })
             .await;
-            self.own(Call::Stock { resource: sku.clone() }, async {
+            self.own(Call::Stock { resource: sku.clone() }, CALL_MS, async {
                 match warehouse.stock(&sku).await {
                     Ok(stock) => Outcome::Units { qty: stock.map(|s| s.qty) },
                     Err(e) => Outcome::Unknown { error: e.to_string() },

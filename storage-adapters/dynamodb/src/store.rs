@@ -686,7 +686,9 @@ impl FencedStore for DynamoStore {
     }
 
     /// A consistent `Scan` filtered on the key prefix, sorted: it reads the whole table, so
-    /// use it for tooling and tests, not on a hot path.
+    /// use it for tooling and tests, not on a hot path. Its bound grows with the table: each
+    /// page (at most 1 MB of items read, matched or not) is one request, answered or failed
+    /// within `operation_timeout`.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
         let mut out = Vec::new();
         let mut start: Option<HashMap<String, AttributeValue>> = None;
