@@ -21,11 +21,13 @@ ran the machine out of memory. `undo_per_item` below backs up only the items the
 names, and puts those back instead.
 
 moto's Scan sorts the whole table by its keys on every page (comparing them as moto's own
-types, slowly), deep-copies every item it reads, and only then applies the filter: a page of a
-17,000-item table took 2-6 s, and the final audit of a 30-minute `palisade torture` run against
-DynamoDB, a Scan per SKU, took 5-15 s. `scan_in_key_order` below sorts plain key values, starts
-at the page's first key by bisection and copies only the items the filter keeps; its pages end
-where DynamoDB's do (`Limit` items or 1 MB read, filtered out or not).
+types, slowly), deep-copies every item it reads, and only then applies the filter: the cost of
+every page grows with the table. `scan_in_key_order` below sorts plain key values, starts at the
+page's first key by bisection and copies only the items the filter keeps; its pages end where
+DynamoDB's do (`Limit` items or 1 MB read, filtered out or not). Listing 8,500 audit rows of a
+17,000-item table (two pages) took 5.2 s before, 4.6 s with it, on an idle machine; the page
+that keeps few items, 0.5 s before and 0.1 s with it. Most of what is left is moto writing out
+the items a page keeps.
 
 usage: python3 moto_serial.py HOST PORT
 """
@@ -182,7 +184,7 @@ def _key_value(key):
 
 def scan_in_key_order():
     """Makes moto's Scan of a table (no index, no sort key, no segments, no legacy ScanFilter)
-    cost what the page reads, not what the table holds."""
+    cost a sort of plain keys and the page it reads, not a walk of the table."""
     scan = Table.scan
 
     def table_scan(
