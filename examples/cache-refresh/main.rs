@@ -72,6 +72,8 @@ struct Cache {
     entry: String,
     ttl: Duration,
     stale_refused: AtomicU64,
+    /// Told when the refresher that freezes has fetched and frozen, holding the lock.
+    froze: tokio::sync::Notify,
 }
 
 impl Cache {
@@ -97,6 +99,7 @@ impl Cache {
         let version = self.origin.fetch().await;
         if !pause.is_zero() {
             println!("refresher fence {}: fetched v{version}, then froze", lease.fence());
+            self.froze.notify_one();
             tokio::time::sleep(pause).await;
         }
         match self.store.write(lease, &WriteBatch::new().put(self.entry.clone(), format!("v{version}"))).await {
@@ -175,6 +178,7 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
         entry: format!("cache/{run}/product"),
         ttl: args.common.ttl(),
         stale_refused: AtomicU64::new(0),
+        froze: tokio::sync::Notify::new(),
     });
     cache.origin.version.store(1, Ordering::SeqCst);
     let mut clients = Vec::new();
@@ -200,7 +204,11 @@ async fn run(args: Args) -> palisade::Result<ExitCode> {
         let (cache, locks, pause) = (Arc::clone(&cache), Arc::clone(&clients[0]), args.common.pause());
         tokio::spawn(async move { cache.read(&locks, pause).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The wave comes once the refresher holds the lock and has frozen, well inside its TTL: a
+    // wave after the lease ran out would find the lock free and refresh v2 itself.
+    tokio::time::timeout(Duration::from_secs(60), cache.froze.notified())
+        .await
+        .map_err(|_| Error::new(ErrorKind::Timeout, "example", "the refresher did not take the lock within 60 s"))?;
     let stale_wave = wave(&cache, &clients[1..], Duration::ZERO).await?;
 
     // 3. The origin changes again (v3) while the refresher is frozen. Once its lease has run out,

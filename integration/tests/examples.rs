@@ -18,6 +18,14 @@ fn cache_refresh() {
     use_cases::cache_refresh(None, &[]);
 }
 
+/// The shortest TTL the flag takes: the stale wave must still come while the refresher's lease
+/// holds (it came 100 ms after the freeze whatever the TTL, and at 100 ms or less a reader of
+/// that wave refreshed v2 itself, so v3 was never fetched and the example reported a failure).
+#[test]
+fn cache_refresh_with_the_shortest_ttl() {
+    use_cases::cache_refresh(None, &["--ttl-ms", "50"]);
+}
+
 #[test]
 fn invoice_numbering() {
     use_cases::invoice_numbering(None, &[]);
