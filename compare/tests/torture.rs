@@ -304,15 +304,20 @@ const RUNS: usize = 3;
 
 /// Passes when one of [`RUNS`] runs exits 1 with one of `kinds` among its anomalies.
 fn found_within_runs(what: &str, seed: &str, kinds: &[&str], run: impl Fn() -> Judged) {
+    found_within(RUNS, what, seed, kinds, run);
+}
+
+/// Passes when one of `runs` runs exits 1 with one of `kinds` among its anomalies.
+fn found_within(runs: usize, what: &str, seed: &str, kinds: &[&str], run: impl Fn() -> Judged) {
     let mut said = String::new();
-    for n in 1..=RUNS {
+    for n in 1..=runs {
         let Judged { code, kinds: seen, said: report } = run();
         eprintln!("{what}, seed {seed}, run {n}: found {seen:?}");
         if code == Some(1) && kinds.iter().any(|k| seen.iter().any(|s| s == k)) {
             return;
         }
         assert!(code == Some(0) || code == Some(1), "{report}");
-        said = format!("expected one of {kinds:?} in {RUNS} runs; the last found {seen:?}: {report}");
+        said = format!("expected one of {kinds:?} in {runs} runs; the last found {seen:?}: {report}");
     }
     panic!("{said}");
 }
@@ -474,13 +479,14 @@ mod broken_stores {
         // its successor wrote with, which the store must refuse. (A fence at or below the
         // store's watermark at grant time never reaches the store: the clients' `lock_checked`
         // turns it away first, fencing rule 5.)
-        found(
-            LockFlaw::FenceNotIncreasedAfterExpiry,
-            StoreFlaw::AcceptsEqualFromAnyGrant,
-            &seed(725),
-            "60s",
-            &["duplicate_fence"],
-        );
+        //
+        // The holder must be frozen between its grant and its first write, and another client
+        // must take the lock over and write meanwhile. Runs of seed 725 showed it in 4 of 5
+        // runs with the work a hold does before its first write (1 of 4 without it, which
+        // failed CI), so it gets five runs where the other flaws get three.
+        let (lock, flaw) = (LockFlaw::FenceNotIncreasedAfterExpiry, StoreFlaw::AcceptsEqualFromAnyGrant);
+        let seed = seed(725);
+        found_within(5, &format!("{flaw:?}"), &seed, &["duplicate_fence"], || tortured(lock, flaw, &seed, "60s"));
     }
 }
 

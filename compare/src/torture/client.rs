@@ -174,8 +174,8 @@ where
     }
 }
 
-/// Reads and writes under the lease a few times (a register's value, or a SKU's stock and an
-/// allocation), sometimes extending it, then gives it back. One hold in four is long: it keeps
+/// Works, then reads and writes, under the lease a few times (a register's value, or a SKU's
+/// stock and an allocation), sometimes extending it, then gives it back. One hold in four is long: it keeps
 /// writing, extending the lease after each write, until two TTLs have passed, as a job that
 /// outlives its first lease does (without these, a lease rarely outlives its first TTL, and an
 /// extend the service ignores goes unseen).
@@ -194,6 +194,12 @@ async fn hold(
         if long_until.is_some_and(|until| tokio::time::Instant::now() >= until) {
             break;
         }
+        // The work before each write, the first included: a job computes between taking the
+        // lock and writing, and the incident's holder was frozen there. Without it a pause
+        // rarely lands between a grant and its first write, and a lock service that gives an
+        // expired holder's fence to its successor goes unseen (the successor's fence check
+        // turns it away once the old holder has written).
+        tokio::time::sleep(Duration::from_millis(rng.between(0, args.ttl_ms / 3))).await;
         let refused = match on {
             On::Register { register, .. } => {
                 write_register(rec, store, (resource, register), (&lease, &grant), write).await
@@ -203,7 +209,6 @@ async fn hold(
         if refused {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(rng.between(0, args.ttl_ms / 3))).await;
         if long_until.is_some() || rng.below(3) == 0 {
             let call = Call::Extend { resource: resource.to_string(), grant: grant.clone() };
             let op = rec.invoke(call, CALL_MS);
