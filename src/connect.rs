@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use palisade_core::{
-    Capabilities, DynFencedStore, DynLockService, DynUnfencedLockService, Error, ErrorKind, LockService, Result,
+    Capabilities, DynFencedStore, DynInspectLocks, DynInspectStore, DynLockService, DynUnfencedLockService, Error,
+    ErrorKind, Fenced, FencedStore, InspectLocks, InspectStore, LockService, Result,
 };
 
 const BACKEND: &str = "palisade";
@@ -110,7 +111,8 @@ fn check_scheme(what: &str, scheme: &str, table: &[Scheme]) -> Result<()> {
 /// Errors: a malformed URL or unknown scheme is [`ErrorKind::InvalidConfig`]; a scheme whose
 /// cargo feature is off is [`ErrorKind::Unsupported`] and names the feature.
 pub async fn connect_lock(url: &str) -> Result<Arc<DynLockService>> {
-    connect_fenced(&lock_scheme(url)?, url).await
+    let service: Arc<DynLockService> = connect_fenced(&lock_scheme(url)?, url).await?;
+    Ok(service)
 }
 
 /// The URL's lock-service scheme, lowercased, once it is known and its feature is on.
@@ -120,8 +122,17 @@ fn lock_scheme(url: &str) -> Result<String> {
     Ok(scheme.to_ascii_lowercase())
 }
 
+/// A fenced lock service with its read-only view: what every fenced scheme connects to, so
+/// that [`connect_lock`] and [`inspect_locks`] share one table of schemes.
+trait ViewedLockService: LockService<Fencing = Fenced> + InspectLocks {}
+impl<T: LockService<Fencing = Fenced> + InspectLocks> ViewedLockService for T {}
+
+/// A fenced store with its read-only view (as [`ViewedLockService`]).
+trait ViewedStore: FencedStore + InspectStore {}
+impl<T: FencedStore + InspectStore> ViewedStore for T {}
+
 /// Connects a fenced service of a checked `scheme`.
-async fn connect_fenced(scheme: &str, url: &str) -> Result<Arc<DynLockService>> {
+async fn connect_fenced(scheme: &str, url: &str) -> Result<Arc<dyn ViewedLockService>> {
     // Read by every arm but the refusals: with no lock service's feature on, by none.
     let _ = url;
     match scheme {
@@ -228,7 +239,10 @@ pub async fn connect_any_lock(url: &str) -> Result<AnyLockService> {
     match scheme.as_str() {
         #[cfg(feature = "redlock")]
         "redlock" => Ok(AnyLockService::Unfenced(Arc::new(palisade_redlock::RedlockService::connect(url).await?))),
-        _ => Ok(AnyLockService::Fenced(connect_fenced(&scheme, url).await?)),
+        _ => {
+            let service: Arc<DynLockService> = connect_fenced(&scheme, url).await?;
+            Ok(AnyLockService::Fenced(service))
+        }
     }
 }
 
@@ -243,6 +257,12 @@ pub async fn connect_any_lock(url: &str) -> Result<AnyLockService> {
 ///
 /// Errors: as for [`connect_lock`]; an unreachable server is [`ErrorKind::Unavailable`].
 pub async fn connect_store(url: &str) -> Result<Arc<DynFencedStore>> {
+    let store: Arc<DynFencedStore> = connect_viewed_store(url).await?;
+    Ok(store)
+}
+
+/// Connects a store by URL, with its read-only view.
+async fn connect_viewed_store(url: &str) -> Result<Arc<dyn ViewedStore>> {
     let scheme = scheme_of(url)?;
     check_scheme("store", scheme, STORE_SCHEMES)?;
     match scheme.to_ascii_lowercase().as_str() {
@@ -258,6 +278,33 @@ pub async fn connect_store(url: &str) -> Result<Arc<DynFencedStore>> {
     }
 }
 
+/// The read-only view of the lock service at `url` ([`InspectLocks`](palisade_core::InspectLocks)):
+/// who holds which lock, with which fence. What `palisade inspect` reads.
+///
+/// Takes the URLs of [`connect_lock`] (a `memory://` view sees this process's instance only).
+/// `redlock://` has no view yet: [`ErrorKind::Unsupported`]. Connecting is what the
+/// service's own `connect` does (an SQL service makes its lock table if it is missing); the
+/// view's calls change nothing.
+///
+/// Errors: as for [`connect_lock`].
+pub async fn inspect_locks(url: &str) -> Result<Arc<DynInspectLocks>> {
+    let scheme = lock_scheme(url)?;
+    if scheme == "redlock" {
+        return Err(Error::new(ErrorKind::Unsupported, BACKEND, "`redlock` has no read-only view yet"));
+    }
+    let view: Arc<DynInspectLocks> = connect_fenced(&scheme, url).await?;
+    Ok(view)
+}
+
+/// The read-only view of the store at `url` ([`InspectStore`](palisade_core::InspectStore)):
+/// each resource's watermark and the grant that set it. Takes the URLs of [`connect_store`].
+///
+/// Errors: as for [`connect_store`].
+pub async fn inspect_store(url: &str) -> Result<Arc<DynInspectStore>> {
+    let view: Arc<DynInspectStore> = connect_viewed_store(url).await?;
+    Ok(view)
+}
+
 #[cfg(feature = "memory")]
 mod memory {
     //! Named in-process instances, so `memory://x` means the same service everywhere in a process.
@@ -265,9 +312,7 @@ mod memory {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-    use palisade_core::{
-        DynFencedStore, DynLockService, Error, ErrorKind, MemoryFencedStore, MemoryLockService, Result,
-    };
+    use palisade_core::{Error, ErrorKind, MemoryFencedStore, MemoryLockService, Result};
 
     type Registry<T> = OnceLock<Mutex<HashMap<String, Arc<T>>>>;
     static LOCKS: Registry<MemoryLockService> = OnceLock::new();
@@ -293,14 +338,12 @@ mod memory {
         Arc::clone(map.entry(name).or_default())
     }
 
-    pub(super) fn lock_service(name: String) -> Arc<DynLockService> {
-        let service: Arc<MemoryLockService> = get(&LOCKS, name);
-        service
+    pub(super) fn lock_service(name: String) -> Arc<MemoryLockService> {
+        get(&LOCKS, name)
     }
 
-    pub(super) fn store(name: String) -> Arc<DynFencedStore> {
-        let store: Arc<MemoryFencedStore> = get(&STORES, name);
-        store
+    pub(super) fn store(name: String) -> Arc<MemoryFencedStore> {
+        get(&STORES, name)
     }
 }
 

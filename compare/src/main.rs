@@ -17,6 +17,7 @@
 // The warehouse benchmark is the warehouse simulation itself (palisade-examples), not a copy.
 mod charts;
 mod faults;
+mod inspect;
 mod local;
 mod memory;
 mod perf;
@@ -48,6 +49,10 @@ enum Command {
     /// every client call in a history, and check the history. Exit 0: no anomaly; 1: an
     /// anomaly (the report names it); 2: bad usage; 3: the run could not be made.
     Torture(torture::TortureArgs),
+    /// Show who holds which lock, with which fence, and each store's watermark for it (and the
+    /// grant that set it); changes nothing. Exit 0: shown; 1: shown, with a warning (a fence
+    /// regression waiting to happen); 2: bad usage; 3: a service or store could not be read.
+    Inspect(inspect::InspectArgs),
     /// (internal) A client process of the torture run.
     #[command(hide = true)]
     TortureClient(torture::client::ClientArgs),
@@ -160,6 +165,7 @@ fn main() -> ExitCode {
         Command::Holder(args) => runtime.block_on(worker::hold(args)),
         Command::Torture(args) => runtime.block_on(torture::torture(args)),
         Command::TortureClient(args) => runtime.block_on(torture::client::run(args)),
+        Command::Inspect(args) => runtime.block_on(inspect::run(args)),
         Command::Compare(args) => match runtime.block_on(report::compare(args)) {
             Ok(code) => code,
             Err(e) => {

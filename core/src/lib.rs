@@ -72,6 +72,7 @@ mod fence;
 mod gate;
 mod grant;
 mod held;
+mod inspect;
 mod key;
 mod lease;
 pub mod memory;
@@ -98,6 +99,10 @@ pub use error::{BoxError, Error, ErrorKind, Result};
 pub use ext::{FencedStoreExt, LockServiceExt, REGRESSION_GAP};
 pub use fence::{Fence, GrantFence, GrantId};
 pub use grant::{Fenced, Fencing, Grant, Unfenced};
+pub use inspect::{
+    DynInspectLocks, DynInspectStore, HolderView, InspectLocks, InspectStore, Listing, LockView, MAX_LISTED, Waiters,
+    WatermarkView,
+};
 pub use key::{MAX_DOMAIN_LEN, MAX_ID_LEN, ResourceKey, SUB_KEY_SEPARATOR};
 pub use lease::Lease;
 pub use memory::{MemoryFencedStore, MemoryLockService};

@@ -96,6 +96,7 @@ mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod errors;
+mod inspect;
 mod reply;
 mod service;
 mod session;

@@ -33,14 +33,14 @@ pub struct EtcdLockService {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    client: Client,
-    config: EtcdConfig,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) config: EtcdConfig,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     held: Arc<HeldGrants>,
     stop: CancellationToken,
     /// The key that holds the service's epoch (`<prefix>epoch`), absent until a recovery.
-    epoch_key: String,
+    pub(crate) epoch_key: String,
 }
 
 /// How long a connection may stay silent before the client pings it: etcd's default
@@ -211,6 +211,11 @@ impl EtcdLockService {
         Ok(())
     }
 
+    /// What the service keeps: its client, configuration and key names (for `inspect`).
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
     /// The etcd key of one contender for `key`: `<prefix>lock:{domain:id}/<owner token>`.
     /// Every contender of a resource shares the `<prefix>lock:{domain:id}/` prefix; the
     /// closing brace keeps one resource's prefix from matching another's.
@@ -253,7 +258,7 @@ impl Drop for EtcdLockService {
 }
 
 impl Inner {
-    fn resource_prefix(&self, key: &ResourceKey) -> String {
+    pub(crate) fn resource_prefix(&self, key: &ResourceKey) -> String {
         format!("{}{}/", self.config.key_prefix, key.lock_key())
     }
 
@@ -278,7 +283,7 @@ impl Inner {
     /// read-only one (`!writes`) that a silent member leaves unanswered for a second. `txn`
     /// builds each attempt's request: a clone of one built beforehand would cost every
     /// request a copy that only a resend needs.
-    async fn txn(&self, txn: impl Fn() -> Txn, what: &str, writes: bool) -> Result<TxnResponse> {
+    pub(crate) async fn txn(&self, txn: impl Fn() -> Txn, what: &str, writes: bool) -> Result<TxnResponse> {
         with_failover(self.config.request_timeout, what, writes, !writes, || {
             let mut kv = self.client.kv_client();
             let txn = txn();

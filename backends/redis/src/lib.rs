@@ -125,6 +125,7 @@ mod config;
 pub mod conformance;
 mod connection;
 mod errors;
+mod inspect;
 pub mod scripts;
 mod sentinel;
 mod service;

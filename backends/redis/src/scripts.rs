@@ -225,6 +225,18 @@ pub static ADVANCE_FENCE: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// KEYS: lock, fence. Reads, never writes: `palisade inspect`'s view of one lock in one
+/// consistent step. Returns `{holder, pttl, counter}`: the lock's value (the holder's token,
+/// with the waiters' mark `+` when a caller has waited since the grant) or `false`, its
+/// milliseconds left (negative when there is no lock), and the counter's value or `false`.
+pub static VIEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+        return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}
+        ",
+    )
+});
+
 /// What an [`ACQUIRE`] reply says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireReply {

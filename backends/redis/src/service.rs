@@ -174,7 +174,11 @@ impl RedisLockService {
     }
 
     /// [`invoke`](Self::invoke) for a prepared script.
-    async fn invoke_script(&self, invocation: &redis::ScriptInvocation<'_>, what: &str) -> Result<(Value, bool)> {
+    pub(crate) async fn invoke_script(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        what: &str,
+    ) -> Result<(Value, bool)> {
         self.invoke(|mut conn| async move { invocation.invoke_async(&mut conn).await }, what).await
     }
 
@@ -187,7 +191,7 @@ impl RedisLockService {
     }
 
     /// The connection in use (a cheap handle on the multiplexed connection).
-    fn conn(&self) -> Conn {
+    pub(crate) fn conn(&self) -> Conn {
         self.conn.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 

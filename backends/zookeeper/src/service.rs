@@ -62,7 +62,7 @@ impl Session {
 /// The client reports a connection that failed in its own words (`Custom`: an I/O error, or
 /// "no response from connection in N ms" when the network went silent, as in a partition):
 /// those are connection losses too, not errors of the ensemble.
-fn map(e: zk::Error, what: &str, writes: bool) -> Error {
+pub(crate) fn map(e: zk::Error, what: &str, writes: bool) -> Error {
     let (kind, retryable) = match &e {
         zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_) if writes => {
             (ErrorKind::OutcomeUnknown, false)
@@ -80,7 +80,7 @@ fn map(e: zk::Error, what: &str, writes: bool) -> Error {
     Error::new(kind, BACKEND, format!("{what} failed: {e}")).with_retryable(retryable)
 }
 
-fn timed_out(what: &str, writes: bool) -> Error {
+pub(crate) fn timed_out(what: &str, writes: bool) -> Error {
     let kind = if writes { ErrorKind::OutcomeUnknown } else { ErrorKind::Unavailable };
     Error::new(kind, BACKEND, format!("{what}: no answer within the request timeout")).with_retryable(!writes)
 }
@@ -214,6 +214,11 @@ impl ZkLockService {
     /// Closes the session: every lock of this client goes at once (lost signals fire).
     pub async fn close(self) {
         self.inner.shutdown().await;
+    }
+
+    /// The node that holds the service's epoch (for `inspect`).
+    pub(crate) fn epoch_path(&self) -> String {
+        self.inner.epoch_path()
     }
 
     /// The parent node of a resource's contenders: `<root>/<domain>/<id>`.

@@ -11,8 +11,8 @@ use crate::spi::{
     AttemptOutcome, distinct_keys, first_granted, first_of, timeout_of_any, wait_for_any_release, wait_for_release,
 };
 use crate::{
-    AllOrNone, Capabilities, Deployment, Fence, FenceSource, Fenced, Grant, LockService, MultiAcquire, OwnerToken,
-    ResourceKey, Ttl, Waiting,
+    AllOrNone, Capabilities, Deployment, Fence, FenceSource, Fenced, Grant, GrantId, HolderView, InspectLocks, Listing,
+    LockService, LockView, MultiAcquire, OwnerToken, ResourceKey, Ttl, Waiting,
 };
 
 const BACKEND: &str = "memory";
@@ -240,6 +240,36 @@ impl LockService for MemoryLockService {
     }
 }
 
+#[async_trait]
+impl InspectLocks for MemoryLockService {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn resources(&self, prefix: &str) -> Result<Listing<ResourceKey>> {
+        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut keys: Vec<ResourceKey> = slots.keys().filter(|k| k.to_string().starts_with(prefix)).cloned().collect();
+        keys.sort_by_cached_key(ToString::to_string);
+        Ok(Listing::of(keys))
+    }
+
+    async fn lock_view(&self, key: &ResourceKey) -> Result<LockView> {
+        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slot) = slots.get(key) else { return Ok(LockView::free(key.clone())) };
+        let now = Instant::now();
+        let counter = (slot.last_fence > 0).then(|| Fence::new(slot.last_fence));
+        let view = LockView::free(key.clone()).with_counter(counter);
+        Ok(match slot.holder {
+            Some(h) if h.expires > now => view.held_by(HolderView::new(
+                GrantId::of(&h.token),
+                counter,
+                Some(h.expires.saturating_duration_since(now)),
+            )),
+            _ => view,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,6 +288,25 @@ mod tests {
         let g2 = svc.try_acquire(&key(), ttl).await.unwrap().unwrap();
         assert_eq!(g1.fence().get() + 1, g2.fence().get());
         assert_eq!(svc.last_fence(&key()), Some(g2.fence()));
+    }
+
+    #[tokio::test]
+    async fn the_view_shows_the_holder_then_the_free_lock_with_its_counter() {
+        let svc = MemoryLockService::new();
+        let other = ResourceKey::new("audit", "x").unwrap();
+        assert_eq!(svc.lock_view(&key()).await.unwrap(), LockView::free(key()));
+        let g = svc.try_acquire(&key(), Ttl::from_millis(10_000).unwrap()).await.unwrap().unwrap();
+        let _ = svc.try_acquire(&other, Ttl::from_millis(10_000).unwrap()).await.unwrap().unwrap();
+        let view = svc.lock_view(&key()).await.unwrap();
+        let holder = view.holder.unwrap();
+        assert_eq!((holder.grant, holder.fence, view.fence_counter), (g.grant_id(), Some(g.fence()), Some(g.fence())));
+        assert!(holder.expires_in.is_some_and(|d| d <= Duration::from_secs(10)));
+        let listed = svc.resources("alloc:").await.unwrap();
+        assert_eq!((listed.entries, listed.truncated), (vec![key()], false));
+        assert_eq!(svc.resources("").await.unwrap().entries, vec![key(), other]);
+        svc.release(&g).await.unwrap();
+        let view = svc.lock_view(&key()).await.unwrap();
+        assert_eq!((view.holder, view.fence_counter), (None, Some(g.fence())));
     }
 
     #[tokio::test]

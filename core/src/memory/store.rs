@@ -5,7 +5,9 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::store::{canonical_fences, conflict_error, fence_refusal, storable_fence, validate_record_key};
-use crate::{Fence, FencedStore, GrantFence, Record, ResourceKey, WriteBatch, WriteOp};
+use crate::{
+    Fence, FencedStore, GrantFence, InspectStore, Listing, Record, ResourceKey, WatermarkView, WriteBatch, WriteOp,
+};
 
 const BACKEND: &str = "memory";
 
@@ -112,6 +114,30 @@ impl FencedStore for MemoryFencedStore {
     }
 }
 
+#[async_trait]
+impl InspectStore for MemoryFencedStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut marks: Vec<(ResourceKey, WatermarkView)> = state
+            .watermarks
+            .iter()
+            .filter(|(k, _)| k.to_string().starts_with(prefix))
+            .map(|(k, f)| (k.clone(), WatermarkView::new(f.fence(), Some(f.grant()))))
+            .collect();
+        marks.sort_by_cached_key(|(k, _)| k.to_string());
+        Ok(Listing::of(marks))
+    }
+
+    async fn watermark_view(&self, resource: &ResourceKey) -> Result<Option<WatermarkView>> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(state.watermarks.get(resource).map(|f| WatermarkView::new(f.fence(), Some(f.grant()))))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +150,18 @@ mod tests {
     /// Fence `f` as grant `g` presents it.
     fn gf(f: u64, g: u8) -> GrantFence {
         GrantFence::new(Fence::new(f), crate::GrantId::from_bytes([g; 16]))
+    }
+
+    #[tokio::test]
+    async fn the_view_shows_each_watermark_and_the_grant_that_set_it() {
+        let s = MemoryFencedStore::new();
+        assert_eq!(s.watermark_view(&res()).await.unwrap(), None);
+        s.apply(&res(), gf(4, 7), &WriteBatch::new().put("k", b"v".to_vec())).await.unwrap();
+        let mark = WatermarkView::new(Fence::new(4), Some(gf(4, 7).grant()));
+        assert_eq!(s.watermark_view(&res()).await.unwrap(), Some(mark));
+        let listed = s.watermarks("").await.unwrap();
+        assert_eq!(listed.entries, vec![(res(), mark)]);
+        assert!(s.watermarks("zzz").await.unwrap().entries.is_empty());
     }
 
     #[tokio::test]

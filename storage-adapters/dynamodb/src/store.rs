@@ -24,8 +24,8 @@ use aws_sdk_dynamodb::types::{
 };
 use palisade_core::spi::{Backoff, canonical_fences, conflict_error, explain_refusal, fence_refusal, storable_fence};
 use palisade_core::{
-    Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, OwnerToken, Record, ResourceKey, Result,
-    WatermarkSource, WriteBatch, WriteOp,
+    Error, ErrorKind, Fence, FencedStore, GrantFence, GrantId, InspectStore, Listing, OwnerToken, Record, ResourceKey,
+    Result, WatermarkSource, WatermarkView, WriteBatch, WriteOp,
 };
 use tracing::{debug, warn};
 
@@ -288,6 +288,33 @@ impl DynamoStore {
         fence: impl Into<GrantFence> + Send,
     ) -> Result<DeleteItemOutput> {
         send_fenced(delete, fence.into()).await
+    }
+
+    /// Every item whose key starts with `prefix`, by a consistent `Scan` filtered on it:
+    /// it reads the whole table, a page (at most 1 MB of items read, matched or not) per
+    /// request, each answered or failed within `operation_timeout`.
+    async fn scan_prefix(&self, prefix: &str, what: &str) -> Result<Vec<HashMap<String, AttributeValue>>> {
+        let mut out = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let page = self
+                .client
+                .scan()
+                .table_name(&self.config.table)
+                .filter_expression("begins_with(#palisade_pk, :palisade_prefix)")
+                .expression_attribute_names("#palisade_pk", KEY_ATTRIBUTE)
+                .expression_attribute_values(":palisade_prefix", AttributeValue::S(prefix.to_string()))
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| map(e, what, false))?;
+            out.extend(page.items().iter().cloned());
+            match page.last_evaluated_key() {
+                Some(next) if !next.is_empty() => start = Some(next.clone()),
+                _ => return Ok(out),
+            }
+        }
     }
 
     fn fence_item_key(resource: &ResourceKey) -> AttributeValue {
@@ -691,30 +718,11 @@ impl FencedStore for DynamoStore {
     /// within `operation_timeout`.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
         let mut out = Vec::new();
-        let mut start: Option<HashMap<String, AttributeValue>> = None;
-        loop {
-            let page = self
-                .client
-                .scan()
-                .table_name(&self.config.table)
-                .filter_expression("begins_with(#palisade_pk, :palisade_prefix)")
-                .expression_attribute_names("#palisade_pk", KEY_ATTRIBUTE)
-                .expression_attribute_values(":palisade_prefix", AttributeValue::S(format!("{RECORD_PREFIX}{prefix}")))
-                .consistent_read(true)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| map(e, "listing records", false))?;
-            for item in page.items() {
-                if let Some(AttributeValue::S(pk)) = item.get(KEY_ATTRIBUTE)
-                    && let Some(key) = pk.strip_prefix(RECORD_PREFIX)
-                {
-                    out.push((key.to_string(), to_record(item)?));
-                }
-            }
-            match page.last_evaluated_key() {
-                Some(next) if !next.is_empty() => start = Some(next.clone()),
-                _ => break,
+        for item in self.scan_prefix(&format!("{RECORD_PREFIX}{prefix}"), "listing records").await? {
+            if let Some(AttributeValue::S(pk)) = item.get(KEY_ATTRIBUTE)
+                && let Some(key) = pk.strip_prefix(RECORD_PREFIX)
+            {
+                out.push((key.to_string(), to_record(&item)?));
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -728,6 +736,35 @@ fn to_record(item: &HashMap<String, AttributeValue>) -> Result<Record> {
         _ => return Err(Error::new(ErrorKind::Backend, BACKEND, "record item without a binary value")),
     };
     Ok(Record { value, fence: fence_of(item) })
+}
+
+/// `palisade inspect`'s view of the watermark items (`fence#<domain:id>`): reads only. The
+/// listing is a `Scan` of the whole table (see [`FencedStore::list`]).
+#[async_trait]
+impl InspectStore for DynamoStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>> {
+        let mut marks = Vec::new();
+        for item in self.scan_prefix(&format!("{FENCE_PREFIX}{prefix}"), "listing watermarks").await? {
+            if let Some(AttributeValue::S(pk)) = item.get(KEY_ATTRIBUTE)
+                && let Some(resource) = pk.strip_prefix(FENCE_PREFIX)
+                && let Ok(key) = palisade_core::spi::parse_any_resource_key(resource)
+                && let Some(fence) = fence_of(&item)
+            {
+                marks.push((key, WatermarkView::new(fence, grant_of(&item))));
+            }
+        }
+        marks.sort_by_cached_key(|(k, _)| k.to_string());
+        Ok(Listing::of(marks))
+    }
+
+    async fn watermark_view(&self, resource: &ResourceKey) -> Result<Option<WatermarkView>> {
+        let item = self.get(DynamoStore::fence_item_key(resource), "reading a watermark").await?;
+        Ok(item.as_ref().and_then(|item| Some(WatermarkView::new(fence_of(item)?, grant_of(item)))))
+    }
 }
 
 #[cfg(test)]

@@ -11,11 +11,11 @@ use palisade_core::spi::{
     wait_for_any_release, wait_for_release,
 };
 use palisade_core::{
-    AllOrNone, Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService, MultiAcquire,
-    OwnerToken, ResourceKey, Result, Ttl, Waiting,
+    AllOrNone, Capabilities, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, InspectLocks, Listing,
+    LockService, LockView, MAX_LISTED, MultiAcquire, OwnerToken, ResourceKey, Result, Ttl, Waiters, Waiting,
 };
 use sqlx::postgres::PgListener;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe, PgPool, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -685,5 +685,36 @@ impl LockService for PostgresLockService {
         })
         .await?;
         Ok(())
+    }
+}
+
+/// `palisade inspect`'s view of the lock table: reads only.
+#[async_trait]
+impl InspectLocks for PostgresLockService {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn resources(&self, prefix: &str) -> Result<Listing<ResourceKey>> {
+        let limit = i64::try_from(MAX_LISTED + 1).unwrap_or(i64::MAX);
+        let rows: Vec<String> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.statements.list)))
+            .bind(prefix)
+            .bind(limit)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(Listing::of_names(rows.iter().map(String::as_str)))
+    }
+
+    async fn lock_view(&self, key: &ResourceKey) -> Result<LockView> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.statements.view)))
+            .bind(key.to_string())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(map_err)?;
+        let Some(row) = row else { return Ok(LockView::free(key.clone())) };
+        let view = palisade_core::spi::sql::lock_view_at(key, &row, map_err)?;
+        let waiting: bool = row.try_get(5).map_err(map_err)?;
+        Ok(view.with_waiters(if waiting { Waiters::Marked } else { Waiters::None }))
     }
 }

@@ -69,6 +69,12 @@ pub(crate) struct LockStatements {
     /// Release by grant id alone: clean-up after an acquire whose outcome is unknown.
     pub(crate) release_grant: Arc<str>,
     pub(crate) advance: Arc<str>,
+    /// `palisade inspect`'s read of one lock (`$1` resource), changing nothing: the last
+    /// grant's id and fence, the counter, whether the grant is live, its milliseconds left,
+    /// and the waiters' mark.
+    pub(crate) view: Arc<str>,
+    /// `palisade inspect`'s listing: the resources starting with `$1`, in byte order, at most `$2`.
+    pub(crate) list: Arc<str>,
 }
 
 impl LockStatements {
@@ -200,6 +206,14 @@ impl LockStatements {
                  ON CONFLICT (resource) DO UPDATE SET fence_floor = greatest(l.fence_floor, EXCLUDED.fence_floor)"
             )
             .into(),
+            view: format!(
+                "SELECT grant_id, fence, greatest(fence, fence_floor), {live}, \
+                 greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::BIGINT, waiting \
+                 FROM {l} WHERE resource = $1"
+            )
+            .into(),
+            list: format!("SELECT resource FROM {l} WHERE starts_with(resource, $1) ORDER BY resource COLLATE \"C\" LIMIT $2")
+                .into(),
         })
     }
 }

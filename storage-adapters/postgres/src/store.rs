@@ -11,8 +11,8 @@ use palisade_core::spi::{
     canonical_fences, conflict_error, explain_refusal, lock_not_live, storable_fence, validate_record_key,
 };
 use palisade_core::{
-    Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, MultiLease,
-    Record, ResourceKey, Result, WatermarkSource, WriteBatch, WriteOp,
+    Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, InspectStore, Lease, Listing,
+    LockService, MultiLease, Record, ResourceKey, Result, WatermarkSource, WatermarkView, WriteBatch, WriteOp,
 };
 use sqlx::postgres::{PgArguments, PgPoolOptions};
 use sqlx::query::Query;
@@ -34,6 +34,8 @@ struct Statements {
     /// lock row is live, after locking it `FOR KEY SHARE`.
     apply_held: Option<String>,
     read_watermark: String,
+    /// `palisade inspect`'s listing of watermarks (`$1` prefix, `$2` how many at most).
+    list_watermarks: String,
     read: String,
     read_many: String,
     list: String,
@@ -60,6 +62,10 @@ impl Statements {
             apply: format!("SELECT {apply}{IDLE_BOUND}"),
             apply_held,
             read_watermark: format!("SELECT fence, grant_id FROM {f} WHERE resource = $1"),
+            list_watermarks: format!(
+                "SELECT resource, fence, grant_id FROM {f} WHERE starts_with(resource, $1) \
+                 ORDER BY resource COLLATE \"C\" LIMIT $2"
+            ),
             read: format!("SELECT value, fence FROM {r} WHERE key = $1"),
             read_many: format!("SELECT key, value, fence FROM {r} WHERE key = ANY($1)"),
             // `starts_with` keeps LIKE wildcards in the prefix literal.
@@ -673,6 +679,22 @@ impl FencedStore for PostgresStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
         sql::list_records(&self.pool, &self.statements.list, prefix, map_err).await
+    }
+}
+
+/// `palisade inspect`'s view of the watermark table: reads only.
+#[async_trait]
+impl InspectStore for PostgresStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>> {
+        sql::list_watermarks(&self.pool, &self.statements.list_watermarks, prefix, map_err).await
+    }
+
+    async fn watermark_view(&self, resource: &ResourceKey) -> Result<Option<WatermarkView>> {
+        sql::watermark_view(&self.pool, &self.statements.read_watermark, resource, map_err).await
     }
 }
 

@@ -9,8 +9,8 @@ use palisade_core::spi::{
     Backoff, distinct_keys, first_of, poll_acquire_woken, storable_fence, timeout_of_any, try_each,
 };
 use palisade_core::{
-    AllOrNone, Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, LockService,
-    MultiAcquire, OwnerToken, ResourceKey, Result, Ttl, Waiting,
+    AllOrNone, Capabilities, Deployment, Error, ErrorKind, Fence, FenceSource, Fenced, Grant, GrantId, InspectLocks,
+    Listing, LockService, LockView, MAX_LISTED, MultiAcquire, OwnerToken, ResourceKey, Result, Ttl, Waiting,
 };
 use sqlx::Row;
 use tokio::sync::Notify;
@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use crate::db::map_err;
-use crate::lock_table::{ACQUIRE, ADVANCE, EXTEND, Now, RELEASE, migrate};
+use crate::lock_table::{ACQUIRE, ADVANCE, EXTEND, LIST, Now, RELEASE, VIEW, migrate};
 use crate::store::SqliteStore;
 
 use crate::db::BACKEND;
@@ -416,6 +416,37 @@ impl LockService for SqliteLockService {
         })
         .await?;
         Ok(())
+    }
+}
+
+/// `palisade inspect`'s view of the lock table: reads only (the table is made, if missing,
+/// by [`SqliteLockService::connect`], as for any use of the service).
+#[async_trait]
+impl InspectLocks for SqliteLockService {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn resources(&self, prefix: &str) -> Result<Listing<ResourceKey>> {
+        let limit = i64::try_from(MAX_LISTED + 1).unwrap_or(i64::MAX);
+        let rows: Vec<String> =
+            sqlx::query_scalar(LIST).bind(prefix).bind(limit).fetch_all(self.store.pool()).await.map_err(map_err)?;
+        Ok(Listing::of_names(rows.iter().map(String::as_str)))
+    }
+
+    async fn lock_view(&self, key: &ResourceKey) -> Result<LockView> {
+        let now = Now::read();
+        let row = sqlx::query(VIEW)
+            .bind(key.to_string())
+            .bind(now.wall_ms)
+            .bind(now.boot_id())
+            .bind(now.monotonic_ms())
+            .fetch_optional(self.store.pool())
+            .await
+            .map_err(map_err)?;
+        let Some(row) = row else { return Ok(LockView::free(key.clone())) };
+        let view = palisade_core::spi::sql::lock_view_at(key, &row, map_err)?;
+        Ok(view)
     }
 }
 

@@ -126,6 +126,22 @@ pub(crate) const RELEASE: &str = concat!(
     live!("palisade_locks", "?3", "?6", "?7")
 );
 
+/// One lock as `palisade inspect` shows it, read only (`?1` resource, `?2` wall now, `?3` boot
+/// id, `?4` monotonic now): the last grant's id and fence, the counter (the next grant's
+/// fence is above it), whether the grant is live, and its milliseconds left on the clock its
+/// expiry is judged by.
+pub(crate) const VIEW: &str = concat!(
+    "SELECT owner, fence, max(fence, fence_floor), ",
+    live!("l", "?2", "?3", "?4"),
+    ", CASE WHEN l.boot_id IS NOT NULL AND ?3 IS NOT NULL AND l.boot_paired_ms = l.expires_at_ms \
+     THEN l.boot_expires_ms - ?4 ELSE l.expires_at_ms - ?2 END \
+     FROM palisade_locks l WHERE resource = ?1"
+);
+
+/// The resources whose `domain:id` starts with `?1`, in key order, at most `?2`.
+pub(crate) const LIST: &str =
+    "SELECT resource FROM palisade_locks WHERE substr(resource, 1, length(?1)) = ?1 ORDER BY resource LIMIT ?2";
+
 /// Moves the counter's floor (`?2`), never the holder's fence: see [`CREATE_LOCKS`].
 pub(crate) const ADVANCE: &str = "INSERT INTO palisade_locks (resource, owner, expires_at_ms, fence, fence_floor) \
      VALUES (?1, NULL, 0, 0, ?2) \

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use palisade_core::spi::sql;
 use palisade_core::spi::{canonical_fences, conflict_error, explain_refusal, lock_not_live, storable_fence};
 use palisade_core::{
-    Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, Lease, LockService, MultiLease,
-    Record, ResourceKey, Result, WriteBatch, WriteOp,
+    Error, ErrorKind, Fence, Fenced, FencedRow, FencedStore, GrantFence, GrantId, InspectStore, Lease, Listing,
+    LockService, MultiLease, Record, ResourceKey, Result, WatermarkView, WriteBatch, WriteOp,
 };
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -36,6 +36,8 @@ pub(crate) struct Statements {
     create_records: String,
     pub(crate) raise_watermark: String,
     pub(crate) read_watermark: String,
+    /// `palisade inspect`'s listing of watermarks (`?1` prefix, `?2` how many at most).
+    list_watermarks: String,
     /// With `require_live_lock`: the lock table's DDL, and the check that the writer's lock is
     /// live (`?1` resource, `?2` grant id, `?3` fence, `?4` now in ms).
     live_lock: Option<&'static str>,
@@ -69,6 +71,10 @@ impl Statements {
                    AND ({f}.grant_id IS NULL OR {f}.grant_id = excluded.grant_id))"
             ),
             read_watermark: format!("SELECT fence, grant_id FROM {f} WHERE resource = ?1"),
+            list_watermarks: format!(
+                "SELECT resource, fence, grant_id FROM {f} WHERE substr(resource, 1, length(?1)) = ?1 \
+                 ORDER BY resource LIMIT ?2"
+            ),
             live_lock: require_live_lock.then_some(crate::lock_table::LIVE),
             put: format!(
                 "INSERT INTO {r} (key, value, fence) VALUES (?1, ?2, ?3) \
@@ -702,6 +708,22 @@ impl FencedStore for SqliteStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
         sql::list_records(&self.pool, &self.statements.list, prefix, map_err).await
+    }
+}
+
+/// `palisade inspect`'s view of the watermark table: reads only.
+#[async_trait]
+impl InspectStore for SqliteStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>> {
+        sql::list_watermarks(&self.pool, &self.statements.list_watermarks, prefix, map_err).await
+    }
+
+    async fn watermark_view(&self, resource: &ResourceKey) -> Result<Option<WatermarkView>> {
+        sql::watermark_view(&self.pool, &self.statements.read_watermark, resource, map_err).await
     }
 }
 

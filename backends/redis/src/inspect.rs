@@ -1,0 +1,174 @@
+//! `palisade inspect`'s view of the keys the service writes: `lock:{d:id}` (the holder's
+//! token, with the waiters' mark) and `fence:{d:id}` (the counter, which outlives every
+//! grant, so it is what a listing walks). Reads only.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use palisade_core::{
+    Error, ErrorKind, Fence, GrantId, HolderView, InspectLocks, Listing, LockView, MAX_LISTED, OwnerToken, ResourceKey,
+    Result, Waiters,
+};
+use redis::Value;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use crate::connection::Conn;
+use crate::errors::map;
+use crate::scripts::VIEW;
+use crate::service::{BACKEND, RedisLockService};
+
+/// How many keys a `SCAN` step asks for: enough to list a large keyspace in few round trips,
+/// few enough that each step stays short on the server.
+const SCAN_COUNT: usize = 1_000;
+
+#[async_trait]
+impl InspectLocks for RedisLockService {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn resources(&self, prefix: &str) -> Result<Listing<ResourceKey>> {
+        let pattern = format!("fence:{{{}*", glob_escape(prefix));
+        let mut names = Vec::new();
+        match self.conn() {
+            Conn::Server(mut conn) => scan(&mut conn, None, &pattern, &mut names).await?,
+            Conn::Cluster(mut conn) => {
+                for (host, port) in primaries(&mut conn).await? {
+                    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    scan(&mut conn, Some(node), &pattern, &mut names).await?;
+                    if names.len() > MAX_LISTED {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(Listing::of_names(names.iter().filter_map(|n| n.strip_prefix("fence:{")?.strip_suffix('}'))))
+    }
+
+    async fn lock_view(&self, key: &ResourceKey) -> Result<LockView> {
+        let mut invocation = VIEW.prepare_invoke();
+        invocation.key(key.lock_key()).key(key.fence_key());
+        let (reply, _) = self.invoke_script(&invocation, "inspect").await?;
+        let bad = || Error::new(ErrorKind::Backend, BACKEND, format!("unexpected reply to inspect {key}: {reply:?}"));
+        let Value::Array(parts) = &reply else { return Err(bad()) };
+        let [holder, pttl, counter] = parts.as_slice() else { return Err(bad()) };
+        let counter = match counter {
+            Value::Nil => None,
+            Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse::<u64>().ok()).filter(|f| *f > 0),
+            _ => return Err(bad()),
+        };
+        let view = LockView::free(key.clone()).with_counter(counter.map(Fence::new));
+        let holder = match holder {
+            Value::Nil => None,
+            Value::BulkString(b) => Some(std::str::from_utf8(b).map_err(|_| bad())?),
+            _ => return Err(bad()),
+        };
+        let Some(holder) = holder else { return Ok(view.with_waiters(Waiters::None)) };
+        let (token, marked) = match holder.strip_suffix('+') {
+            Some(token) => (token, true),
+            None => (holder, false),
+        };
+        let token = OwnerToken::parse_hex(token).map_err(|_| bad())?;
+        let left = match pttl {
+            Value::Int(ms) => u64::try_from(*ms).ok().map(Duration::from_millis),
+            _ => return Err(bad()),
+        };
+        // The lock's value holds no fence: the holder's is the counter's, unless a repair
+        // raised the counter after the grant, which the view cannot tell.
+        Ok(view.with_waiters(if marked { Waiters::Marked } else { Waiters::None }).held_by(HolderView::new(
+            GrantId::of(&token),
+            None,
+            left,
+        )))
+    }
+}
+
+/// `text` as a `SCAN MATCH` glob matching itself.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Walks one server's keyspace with `SCAN` (on `node` of a cluster), adding the names that
+/// match `pattern` to `names`, until the walk ends or more than [`MAX_LISTED`] were found.
+async fn scan<C: redis::aio::ConnectionLike + ScanRoute>(
+    conn: &mut C,
+    node: Option<RoutingInfo>,
+    pattern: &str,
+    names: &mut Vec<String>,
+) -> Result<()> {
+    let mut cursor = 0u64;
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(SCAN_COUNT);
+        let reply = conn.send_to(cmd, node.clone()).await.map_err(|e| map(e, "inspect"))?;
+        let (next, found): (u64, Vec<String>) = redis::FromRedisValue::from_redis_value(reply)
+            .map_err(|e| Error::new(ErrorKind::Backend, BACKEND, format!("unexpected SCAN reply: {e}")))?;
+        names.extend(found);
+        cursor = next;
+        if cursor == 0 || names.len() > MAX_LISTED {
+            return Ok(());
+        }
+    }
+}
+
+/// Sends a command to one server, or to a chosen node of a cluster.
+#[async_trait]
+trait ScanRoute {
+    async fn send_to(&mut self, cmd: redis::Cmd, node: Option<RoutingInfo>) -> redis::RedisResult<Value>;
+}
+
+#[async_trait]
+impl ScanRoute for redis::aio::ConnectionManager {
+    async fn send_to(&mut self, cmd: redis::Cmd, _: Option<RoutingInfo>) -> redis::RedisResult<Value> {
+        cmd.query_async(self).await
+    }
+}
+
+#[async_trait]
+impl ScanRoute for redis::cluster_async::ClusterConnection {
+    async fn send_to(&mut self, cmd: redis::Cmd, node: Option<RoutingInfo>) -> redis::RedisResult<Value> {
+        match node {
+            Some(node) => self.route_command(cmd, node).await,
+            None => cmd.query_async(self).await,
+        }
+    }
+}
+
+/// A cluster's primaries, as `CLUSTER NODES` on any node names them.
+async fn primaries(conn: &mut redis::cluster_async::ClusterConnection) -> Result<Vec<(String, u16)>> {
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(conn).await.map_err(|e| map(e, "inspect"))?;
+    let mut out = Vec::new();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (Some(address), Some(flags)) = (fields.get(1), fields.get(2)) else { continue };
+        if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+            continue;
+        }
+        // host:port@cport[,hostname]
+        let address = address.split(['@', ',']).next().unwrap_or_default();
+        if let Some((host, port)) = address.rsplit_once(':')
+            && let Ok(port) = port.parse()
+        {
+            out.push((host.to_string(), port));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_matches_itself_in_a_scan_glob() {
+        assert_eq!(glob_escape("alloc:W*H?[1]\\"), "alloc:W\\*H\\?\\[1\\]\\\\");
+        assert_eq!(glob_escape(""), "");
+    }
+}

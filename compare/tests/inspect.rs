@@ -1,0 +1,237 @@
+//! `palisade inspect` against the real servers: a lock held through each lock service shows
+//! its holder's grant id and fence, the store's watermark shows the grant that set it, and a
+//! release shows the lock free with its counter kept; a counter below a watermark is a
+//! warning (exit 1); bad usage is exit 2, a store that cannot be read exit 3.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)] // tests: a panic is the failure report
+
+use std::process::Command;
+use std::time::Duration;
+
+use palisade::{FencedStoreExt, GrantFence, LockOptions, LockServiceExt, ResourceKey, WriteBatch};
+use palisade_conformance::require_env;
+use serde_json::Value;
+
+/// Runs `palisade inspect ARGS --json`: its exit code, its JSON and what it said on stderr.
+fn inspect(args: &[&str]) -> (Option<i32>, Value, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_palisade")).arg("inspect").args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let json = stdout.lines().last().and_then(|l| serde_json::from_str(l).ok()).unwrap_or(Value::Null);
+    (output.status.code(), json, format!("{stdout}{stderr}"))
+}
+
+/// A domain of this test process's own, so that runs never see each other's locks.
+fn domain(tag: &str) -> String {
+    format!("insp{tag}{}", std::process::id())
+}
+
+/// Holds `WH-01` of a fresh domain through `lock`, writes under it to `store`, and checks what
+/// inspect shows while it is held and after its release. `fence_beside_holder`: whether the
+/// service keeps the holder's fence (Redis keeps only the counter).
+async fn shows_holder_and_watermark(tag: &str, lock: &str, store: &str, fence_beside_holder: bool) {
+    let key = ResourceKey::new(domain(tag), "WH-01").unwrap();
+    let locks = palisade::connect_lock(lock).await.unwrap();
+    let fenced = palisade::connect_store(store).await.unwrap();
+    let lease = locks
+        .lock_checked(&*fenced, &key, LockOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    fenced.write(&lease, &WriteBatch::new().put(format!("{key}/stock"), b"9".to_vec())).await.unwrap();
+    let fence = lease.fence().get();
+    let grant = lease.grant_fence().grant().to_string();
+
+    let (code, view, said) = inspect(&["--lock", lock, "--store", store, &key.to_string(), "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    let row = &view["resources"][0];
+    assert_eq!(row["resource"], key.to_string(), "{said}");
+    assert_eq!(row["held"], true, "{said}");
+    assert_eq!(row["holder"]["grant"], grant.as_str(), "{said}");
+    if fence_beside_holder {
+        assert_eq!(row["holder"]["fence"], fence, "{said}");
+    } else {
+        assert_eq!(row["holder"]["fence"], Value::Null, "{said}");
+    }
+    let counter = row["fence_counter"].as_u64().unwrap_or_else(|| panic!("no counter: {said}"));
+    assert!(counter >= fence, "the counter {counter} is below the holder's fence {fence}: {said}");
+    if let Some(left) = row["holder"]["expires_in_ms"].as_u64() {
+        assert!(left <= 30_000, "{said}");
+    }
+    let mark = &row["watermarks"][0];
+    assert_eq!(
+        (&mark["fence"], &mark["grant"], &mark["set_by_holder"]),
+        (&fence.into(), &grant.as_str().into(), &true.into()),
+        "{said}"
+    );
+    assert_eq!(row["warnings"].as_array().map(Vec::len), Some(0), "{said}");
+    assert!(!said.contains(&lease.token().to_string()), "the owner token was printed: {said}");
+
+    // The listing finds it, by the lock service and by the store.
+    let prefix = format!("{}:", key.domain());
+    let (code, listed, said) = inspect(&["--lock", lock, "--store", store, "--prefix", &prefix, "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    let names: Vec<&str> =
+        listed["resources"].as_array().unwrap().iter().filter_map(|r| r["resource"].as_str()).collect();
+    assert_eq!(names, [key.to_string().as_str()], "{said}");
+
+    // Inspecting changed nothing: the holder still extends, and writes.
+    lease.extend(Duration::from_secs(30)).await.unwrap();
+    fenced.write(&lease, &WriteBatch::new().put(format!("{key}/stock"), b"8".to_vec())).await.unwrap();
+    lease.release().await.unwrap();
+
+    let (code, view, said) = inspect(&["--lock", lock, "--store", store, &key.to_string(), "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    let row = &view["resources"][0];
+    assert_eq!((&row["held"], &row["holder"]), (&false.into(), &Value::Null), "{said}");
+    assert!(row["fence_counter"].as_u64().is_some_and(|c| c >= fence), "{said}");
+    assert_eq!(row["watermarks"][0]["fence"], fence, "{said}");
+    // The text form says the same to a person.
+    let (code, _, text) = inspect(&["--lock", lock, "--store", store, &key.to_string()]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("{key}\n  free")), "{text}");
+    assert!(text.contains(&format!("watermark: {fence}, set by grant {grant}")), "{text}");
+}
+
+#[tokio::test]
+async fn sqlite_lock_and_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/wh.db", dir.path().display());
+    shows_holder_and_watermark("sq", &url, &url, true).await;
+}
+
+#[tokio::test]
+async fn postgres_lock_and_store() {
+    let url = require_env("PALISADE_POSTGRES_URL");
+    shows_holder_and_watermark("pg", &url, &url, true).await;
+}
+
+#[tokio::test]
+async fn redis_lock_with_dynamodb() {
+    let store = format!(
+        "dynamodb://inspect-{}?endpoint={}&region=us-east-1",
+        std::process::id(),
+        require_env("PALISADE_DYNAMODB_ENDPOINT")
+    );
+    shows_holder_and_watermark("rd", &require_env("PALISADE_REDIS_URL"), &store, false).await;
+}
+
+#[tokio::test]
+async fn redis_cluster_lock_with_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}/wh.db", dir.path().display());
+    shows_holder_and_watermark("rc", &require_env("PALISADE_REDIS_CLUSTER_URL"), &store, false).await;
+}
+
+#[tokio::test]
+async fn etcd_lock_with_postgres() {
+    shows_holder_and_watermark("et", &require_env("PALISADE_ETCD_URL"), &require_env("PALISADE_POSTGRES_URL"), true)
+        .await;
+}
+
+#[tokio::test]
+async fn zookeeper_lock_with_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}/wh.db", dir.path().display());
+    shows_holder_and_watermark("zk", &require_env("PALISADE_ZK_URL"), &store, true).await;
+}
+
+/// A caller waiting for a held lock shows as the backend keeps it: in the queue (etcd,
+/// ZooKeeper) or as the mark that asks the release to notify (PostgreSQL, Redis).
+async fn shows_a_waiter(tag: &str, lock: &str, kind: &str) {
+    let key = ResourceKey::new(domain(tag), "WH-02").unwrap();
+    let locks = palisade::connect_lock(lock).await.unwrap();
+    let holder = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30))).await.unwrap();
+    let (other, waiting_key) = (palisade::connect_lock(lock).await.unwrap(), key.clone());
+    let waiter = tokio::spawn(async move {
+        other.lock(&waiting_key, LockOptions::ttl(Duration::from_secs(30)).wait(Duration::from_secs(20))).await
+    });
+    // The waiter's mark or place lands within a few of its attempts: look for up to 10 s.
+    let mut seen = Value::Null;
+    for _ in 0..100 {
+        let (code, view, said) = inspect(&["--lock", lock, &key.to_string(), "--json"]);
+        assert_eq!(code, Some(0), "{said}");
+        seen = view["resources"][0]["waiters"].clone();
+        if seen["kind"] == kind && (kind != "queued" || seen["count"] == 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen["kind"], kind, "{seen}");
+    if kind == "queued" {
+        assert_eq!(seen["count"], 1, "{seen}");
+    }
+    holder.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(20), waiter).await.unwrap().unwrap().unwrap();
+    let (_, view, said) = inspect(&["--lock", lock, &key.to_string(), "--json"]);
+    assert_eq!(view["resources"][0]["holder"]["grant"], next.grant_fence().grant().to_string(), "{said}");
+    next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn waiters_in_etcd_queue() {
+    shows_a_waiter("etw", &require_env("PALISADE_ETCD_URL"), "queued").await;
+}
+
+#[tokio::test]
+async fn waiters_in_zookeeper_queue() {
+    shows_a_waiter("zkw", &require_env("PALISADE_ZK_URL"), "queued").await;
+}
+
+#[tokio::test]
+async fn waiters_marked_in_postgres() {
+    shows_a_waiter("pgw", &require_env("PALISADE_POSTGRES_URL"), "marked").await;
+}
+
+#[tokio::test]
+async fn waiters_marked_in_redis() {
+    shows_a_waiter("rdw", &require_env("PALISADE_REDIS_URL"), "marked").await;
+}
+
+/// A store's watermark above the service's counter (a counter that lost its tail): the next
+/// grant would be refused, and inspect says so and exits 1.
+#[tokio::test]
+async fn a_counter_below_a_watermark_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/wh.db", dir.path().display());
+    let key = ResourceKey::new("alloc", "WH-01").unwrap();
+    let locks = palisade::connect_lock(&url).await.unwrap();
+    let store = palisade::connect_store(&url).await.unwrap();
+    let lease = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30))).await.unwrap();
+    let ahead = GrantFence::new(palisade::Fence::new(lease.fence().get() + 100), lease.grant_fence().grant());
+    store.write_fenced(&key, ahead, &WriteBatch::new().put("stock", b"1".to_vec())).await.unwrap();
+    lease.release().await.unwrap();
+
+    let (code, view, said) = inspect(&["--lock", &url, "--store", &url, "--json"]);
+    assert_eq!(code, Some(1), "{said}");
+    let warnings = view["resources"][0]["warnings"].as_array().unwrap();
+    assert!(warnings.iter().any(|w| w.as_str().is_some_and(|w| w.starts_with("FENCE REGRESSION"))), "{said}");
+    assert_eq!(view["warnings"], 1, "{said}");
+}
+
+#[test]
+fn bad_usage_is_2_and_an_unreadable_store_3() {
+    let (code, _, said) = inspect(&["--lock", "sqlite://x.db", "no-colon"]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("domain:id"), "{said}");
+    let (code, _, said) = inspect(&["--lock", "sqlite:///nonexistent/dir/wh.db"]);
+    assert_eq!(code, Some(3), "{said}");
+    assert!(said.contains("does not exist"), "{said}");
+    let (code, _, said) = inspect(&["--lock", "redlock://127.0.0.1:1"]);
+    assert_eq!(code, Some(3), "{said}");
+    let (code, _, said) = inspect(&["--lock", "sqlite://x.db", "--watch", "0"]);
+    assert_eq!(code, Some(2), "{said}");
+}
+
+/// A password in a URL is never printed.
+#[tokio::test]
+async fn credentials_are_never_shown() {
+    let url = require_env("PALISADE_POSTGRES_URL");
+    let (code, view, said) = inspect(&["--lock", &url, "--store", &url, "--prefix", "never-used-domain:", "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(view["lock"]["url"], palisade::redact_url(&url), "{said}");
+    if let Some(password) =
+        url.split_once("://").and_then(|(_, r)| r.split_once('@')).and_then(|(u, _)| u.split_once(':')).map(|(_, p)| p)
+    {
+        assert!(!said.contains(password), "{said}");
+    }
+}
