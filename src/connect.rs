@@ -281,28 +281,67 @@ async fn connect_viewed_store(url: &str) -> Result<Arc<dyn ViewedStore>> {
 /// The read-only view of the lock service at `url` ([`InspectLocks`](palisade_core::InspectLocks)):
 /// who holds which lock, with which fence. What `palisade inspect` reads.
 ///
-/// Takes the URLs of [`connect_lock`] (a `memory://` view sees this process's instance only).
-/// `redlock://` has no view yet: [`ErrorKind::Unsupported`]. Connecting is what the
-/// service's own `connect` does (an SQL service makes its lock table if it is missing); the
-/// view's calls change nothing.
+/// Takes the URLs of [`connect_lock`] (a `memory://` view sees this process's instance only)
+/// and changes nothing: an SQLite file is opened read-only (it must exist), PostgreSQL without
+/// making its tables, and the other services as their `connect` does (etcd and ZooKeeper open
+/// a session, which writes no key). A table that is not there shows as nothing locked.
+/// `redlock://` has no view yet: [`ErrorKind::Unsupported`].
 ///
 /// Errors: as for [`connect_lock`].
 pub async fn inspect_locks(url: &str) -> Result<Arc<DynInspectLocks>> {
     let scheme = lock_scheme(url)?;
-    if scheme == "redlock" {
-        return Err(Error::new(ErrorKind::Unsupported, BACKEND, "`redlock` has no read-only view yet"));
+    match scheme.as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(palisade_sqlite::SqliteLockService::open_read_only(url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            let config = postgres_without_migrations(url)?;
+            let store = palisade_postgres::PostgresStore::open(config.clone()).await?;
+            Ok(Arc::new(palisade_postgres::PostgresLockService::with_config(store.pool().clone(), &config).await?))
+        }
+        "redlock" => Err(Error::new(ErrorKind::Unsupported, BACKEND, "`redlock` has no read-only view yet")),
+        _ => {
+            let view: Arc<DynInspectLocks> = connect_fenced(&scheme, url).await?;
+            Ok(view)
+        }
     }
-    let view: Arc<DynInspectLocks> = connect_fenced(&scheme, url).await?;
-    Ok(view)
 }
 
 /// The read-only view of the store at `url` ([`InspectStore`](palisade_core::InspectStore)):
-/// each resource's watermark and the grant that set it. Takes the URLs of [`connect_store`].
+/// each resource's watermark and the grant that set it. Takes the URLs of [`connect_store`]
+/// and changes nothing: an SQLite file is opened read-only, PostgreSQL without making its
+/// tables, DynamoDB without creating its table (a table that is not there is an error).
 ///
 /// Errors: as for [`connect_store`].
 pub async fn inspect_store(url: &str) -> Result<Arc<DynInspectStore>> {
-    let view: Arc<DynInspectStore> = connect_viewed_store(url).await?;
-    Ok(view)
+    let scheme = scheme_of(url)?;
+    check_scheme("store", scheme, STORE_SCHEMES)?;
+    match scheme.to_ascii_lowercase().as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(palisade_sqlite::SqliteStore::open_read_only(url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            Ok(Arc::new(palisade_postgres::PostgresStore::open(postgres_without_migrations(url)?).await?))
+        }
+        #[cfg(feature = "dynamodb")]
+        "dynamodb" => {
+            let mut config = palisade_dynamodb::DynamoConfig::from_url(url)?;
+            config.create_table = false;
+            Ok(Arc::new(palisade_dynamodb::DynamoStore::open(config).await?))
+        }
+        _ => {
+            let view: Arc<DynInspectStore> = connect_viewed_store(url).await?;
+            Ok(view)
+        }
+    }
+}
+
+/// A PostgreSQL URL's settings with `migrate` off: nothing is created or replaced.
+#[cfg(feature = "postgres")]
+fn postgres_without_migrations(url: &str) -> Result<palisade_postgres::PostgresConfig> {
+    let mut config = palisade_postgres::PostgresConfig::from_url(url)?;
+    config.migrate = false;
+    Ok(config)
 }
 
 #[cfg(feature = "memory")]

@@ -93,11 +93,9 @@ struct Views {
 
 impl Views {
     async fn connect(args: &InspectArgs) -> palisade::Result<Views> {
-        refuse_missing_file(&args.lock)?;
         let lock = (redact_url(&args.lock), palisade::inspect_locks(&args.lock).await?);
         let mut stores = Vec::new();
         for url in &args.stores {
-            refuse_missing_file(url)?;
             stores.push((redact_url(url), palisade::inspect_store(url).await?));
         }
         Ok(Views { lock, stores })
@@ -121,6 +119,7 @@ impl Views {
                     truncated |= marks.truncated;
                     keys.extend(marks.entries.into_iter().map(|(k, _)| (k.to_string(), k)));
                 }
+                truncated |= keys.len() > palisade::MAX_LISTED;
                 keys.into_values().take(palisade::MAX_LISTED).collect()
             }
         };
@@ -140,21 +139,6 @@ impl Views {
             truncated,
         })
     }
-}
-
-/// An SQLite URL naming a file that does not exist: inspecting it would create an empty
-/// database, and show nothing, where the person on call most likely mistyped the path.
-fn refuse_missing_file(url: &str) -> palisade::Result<()> {
-    let Some(rest) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) else { return Ok(()) };
-    let path = rest.split('?').next().unwrap_or_default();
-    if path.is_empty() || path == ":memory:" || std::path::Path::new(path).exists() {
-        return Ok(());
-    }
-    Err(palisade::Error::new(
-        palisade::ErrorKind::InvalidConfig,
-        "sqlite",
-        format!("{path} does not exist (inspect never creates a database)"),
-    ))
 }
 
 /// One resource: its lock, and its watermark in each store (in the order given).
@@ -182,12 +166,19 @@ impl Row {
             }
             if let Some(holder) = &self.lock.holder
                 && let Some(fence) = holder.fence
-                && fence < mark.fence
             {
-                out.push(format!(
-                    "the holder's fence ({fence}) is below {store}'s watermark ({}): every write it makes will be refused",
-                    mark.fence
-                ));
+                if fence < mark.fence {
+                    out.push(format!(
+                        "the holder's fence ({fence}) is below {store}'s watermark ({}): every write it makes will be \
+                         refused",
+                        mark.fence
+                    ));
+                } else if fence == mark.fence && mark.grant.is_some_and(|g| g != holder.grant) {
+                    out.push(format!(
+                        "the holder's fence ({fence}) was issued before, to the grant that set {store}'s watermark: the \
+                         service issued one fence twice, and the store refuses the holder's writes as duplicates"
+                    ));
+                }
             }
         }
         out
@@ -271,11 +262,11 @@ impl Snapshot {
             match &lock.holder {
                 Some(h) => {
                     let fence = h.fence.map_or_else(
-                        || "not recorded with the lock (the counter's, unless a repair moved it)".to_string(),
+                        || "not known (not kept beside the holder, or issued under an epoch since raised)".to_string(),
                         |f| f.to_string(),
                     );
                     let left = h.expires_in.map_or_else(
-                        || "lasts as long as its session".to_string(),
+                        || "no expiry of its own (it lasts as long as its holder's session)".to_string(),
                         |d| format!("{:.1} s left", d.as_secs_f64()),
                     );
                     let _ = writeln!(out, "  held by grant {}, fence {fence}, {left}", h.grant);
@@ -284,7 +275,11 @@ impl Snapshot {
                     let _ = writeln!(out, "  free");
                 }
             }
-            let counter = lock.fence_counter.map_or_else(|| "none issued".to_string(), |f| f.to_string());
+            let counter = match lock.fence_counter {
+                None => "not known to this service (nobody holds or waits)".to_string(),
+                Some(f) if f.get() == 0 => "0 (none kept: the next fence is 1)".to_string(),
+                Some(f) => f.to_string(),
+            };
             let _ = writeln!(out, "  fence counter: {counter}; waiters: {}", waiters_text(lock.waiters));
             for (store, mark) in &row.marks {
                 match mark {
@@ -327,5 +322,45 @@ fn waiters_text(waiters: Waiters) -> String {
         Waiters::Marked => "at least one has waited since the grant".to_string(),
         Waiters::None => "none".to_string(),
         _ => "not shown by this backend".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use palisade::{GrantId, HolderView};
+
+    use super::*;
+
+    fn grant(n: u8) -> GrantId {
+        GrantId::from_bytes([n; 16])
+    }
+
+    fn row(counter: Option<u64>, holder: Option<(u8, u64)>, mark: Option<(u64, u8)>) -> Row {
+        let key = ResourceKey::new("alloc", "WH-01").unwrap_or_else(|e| panic!("{e}"));
+        let mut lock = LockView::free(key).with_counter(counter.map(Fence::new));
+        if let Some((g, f)) = holder {
+            lock = lock.held_by(HolderView::new(grant(g), Some(Fence::new(f)), None));
+        }
+        Row { lock, marks: vec![("sqlite", mark.map(|(f, g)| WatermarkView::new(Fence::new(f), Some(grant(g)))))] }
+    }
+
+    #[test]
+    fn a_counter_below_a_watermark_is_a_regression_waiting() {
+        assert!(row(Some(5), None, Some((5, 1))).warnings().is_empty(), "the last holder wrote: fine");
+        assert!(row(Some(4), None, Some((5, 1))).warnings().iter().any(|w| w.starts_with("FENCE REGRESSION")));
+        // A counter lost with the service's data reads 0.
+        assert_eq!(row(Some(0), None, Some((5, 1))).warnings().len(), 1);
+        // A service that cannot tell its counter raises nothing.
+        assert!(row(None, None, Some((5, 1))).warnings().is_empty());
+    }
+
+    #[test]
+    fn a_holder_held_to_a_higher_or_someone_elses_equal_fence_is_said() {
+        assert!(row(Some(6), Some((2, 6)), Some((5, 1))).warnings().is_empty());
+        assert!(row(Some(5), Some((1, 5)), Some((5, 1))).warnings().is_empty(), "its own write");
+        let duplicate = row(Some(5), Some((2, 5)), Some((5, 1))).warnings();
+        assert!(duplicate.iter().any(|w| w.contains("issued one fence twice")), "{duplicate:?}");
+        let below = row(Some(7), Some((2, 4)), Some((5, 1))).warnings();
+        assert!(below.iter().any(|w| w.contains("below sqlite's watermark")), "{below:?}");
     }
 }

@@ -187,6 +187,40 @@ async fn waiters_marked_in_redis() {
     shows_a_waiter("rdw", &require_env("PALISADE_REDIS_URL"), "marked").await;
 }
 
+/// A repair that raises etcd's or ZooKeeper's epoch while a lock is held: the holder's fence
+/// was composed with the epoch read at its grant, which the view cannot tell, so it shows none
+/// rather than a fence the holder does not write with. The next grant's is above the repair.
+async fn a_repair_under_a_holder_leaves_its_fence_unknown(tag: &str, lock: &str) {
+    use palisade::LockService as _;
+    let key = ResourceKey::new(domain(tag), "WH-03").unwrap();
+    let locks = palisade::connect_lock(lock).await.unwrap();
+    let lease = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30))).await.unwrap();
+    let (_, view, said) = inspect(&["--lock", lock, &key.to_string(), "--json"]);
+    assert_eq!(view["resources"][0]["holder"]["fence"], lease.fence().get(), "{said}");
+    let floor = palisade::Fence::new(lease.fence().get() + palisade::REGRESSION_GAP);
+    locks.advance_fence(&key, floor).await.unwrap();
+    let (code, view, said) = inspect(&["--lock", lock, &key.to_string(), "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    let row = &view["resources"][0];
+    assert_eq!((&row["held"], &row["holder"]["fence"]), (&true.into(), &Value::Null), "{said}");
+    lease.release().await.unwrap();
+    let next = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30))).await.unwrap();
+    assert!(next.fence() > floor);
+    let (_, view, said) = inspect(&["--lock", lock, &key.to_string(), "--json"]);
+    assert_eq!(view["resources"][0]["holder"]["fence"], next.fence().get(), "{said}");
+    next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn etcd_repair_under_a_holder() {
+    a_repair_under_a_holder_leaves_its_fence_unknown("etr", &require_env("PALISADE_ETCD_URL")).await;
+}
+
+#[tokio::test]
+async fn zookeeper_repair_under_a_holder() {
+    a_repair_under_a_holder_leaves_its_fence_unknown("zkr", &require_env("PALISADE_ZK_URL")).await;
+}
+
 /// A store's watermark above the service's counter (a counter that lost its tail): the next
 /// grant would be refused, and inspect says so and exits 1.
 #[tokio::test]
@@ -208,6 +242,99 @@ async fn a_counter_below_a_watermark_is_a_warning() {
     assert_eq!(view["warnings"], 1, "{said}");
 }
 
+/// The lock table dropped (the service's data lost) under a store's watermark: the next grant
+/// would get fence 1, and inspect says so.
+#[tokio::test]
+async fn a_lost_lock_table_under_a_watermark_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/wh.db", dir.path().display());
+    let key = ResourceKey::new("alloc", "WH-01").unwrap();
+    let locks = palisade::connect_lock(&url).await.unwrap();
+    let store = palisade::connect_store(&url).await.unwrap();
+    let lease = locks.lock(&key, LockOptions::ttl(Duration::from_secs(30))).await.unwrap();
+    store.write(&lease, &WriteBatch::new().put("stock", b"1".to_vec())).await.unwrap();
+    lease.release().await.unwrap();
+    let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::query("DROP TABLE palisade_locks").execute(&mut conn).await.unwrap();
+
+    let (code, view, said) = inspect(&["--lock", &url, "--store", &url, "--json"]);
+    assert_eq!(code, Some(1), "{said}");
+    let row = &view["resources"][0];
+    assert_eq!((&row["resource"], &row["fence_counter"]), (&"alloc:WH-01".into(), &0.into()), "{said}");
+    assert!(row["warnings"][0].as_str().is_some_and(|w| w.starts_with("FENCE REGRESSION")), "{said}");
+    // Inspecting did not make the table again.
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE name = 'palisade_locks'")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(tables, 0);
+}
+
+/// Inspecting a database changes nothing in it: no table made, no journal mode switched.
+#[tokio::test]
+async fn inspecting_sqlite_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/app.db", dir.path().display());
+    let options = url.parse::<sqlx::sqlite::SqliteConnectOptions>().unwrap().create_if_missing(true);
+    let mut conn: sqlx::SqliteConnection = sqlx::ConnectOptions::connect(&options).await.unwrap();
+    sqlx::query("CREATE TABLE orders (id INTEGER)").execute(&mut conn).await.unwrap();
+    let before: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&mut conn).await.unwrap();
+
+    let (code, view, said) = inspect(&["--lock", &url, "--store", &url, "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(view["resources"], Value::Array(vec![]), "{said}");
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table'").fetch_all(&mut conn).await.unwrap();
+    assert_eq!(tables, ["orders"]);
+    let after: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&mut conn).await.unwrap();
+    assert_eq!((before.as_str(), after.as_str()), ("delete", "delete"));
+}
+
+/// Inspecting a PostgreSQL database makes no table and no function in it.
+#[tokio::test]
+async fn inspecting_postgres_changes_nothing() {
+    let admin = require_env("PALISADE_POSTGRES_URL");
+    let name = format!("inspect_ro_{}", std::process::id());
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}"))).execute(&mut conn).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.unwrap();
+    let (base, query) = admin.split_once('?').map_or((admin.as_str(), None), |(b, q)| (b, Some(q)));
+    let url =
+        format!("{}/{name}{}", &base[..base.rfind('/').unwrap()], query.map(|q| format!("?{q}")).unwrap_or_default());
+
+    let (code, view, said) = inspect(&["--lock", &url, "--store", &url, "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(view["resources"], Value::Array(vec![]), "{said}");
+    let (code, view, said) = inspect(&["--lock", &url, "--store", &url, "alloc:WH-01", "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(view["resources"][0]["held"], false, "{said}");
+    let mut db = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    let made: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM pg_tables WHERE schemaname = 'public') \
+         + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public')",
+    )
+    .fetch_one(&mut db)
+    .await
+    .unwrap();
+    drop(db);
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&mut conn).await.unwrap();
+    assert_eq!(made, 0, "inspect made tables or functions");
+}
+
+/// A DynamoDB table that does not exist is an error, never a table made.
+#[tokio::test]
+async fn inspecting_a_missing_dynamodb_table_makes_none() {
+    let endpoint = require_env("PALISADE_DYNAMODB_ENDPOINT");
+    let store = format!("dynamodb://inspect-missing-{}?endpoint={endpoint}&region=us-east-1", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let lock = format!("sqlite://{}/wh.db", dir.path().display());
+    let _ = palisade::connect_lock(&lock).await.unwrap();
+    let (code, _, said) = inspect(&["--lock", &lock, "--store", &store, "--json"]);
+    assert_eq!(code, Some(3), "{said}");
+    let (code, _, said) = inspect(&["--lock", &lock, "--store", &store, "--json"]);
+    assert_eq!(code, Some(3), "the first inspect made the table: {said}");
+}
+
 #[test]
 fn bad_usage_is_2_and_an_unreadable_store_3() {
     let (code, _, said) = inspect(&["--lock", "sqlite://x.db", "no-colon"]);
@@ -215,7 +342,7 @@ fn bad_usage_is_2_and_an_unreadable_store_3() {
     assert!(said.contains("domain:id"), "{said}");
     let (code, _, said) = inspect(&["--lock", "sqlite:///nonexistent/dir/wh.db"]);
     assert_eq!(code, Some(3), "{said}");
-    assert!(said.contains("does not exist"), "{said}");
+    assert!(said.contains("no SQLite database at"), "{said}");
     let (code, _, said) = inspect(&["--lock", "redlock://127.0.0.1:1"]);
     assert_eq!(code, Some(3), "{said}");
     let (code, _, said) = inspect(&["--lock", "sqlite://x.db", "--watch", "0"]);

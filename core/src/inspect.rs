@@ -28,9 +28,14 @@ pub struct LockView {
     pub key: ResourceKey,
     /// The live holder, or `None` when the lock is free (never held, released or expired).
     pub holder: Option<HolderView>,
-    /// The highest fence the service has issued for the resource, or for a repair the floor
-    /// it moved the counter to (`advance_fence`), whichever is higher. The next grant's fence
-    /// is above it. `None` when the service has never issued one.
+    /// What the next grant's fence is above: the highest fence the service has issued for
+    /// the resource, or the floor a repair moved the counter to (`advance_fence`), whichever
+    /// is higher. A service that counts (SQLite, PostgreSQL, Redis) shows 0 when it keeps no
+    /// counter for the resource: none issued, or the counter lost with the service's data (a
+    /// watermark above it is then a regression waiting to happen). A service whose fences
+    /// are its cluster's revisions shows the revision now (etcd), or the last change to the
+    /// resource's queue (ZooKeeper). `None` when the service cannot tell (ZooKeeper, for a
+    /// resource nobody holds or waits for).
     pub fence_counter: Option<Fence>,
     /// Who waits for the lock, as far as the backend can tell.
     pub waiters: Waiters,
@@ -44,10 +49,12 @@ pub enum Waiters {
     /// process).
     #[default]
     Unknown,
-    /// This many callers are queued (etcd's and ZooKeeper's queues of keys or nodes).
+    /// This many callers are queued (etcd's and ZooKeeper's queues of keys or nodes). A lower
+    /// bound: a caller waiting for any of several resources (`acquire_any`) joins no queue.
     Queued(u64),
     /// At least one caller has waited since the lock was last granted: a mark, not a count
-    /// (PostgreSQL's `waiting` column, which asks the release to notify).
+    /// (PostgreSQL's `waiting` column and Redis's mark on the lock, which ask the release to
+    /// notify).
     Marked,
     /// The backend shows its waiters, and there are none.
     None,
@@ -84,11 +91,15 @@ impl LockView {
 pub struct HolderView {
     /// The holder's grant id: what a store records beside the watermarks this grant set.
     pub grant: GrantId,
-    /// The fence issued with the grant (`None` from a service that issues none).
+    /// The fence issued with the grant. `None` where the service keeps no fence beside the
+    /// holder (Redis keeps only the counter, the holder's fence unless a repair moved it
+    /// since), or cannot tell which epoch the grant was made under (etcd and ZooKeeper, when
+    /// a repair raised the epoch after the holder queued).
     pub fence: Option<Fence>,
     /// How long until the lock expires on the service's own clock, if the holder does not
-    /// extend it. `None` for a lock bound to its holder's session, which has no expiry of its
-    /// own (ZooKeeper): it lasts as long as the session does.
+    /// extend it (for etcd, its session lease's time left). `None` when there is no expiry to
+    /// show: a lock bound to its holder's session (ZooKeeper), which lasts as long as the
+    /// session does, or one whose expiry the service no longer keeps.
     pub expires_in: Option<Duration>,
 }
 

@@ -117,7 +117,7 @@ where
 
 /// A lock table's row as [`LockView`] shows it, from its first five columns: the last
 /// grant's id and fence, the counter (the higher of the fence and a repair's floor), whether
-/// the grant is live, and its milliseconds left. A counter of 0 (a row only a repair made) is
+/// the grant is live, and its milliseconds left. A fence of 0 (a row only a repair made) is
 /// no fence.
 pub fn lock_view_at<R>(key: &ResourceKey, row: &R, map_err: MapErr) -> Result<LockView>
 where
@@ -132,7 +132,7 @@ where
     let live: bool = row.try_get(3).map_err(map_err)?;
     let left_ms: i64 = row.try_get(4).map_err(map_err)?;
     let issued = |v: i64| u64::try_from(v).ok().filter(|v| *v > 0).map(Fence::new);
-    let view = LockView::free(key.clone()).with_counter(issued(counter));
+    let view = LockView::free(key.clone()).with_counter(Some(Fence::new(u64::try_from(counter).unwrap_or(0))));
     Ok(match grant.as_deref().and_then(GrantId::from_slice) {
         Some(grant) if live => view.held_by(HolderView::new(
             grant,

@@ -64,7 +64,9 @@ impl InspectLocks for EtcdLockService {
             })
             .collect();
         let [first, count, epoch] = gets.as_slice() else { return Err(bad("without its three reads")) };
-        let epoch = decode_epoch(epoch.kvs().first().map(|kv| kv.value()))?;
+        let epoch_kv = epoch.kvs().first();
+        let epoch_raised_at = epoch_kv.map_or(0, |kv| kv.mod_revision());
+        let epoch = decode_epoch(epoch_kv.map(|kv| kv.value()))?;
         let revision = resp.header().map(|h| h.revision()).ok_or_else(|| bad("without a header"))?;
         // The next grant's fence is a revision after this one: the store's revision is the
         // counter.
@@ -75,9 +77,15 @@ impl InspectLocks for EtcdLockService {
             .ok()
             .and_then(|t| OwnerToken::parse_hex(t).ok())
             .ok_or_else(|| bad("with a holder key whose value is not an owner token"))?;
-        let fence = compose_fence(epoch, holder.create_revision())?;
+        // The service composes a grant's fence with the epoch it read at the grant: a repair
+        // that raised the epoch after the holder queued leaves it unknown which one that was.
+        let fence = if epoch_raised_at > holder.create_revision() {
+            None
+        } else {
+            Some(compose_fence(epoch, holder.create_revision())?)
+        };
         let left = self.lease_left(holder.lease()).await?;
-        Ok(view.with_waiters(Waiters::Queued(queued)).held_by(HolderView::new(GrantId::of(&token), Some(fence), left)))
+        Ok(view.with_waiters(Waiters::Queued(queued)).held_by(HolderView::new(GrantId::of(&token), fence, left)))
     }
 }
 

@@ -30,56 +30,62 @@ impl InspectLocks for RedisLockService {
     async fn resources(&self, prefix: &str) -> Result<Listing<ResourceKey>> {
         let pattern = format!("fence:{{{}*", glob_escape(prefix));
         let mut names = Vec::new();
+        let mut complete = true;
         match self.conn() {
-            Conn::Server(mut conn) => scan(&mut conn, None, &pattern, &mut names).await?,
+            Conn::Server(mut conn) => complete = scan(&mut conn, None, &pattern, &mut names).await?,
             Conn::Cluster(mut conn) => {
                 for (host, port) in primaries(&mut conn).await? {
                     let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-                    scan(&mut conn, Some(node), &pattern, &mut names).await?;
-                    if names.len() > MAX_LISTED {
+                    if !scan(&mut conn, Some(node), &pattern, &mut names).await? {
+                        complete = false;
                         break;
                     }
                 }
             }
         }
-        Ok(Listing::of_names(names.iter().filter_map(|n| n.strip_prefix("fence:{")?.strip_suffix('}'))))
+        let mut listing = Listing::of_names(names.iter().filter_map(|n| n.strip_prefix("fence:{")?.strip_suffix('}')));
+        // A walk stopped early found more than it lists, in SCAN's order, not the keys'.
+        listing.truncated |= !complete;
+        Ok(listing)
     }
 
     async fn lock_view(&self, key: &ResourceKey) -> Result<LockView> {
         let mut invocation = VIEW.prepare_invoke();
         invocation.key(key.lock_key()).key(key.fence_key());
         let (reply, _) = self.invoke_script(&invocation, "inspect").await?;
-        let bad = || Error::new(ErrorKind::Backend, BACKEND, format!("unexpected reply to inspect {key}: {reply:?}"));
-        let Value::Array(parts) = &reply else { return Err(bad()) };
-        let [holder, pttl, counter] = parts.as_slice() else { return Err(bad()) };
+        // Never the reply itself in an error: the lock's value is the holder's owner token.
+        let bad = |what: &str| Error::new(ErrorKind::Backend, BACKEND, format!("inspect {key}: {what}"));
+        let Value::Array(parts) = &reply else { return Err(bad("the reply is not an array")) };
+        let [holder, pttl, counter] = parts.as_slice() else { return Err(bad("the reply is not three values")) };
+        // No counter is a next fence of 1: none issued, or the counter lost with the data.
         let counter = match counter {
-            Value::Nil => None,
-            Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse::<u64>().ok()).filter(|f| *f > 0),
-            _ => return Err(bad()),
+            Value::Nil => 0,
+            Value::BulkString(b) => std::str::from_utf8(b)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| bad("the fence counter is not a decimal integer"))?,
+            _ => return Err(bad("the fence counter is not a string")),
         };
-        let view = LockView::free(key.clone()).with_counter(counter.map(Fence::new));
+        let view = LockView::free(key.clone()).with_counter(Some(Fence::new(counter)));
         let holder = match holder {
-            Value::Nil => None,
-            Value::BulkString(b) => Some(std::str::from_utf8(b).map_err(|_| bad())?),
-            _ => return Err(bad()),
+            Value::Nil => return Ok(view),
+            Value::BulkString(b) => std::str::from_utf8(b).map_err(|_| bad("the lock's value is not text"))?,
+            _ => return Err(bad("the lock's value is not a string")),
         };
-        let Some(holder) = holder else { return Ok(view.with_waiters(Waiters::None)) };
         let (token, marked) = match holder.strip_suffix('+') {
             Some(token) => (token, true),
             None => (holder, false),
         };
-        let token = OwnerToken::parse_hex(token).map_err(|_| bad())?;
+        let token = OwnerToken::parse_hex(token).map_err(|_| bad("the lock's value is not an owner token"))?;
         let left = match pttl {
             Value::Int(ms) => u64::try_from(*ms).ok().map(Duration::from_millis),
-            _ => return Err(bad()),
+            _ => return Err(bad("the lock's time to live is not an integer")),
         };
         // The lock's value holds no fence: the holder's is the counter's, unless a repair
-        // raised the counter after the grant, which the view cannot tell.
-        Ok(view.with_waiters(if marked { Waiters::Marked } else { Waiters::None }).held_by(HolderView::new(
-            GrantId::of(&token),
-            None,
-            left,
-        )))
+        // raised the counter after the grant, which the view cannot tell. Only callers that
+        // wait through ACQUIRE mark the lock: without the mark, waiters may still poll.
+        let view = if marked { view.with_waiters(Waiters::Marked) } else { view };
+        Ok(view.held_by(HolderView::new(GrantId::of(&token), None, left)))
     }
 }
 
@@ -96,13 +102,14 @@ fn glob_escape(text: &str) -> String {
 }
 
 /// Walks one server's keyspace with `SCAN` (on `node` of a cluster), adding the names that
-/// match `pattern` to `names`, until the walk ends or more than [`MAX_LISTED`] were found.
+/// match `pattern` to `names`: whether the walk ended (`false`: it stopped once more than
+/// [`MAX_LISTED`] were found).
 async fn scan<C: redis::aio::ConnectionLike + ScanRoute>(
     conn: &mut C,
     node: Option<RoutingInfo>,
     pattern: &str,
     names: &mut Vec<String>,
-) -> Result<()> {
+) -> Result<bool> {
     let mut cursor = 0u64;
     loop {
         let mut cmd = redis::cmd("SCAN");
@@ -112,8 +119,11 @@ async fn scan<C: redis::aio::ConnectionLike + ScanRoute>(
             .map_err(|e| Error::new(ErrorKind::Backend, BACKEND, format!("unexpected SCAN reply: {e}")))?;
         names.extend(found);
         cursor = next;
-        if cursor == 0 || names.len() > MAX_LISTED {
-            return Ok(());
+        if cursor == 0 {
+            return Ok(true);
+        }
+        if names.len() > MAX_LISTED {
+            return Ok(false);
         }
     }
 }
@@ -148,15 +158,26 @@ async fn primaries(conn: &mut redis::cluster_async::ClusterConnection) -> Result
     for line in nodes.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         let (Some(address), Some(flags)) = (fields.get(1), fields.get(2)) else { continue };
-        if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+        // A primary the others agree has failed holds no slots once its replica took over;
+        // one only suspected (`fail?`) still serves its slots, and is walked.
+        let flags: Vec<&str> = flags.split(',').collect();
+        if !flags.contains(&"master") || flags.contains(&"fail") {
             continue;
         }
         // host:port@cport[,hostname]
         let address = address.split(['@', ',']).next().unwrap_or_default();
-        if let Some((host, port)) = address.rsplit_once(':')
-            && let Ok(port) = port.parse()
-        {
-            out.push((host.to_string(), port));
+        match address.rsplit_once(':').map(|(host, port)| (host, port.parse())) {
+            Some((host, Ok(port))) if !host.is_empty() => out.push((host.to_string(), port)),
+            // A primary with no address known yet (a node still joining): its keys would be
+            // missing from the listing, which must not pass for complete.
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    BACKEND,
+                    format!("inspect: a cluster primary has no address yet ({address:?}); try again"),
+                )
+                .with_retryable(true));
+            }
         }
     }
     Ok(out)

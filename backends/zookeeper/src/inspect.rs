@@ -54,14 +54,17 @@ impl InspectLocks for ZkLockService {
         let listed = timeout(request, client.get_children(&parent)).await.map_err(|_| timed_out())?;
         let (children, parent_stat) = match listed {
             Ok(found) => found,
+            // Nobody holds or waits: the next grant's fence is above the ensemble's zxid now,
+            // which no read here returns, so the counter is unknown.
             Err(zk::Error::NoNode) => return Ok(LockView::free(key.clone()).with_waiters(Waiters::None)),
             Err(e) => return Err(failed(e)),
         };
-        let epoch = match timeout(request, client.get_data(&self.epoch_path())).await.map_err(|_| timed_out())? {
-            Ok((data, _)) => decode_epoch(Some(&data))?,
-            Err(zk::Error::NoNode) => 0,
-            Err(e) => return Err(failed(e)),
-        };
+        let (epoch, epoch_raised_at) =
+            match timeout(request, client.get_data(&self.epoch_path())).await.map_err(|_| timed_out())? {
+                Ok((data, stat)) => (decode_epoch(Some(&data))?, stat.mzxid),
+                Err(zk::Error::NoNode) => (0, 0),
+                Err(e) => return Err(failed(e)),
+            };
         // Every grant's node is a child of the parent, created after its last change: the next
         // grant's fence is above the parent's `pzxid`.
         let view = LockView::free(key.clone()).with_counter(Some(fence_of(epoch, parent_stat.pzxid)?));
@@ -69,8 +72,10 @@ impl InspectLocks for ZkLockService {
             children.into_iter().filter_map(|c| sequence_of(&c).map(|s| (s, c))).collect();
         queue_order(&mut queue);
         let Some((_, first)) = queue.first() else { return Ok(view.with_waiters(Waiters::None)) };
-        let bad =
-            || Error::new(ErrorKind::Backend, BACKEND, format!("lock node {parent}/{first} names no owner token"));
+        // Never the node's name in an error: it holds the holder's owner token.
+        let bad = || {
+            Error::new(ErrorKind::Backend, BACKEND, format!("the first lock node under {parent} names no owner token"))
+        };
         let token = first
             .strip_prefix("lock-")
             .and_then(|rest| rest.split_once('-'))
@@ -80,7 +85,12 @@ impl InspectLocks for ZkLockService {
         let view = view.with_waiters(Waiters::Queued(u64::try_from(queue.len() - 1).unwrap_or(0)));
         Ok(match stat.map_err(failed)? {
             // Session-bound: the lock lasts as long as its holder's session.
-            Some(stat) => view.held_by(HolderView::new(GrantId::of(&token), Some(fence_of(epoch, stat.czxid)?), None)),
+            // The service composes a grant's fence with the epoch it read at the grant: a repair
+            // that raised the epoch after the holder queued leaves it unknown which one that was.
+            Some(stat) => {
+                let fence = if epoch_raised_at > stat.czxid { None } else { Some(fence_of(epoch, stat.czxid)?) };
+                view.held_by(HolderView::new(GrantId::of(&token), fence, None))
+            }
             // Released between the two reads.
             None => view,
         })

@@ -12,7 +12,7 @@ use crate::spi::{
 };
 use crate::{
     AllOrNone, Capabilities, Deployment, Fence, FenceSource, Fenced, Grant, GrantId, HolderView, InspectLocks, Listing,
-    LockService, LockView, MultiAcquire, OwnerToken, ResourceKey, Ttl, Waiting,
+    LockService, LockView, MultiAcquire, OwnerToken, ResourceKey, Ttl, Waiters, Waiting,
 };
 
 const BACKEND: &str = "memory";
@@ -38,6 +38,8 @@ struct Slot {
 #[derive(Debug, Clone, Copy)]
 struct Holder {
     token: OwnerToken,
+    /// The fence issued with the grant (the counter may have moved since: a repair, a rewind).
+    fence: Fence,
     expires: Instant,
 }
 
@@ -104,7 +106,7 @@ impl MemoryLockService {
             .checked_add(1)
             .ok_or_else(|| Error::new(ErrorKind::Backend, BACKEND, "fence counter exhausted"))?;
         slot.last_fence = fence;
-        slot.holder = Some(Holder { token, expires: now + ttl.get() });
+        slot.holder = Some(Holder { token, fence: Fence::new(fence), expires: now + ttl.get() });
         Ok(Attempt::Granted(Grant::new(key.clone(), token, Fence::new(fence), ttl, requested_at)))
     }
 
@@ -128,7 +130,7 @@ impl MemoryLockService {
             .map(|(key, token)| {
                 let slot = slots.entry(key.clone()).or_default();
                 slot.last_fence += 1;
-                slot.holder = Some(Holder { token, expires: now + ttl.get() });
+                slot.holder = Some(Holder { token, fence: Fence::new(slot.last_fence), expires: now + ttl.get() });
                 Grant::new(key.clone(), token, Fence::new(slot.last_fence), ttl, requested_at)
             })
             .collect();
@@ -220,7 +222,7 @@ impl LockService for MemoryLockService {
 
     async fn extend(&self, grant: &Grant<Fenced>, ttl: Ttl) -> Result<Ttl> {
         self.with_own_slot(grant, |slot, now| {
-            slot.holder = Some(Holder { token: grant.token(), expires: now + ttl.get() });
+            slot.holder = Some(Holder { token: grant.token(), fence: grant.fence(), expires: now + ttl.get() });
         })
         .map(|()| ttl)
     }
@@ -255,14 +257,14 @@ impl InspectLocks for MemoryLockService {
 
     async fn lock_view(&self, key: &ResourceKey) -> Result<LockView> {
         let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(slot) = slots.get(key) else { return Ok(LockView::free(key.clone())) };
+        let view = LockView::free(key.clone()).with_waiters(Waiters::Unknown);
+        let Some(slot) = slots.get(key) else { return Ok(view.with_counter(Some(Fence::new(0)))) };
         let now = Instant::now();
-        let counter = (slot.last_fence > 0).then(|| Fence::new(slot.last_fence));
-        let view = LockView::free(key.clone()).with_counter(counter);
+        let view = view.with_counter(Some(Fence::new(slot.last_fence)));
         Ok(match slot.holder {
             Some(h) if h.expires > now => view.held_by(HolderView::new(
                 GrantId::of(&h.token),
-                counter,
+                Some(h.fence),
                 Some(h.expires.saturating_duration_since(now)),
             )),
             _ => view,
@@ -294,7 +296,7 @@ mod tests {
     async fn the_view_shows_the_holder_then_the_free_lock_with_its_counter() {
         let svc = MemoryLockService::new();
         let other = ResourceKey::new("audit", "x").unwrap();
-        assert_eq!(svc.lock_view(&key()).await.unwrap(), LockView::free(key()));
+        assert_eq!(svc.lock_view(&key()).await.unwrap(), LockView::free(key()).with_counter(Some(Fence::new(0))));
         let g = svc.try_acquire(&key(), Ttl::from_millis(10_000).unwrap()).await.unwrap().unwrap();
         let _ = svc.try_acquire(&other, Ttl::from_millis(10_000).unwrap()).await.unwrap().unwrap();
         let view = svc.lock_view(&key()).await.unwrap();
@@ -304,9 +306,13 @@ mod tests {
         let listed = svc.resources("alloc:").await.unwrap();
         assert_eq!((listed.entries, listed.truncated), (vec![key()], false));
         assert_eq!(svc.resources("").await.unwrap().entries, vec![key(), other]);
+        // A repair moves the counter, not the holder's fence.
+        svc.advance_fence(&key(), Fence::new(50)).await.unwrap();
+        let view = svc.lock_view(&key()).await.unwrap();
+        assert_eq!((view.holder.map(|h| h.fence), view.fence_counter), (Some(Some(g.fence())), Some(Fence::new(50))));
         svc.release(&g).await.unwrap();
         let view = svc.lock_view(&key()).await.unwrap();
-        assert_eq!((view.holder, view.fence_counter), (None, Some(g.fence())));
+        assert_eq!((view.holder, view.fence_counter), (None, Some(Fence::new(50))));
     }
 
     #[tokio::test]

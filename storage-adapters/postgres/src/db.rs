@@ -107,3 +107,11 @@ pub(crate) fn add_column_sql(table: &str, column: &str, definition: &str) -> Str
          END IF; END$$;"
     )
 }
+
+/// Whether `e` is PostgreSQL's `undefined_table` (42P01): a table this database never had, or
+/// lost.
+pub(crate) fn undefined_table(e: &palisade_core::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .is_some_and(|e| matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01")))
+}

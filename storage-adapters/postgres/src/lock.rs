@@ -524,9 +524,7 @@ async fn make_table(pool: &PgPool, schema: &str) -> Result<()> {
 /// Whether `e` is PostgreSQL saying a table does not exist (42P01 `undefined_table`): the lock
 /// service's statements name one table only, its own.
 fn table_missing(e: &Error) -> bool {
-    std::error::Error::source(e)
-        .and_then(|source| source.downcast_ref::<sqlx::Error>())
-        .is_some_and(|e| matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01")))
+    crate::db::undefined_table(e)
 }
 
 /// Listens for releases and wakes the waiters of each released resource; after (re)connecting,
@@ -688,7 +686,8 @@ impl LockService for PostgresLockService {
     }
 }
 
-/// `palisade inspect`'s view of the lock table: reads only.
+/// `palisade inspect`'s view of the lock table: reads only (connect with `migrate` off, as
+/// `palisade::inspect_locks` does, to change nothing at all).
 #[async_trait]
 impl InspectLocks for PostgresLockService {
     fn backend(&self) -> &'static str {
@@ -697,13 +696,17 @@ impl InspectLocks for PostgresLockService {
 
     async fn resources(&self, prefix: &str) -> Result<Listing<ResourceKey>> {
         let limit = i64::try_from(MAX_LISTED + 1).unwrap_or(i64::MAX);
-        let rows: Vec<String> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.statements.list)))
+        let rows: Result<Vec<String>> = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.statements.list)))
             .bind(prefix)
             .bind(limit)
             .fetch_all(&self.inner.pool)
             .await
-            .map_err(map_err)?;
-        Ok(Listing::of_names(rows.iter().map(String::as_str)))
+            .map_err(map_err);
+        match rows {
+            Ok(rows) => Ok(Listing::of_names(rows.iter().map(String::as_str))),
+            Err(e) if table_missing(&e) => Ok(Listing::of(Vec::new())),
+            Err(e) => Err(e),
+        }
     }
 
     async fn lock_view(&self, key: &ResourceKey) -> Result<LockView> {
@@ -711,8 +714,16 @@ impl InspectLocks for PostgresLockService {
             .bind(key.to_string())
             .fetch_optional(&self.inner.pool)
             .await
-            .map_err(map_err)?;
-        let Some(row) = row else { return Ok(LockView::free(key.clone())) };
+            .map_err(map_err);
+        // No table, or no row: nothing was ever locked here, or the table was lost with every
+        // counter (the next grant's fence is 1).
+        let nothing = || LockView::free(key.clone()).with_counter(Some(Fence::new(0))).with_waiters(Waiters::None);
+        let row = match row {
+            Ok(row) => row,
+            Err(e) if table_missing(&e) => return Ok(nothing()),
+            Err(e) => return Err(e),
+        };
+        let Some(row) = row else { return Ok(nothing()) };
         let view = palisade_core::spi::sql::lock_view_at(key, &row, map_err)?;
         let waiting: bool = row.try_get(5).map_err(map_err)?;
         Ok(view.with_waiters(if waiting { Waiters::Marked } else { Waiters::None }))

@@ -690,11 +690,17 @@ impl InspectStore for PostgresStore {
     }
 
     async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>> {
-        sql::list_watermarks(&self.pool, &self.statements.list_watermarks, prefix, map_err).await
+        match sql::list_watermarks(&self.pool, &self.statements.list_watermarks, prefix, map_err).await {
+            Err(e) if crate::db::undefined_table(&e) => Ok(Listing::of(Vec::new())),
+            other => other,
+        }
     }
 
     async fn watermark_view(&self, resource: &ResourceKey) -> Result<Option<WatermarkView>> {
-        sql::watermark_view(&self.pool, &self.statements.read_watermark, resource, map_err).await
+        match sql::watermark_view(&self.pool, &self.statements.read_watermark, resource, map_err).await {
+            Err(e) if crate::db::undefined_table(&e) => Ok(None),
+            other => other,
+        }
     }
 }
 

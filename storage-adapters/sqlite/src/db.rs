@@ -29,3 +29,10 @@ pub(crate) fn is_in_memory(filename: &std::path::Path) -> bool {
     let name = filename.to_string_lossy();
     name.is_empty() || name == ":memory:" || name.starts_with("file:sqlx-in-memory-") || name.contains("mode=memory")
 }
+
+/// Whether `e` is SQLite's "no such table" (a table this file never had, or lost).
+pub(crate) fn no_such_table(e: &palisade_core::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .is_some_and(|e| matches!(e, sqlx::Error::Database(db) if db.message().starts_with("no such table")))
+}

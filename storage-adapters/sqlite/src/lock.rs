@@ -121,6 +121,16 @@ impl SqliteLockService {
         Ok(service)
     }
 
+    /// The lock service on an existing database file opened read-only
+    /// ([`SqliteStore::open_read_only`]), as `palisade inspect` does: only its
+    /// [`InspectLocks`] view works; a lock table missing from the file shows as nothing
+    /// locked and no counter kept.
+    pub async fn open_read_only(url: &str) -> Result<Self> {
+        let store = SqliteStore::open_read_only(url).await?;
+        let attempts = store.pool().clone();
+        Ok(SqliteLockService { store, attempts })
+    }
+
     /// Makes the lock table if it is missing (and adds the columns later versions added).
     async fn make_table(&self) -> Result<()> {
         let _writer = self.store.writer().await?;
@@ -419,8 +429,8 @@ impl LockService for SqliteLockService {
     }
 }
 
-/// `palisade inspect`'s view of the lock table: reads only (the table is made, if missing,
-/// by [`SqliteLockService::connect`], as for any use of the service).
+/// `palisade inspect`'s view of the lock table: reads only. [`SqliteLockService::open_read_only`]
+/// opens a file for it without changing the file.
 #[async_trait]
 impl InspectLocks for SqliteLockService {
     fn backend(&self) -> &'static str {
@@ -429,9 +439,13 @@ impl InspectLocks for SqliteLockService {
 
     async fn resources(&self, prefix: &str) -> Result<Listing<ResourceKey>> {
         let limit = i64::try_from(MAX_LISTED + 1).unwrap_or(i64::MAX);
-        let rows: Vec<String> =
-            sqlx::query_scalar(LIST).bind(prefix).bind(limit).fetch_all(self.store.pool()).await.map_err(map_err)?;
-        Ok(Listing::of_names(rows.iter().map(String::as_str)))
+        let rows: Result<Vec<String>> =
+            sqlx::query_scalar(LIST).bind(prefix).bind(limit).fetch_all(self.store.pool()).await.map_err(map_err);
+        match rows {
+            Ok(rows) => Ok(Listing::of_names(rows.iter().map(String::as_str))),
+            Err(e) if table_missing(&e) => Ok(Listing::of(Vec::new())),
+            Err(e) => Err(e),
+        }
     }
 
     async fn lock_view(&self, key: &ResourceKey) -> Result<LockView> {
@@ -443,8 +457,16 @@ impl InspectLocks for SqliteLockService {
             .bind(now.monotonic_ms())
             .fetch_optional(self.store.pool())
             .await
-            .map_err(map_err)?;
-        let Some(row) = row else { return Ok(LockView::free(key.clone())) };
+            .map_err(map_err);
+        // No table, or no row: nothing was ever locked here, or the table was lost with every
+        // counter (the next grant's fence is 1).
+        let nothing = || LockView::free(key.clone()).with_counter(Some(Fence::new(0)));
+        let row = match row {
+            Ok(row) => row,
+            Err(e) if table_missing(&e) => return Ok(nothing()),
+            Err(e) => return Err(e),
+        };
+        let Some(row) = row else { return Ok(nothing()) };
         let view = palisade_core::spi::sql::lock_view_at(key, &row, map_err)?;
         Ok(view)
     }

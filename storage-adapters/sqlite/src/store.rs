@@ -215,6 +215,39 @@ impl SqliteStore {
         }
     }
 
+    /// Opens an existing database file read-only, as `palisade inspect` does: nothing is
+    /// created, migrated or switched (the journal mode stays as it is), and every write fails.
+    /// Only reads work on it: a watermark table missing from the file shows as no watermarks.
+    ///
+    /// Errors: an in-memory database (it belongs to the process that made it) or a path with
+    /// no file is [`ErrorKind::InvalidConfig`].
+    pub async fn open_read_only(url: &str) -> Result<Self> {
+        let config = SqliteConfig::from_url(url)?;
+        let Some(path) = &config.path else {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                "an in-memory SQLite database belongs to the process that made it: there is nothing to open read-only",
+            ));
+        };
+        if !path.is_file() {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                BACKEND,
+                format!("no SQLite database at {} (a read-only open never creates one)", shown_path(path)),
+            ));
+        }
+        let statements = Statements::new(&config.fences_table, &config.records_table, config.require_live_lock)?;
+        let options = SqliteConnectOptions::new().filename(path).read_only(true).busy_timeout(config.busy_timeout);
+        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.map_err(map_err)?;
+        Ok(SqliteStore {
+            pool,
+            statements: Arc::new(statements),
+            shared: shared_file(Some(path.as_path())),
+            busy_timeout: config.busy_timeout,
+        })
+    }
+
     /// Creates the watermark and record tables if they do not exist. [`open`](Self::open)
     /// and [`from_pool`](Self::from_pool) run it.
     pub async fn migrate(&self) -> Result<()> {
@@ -719,11 +752,17 @@ impl InspectStore for SqliteStore {
     }
 
     async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>> {
-        sql::list_watermarks(&self.pool, &self.statements.list_watermarks, prefix, map_err).await
+        match sql::list_watermarks(&self.pool, &self.statements.list_watermarks, prefix, map_err).await {
+            Err(e) if crate::db::no_such_table(&e) => Ok(Listing::of(Vec::new())),
+            other => other,
+        }
     }
 
     async fn watermark_view(&self, resource: &ResourceKey) -> Result<Option<WatermarkView>> {
-        sql::watermark_view(&self.pool, &self.statements.read_watermark, resource, map_err).await
+        match sql::watermark_view(&self.pool, &self.statements.read_watermark, resource, map_err).await {
+            Err(e) if crate::db::no_such_table(&e) => Ok(None),
+            other => other,
+        }
     }
 }
 
