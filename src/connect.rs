@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use palisade_core::{
-    Capabilities, DynFencedStore, DynInspectLocks, DynInspectStore, DynLockService, DynUnfencedLockService, Error,
-    ErrorKind, Fenced, FencedStore, InspectLocks, InspectStore, LockService, Result,
+    Capabilities, DynDiagnose, DynFencedStore, DynInspectLocks, DynInspectStore, DynLockService,
+    DynUnfencedLockService, Error, ErrorKind, Fenced, FencedStore, InspectLocks, InspectStore, LockService, Result,
 };
 
 const BACKEND: &str = "palisade";
@@ -278,6 +278,48 @@ async fn connect_viewed_store(url: &str) -> Result<Arc<dyn ViewedStore>> {
     }
 }
 
+/// What the SQL backends give when opened changing nothing: both the view and the checks.
+trait Unchanged: palisade_core::InspectLocks + palisade_core::Diagnose {}
+impl<T: palisade_core::InspectLocks + palisade_core::Diagnose> Unchanged for T {}
+
+/// A store opened changing nothing, with its view and its checks.
+trait UnchangedStore: InspectStore + palisade_core::Diagnose {}
+impl<T: InspectStore + palisade_core::Diagnose> UnchangedStore for T {}
+
+/// The lock service at `url` of a checked `scheme`, opened changing nothing, where that takes
+/// more than its `connect` (an SQLite file read-only, PostgreSQL without migrations); `None`
+/// for the other schemes.
+async fn open_lock_unchanged(scheme: &str, url: &str) -> Result<Option<Arc<dyn Unchanged>>> {
+    let _ = url;
+    match scheme {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Some(Arc::new(palisade_sqlite::SqliteLockService::open_read_only(url).await?))),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            let config = postgres_without_migrations(url)?;
+            let store = palisade_postgres::PostgresStore::open(config.clone()).await?;
+            let service = palisade_postgres::PostgresLockService::with_config(store.pool().clone(), &config).await?;
+            Ok(Some(Arc::new(service)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The store at `url` of a checked, lowercased `scheme`, opened changing nothing (as
+/// [`open_lock_unchanged`]); `None` for the other schemes.
+async fn open_store_unchanged(scheme: &str, url: &str) -> Result<Option<Arc<dyn UnchangedStore>>> {
+    let _ = url;
+    match scheme {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Some(Arc::new(palisade_sqlite::SqliteStore::open_read_only(url).await?))),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            Ok(Some(Arc::new(palisade_postgres::PostgresStore::open(postgres_without_migrations(url)?).await?)))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// The read-only view of the lock service at `url` ([`InspectLocks`](palisade_core::InspectLocks)):
 /// who holds which lock, with which fence. What `palisade inspect` reads.
 ///
@@ -290,21 +332,15 @@ async fn connect_viewed_store(url: &str) -> Result<Arc<dyn ViewedStore>> {
 /// Errors: as for [`connect_lock`].
 pub async fn inspect_locks(url: &str) -> Result<Arc<DynInspectLocks>> {
     let scheme = lock_scheme(url)?;
-    match scheme.as_str() {
-        #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(palisade_sqlite::SqliteLockService::open_read_only(url).await?)),
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            let config = postgres_without_migrations(url)?;
-            let store = palisade_postgres::PostgresStore::open(config.clone()).await?;
-            Ok(Arc::new(palisade_postgres::PostgresLockService::with_config(store.pool().clone(), &config).await?))
-        }
-        "redlock" => Err(Error::new(ErrorKind::Unsupported, BACKEND, "`redlock` has no read-only view yet")),
-        _ => {
-            let view: Arc<DynInspectLocks> = connect_fenced(&scheme, url).await?;
-            Ok(view)
-        }
+    if let Some(unchanged) = open_lock_unchanged(&scheme, url).await? {
+        let view: Arc<DynInspectLocks> = unchanged;
+        return Ok(view);
     }
+    if scheme == "redlock" {
+        return Err(Error::new(ErrorKind::Unsupported, BACKEND, "`redlock` has no read-only view yet"));
+    }
+    let view: Arc<DynInspectLocks> = connect_fenced(&scheme, url).await?;
+    Ok(view)
 }
 
 /// The read-only view of the store at `url` ([`InspectStore`](palisade_core::InspectStore)):
@@ -316,13 +352,12 @@ pub async fn inspect_locks(url: &str) -> Result<Arc<DynInspectLocks>> {
 pub async fn inspect_store(url: &str) -> Result<Arc<DynInspectStore>> {
     let scheme = scheme_of(url)?;
     check_scheme("store", scheme, STORE_SCHEMES)?;
-    match scheme.to_ascii_lowercase().as_str() {
-        #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(palisade_sqlite::SqliteStore::open_read_only(url).await?)),
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            Ok(Arc::new(palisade_postgres::PostgresStore::open(postgres_without_migrations(url)?).await?))
-        }
+    let scheme = scheme.to_ascii_lowercase();
+    if let Some(unchanged) = open_store_unchanged(&scheme, url).await? {
+        let view: Arc<DynInspectStore> = unchanged;
+        return Ok(view);
+    }
+    match scheme.as_str() {
         #[cfg(feature = "dynamodb")]
         "dynamodb" => {
             let mut config = palisade_dynamodb::DynamoConfig::from_url(url)?;
@@ -333,6 +368,47 @@ pub async fn inspect_store(url: &str) -> Result<Arc<DynInspectStore>> {
             let view: Arc<DynInspectStore> = connect_viewed_store(url).await?;
             Ok(view)
         }
+    }
+}
+
+/// The configuration checks of the lock service at `url` ([`Diagnose`](palisade_core::Diagnose)):
+/// what `palisade doctor` runs. Connects as [`inspect_locks`] does (changing nothing), and a
+/// Redis whose eviction policy a lock service would refuse is connected all the same, to say
+/// so. SQLite, PostgreSQL and Redis have checks; the other services have none yet
+/// ([`ErrorKind::Unsupported`]).
+///
+/// Errors: as for [`connect_lock`].
+pub async fn diagnose_lock(url: &str) -> Result<Arc<DynDiagnose>> {
+    let scheme = lock_scheme(url)?;
+    if let Some(unchanged) = open_lock_unchanged(&scheme, url).await? {
+        let checks: Arc<DynDiagnose> = unchanged;
+        return Ok(checks);
+    }
+    match scheme.as_str() {
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
+            let mut config = palisade_redis::RedisConfig::new(url);
+            config.allow_eviction = true;
+            Ok(Arc::new(palisade_redis::RedisLockService::connect_with(config).await?))
+        }
+        _ => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("`{scheme}` has no configuration checks yet"))),
+    }
+}
+
+/// The configuration checks of the store at `url`, connected as [`inspect_store`] does.
+/// SQLite and PostgreSQL have checks; DynamoDB has none yet ([`ErrorKind::Unsupported`]).
+///
+/// Errors: as for [`connect_store`].
+pub async fn diagnose_store(url: &str) -> Result<Arc<DynDiagnose>> {
+    let scheme = scheme_of(url)?;
+    check_scheme("store", scheme, STORE_SCHEMES)?;
+    let scheme = scheme.to_ascii_lowercase();
+    match open_store_unchanged(&scheme, url).await? {
+        Some(unchanged) => {
+            let checks: Arc<DynDiagnose> = unchanged;
+            Ok(checks)
+        }
+        None => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("`{scheme}` has no configuration checks yet"))),
     }
 }
 

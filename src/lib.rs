@@ -43,16 +43,19 @@
 
 mod connect;
 
-pub use connect::{AnyLockService, connect_any_lock, connect_lock, connect_store, inspect_locks, inspect_store};
+pub use connect::{
+    AnyLockService, connect_any_lock, connect_lock, connect_store, diagnose_lock, diagnose_store, inspect_locks,
+    inspect_store,
+};
 pub use palisade_core::{
-    AllOrNone, BoxError, BoxFuture, CancellationToken, Capabilities, DynFencedStore, DynInspectLocks, DynInspectStore,
-    DynLockService, DynUnfencedLockService, Election, Error, ErrorKind, Fence, FenceSource, Fenced, FencedRow,
-    FencedStore, FencedStoreExt, Fencing, Grant, GrantFence, GrantId, HolderView, InspectLocks, InspectStore,
-    Leadership, Lease, Listing, LockOptions, LockService, LockServiceExt, LockView, MAX_DOMAIN_LEN, MAX_ID_LEN,
-    MAX_LISTED, MAX_PERMITS, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, MemoryFencedStore, MemoryLockService,
-    MultiAcquire, MultiLease, Observed, OwnerToken, Primitive, Progress, REGRESSION_GAP, ReadLease, Record, Renewal,
-    ResourceKey, Result, RwLock, Semaphore, Ttl, Unfenced, Waiters, Waiting, WatermarkSource, WatermarkView,
-    WriteBatch, WriteOp, metrics, redact_url,
+    AllOrNone, BoxError, BoxFuture, CancellationToken, Capabilities, Check, Diagnose, DynDiagnose, DynFencedStore,
+    DynInspectLocks, DynInspectStore, DynLockService, DynUnfencedLockService, Election, Error, ErrorKind, Fence,
+    FenceSource, Fenced, FencedRow, FencedStore, FencedStoreExt, Fencing, Grant, GrantFence, GrantId, HolderView,
+    InspectLocks, InspectStore, Leadership, Lease, Listing, LockOptions, LockService, LockServiceExt, LockView,
+    MAX_DOMAIN_LEN, MAX_ID_LEN, MAX_LISTED, MAX_PERMITS, MAX_RECORD_KEY_LEN, MAX_RECORD_VALUE_LEN, MemoryFencedStore,
+    MemoryLockService, MultiAcquire, MultiLease, Observed, OwnerToken, Primitive, Progress, REGRESSION_GAP, ReadLease,
+    Record, Renewal, ResourceKey, Result, RwLock, Semaphore, Ttl, Unfenced, Verdict, Waiters, Waiting, WatermarkSource,
+    WatermarkView, WriteBatch, WriteOp, metrics, redact_url,
 };
 
 /// For backend and store authors (waiting loops, SQL quoting, refusal errors, session

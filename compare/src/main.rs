@@ -16,6 +16,7 @@
 
 // The warehouse benchmark is the warehouse simulation itself (palisade-examples), not a copy.
 mod charts;
+mod doctor;
 mod faults;
 mod inspect;
 mod local;
@@ -53,6 +54,12 @@ enum Command {
     /// grant that set it); changes nothing. Exit 0: shown; 1: shown, with a warning (a fence
     /// regression waiting to happen); 2: bad usage; 3: a service or store could not be read.
     Inspect(inspect::InspectArgs),
+    /// Check that the servers a deployment uses are configured for the guarantees it claims
+    /// (Redis eviction, persistence and replication; PostgreSQL durability, transaction bound
+    /// and schema; SQLite journal and file system): one line per check, pass, warn or fail,
+    /// with the guarantee it protects; changes nothing. Exit 0: all pass; 1: a warning; 2: a
+    /// check failed or a server could not be read (or the command line was refused).
+    Doctor(doctor::DoctorArgs),
     /// (internal) A client process of the torture run.
     #[command(hide = true)]
     TortureClient(torture::client::ClientArgs),
@@ -166,6 +173,7 @@ fn main() -> ExitCode {
         Command::Torture(args) => runtime.block_on(torture::torture(args)),
         Command::TortureClient(args) => runtime.block_on(torture::client::run(args)),
         Command::Inspect(args) => runtime.block_on(inspect::run(args)),
+        Command::Doctor(args) => runtime.block_on(doctor::run(args)),
         Command::Compare(args) => match runtime.block_on(report::compare(args)) {
             Ok(code) => code,
             Err(e) => {

@@ -64,6 +64,7 @@
 mod capabilities;
 mod connection_url;
 mod date;
+mod diagnose;
 mod election;
 mod epoch;
 mod error;
@@ -94,6 +95,7 @@ mod ttl;
 
 pub use capabilities::{Capabilities, Deployment, FenceSource, MultiAcquire, Primitive, Replication, Waiting};
 pub use connection_url::redact_url;
+pub use diagnose::{Check, Diagnose, DynDiagnose, Verdict};
 pub use election::{Election, Leadership, Observed};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use ext::{FencedStoreExt, LockServiceExt, REGRESSION_GAP};

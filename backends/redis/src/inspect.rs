@@ -130,7 +130,7 @@ async fn scan<C: redis::aio::ConnectionLike + ScanRoute>(
 
 /// Sends a command to one server, or to a chosen node of a cluster.
 #[async_trait]
-trait ScanRoute {
+pub(crate) trait ScanRoute {
     async fn send_to(&mut self, cmd: redis::Cmd, node: Option<RoutingInfo>) -> redis::RedisResult<Value>;
 }
 
@@ -152,7 +152,7 @@ impl ScanRoute for redis::cluster_async::ClusterConnection {
 }
 
 /// A cluster's primaries, as `CLUSTER NODES` on any node names them.
-async fn primaries(conn: &mut redis::cluster_async::ClusterConnection) -> Result<Vec<(String, u16)>> {
+pub(crate) async fn primaries(conn: &mut redis::cluster_async::ClusterConnection) -> Result<Vec<(String, u16)>> {
     let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(conn).await.map_err(|e| map(e, "inspect"))?;
     let mut out = Vec::new();
     for line in nodes.lines() {

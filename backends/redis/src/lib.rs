@@ -124,6 +124,7 @@ mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod connection;
+mod diagnose;
 mod errors;
 mod inspect;
 pub mod scripts;

@@ -190,6 +190,11 @@ impl RedisLockService {
         self.config.response_timeout * 2 + self.config.connect_timeout + Duration::from_secs(1)
     }
 
+    /// The settings this service was made with.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
     /// The connection in use (a cheap handle on the multiplexed connection).
     pub(crate) fn conn(&self) -> Conn {
         self.conn.read().unwrap_or_else(PoisonError::into_inner).clone()

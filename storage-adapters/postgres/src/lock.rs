@@ -131,6 +131,11 @@ impl Drop for Inner {
 }
 
 impl PostgresLockService {
+    /// The pool and the lock table's unquoted name (for `doctor`).
+    pub(crate) fn pool_and_table(&self) -> (&PgPool, &str) {
+        (&self.inner.pool, &self.inner.statements.name)
+    }
+
     /// Connects to the database at `url` (as [`PostgresStore::connect`]) and creates the lock
     /// table if missing.
     pub async fn connect(url: &str) -> Result<Self> {

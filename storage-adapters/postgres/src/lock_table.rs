@@ -62,6 +62,8 @@ pub(crate) struct LockStatements {
     take_all: std::sync::Mutex<Vec<Option<Arc<str>>>>,
     /// The lock table's quoted name.
     table: String,
+    /// The lock table's name, unquoted (what the catalogue shows).
+    pub(crate) name: String,
     /// A set of resources (`$1`) under one grant id each (`$2`), all or nothing.
     pub(crate) acquire_all: Arc<str>,
     pub(crate) extend: Arc<str>,
@@ -144,6 +146,7 @@ impl LockStatements {
             .into(),
             take_all: std::sync::Mutex::new(Vec::new()),
             table: l.clone(),
+            name: table.to_string(),
             // `acquire` for a set (`$1` resources, `$2` their grant ids, `$3` the TTL), in one
             // statement: every row is taken over or inserted only if none of the set is held by
             // another grant or locked by a transaction (`blocked`, whose first index is

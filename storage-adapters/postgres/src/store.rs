@@ -27,6 +27,9 @@ use crate::transaction::PgFencedTransaction;
 #[derive(Debug)]
 struct Statements {
     schema: String,
+    /// The watermark and record tables' names, unquoted (what the catalogue shows).
+    pub(crate) fences_table: String,
+    pub(crate) records_table: String,
     /// The lock table a live-lock check reads, and the lock service on this store uses.
     locks_table: String,
     apply: String,
@@ -58,6 +61,8 @@ impl Statements {
         };
         Ok(Statements {
             schema: config.schema_sql()?,
+            fences_table: config.fences_table.clone(),
+            records_table: config.records_table.clone(),
             locks_table: config.locks_table.clone(),
             apply: format!("SELECT {apply}{IDLE_BOUND}"),
             apply_held,
@@ -282,6 +287,11 @@ impl PostgresStore {
     /// The lock table this store's live-lock check reads (its config's `locks_table`).
     pub(crate) fn locks_table(&self) -> &str {
         &self.statements.locks_table
+    }
+
+    /// The watermark and record tables' names, unquoted.
+    pub(crate) fn data_tables(&self) -> (&str, &str) {
+        (&self.statements.fences_table, &self.statements.records_table)
     }
 
     /// Runs the fence check inside a transaction you already opened (a `sqlx::Transaction`

@@ -63,6 +63,7 @@ mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod db;
+mod diagnose;
 mod lock;
 mod lock_table;
 mod store;

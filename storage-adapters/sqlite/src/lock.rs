@@ -121,6 +121,11 @@ impl SqliteLockService {
         Ok(service)
     }
 
+    /// The store whose file the locks are in (for `doctor`).
+    pub(crate) fn store(&self) -> &SqliteStore {
+        &self.store
+    }
+
     /// The lock service on an existing database file opened read-only
     /// ([`SqliteStore::open_read_only`]), as `palisade inspect` does: only its
     /// [`InspectLocks`] view works; a lock table missing from the file shows as nothing

@@ -1,0 +1,206 @@
+//! `palisade doctor`'s checks of a Redis deployment: eviction, persistence and replication, as
+//! `CONFIG GET` and `INFO replication` show them on each primary. Reads only.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use palisade_core::{Check, Diagnose, Result, Verdict};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use crate::connection::Conn;
+use crate::errors::map;
+use crate::inspect::{ScanRoute, primaries};
+use crate::service::{BACKEND, RedisLockService};
+
+const EXCLUSIVE: &str = "a lock has one holder for its TTL";
+const DURABLE: &str = "fences never go back across a restart";
+const FAILOVER: &str = "a failover keeps every acknowledged grant";
+
+#[async_trait]
+impl Diagnose for RedisLockService {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn diagnose(&self, _ttl: Duration) -> Result<Vec<Check>> {
+        let waits_for_replicas = self.config().replica_acks.is_some();
+        match self.conn() {
+            Conn::Server(mut conn) => judge(&mut conn, None, "", waits_for_replicas).await,
+            Conn::Cluster(mut conn) => {
+                let mut checks = Vec::new();
+                for (host, port) in primaries(&mut conn).await? {
+                    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host: host.clone(), port });
+                    let on = format!(" on {host}:{port}");
+                    checks.extend(judge(&mut conn, Some(node), &on, waits_for_replicas).await?);
+                }
+                Ok(checks)
+            }
+        }
+    }
+}
+
+/// The checks of one server (`node` of a cluster; `on` names it in the checks).
+async fn judge<C: ScanRoute + Send>(
+    conn: &mut C,
+    node: Option<RoutingInfo>,
+    on: &str,
+    waits_for_replicas: bool,
+) -> Result<Vec<Check>> {
+    let settings =
+        config_get(conn, node.clone(), &["maxmemory", "maxmemory-policy", "appendonly", "appendfsync", "save"]).await?;
+    let mut checks = Vec::new();
+    let get = |name: &str| settings.as_ref().and_then(|s| s.get(name)).map(String::as_str);
+    checks.push(match (get("maxmemory-policy"), get("maxmemory")) {
+        (None, _) => unreadable("maxmemory-policy", on, EXCLUSIVE),
+        (Some("noeviction"), _) => {
+            Check::new(format!("maxmemory-policy{on}"), Verdict::Pass, "noeviction: no key is ever evicted", EXCLUSIVE)
+        }
+        (Some(policy), Some("0")) => Check::new(
+            format!("maxmemory-policy{on}"),
+            Verdict::Warn,
+            format!(
+                "{policy}, with no memory limit (maxmemory 0): nothing is evicted today, but a limit set later would \
+                 evict {}; use noeviction",
+                evicted(policy)
+            ),
+            EXCLUSIVE,
+        ),
+        (Some(policy), _) => Check::new(
+            format!("maxmemory-policy{on}"),
+            Verdict::Fail,
+            format!("{policy}: once memory fills, Redis evicts {}; use noeviction", evicted(policy)),
+            EXCLUSIVE,
+        ),
+    });
+    checks.push(match (get("appendonly"), get("appendfsync"), get("save")) {
+        (None, _, _) => unreadable("appendonly", on, DURABLE),
+        (Some("yes"), Some("always"), _) => Check::new(
+            format!("persistence{on}"),
+            Verdict::Pass,
+            "appendonly yes, appendfsync always: every grant is on disk before its answer",
+            DURABLE,
+        ),
+        (Some("yes"), fsync, _) => Check::new(
+            format!("persistence{on}"),
+            Verdict::Warn,
+            format!(
+                "appendonly yes, appendfsync {}: a crash loses the grants of the last second or more, whose fences are \
+                 then issued again (the stores refuse them, and lock_checked moves the counter past their watermarks)",
+                fsync.unwrap_or("?")
+            ),
+            DURABLE,
+        ),
+        (Some(_), _, Some(save)) if !save.trim().is_empty() => Check::new(
+            format!("persistence{on}"),
+            Verdict::Warn,
+            format!(
+                "snapshots only (save \"{save}\"): a crash loses every grant since the last snapshot, whose fences are \
+                 then issued again; use appendonly yes with appendfsync always"
+            ),
+            DURABLE,
+        ),
+        (Some(_), _, _) => Check::new(
+            format!("persistence{on}"),
+            Verdict::Fail,
+            "none (appendonly no, no snapshots): a restart loses every lock and fence counter, and every resource's \
+             fences start again at 1; use appendonly yes with appendfsync always",
+            DURABLE,
+        ),
+    });
+    let replication = info_replication(conn, node).await?;
+    let replicas = replication.get("connected_slaves").and_then(|n| n.parse::<u32>().ok());
+    checks.push(match (replication.get("role").map(String::as_str), replicas) {
+        (Some("master"), Some(0)) => Check::new(
+            format!("replication{on}"),
+            Verdict::Pass,
+            "no replicas: nothing to fail over to (a restart is the failure to plan for: see persistence)",
+            FAILOVER,
+        ),
+        (Some("master"), Some(n)) if waits_for_replicas => Check::new(
+            format!("replication{on}"),
+            Verdict::Pass,
+            format!("{n} replica(s), and every grant waits for their acknowledgement (wait_replicas)"),
+            FAILOVER,
+        ),
+        (Some("master"), Some(n)) => Check::new(
+            format!("replication{on}"),
+            Verdict::Warn,
+            format!(
+                "{n} replica(s), and grants do not wait for them: a failover can promote a replica without the last \
+                 grants (two holders at once, one fence issued twice); set RedisConfig::with_replica_acks, or wait_replicas \
+                 in a redis+sentinel:// URL"
+            ),
+            FAILOVER,
+        ),
+        (Some(role), _) => Check::new(
+            format!("replication{on}"),
+            Verdict::Fail,
+            format!("the server is a {role}, not a master: grants on it are refused or lost"),
+            FAILOVER,
+        ),
+        (None, _) => unreadable("replication", on, FAILOVER),
+    });
+    Ok(checks)
+}
+
+/// What a `policy` other than `noeviction` evicts.
+fn evicted(policy: &str) -> &'static str {
+    if policy.starts_with("allkeys") {
+        "any key, fence counters included (fences start again low)"
+    } else {
+        "held locks (keys with a TTL): a second holder is granted inside the first one's TTL"
+    }
+}
+
+fn unreadable(name: &str, on: &str, protects: &'static str) -> Check {
+    Check::new(
+        format!("{name}{on}"),
+        Verdict::Warn,
+        "cannot be read (CONFIG or INFO disabled, renamed or not permitted): check it by hand",
+        protects,
+    )
+}
+
+/// `CONFIG GET` of `names`: `None` when the server refuses the command.
+async fn config_get<C: ScanRoute + Send>(
+    conn: &mut C,
+    node: Option<RoutingInfo>,
+    names: &[&str],
+) -> Result<Option<HashMap<String, String>>> {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET");
+    for name in names {
+        cmd.arg(*name);
+    }
+    match conn.send_to(cmd, node).await {
+        Ok(reply) => Ok(redis::FromRedisValue::from_redis_value(reply).ok()),
+        Err(e) if is_refusal(&e) => Ok(None),
+        Err(e) => Err(map(e, "doctor")),
+    }
+}
+
+/// `INFO replication` as `field: value` (empty when the server refuses the command).
+async fn info_replication<C: ScanRoute + Send>(
+    conn: &mut C,
+    node: Option<RoutingInfo>,
+) -> Result<HashMap<String, String>> {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("replication");
+    let text: String = match conn.send_to(cmd, node).await {
+        Ok(reply) => redis::FromRedisValue::from_redis_value(reply).unwrap_or_default(),
+        Err(e) if is_refusal(&e) => String::new(),
+        Err(e) => return Err(map(e, "doctor")),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|line| line.trim().split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+/// A command the server answered with a refusal (unknown, renamed, not permitted), not a
+/// connection that failed.
+fn is_refusal(e: &redis::RedisError) -> bool {
+    e.code().is_some()
+}
