@@ -3,7 +3,6 @@
 //! its verdict and the guarantee it protects; the exit status gates a deploy.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Args;
 use palisade::{Check, Verdict, redact_url};
@@ -18,10 +17,6 @@ pub struct DoctorArgs {
     /// A fenced store's URL (repeatable).
     #[arg(long = "store")]
     pub stores: Vec<String>,
-    /// The TTL the deployment locks with, in milliseconds (the checks that depend on it judge
-    /// against it).
-    #[arg(long, default_value_t = 30_000)]
-    pub ttl_ms: u64,
     /// One JSON document on stdout instead of lines.
     #[arg(long)]
     pub json: bool,
@@ -38,10 +33,9 @@ struct Target {
 /// Exit 0: every check passed; 1: a warning, none failed; 2: a check failed, a server could not
 /// be read, or (as for every command) the command line was refused.
 pub async fn run(args: DoctorArgs) -> ExitCode {
-    let ttl = Duration::from_millis(args.ttl_ms);
-    let mut targets = vec![target("lock service", &args.lock, palisade::diagnose_lock(&args.lock).await, ttl).await];
+    let mut targets = vec![target("lock service", &args.lock, palisade::diagnose_lock(&args.lock).await).await];
     for url in &args.stores {
-        targets.push(target("store", url, palisade::diagnose_store(url).await, ttl).await);
+        targets.push(target("store", url, palisade::diagnose_store(url).await).await);
     }
     let worst = targets.iter().flat_map(|t| t.checks.iter().map(|c| c.verdict)).max().unwrap_or(Verdict::Pass);
     if args.json {
@@ -85,23 +79,25 @@ async fn target(
     what: &'static str,
     url: &str,
     connected: palisade::Result<std::sync::Arc<palisade::DynDiagnose>>,
-    ttl: Duration,
 ) -> Target {
     let url_shown = redact_url(url);
     let connected = match connected {
         Ok(c) => c,
         Err(e) => {
             let verdict = if e.kind() == palisade::ErrorKind::Unsupported { Verdict::Warn } else { Verdict::Fail };
-            let check = Check::new("connect", verdict, e.to_string(), "the deployment's servers answer");
+            let check = Check::new("connect", verdict, e.report().to_string(), "the deployment's servers answer");
             return Target { what, url: url_shown, backend: None, checks: vec![check] };
         }
     };
     let backend = Some(connected.backend());
-    let checks = match connected.diagnose(ttl).await {
+    let checks = match connected.diagnose().await {
         Ok(checks) => checks,
-        Err(e) => {
-            vec![Check::new("read the configuration", Verdict::Fail, e.to_string(), "the deployment's servers answer")]
-        }
+        Err(e) => vec![Check::new(
+            "read the configuration",
+            Verdict::Fail,
+            e.report().to_string(),
+            "the deployment's servers answer",
+        )],
     };
     Target { what, url: url_shown, backend, checks }
 }

@@ -56,18 +56,31 @@ fn redis_with_a_replica_grants_do_not_wait_for_warns() {
     let primary = redis(&["--appendonly", "yes", "--appendfsync", "always"]);
     let port = primary.port().to_string();
     let _replica = redis(&["--replicaof", "127.0.0.1", &port]);
-    // The replica shows once it has connected.
-    let mut seen = (None, Value::Null, String::new());
-    for _ in 0..100 {
-        seen = doctor(&["--lock", &primary.redis_url()]);
-        if seen.0 == Some(1) {
+    // The replica shows once it has connected: wait for that on the primary itself (up to
+    // 20 s), then ask the doctor once.
+    let client = redis::Client::open(primary.redis_url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut conn).unwrap();
+        if info.lines().any(|l| l.trim() == "connected_slaves:1") {
             break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(std::time::Instant::now() < deadline, "the replica never connected: {info}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let (code, view, said) = seen;
+    let (code, view, said) = doctor(&["--lock", &primary.redis_url()]);
     assert_eq!(code, Some(1), "{said}");
     assert_eq!(verdict(&view, 0, "replication"), "warn", "{said}");
+}
+
+#[test]
+fn redis_that_skips_fsync_while_rewriting_warns() {
+    let server = redis(&["--appendonly", "yes", "--appendfsync", "always", "--no-appendfsync-on-rewrite", "yes"]);
+    let (code, view, said) = doctor(&["--lock", &server.redis_url()]);
+    assert_eq!(code, Some(1), "{said}");
+    assert_eq!(verdict(&view, 0, "persistence"), "warn", "{said}");
+    assert!(said.contains("no-appendfsync-on-rewrite"), "{said}");
 }
 
 #[test]
@@ -137,6 +150,12 @@ async fn sqlite_warns_until_wal() {
     let (code, view, said) = doctor(&["--lock", &url, "--store", &url]);
     assert_eq!(code, Some(0), "{said}");
     assert_eq!(view["verdict"], "pass", "{said}");
+
+    // How the URL commits: synchronous=normal warns, off fails.
+    let (code, view, said) = doctor(&["--lock", &format!("{url}?synchronous=normal")]);
+    assert_eq!((code, verdict(&view, 0, "synchronous")), (Some(1), "warn"), "{said}");
+    let (code, view, said) = doctor(&["--lock", &format!("{url}?synchronous=off")]);
+    assert_eq!((code, verdict(&view, 0, "synchronous")), (Some(2), "fail"), "{said}");
 }
 
 /// A server that cannot be reached fails; a backend without checks says so and warns.
@@ -145,7 +164,8 @@ fn unreachable_fails_and_unchecked_warns() {
     let (code, view, said) = doctor(&["--lock", "redis://127.0.0.1:1"]);
     assert_eq!(code, Some(2), "{said}");
     assert_eq!(verdict(&view, 0, "connect"), "fail", "{said}");
-    let (code, view, said) = doctor(&["--lock", &require_env("PALISADE_ETCD_URL")]);
+    // Refused before any connection: nothing listens on port 1.
+    let (code, view, said) = doctor(&["--lock", "etcd://127.0.0.1:1"]);
     assert_eq!(code, Some(1), "{said}");
     assert_eq!(verdict(&view, 0, "connect"), "warn", "{said}");
     assert!(said.contains("no configuration checks yet"), "{said}");

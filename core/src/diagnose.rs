@@ -3,7 +3,6 @@
 //! on a lock's path.
 
 use std::fmt;
-use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -64,9 +63,8 @@ pub trait Diagnose: Send + Sync + 'static {
     /// The backend's short name.
     fn backend(&self) -> &'static str;
 
-    /// Reads the servers' configuration and judges each setting that a guarantee depends on,
-    /// for locks held with `ttl`.
-    async fn diagnose(&self, ttl: Duration) -> Result<Vec<Check>>;
+    /// Reads the servers' configuration and judges each setting that a guarantee depends on.
+    async fn diagnose(&self) -> Result<Vec<Check>>;
 }
 
 /// A backend's checks behind a pointer: what `palisade::diagnose_lock` returns.

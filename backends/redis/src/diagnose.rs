@@ -2,7 +2,6 @@
 //! `CONFIG GET` and `INFO replication` show them on each primary. Reads only.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::{Check, Diagnose, Result, Verdict};
@@ -23,8 +22,8 @@ impl Diagnose for RedisLockService {
         BACKEND
     }
 
-    async fn diagnose(&self, _ttl: Duration) -> Result<Vec<Check>> {
-        let waits_for_replicas = self.config().replica_acks.is_some();
+    async fn diagnose(&self) -> Result<Vec<Check>> {
+        let waits_for_replicas = self.config().replica_acks.as_ref().map_or(0, |acks| acks.replicas);
         match self.conn() {
             Conn::Server(mut conn) => judge(&mut conn, None, "", waits_for_replicas).await,
             Conn::Cluster(mut conn) => {
@@ -45,10 +44,10 @@ async fn judge<C: ScanRoute + Send>(
     conn: &mut C,
     node: Option<RoutingInfo>,
     on: &str,
-    waits_for_replicas: bool,
+    waits_for_replicas: u32,
 ) -> Result<Vec<Check>> {
-    let settings =
-        config_get(conn, node.clone(), &["maxmemory", "maxmemory-policy", "appendonly", "appendfsync", "save"]).await?;
+    let names = ["maxmemory", "maxmemory-policy", "appendonly", "appendfsync", "no-appendfsync-on-rewrite", "save"];
+    let settings = config_get(conn, node.clone(), &names).await?;
     let mut checks = Vec::new();
     let get = |name: &str| settings.as_ref().and_then(|s| s.get(name)).map(String::as_str);
     checks.push(match (get("maxmemory-policy"), get("maxmemory")) {
@@ -75,6 +74,14 @@ async fn judge<C: ScanRoute + Send>(
     });
     checks.push(match (get("appendonly"), get("appendfsync"), get("save")) {
         (None, _, _) => unreadable("appendonly", on, DURABLE),
+        (Some("yes"), Some("always"), _) if get("no-appendfsync-on-rewrite") == Some("yes") => Check::new(
+            format!("persistence{on}"),
+            Verdict::Warn,
+            "appendonly yes, appendfsync always, but no-appendfsync-on-rewrite yes: while the file is rewritten or a \
+             snapshot taken, grants are answered before they are on disk, and a machine crash then loses them; set \
+             no-appendfsync-on-rewrite no",
+            DURABLE,
+        ),
         (Some("yes"), Some("always"), _) => Check::new(
             format!("persistence{on}"),
             Verdict::Pass,
@@ -85,8 +92,9 @@ async fn judge<C: ScanRoute + Send>(
             format!("persistence{on}"),
             Verdict::Warn,
             format!(
-                "appendonly yes, appendfsync {}: a crash loses the grants of the last second or more, whose fences are \
-                 then issued again (the stores refuse them, and lock_checked moves the counter past their watermarks)",
+                "appendonly yes, appendfsync {}: a crash of the machine (not of Redis alone) loses the grants of the \
+                 last second or more, whose fences are then issued again (the stores refuse them, and lock_checked \
+                 moves the counter past their watermarks)",
                 fsync.unwrap_or("?")
             ),
             DURABLE,
@@ -117,22 +125,26 @@ async fn judge<C: ScanRoute + Send>(
             "no replicas: nothing to fail over to (a restart is the failure to plan for: see persistence)",
             FAILOVER,
         ),
-        (Some("master"), Some(n)) if waits_for_replicas => Check::new(
+        (Some("master"), Some(n)) if waits_for_replicas >= n => Check::new(
             format!("replication{on}"),
             Verdict::Pass,
-            format!("{n} replica(s), and every grant waits for their acknowledgement (wait_replicas)"),
+            format!(
+                "{n} replica(s), and every grant waits for all of them to acknowledge it (wait_replicas {waits_for_replicas}; \
+                 WAIT is best effort: a replica that acknowledged may still lose it in a crash of its own)"
+            ),
             FAILOVER,
         ),
         (Some("master"), Some(n)) => Check::new(
             format!("replication{on}"),
             Verdict::Warn,
             format!(
-                "{n} replica(s), and grants do not wait for them: a failover can promote a replica without the last \
-                 grants (two holders at once, one fence issued twice); set RedisConfig::with_replica_acks, or wait_replicas \
-                 in a redis+sentinel:// URL"
+                "{n} replica(s), and grants wait for {waits_for_replicas} of them: a failover can promote a replica \
+                 without the last grants (two holders at once, one fence issued twice); wait for every replica \
+                 (wait_replicas in a redis+sentinel:// URL, or RedisConfig::with_replica_acks, which a URL does not show)"
             ),
             FAILOVER,
         ),
+        (Some("master"), None) => unreadable("replication", on, FAILOVER),
         (Some(role), _) => Check::new(
             format!("replication{on}"),
             Verdict::Fail,
@@ -162,7 +174,8 @@ fn unreadable(name: &str, on: &str, protects: &'static str) -> Check {
     )
 }
 
-/// `CONFIG GET` of `names`: `None` when the server refuses the command.
+/// `CONFIG GET` of `names`: `None` when the server refuses the command (disabled, renamed,
+/// not permitted).
 async fn config_get<C: ScanRoute + Send>(
     conn: &mut C,
     node: Option<RoutingInfo>,
@@ -202,5 +215,6 @@ async fn info_replication<C: ScanRoute + Send>(
 /// A command the server answered with a refusal (unknown, renamed, not permitted), not a
 /// connection that failed.
 fn is_refusal(e: &redis::RedisError) -> bool {
-    e.code().is_some()
+    // Not LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN: a server that cannot answer now.
+    matches!(e.code(), Some("ERR" | "NOPERM" | "NOAUTH" | "WRONGPASS"))
 }

@@ -2,8 +2,6 @@
 //! idle transaction, and the schema of the tables the lock service and the store use. Reads
 //! only (`SHOW` and the catalogue).
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use palisade_core::{Check, Diagnose, Result, Verdict};
 use sqlx::PgPool;
@@ -26,7 +24,7 @@ impl Diagnose for PostgresLockService {
         BACKEND
     }
 
-    async fn diagnose(&self, _ttl: Duration) -> Result<Vec<Check>> {
+    async fn diagnose(&self) -> Result<Vec<Check>> {
         let (pool, table) = self.pool_and_table();
         let mut checks = server_checks(pool).await?;
         checks.push(table_check(pool, table, &LOCK_COLUMNS).await?);
@@ -40,7 +38,7 @@ impl Diagnose for PostgresStore {
         BACKEND
     }
 
-    async fn diagnose(&self, _ttl: Duration) -> Result<Vec<Check>> {
+    async fn diagnose(&self) -> Result<Vec<Check>> {
         let mut checks = server_checks(self.pool()).await?;
         let (fences, records) = self.data_tables();
         checks.push(table_check(self.pool(), fences, &FENCE_COLUMNS).await?);
@@ -49,46 +47,56 @@ impl Diagnose for PostgresStore {
     }
 }
 
-/// The settings every connection of this database runs with.
+/// The settings every connection of this database runs with. A setting this role may not
+/// read is a warning that says so.
 async fn server_checks(pool: &PgPool) -> Result<Vec<Check>> {
-    let show = |name: &'static str| async move {
-        let value: String =
-            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {name}"))).fetch_one(pool).await.map_err(map_err)?;
-        Result::Ok(value)
-    };
     let mut checks = Vec::new();
-    let fsync = show("fsync").await?;
-    checks.push(if fsync == "off" {
-        Check::new("fsync", Verdict::Fail, "off: a crash of the machine can lose or corrupt any commit", DURABLE)
-    } else {
-        Check::new("fsync", Verdict::Pass, fsync, DURABLE)
-    });
-    let commit = show("synchronous_commit").await?;
-    checks.push(if commit == "off" {
-        Check::new(
-            "synchronous_commit",
+    for (name, protects) in
+        [("fsync", DURABLE), ("synchronous_commit", DURABLE), ("idle_in_transaction_session_timeout", LIVE)]
+    {
+        let shown: std::result::Result<String, sqlx::Error> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {name}"))).fetch_one(pool).await;
+        let value = match shown {
+            Ok(value) => value,
+            Err(sqlx::Error::Database(db)) => {
+                checks.push(Check::new(
+                    name,
+                    Verdict::Warn,
+                    format!("cannot be read ({}): check it by hand", db.message()),
+                    protects,
+                ));
+                continue;
+            }
+            Err(e) => return Err(map_err(e)),
+        };
+        checks.push(judge(name, &value, protects));
+    }
+    Ok(checks)
+}
+
+/// One setting's verdict.
+fn judge(name: &'static str, value: &str, protects: &'static str) -> Check {
+    match (name, value) {
+        ("fsync", "off") => {
+            Check::new(name, Verdict::Fail, "off: a crash of the machine can lose or corrupt any commit", protects)
+        }
+        ("synchronous_commit", "off") => Check::new(
+            name,
             Verdict::Fail,
             "off: a crash loses commits already acknowledged, so grants and watermarks go back (fences issued \
              again, stale writes accepted after the restart); use on",
-            DURABLE,
-        )
-    } else {
-        Check::new("synchronous_commit", Verdict::Pass, commit, DURABLE)
-    });
-    let idle = show("idle_in_transaction_session_timeout").await?;
-    checks.push(if idle == "0" {
-        Check::new(
-            "idle_in_transaction_session_timeout",
+            protects,
+        ),
+        ("idle_in_transaction_session_timeout", "0") => Check::new(
+            name,
             Verdict::Warn,
             "0 (no bound): the fenced transactions Palisade opens bound themselves, but a transaction of your own \
              that holds a lock row (a fenced transaction begun on your connection and left open) keeps the lock \
              until its client comes back; set a bound above your longest transaction",
-            LIVE,
-        )
-    } else {
-        Check::new("idle_in_transaction_session_timeout", Verdict::Pass, idle, LIVE)
-    });
-    Ok(checks)
+            protects,
+        ),
+        _ => Check::new(name, Verdict::Pass, value, protects),
+    }
 }
 
 /// Whether `table` (in the connection's search path) has `columns`.

@@ -1,9 +1,9 @@
 //! `palisade doctor`'s checks of an SQLite database file: its journal mode, how safely this
-//! URL commits, and where the file lives (SQLite's locking does not hold on a network file
-//! system). Reads only.
+//! URL commits (its `synchronous`), and where the file lives (SQLite's locking does not hold
+//! on a network file system). Reads only (a read-only open of a WAL file may make the `-shm`
+//! file SQLite needs to read it).
 
 use std::path::Path;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::{Check, Diagnose, Result, Verdict};
@@ -21,17 +21,13 @@ impl Diagnose for SqliteStore {
         BACKEND
     }
 
-    async fn diagnose(&self, _ttl: Duration) -> Result<Vec<Check>> {
+    async fn diagnose(&self) -> Result<Vec<Check>> {
         let journal: String =
             sqlx::query_scalar("PRAGMA journal_mode").fetch_one(self.pool()).await.map_err(map_err)?;
+        // `memory` and `off` are a connection's, never a file's: a file shows wal or a rollback
+        // journal.
         let mut checks = vec![match journal.as_str() {
             "wal" => Check::new("journal_mode", Verdict::Pass, "wal", CONCURRENT),
-            "memory" | "off" => Check::new(
-                "journal_mode",
-                Verdict::Fail,
-                format!("{journal}: a crash in the middle of a write can corrupt the file, locks and fences with it"),
-                DURABLE,
-            ),
             _ => Check::new(
                 "journal_mode",
                 Verdict::Warn,
@@ -42,6 +38,25 @@ impl Diagnose for SqliteStore {
                 CONCURRENT,
             ),
         }];
+        // This connection's setting: the URL's (`?synchronous=`), full by default.
+        let synchronous: i64 =
+            sqlx::query_scalar("PRAGMA synchronous").fetch_one(self.pool()).await.map_err(map_err)?;
+        checks.push(match synchronous {
+            2 | 3 => Check::new("synchronous", Verdict::Pass, "full (this URL's)", DURABLE),
+            1 => Check::new(
+                "synchronous",
+                Verdict::Warn,
+                "normal (this URL's): in WAL mode, a power loss or a crash of the machine can lose the last \
+                 commits, grants and watermarks with them; use synchronous=full",
+                DURABLE,
+            ),
+            _ => Check::new(
+                "synchronous",
+                Verdict::Fail,
+                "off (this URL's): a crash of the machine can lose commits or corrupt the file; use synchronous=full",
+                DURABLE,
+            ),
+        });
         let path = self.pool().connect_options().get_filename().to_path_buf();
         checks.push(location(&path));
         Ok(checks)
@@ -54,8 +69,8 @@ impl Diagnose for SqliteLockService {
         BACKEND
     }
 
-    async fn diagnose(&self, ttl: Duration) -> Result<Vec<Check>> {
-        self.store().diagnose(ttl).await
+    async fn diagnose(&self) -> Result<Vec<Check>> {
+        self.store().diagnose().await
     }
 }
 
@@ -91,20 +106,22 @@ fn location(path: &Path) -> Check {
     }
 }
 
+/// The magic number of the file system `dir` is on. Magic numbers are 32 bits; the field is
+/// signed and as wide as a `long`, so a 32-bit target shows the high ones negative.
 #[cfg(target_os = "linux")]
-#[allow(clippy::useless_conversion, clippy::unnecessary_cast)] // the type's width differs by target
-fn filesystem_magic(dir: &Path) -> Option<i64> {
-    nix::sys::statfs::statfs(dir).ok().map(|s| s.filesystem_type().0 as i64)
+#[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)] // the low 32 bits are the number
+fn filesystem_magic(dir: &Path) -> Option<u32> {
+    nix::sys::statfs::statfs(dir).ok().map(|s| s.filesystem_type().0 as u32)
 }
 
 #[cfg(not(target_os = "linux"))]
-fn filesystem_magic(_: &Path) -> Option<i64> {
+fn filesystem_magic(_: &Path) -> Option<u32> {
     None
 }
 
 /// A network file system by its `statfs` magic number, and how bad it is: the ones that share
 /// a file between machines fail; FUSE may be one (sshfs) or not, so it warns.
-fn network_filesystem(magic: i64) -> Option<(&'static str, Verdict)> {
+fn network_filesystem(magic: u32) -> Option<(&'static str, Verdict)> {
     Some(match magic {
         0x6969 => ("NFS", Verdict::Fail),
         0x517B => ("SMB", Verdict::Fail),
@@ -113,6 +130,8 @@ fn network_filesystem(magic: i64) -> Option<(&'static str, Verdict)> {
         0x0102_1997 => ("9P", Verdict::Fail),
         0x00C3_6400 => ("CephFS", Verdict::Fail),
         0x4750_4653 => ("GPFS", Verdict::Fail),
+        0x0BD0_0BD0 => ("Lustre", Verdict::Fail),
+        0x5346_414F => ("AFS", Verdict::Fail),
         0x6573_5546 => ("FUSE (which may be a network file system, such as sshfs)", Verdict::Warn),
         _ => return None,
     })

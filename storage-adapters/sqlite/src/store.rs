@@ -159,11 +159,7 @@ impl SqliteStore {
     /// Opens the store with explicit settings, creating the database file and tables if missing.
     pub async fn open(config: SqliteConfig) -> Result<Self> {
         let statements = Statements::new(&config.fences_table, &config.records_table, config.require_live_lock)?;
-        let synchronous = match config.synchronous {
-            Synchronous::Full => SqliteSynchronous::Full,
-            Synchronous::Normal => SqliteSynchronous::Normal,
-            Synchronous::Off => SqliteSynchronous::Off,
-        };
+        let synchronous = sqlite_synchronous(config.synchronous);
         if let Some(path) = &config.path
             && !config.create_if_missing
             && !path.is_file()
@@ -238,7 +234,12 @@ impl SqliteStore {
             ));
         }
         let statements = Statements::new(&config.fences_table, &config.records_table, config.require_live_lock)?;
-        let options = SqliteConnectOptions::new().filename(path).read_only(true).busy_timeout(config.busy_timeout);
+        // This URL's `synchronous`, so that `doctor` reads back how the URL commits.
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .read_only(true)
+            .synchronous(sqlite_synchronous(config.synchronous))
+            .busy_timeout(config.busy_timeout);
         let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.map_err(map_err)?;
         Ok(SqliteStore {
             pool,
@@ -484,6 +485,15 @@ impl SqliteStore {
             apply_op(&mut tx, &self.statements, op, fence_i64).await?;
         }
         tx.commit().await.map_err(map_err)
+    }
+}
+
+/// The driver's name for a `synchronous` setting.
+fn sqlite_synchronous(synchronous: Synchronous) -> SqliteSynchronous {
+    match synchronous {
+        Synchronous::Full => SqliteSynchronous::Full,
+        Synchronous::Normal => SqliteSynchronous::Normal,
+        Synchronous::Off => SqliteSynchronous::Off,
     }
 }
 
