@@ -105,6 +105,10 @@ impl Views {
     async fn snapshot(&self, one: Option<&ResourceKey>, prefix: &str) -> palisade::Result<Snapshot> {
         let (lock_url, locks) = &self.lock;
         let mut truncated = false;
+        // Each store's listing, when there is one, by resource: the rows read their watermarks
+        // from it instead of asking the store again, resource by resource (for DynamoDB, a
+        // `GetItem` each after a `Scan` that already read them).
+        let mut listed_marks: Vec<Option<Listed>> = vec![None; self.stores.len()];
         // Every resource either side keeps anything for: a store's watermark outlives a lock
         // that left nothing behind (etcd, ZooKeeper), and a lock may never have written.
         let keys: Vec<ResourceKey> = match one {
@@ -114,10 +118,15 @@ impl Views {
                 let listed = locks.resources(prefix).await?;
                 truncated |= listed.truncated;
                 keys.extend(listed.entries.into_iter().map(|k| (k.to_string(), k)));
-                for (_, store) in &self.stores {
+                for ((_, store), slot) in self.stores.iter().zip(&mut listed_marks) {
                     let marks = store.watermarks(prefix).await?;
                     truncated |= marks.truncated;
-                    keys.extend(marks.entries.into_iter().map(|(k, _)| (k.to_string(), k)));
+                    let mut by_key = BTreeMap::new();
+                    for (key, mark) in marks.entries {
+                        by_key.insert(key.to_string(), mark);
+                        keys.entry(key.to_string()).or_insert(key);
+                    }
+                    *slot = Some(Listed { by_key, complete: !marks.truncated });
                 }
                 truncated |= keys.len() > palisade::MAX_LISTED;
                 keys.into_values().take(palisade::MAX_LISTED).collect()
@@ -126,9 +135,17 @@ impl Views {
         let mut rows = Vec::with_capacity(keys.len());
         for key in keys {
             let lock = locks.lock_view(&key).await?;
+            let name = key.to_string();
             let mut marks = Vec::with_capacity(self.stores.len());
-            for (_, store) in &self.stores {
-                marks.push((store.backend(), store.watermark_view(&key).await?));
+            for ((_, store), listed) in self.stores.iter().zip(&listed_marks) {
+                let mark = match listed {
+                    Some(listed) if listed.complete || listed.by_key.contains_key(&name) => {
+                        listed.by_key.get(&name).copied()
+                    }
+                    // A single resource, or one past a cut listing: ask the store.
+                    _ => store.watermark_view(&key).await?,
+                };
+                marks.push((store.backend(), mark));
             }
             rows.push(Row { lock, marks });
         }
@@ -139,6 +156,13 @@ impl Views {
             truncated,
         })
     }
+}
+
+/// A store's listing of watermarks, by resource, and whether it holds every one.
+#[derive(Clone)]
+struct Listed {
+    by_key: BTreeMap<String, WatermarkView>,
+    complete: bool,
 }
 
 /// One resource: its lock, and its watermark in each store (in the order given).

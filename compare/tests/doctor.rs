@@ -6,6 +6,8 @@
 
 use std::process::Command;
 
+mod common;
+
 use palisade_conformance::require_env;
 use palisade_lab::servers::LoopbackServer;
 use serde_json::Value;
@@ -103,9 +105,7 @@ async fn postgres_fails_until_durable_and_migrated() {
     run(format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
     run(format!("ALTER DATABASE {name} SET synchronous_commit = off")).execute(&mut conn).await.unwrap();
     run(format!("ALTER DATABASE {name} SET idle_in_transaction_session_timeout = 0")).execute(&mut conn).await.unwrap();
-    let (base, query) = admin.split_once('?').map_or((admin.as_str(), None), |(b, q)| (b, Some(q)));
-    let url =
-        format!("{}/{name}{}", &base[..base.rfind('/').unwrap()], query.map(|q| format!("?{q}")).unwrap_or_default());
+    let url = common::database_url(&admin, &name);
 
     let (code, view, said) = doctor(&["--lock", &url, "--store", &url]);
     assert_eq!(code, Some(2), "{said}");

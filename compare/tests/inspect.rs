@@ -9,6 +9,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use palisade::{FencedStoreExt, GrantFence, LockOptions, LockServiceExt, ResourceKey, WriteBatch};
+mod common;
+
 use palisade_conformance::require_env;
 use serde_json::Value;
 
@@ -73,6 +75,9 @@ async fn shows_holder_and_watermark(tag: &str, lock: &str, store: &str, fence_be
     let names: Vec<&str> =
         listed["resources"].as_array().unwrap().iter().filter_map(|r| r["resource"].as_str()).collect();
     assert_eq!(names, [key.to_string().as_str()], "{said}");
+    // The listing's watermarks are the store's, read once with the listing.
+    let listed_mark = &listed["resources"][0]["watermarks"][0];
+    assert_eq!((&listed_mark["fence"], &listed_mark["grant"]), (&fence.into(), &grant.as_str().into()), "{said}");
 
     // Inspecting changed nothing: the holder still extends, and writes.
     lease.extend(Duration::from_secs(30)).await.unwrap();
@@ -313,9 +318,7 @@ async fn inspecting_postgres_changes_nothing() {
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}"))).execute(&mut conn).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.unwrap();
-    let (base, query) = admin.split_once('?').map_or((admin.as_str(), None), |(b, q)| (b, Some(q)));
-    let url =
-        format!("{}/{name}{}", &base[..base.rfind('/').unwrap()], query.map(|q| format!("?{q}")).unwrap_or_default());
+    let url = common::database_url(&admin, &name);
 
     let (code, view, said) = inspect(&["--lock", &url, "--store", &url, "--json"]);
     assert_eq!(code, Some(0), "{said}");
