@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use palisade::{FencedStoreExt, GrantFence, LockOptions, LockServiceExt, ResourceKey, WriteBatch};
 mod common;
+#[path = "common/webdriver.rs"]
+mod webdriver;
 
 use palisade_conformance::require_env;
 use serde_json::Value;
@@ -379,4 +381,130 @@ async fn credentials_are_never_shown() {
     {
         assert!(!said.contains(password), "{said}");
     }
+}
+
+/// `palisade inspect --serve` running as a process, killed when dropped.
+struct Served {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Served {
+    /// Starts `palisade inspect ARGS --serve 127.0.0.1:0` and waits for the address it prints.
+    fn start(args: &[&str]) -> Served {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .arg("inspect")
+            .args(args)
+            .args(["--serve", "127.0.0.1:0"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (send, said) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = send.send(line);
+            }
+        });
+        let mut lines = Vec::new();
+        let port = loop {
+            match said.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) => {
+                    let port = line
+                        .split_once("serving http://127.0.0.1:")
+                        .and_then(|(_, rest)| rest.split('/').next())
+                        .and_then(|p| p.parse::<u16>().ok());
+                    lines.push(line);
+                    if let Some(port) = port {
+                        break port;
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("inspect --serve did not say where it serves: {lines:?}");
+                }
+            }
+        };
+        Served { child, port }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The page of `inspect --serve`, in a real browser against the real PostgreSQL: it shows a
+/// held lock with its holder's grant and the store's watermark, then its release, refreshing
+/// itself (the page is never reloaded); the server answers only reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_page_shows_a_held_lock_then_its_release_in_a_browser() {
+    let url = require_env("PALISADE_POSTGRES_URL");
+    let key = ResourceKey::new(domain("page"), "WH-01").unwrap();
+    let locks = palisade::connect_lock(&url).await.unwrap();
+    let fenced = palisade::connect_store(&url).await.unwrap();
+    let lease = locks
+        .lock_checked(&*fenced, &key, LockOptions::ttl(Duration::from_secs(60)).wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    fenced.write(&lease, &WriteBatch::new().put(format!("{key}/stock"), b"9".to_vec())).await.unwrap();
+    let grant = lease.grant_fence().grant().to_string();
+    let fence = lease.fence().get();
+
+    let prefix = format!("{}:", key.domain());
+    let served = Served::start(&["--lock", &url, "--store", &url, "--prefix", &prefix, "--watch", "0.5"]);
+    let browser = webdriver::Browser::open();
+    browser.go(&format!("http://127.0.0.1:{}/", served.port));
+    // The row's classes and text, or null while it is not on the page.
+    let row = "const r = document.querySelector(`tr[data-resource=\"${arguments[0]}\"]`); \
+               return r ? { classes: r.className, text: r.innerText } : null;";
+    let name = serde_json::json!(key.to_string());
+    let held = browser.wait_until(Duration::from_secs(20), row, std::slice::from_ref(&name), |r| {
+        r["classes"].as_str().is_some_and(|c| c.split(' ').any(|c| c == "held"))
+    });
+    let text = held["text"].as_str().unwrap();
+    assert!(text.contains(&format!("held by grant {grant}")), "{held}");
+    assert!(text.contains(&format!("postgres: {fence} by the holder")), "{held}");
+    assert!(!text.contains(&lease.token().to_string()), "the owner token is on the page: {held}");
+    // A mark that a reload would wipe.
+    browser.run("window.palisadeTestMark = 'kept';", &[]);
+
+    lease.release().await.unwrap();
+    let free = browser.wait_until(Duration::from_secs(20), row, std::slice::from_ref(&name), |r| {
+        r["classes"].as_str().is_some_and(|c| c.split(' ').any(|c| c == "free"))
+    });
+    assert!(free["text"].as_str().unwrap().contains(&format!("postgres: {fence} by")), "{free}");
+    assert_eq!(browser.run("return window.palisadeTestMark;", &[]), "kept", "the page was reloaded, not refreshed");
+
+    // The JSON beside it, and nothing but reads.
+    let (status, body) = webdriver::http(served.port, "GET", "/view.json", None);
+    assert_eq!(status, 200, "{body}");
+    let view: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(view["resources"][0]["resource"], key.to_string(), "{view}");
+    assert_eq!(view["resources"][0]["held"], false, "{view}");
+    let (status, _) = webdriver::http(served.port, "POST", "/", Some(&serde_json::json!({})));
+    assert_eq!(status, 405, "the page's server accepted a POST");
+}
+
+/// `--serve` refuses an address it cannot bind (exit 2), and `--json` with it.
+#[test]
+fn serve_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/wh.db", dir.path().display());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["inspect", "--lock", &url, "--serve", &addr])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot serve on"));
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["inspect", "--lock", &url, "--serve", "127.0.0.1:0", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }

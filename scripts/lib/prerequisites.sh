@@ -34,6 +34,8 @@ prereq_missing_packages() {
   command -v setpriv >/dev/null || echo "util-linux" # PostgreSQL refuses to run as root
   command -v ip >/dev/null || echo "iproute2" # network namespaces for the partition tests
   ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || echo "libfaketime" # the torture's clock jumps
+  command -v chromium >/dev/null && command -v chromedriver >/dev/null ||
+    echo "chromium chromium-driver" # a real browser drives the page of `palisade inspect --serve`
 }
 
 # The venv that holds moto, keyed by the requirements file so a new pin makes a new venv.

@@ -772,19 +772,33 @@ where
 }
 
 /// How many handoffs [`releases_wake_waiters`] times for each way of waiting.
-const WAKE_ROUNDS: usize = 9;
+const WAKE_ROUNDS: usize = 11;
+
+/// The round trip [`releases_wake_waiters`] judges by: the fastest sample.
+fn wake_round_trip(round_trips: &[Duration]) -> Duration {
+    round_trips.iter().min().copied().unwrap_or(Duration::ZERO)
+}
+
+/// How long after a release [`releases_wake_waiters`] allows a woken waiter to hold the lock:
+/// 10 ms + two of the fastest measured round trips. Every backend's woken waiter takes under
+/// 2 ms on this machine; a polling waiter's handoff is spread evenly up to its 250 ms backoff,
+/// and lands within 10 ms about one time in thirteen, so the median of eleven almost never does.
+fn wake_allowance(round_trips: &[Duration]) -> Duration {
+    Duration::from_millis(10) + wake_round_trip(round_trips) * 2
+}
 
 /// **A release wakes the waiters of a service that says it notifies** (catalogue C26, bug
 /// class 15 for polling; `LockService::acquire` and `acquire_any`; [`Waiting::Native`](palisade_core::Waiting::Native) and
 /// [`NativeFifo`](palisade_core::Waiting::NativeFifo)). First, on every service, what
 /// `acquire_any` promises of any waiting: it takes the first free key in the order given, a
 /// zero wait on held keys is one round and `Timeout`, no keys is `InvalidArgument`. Then, on
-/// a service that declares native waiting, nine handoffs of one key (`acquire`) and nine of
+/// a service that declares native waiting, eleven handoffs of one key (`acquire`) and eleven of
 /// the middle one of three keys all held (`acquire_any`): the waiter waits 300 ms (a polling
 /// waiter's backoff has reached its 250 ms ceiling by then), the holder releases, and the
-/// median time from the release's answer to the waiter's grant must be within 20 ms + two of
-/// the service's round trips. A waiter that polls misses it (the median time to its next
-/// attempt is about 70 ms); a polling service passes this part with a note.
+/// median time from the release's answer to the waiter's grant must be within 10 ms + two of
+/// the service's round trips (the fastest of five uncontended acquire-and-release pairs). A
+/// waiter that polls misses it (the median time to its next attempt is about 70 ms); a polling
+/// service passes this part with a note.
 pub async fn releases_wake_waiters<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
     let ns = Namespace::new();
     let keys: Vec<ResourceKey> =
@@ -792,7 +806,13 @@ pub async fn releases_wake_waiters<F: LockServiceFactory>(ctx: &Ctx, factory: &F
     let timing = factory.timing();
     let long = attempt!(ctx, Ttl::new(timing.ttl * 4), "ttl");
     let (holder, waiter) = (client(ctx, factory).await?, client(ctx, factory).await?);
-    let (round_trip, _) = measured_allowance(ctx, waiter.as_ref(), &key(ctx, &ns, "wake-rtt")?, long).await?;
+    // Five samples, judged by the fastest: load only ever slows a sample, and a slow one must
+    // not widen the wake-up bound until a polling waiter fits in it.
+    let mut round_trips = Vec::with_capacity(5);
+    for _ in 0..5 {
+        round_trips.push(measured_allowance(ctx, waiter.as_ref(), &key(ctx, &ns, "wake-rtt")?, long).await?.0);
+    }
+    let round_trip = wake_round_trip(&round_trips);
 
     // What every service's acquire_any promises, the default implementation's included.
     let empty = waiter.acquire_any(&[], long, Duration::ZERO).await.err().map(|e| e.kind());
@@ -839,7 +859,7 @@ pub async fn releases_wake_waiters<F: LockServiceFactory>(ctx: &Ctx, factory: &F
         ctx.note("acquire_any checked; the service polls (Waiting::Polling): no wake-up to time");
         return Ok(ctx.report());
     }
-    let allowed = Duration::from_millis(20) + round_trip * 2;
+    let allowed = wake_allowance(&round_trips);
     for any in [false, true] {
         let mut handoffs = Vec::with_capacity(WAKE_ROUNDS);
         for _ in 0..WAKE_ROUNDS {
@@ -882,7 +902,7 @@ pub async fn releases_wake_waiters<F: LockServiceFactory>(ctx: &Ctx, factory: &F
         ensure!(
             ctx,
             median <= allowed,
-            "{how}: median handoff {} ms, more than {} ms (20 ms + two round trips of {} ms): the service declares {:?} but its waiter was not woken by the release (handoffs {:?} ms)",
+            "{how}: median handoff {} ms, more than {} ms (10 ms + two round trips of {} ms): the service declares {:?} but its waiter was not woken by the release (handoffs {:?} ms)",
             ms(median),
             ms(allowed),
             ms(round_trip),
@@ -892,4 +912,21 @@ pub async fn releases_wake_waiters<F: LockServiceFactory>(ctx: &Ctx, factory: &F
         ctx.note(format!("{how}: handoff median {} ms, max {} ms", ms(median), ms(handoffs[WAKE_ROUNDS - 1])));
     }
     Ok(ctx.report())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A busy machine slows some round trips; it never speeds one up. One slow sample must not
+    /// widen the allowance until a polling waiter (its handoffs spread from 0 to 250 ms) passes:
+    /// the CI of 097d26f saw the `acquire_any` twin pass this way.
+    #[test]
+    fn one_slow_round_trip_does_not_widen_the_wake_allowance() {
+        let fast = Duration::from_micros(100);
+        let samples = [fast, fast, fast, fast, Duration::from_millis(40)];
+        let allowed = wake_allowance(&samples);
+        assert!(allowed < Duration::from_millis(15), "allowed {allowed:?} after one slow sample");
+        assert!(allowed >= Duration::from_millis(10), "allowed {allowed:?}: less than a scheduler's slack");
+    }
 }

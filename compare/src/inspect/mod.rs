@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod page;
+
 use clap::Args;
 use palisade::{DynInspectLocks, DynInspectStore, Fence, LockView, ResourceKey, Waiters, WatermarkView, redact_url};
 use serde_json::{Value, json};
@@ -31,13 +33,23 @@ pub struct InspectArgs {
     /// One JSON document per view on stdout, for scripts.
     #[arg(long)]
     pub json: bool,
-    /// Show the view again every SECONDS (2 when not given) until interrupted.
+    /// Show the view again every SECONDS (2 when not given) until interrupted. With --serve,
+    /// how often the page reads the servers and refreshes (2 s when not given).
     #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
     pub watch: Option<f64>,
+    /// Serve the view as a web page at ADDR (`127.0.0.1:8080`; port 0 picks a free one, and
+    /// the address is printed on stderr) until interrupted: read-only, it refreshes itself
+    /// every --watch seconds, and marks fence regressions and locks near expiry. `/view.json`
+    /// is the --json document. The page has no authentication: keep ADDR on loopback or
+    /// behind your own proxy.
+    #[arg(long, value_name = "ADDR", conflicts_with = "json")]
+    pub serve: Option<String>,
 }
 
 /// Exit codes: 0 shown, nothing wrong; 1 shown, with a warning (a fence regression waiting to
-/// happen); 2 bad usage; 3 a service or store could not be reached or read.
+/// happen); 2 bad usage; 3 a service or store could not be reached or read. With --serve: 0
+/// when interrupted, 2 when the address cannot be bound, 3 when the servers cannot be reached
+/// at the start (a read that fails later shows on the page, beside the last view read).
 pub async fn run(args: InspectArgs) -> ExitCode {
     let one = match args.resource.as_deref().map(palisade::spi::parse_any_resource_key).transpose() {
         Ok(one) => one,
@@ -53,6 +65,17 @@ pub async fn run(args: InspectArgs) -> ExitCode {
         }
         s => s.map(Duration::from_secs_f64),
     };
+    // Bound before connecting: a taken address is bad usage, whatever the servers say.
+    let listener = match &args.serve {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                eprintln!("palisade inspect: cannot serve on {addr}: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     let views = match Views::connect(&args).await {
         Ok(views) => views,
         Err(e) => {
@@ -61,6 +84,9 @@ pub async fn run(args: InspectArgs) -> ExitCode {
         }
     };
     let prefix = args.prefix.clone().unwrap_or_default();
+    if let Some(listener) = listener {
+        return page::serve(listener, views, one, prefix, every.unwrap_or(Duration::from_secs(2))).await;
+    }
     loop {
         let code = match views.snapshot(one.as_ref(), &prefix).await {
             Ok(snapshot) => {
@@ -166,6 +192,7 @@ struct Listed {
 }
 
 /// One resource: its lock, and its watermark in each store (in the order given).
+#[derive(Clone)]
 struct Row {
     lock: LockView,
     marks: Vec<(&'static str, Option<WatermarkView>)>,
@@ -210,6 +237,7 @@ impl Row {
 }
 
 /// A view of the lock service and its stores at one moment.
+#[derive(Clone)]
 struct Snapshot {
     lock: (&'static str, String),
     stores: Vec<(&'static str, String)>,
