@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use palisade_core::{
-    Capabilities, DynDiagnose, DynFencedStore, DynInspectLocks, DynInspectStore, DynLockService,
+    Capabilities, Diagnose, DynDiagnose, DynFencedStore, DynInspectLocks, DynInspectStore, DynLockService,
     DynUnfencedLockService, Error, ErrorKind, Fenced, FencedStore, InspectLocks, InspectStore, LockService, Result,
 };
 
@@ -122,14 +122,15 @@ fn lock_scheme(url: &str) -> Result<String> {
     Ok(scheme.to_ascii_lowercase())
 }
 
-/// A fenced lock service with its read-only view: what every fenced scheme connects to, so
-/// that [`connect_lock`] and [`inspect_locks`] share one table of schemes.
-trait ViewedLockService: LockService<Fencing = Fenced> + InspectLocks {}
-impl<T: LockService<Fencing = Fenced> + InspectLocks> ViewedLockService for T {}
+/// A fenced lock service with its read-only view and its checks: what every fenced scheme
+/// connects to, so that [`connect_lock`], [`inspect_locks`] and [`diagnose_lock`] share one
+/// table of schemes.
+trait ViewedLockService: LockService<Fencing = Fenced> + Unchanged {}
+impl<T: LockService<Fencing = Fenced> + InspectLocks + Diagnose> ViewedLockService for T {}
 
-/// A fenced store with its read-only view (as [`ViewedLockService`]).
-trait ViewedStore: FencedStore + InspectStore {}
-impl<T: FencedStore + InspectStore> ViewedStore for T {}
+/// A fenced store with its read-only view and its checks (as [`ViewedLockService`]).
+trait ViewedStore: FencedStore + UnchangedStore {}
+impl<T: FencedStore + InspectStore + Diagnose> ViewedStore for T {}
 
 /// Connects a fenced service of a checked `scheme`.
 async fn connect_fenced(scheme: &str, url: &str) -> Result<Arc<dyn ViewedLockService>> {
@@ -278,45 +279,71 @@ async fn connect_viewed_store(url: &str) -> Result<Arc<dyn ViewedStore>> {
     }
 }
 
-/// What the SQL backends give when opened changing nothing: both the view and the checks.
-trait Unchanged: palisade_core::InspectLocks + palisade_core::Diagnose {}
-impl<T: palisade_core::InspectLocks + palisade_core::Diagnose> Unchanged for T {}
+/// What every lock service gives when opened changing nothing: its view and its checks.
+trait Unchanged: InspectLocks + Diagnose {}
+impl<T: InspectLocks + Diagnose> Unchanged for T {}
 
 /// A store opened changing nothing, with its view and its checks.
-trait UnchangedStore: InspectStore + palisade_core::Diagnose {}
-impl<T: InspectStore + palisade_core::Diagnose> UnchangedStore for T {}
+trait UnchangedStore: InspectStore + Diagnose {}
+impl<T: InspectStore + Diagnose> UnchangedStore for T {}
 
-/// The lock service at `url` of a checked `scheme`, opened changing nothing, where that takes
-/// more than its `connect` (an SQLite file read-only, PostgreSQL without migrations); `None`
-/// for the other schemes.
-async fn open_lock_unchanged(scheme: &str, url: &str) -> Result<Option<Arc<dyn Unchanged>>> {
-    let _ = url;
+/// The lock service at `url` of a checked `scheme`, opened changing nothing: an SQLite file
+/// read-only, PostgreSQL without migrations, a Redis whose eviction policy `connect` would
+/// refuse all the same (to show it, and to say what is wrong with it), etcd without its
+/// session lease, and the others as their `connect` does (ZooKeeper opens a session, which
+/// writes no node). `redlock` has no view ([`ErrorKind::Unsupported`]).
+async fn open_lock_unchanged(scheme: &str, url: &str) -> Result<Arc<dyn Unchanged>> {
     match scheme {
         #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Some(Arc::new(palisade_sqlite::SqliteLockService::open_read_only(url).await?))),
+        "sqlite" => Ok(Arc::new(palisade_sqlite::SqliteLockService::open_read_only(url).await?)),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => {
             let config = postgres_without_migrations(url)?;
             let store = palisade_postgres::PostgresStore::open(config.clone()).await?;
             let service = palisade_postgres::PostgresLockService::with_config(store.pool().clone(), &config).await?;
-            Ok(Some(Arc::new(service)))
+            Ok(Arc::new(service))
         }
-        _ => Ok(None),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
+            let mut config = palisade_redis::RedisConfig::new(url);
+            config.allow_eviction = true;
+            Ok(Arc::new(palisade_redis::RedisLockService::connect_with(config).await?))
+        }
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(Arc::new(palisade_etcd::EtcdLockService::open_read_only(url).await?)),
+        "redlock" => Err(Error::new(ErrorKind::Unsupported, BACKEND, "`redlock` has no read-only view or checks yet")),
+        _ => {
+            let service = connect_fenced(scheme, url).await?;
+            let service: Arc<dyn Unchanged> = service;
+            Ok(service)
+        }
     }
 }
 
-/// The store at `url` of a checked, lowercased `scheme`, opened changing nothing (as
-/// [`open_lock_unchanged`]); `None` for the other schemes.
-async fn open_store_unchanged(scheme: &str, url: &str) -> Result<Option<Arc<dyn UnchangedStore>>> {
-    let _ = url;
-    match scheme {
+/// The store at `url`, opened changing nothing (as [`open_lock_unchanged`]): an SQLite file
+/// read-only, PostgreSQL without migrations, DynamoDB without creating its table (a table
+/// that is not there is an error).
+async fn open_store_unchanged(url: &str) -> Result<Arc<dyn UnchangedStore>> {
+    let scheme = scheme_of(url)?;
+    check_scheme("store", scheme, STORE_SCHEMES)?;
+    match scheme.to_ascii_lowercase().as_str() {
         #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Some(Arc::new(palisade_sqlite::SqliteStore::open_read_only(url).await?))),
+        "sqlite" => Ok(Arc::new(palisade_sqlite::SqliteStore::open_read_only(url).await?)),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => {
-            Ok(Some(Arc::new(palisade_postgres::PostgresStore::open(postgres_without_migrations(url)?).await?)))
+            Ok(Arc::new(palisade_postgres::PostgresStore::open(postgres_without_migrations(url)?).await?))
         }
-        _ => Ok(None),
+        #[cfg(feature = "dynamodb")]
+        "dynamodb" => {
+            let mut config = palisade_dynamodb::DynamoConfig::from_url(url)?;
+            config.create_table = false;
+            Ok(Arc::new(palisade_dynamodb::DynamoStore::open(config).await?))
+        }
+        _ => {
+            let store = connect_viewed_store(url).await?;
+            let store: Arc<dyn UnchangedStore> = store;
+            Ok(store)
+        }
     }
 }
 
@@ -325,21 +352,14 @@ async fn open_store_unchanged(scheme: &str, url: &str) -> Result<Option<Arc<dyn 
 ///
 /// Takes the URLs of [`connect_lock`] (a `memory://` view sees this process's instance only)
 /// and changes nothing: an SQLite file is opened read-only (it must exist), PostgreSQL without
-/// making its tables, and the other services as their `connect` does (etcd and ZooKeeper open
-/// a session, which writes no key). A table that is not there shows as nothing locked.
-/// `redlock://` has no view yet: [`ErrorKind::Unsupported`].
+/// making its tables, a Redis whose eviction policy [`connect_lock`] refuses is opened all the
+/// same, etcd without a session lease, and the other services as their `connect` does
+/// (ZooKeeper opens a session, which writes no node). A table that is not there shows as nothing locked. `redlock://` has
+/// no view yet: [`ErrorKind::Unsupported`].
 ///
 /// Errors: as for [`connect_lock`].
 pub async fn inspect_locks(url: &str) -> Result<Arc<DynInspectLocks>> {
-    let scheme = lock_scheme(url)?;
-    if let Some(unchanged) = open_lock_unchanged(&scheme, url).await? {
-        let view: Arc<DynInspectLocks> = unchanged;
-        return Ok(view);
-    }
-    if scheme == "redlock" {
-        return Err(Error::new(ErrorKind::Unsupported, BACKEND, "`redlock` has no read-only view yet"));
-    }
-    let view: Arc<DynInspectLocks> = connect_fenced(&scheme, url).await?;
+    let view: Arc<DynInspectLocks> = open_lock_unchanged(&lock_scheme(url)?, url).await?;
     Ok(view)
 }
 
@@ -350,66 +370,26 @@ pub async fn inspect_locks(url: &str) -> Result<Arc<DynInspectLocks>> {
 ///
 /// Errors: as for [`connect_store`].
 pub async fn inspect_store(url: &str) -> Result<Arc<DynInspectStore>> {
-    let scheme = scheme_of(url)?;
-    check_scheme("store", scheme, STORE_SCHEMES)?;
-    let scheme = scheme.to_ascii_lowercase();
-    if let Some(unchanged) = open_store_unchanged(&scheme, url).await? {
-        let view: Arc<DynInspectStore> = unchanged;
-        return Ok(view);
-    }
-    match scheme.as_str() {
-        #[cfg(feature = "dynamodb")]
-        "dynamodb" => {
-            let mut config = palisade_dynamodb::DynamoConfig::from_url(url)?;
-            config.create_table = false;
-            Ok(Arc::new(palisade_dynamodb::DynamoStore::open(config).await?))
-        }
-        _ => {
-            let view: Arc<DynInspectStore> = connect_viewed_store(url).await?;
-            Ok(view)
-        }
-    }
+    let view: Arc<DynInspectStore> = open_store_unchanged(url).await?;
+    Ok(view)
 }
 
 /// The configuration checks of the lock service at `url` ([`Diagnose`](palisade_core::Diagnose)):
-/// what `palisade doctor` runs. Connects as [`inspect_locks`] does (changing nothing), and a
-/// Redis whose eviction policy a lock service would refuse is connected all the same, to say
-/// so. SQLite, PostgreSQL and Redis have checks; the other services have none yet
-/// ([`ErrorKind::Unsupported`]).
+/// what `palisade doctor` runs. Connects as [`inspect_locks`] does, changing nothing. Every
+/// fenced service has checks; `redlock://` has none yet ([`ErrorKind::Unsupported`]).
 ///
 /// Errors: as for [`connect_lock`].
 pub async fn diagnose_lock(url: &str) -> Result<Arc<DynDiagnose>> {
-    let scheme = lock_scheme(url)?;
-    if let Some(unchanged) = open_lock_unchanged(&scheme, url).await? {
-        let checks: Arc<DynDiagnose> = unchanged;
-        return Ok(checks);
-    }
-    match scheme.as_str() {
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
-            let mut config = palisade_redis::RedisConfig::new(url);
-            config.allow_eviction = true;
-            Ok(Arc::new(palisade_redis::RedisLockService::connect_with(config).await?))
-        }
-        _ => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("`{scheme}` has no configuration checks yet"))),
-    }
+    let checks: Arc<DynDiagnose> = open_lock_unchanged(&lock_scheme(url)?, url).await?;
+    Ok(checks)
 }
 
 /// The configuration checks of the store at `url`, connected as [`inspect_store`] does.
-/// SQLite and PostgreSQL have checks; DynamoDB has none yet ([`ErrorKind::Unsupported`]).
 ///
 /// Errors: as for [`connect_store`].
 pub async fn diagnose_store(url: &str) -> Result<Arc<DynDiagnose>> {
-    let scheme = scheme_of(url)?;
-    check_scheme("store", scheme, STORE_SCHEMES)?;
-    let scheme = scheme.to_ascii_lowercase();
-    match open_store_unchanged(&scheme, url).await? {
-        Some(unchanged) => {
-            let checks: Arc<DynDiagnose> = unchanged;
-            Ok(checks)
-        }
-        None => Err(Error::new(ErrorKind::Unsupported, BACKEND, format!("`{scheme}` has no configuration checks yet"))),
-    }
+    let checks: Arc<DynDiagnose> = open_store_unchanged(url).await?;
+    Ok(checks)
 }
 
 /// A PostgreSQL URL's settings with `migrate` off: nothing is created or replaced.

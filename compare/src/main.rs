@@ -56,7 +56,9 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Check that the servers a deployment uses are configured for the guarantees it claims
     /// (Redis eviction, persistence and replication; PostgreSQL durability, transaction bound
-    /// and schema; SQLite journal and file system): one line per check, pass, warn or fail,
+    /// and schema; SQLite journal and file system; etcd cluster size, alarms, compaction and
+    /// lease TTL; ZooKeeper ensemble and session timeout; DynamoDB key schema, deletion
+    /// protection, item expiry and fence attributes): one line per check, pass, warn or fail,
     /// with the guarantee it protects; changes nothing. Exit 0: all pass; 1: a warning; 2: a
     /// check failed or a server could not be read (or the command line was refused).
     Doctor(doctor::DoctorArgs),

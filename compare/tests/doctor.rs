@@ -164,9 +164,186 @@ fn unreachable_fails_and_unchecked_warns() {
     let (code, view, said) = doctor(&["--lock", "redis://127.0.0.1:1"]);
     assert_eq!(code, Some(2), "{said}");
     assert_eq!(verdict(&view, 0, "connect"), "fail", "{said}");
-    // Refused before any connection: nothing listens on port 1.
     let (code, view, said) = doctor(&["--lock", "etcd://127.0.0.1:1"]);
+    assert_eq!(code, Some(2), "{said}");
+    assert_eq!(verdict(&view, 0, "connect"), "fail", "{said}");
+    // Refused before any connection: nothing listens on port 1.
+    let (code, view, said) = doctor(&["--lock", "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"]);
     assert_eq!(code, Some(1), "{said}");
     assert_eq!(verdict(&view, 0, "connect"), "warn", "{said}");
-    assert!(said.contains("no configuration checks yet"), "{said}");
+    assert!(said.contains("no read-only view or checks yet"), "{said}");
+}
+
+fn etcd(extra: &[&str]) -> LoopbackServer {
+    LoopbackServer::etcd_with(&require_env("PALISADE_ETCD_SERVER"), extra).unwrap()
+}
+
+/// etcd: one member, never compacted, whose minimum lease TTL (one and a half election
+/// timeouts, 7.5 s here) is above the session's 2 s: three warnings.
+#[test]
+fn etcd_alone_uncompacted_and_raising_the_lease_warns() {
+    let server =
+        etcd(&["--heartbeat-interval", "500", "--election-timeout", "5000", "--auto-compaction-retention", "0"]);
+    let url = format!("{}?session_ttl_s=2", server.etcd_url());
+    let (code, view, said) = doctor(&["--lock", &url]);
+    assert_eq!(code, Some(1), "{said}");
+    assert_eq!(verdict(&view, 0, "cluster size"), "warn", "{said}");
+    assert_eq!(verdict(&view, 0, "compaction"), "warn", "{said}");
+    assert_eq!(verdict(&view, 0, "session lease TTL"), "warn", "{said}");
+    assert!(said.contains("asked for 2 s, granted 8 s"), "{said}");
+    assert_eq!(verdict(&view, 0, "alarms"), "pass", "{said}");
+}
+
+/// etcd out of space (a 1 MiB quota, filled): the NOSPACE alarm fails, and the doctor still
+/// reads the rest (it needs no lease to connect).
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_out_of_space_fails() {
+    let server = etcd(&["--quota-backend-bytes", "1048576"]);
+    let mut client = etcd_client::Client::connect([server.addr().to_string()], None).await.unwrap();
+    let value = vec![b'x'; 60_000];
+    let mut refused = false;
+    for i in 0..100 {
+        if client.put(format!("fill/{i}"), value.clone(), None).await.is_err() {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "a 1 MiB quota took 6 MB of writes");
+    let (code, view, said) = doctor(&["--lock", &server.etcd_url()]);
+    assert_eq!(code, Some(2), "{said}");
+    assert_eq!(verdict(&view, 0, "alarms"), "fail", "{said}");
+    assert!(said.contains("NOSPACE"), "{said}");
+    assert_eq!(verdict(&view, 0, "session lease TTL"), "warn", "{said}");
+}
+
+/// etcd as it should run: three members, history compacted, a lease TTL the cluster keeps.
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_cluster_compacted_passes() {
+    let cluster = palisade_lab::servers::EtcdCluster::start(&require_env("PALISADE_ETCD_SERVER"), 3).unwrap();
+    let endpoints: Vec<String> = cluster.client_ports().iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
+    let put = client.put("doctor/compact-me", "1", None).await.unwrap();
+    let revision = put.header().unwrap().revision();
+    client.compact(revision, None).await.unwrap();
+    let (code, view, said) = doctor(&["--lock", &cluster.url()]);
+    assert_eq!(code, Some(0), "{said}");
+    for check in ["cluster size", "alarms", "compaction", "session lease TTL"] {
+        assert_eq!(verdict(&view, 0, check), "pass", "{check}: {said}");
+    }
+}
+
+/// ZooKeeper: one server, and a session timeout (100 ms) below the servers' minimum (two
+/// ticks of 500 ms): both warn.
+#[test]
+fn zookeeper_alone_raising_the_session_warns() {
+    let url = format!("{}?session_timeout_ms=100", require_env("PALISADE_ZK_URL"));
+    let (code, view, said) = doctor(&["--lock", &url]);
+    assert_eq!(code, Some(1), "{said}");
+    assert_eq!(verdict(&view, 0, "ensemble size"), "warn", "{said}");
+    assert_eq!(verdict(&view, 0, "session timeout"), "warn", "{said}");
+    assert!(said.contains("asked for 100 ms, the servers agreed to 1000 ms"), "{said}");
+}
+
+/// ZooKeeper as it should run: three servers, a session timeout within their bounds.
+#[test]
+fn zookeeper_ensemble_passes() {
+    let ensemble = palisade_lab::servers::ZkEnsemble::start(&require_env("PALISADE_ZK_CLASSPATH"), 3).unwrap();
+    let url = format!("{}?session_timeout_ms=4000", ensemble.url());
+    let (code, view, said) = doctor(&["--lock", &url]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(verdict(&view, 0, "ensemble size"), "pass", "{said}");
+    assert_eq!(verdict(&view, 0, "session timeout"), "pass", "{said}");
+}
+
+/// A DynamoDB table of this test's own, `dynamodb://NAME?endpoint=…`.
+fn dynamodb_url(tag: &str) -> String {
+    format!(
+        "dynamodb://doctor-{tag}-{}?endpoint={}&region=us-east-1",
+        std::process::id(),
+        require_env("PALISADE_DYNAMODB_ENDPOINT")
+    )
+}
+
+/// A table keyed otherwise than the store needs fails, before any write.
+#[tokio::test(flavor = "multi_thread")]
+async fn dynamodb_table_keyed_otherwise_fails() {
+    use palisade::dynamodb::aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    // A store of the right shape, only for its client.
+    let helper = palisade::dynamodb::DynamoStore::connect(&dynamodb_url("helper")).await.unwrap();
+    let table = format!("doctor-keyed-{}", std::process::id());
+    helper
+        .client()
+        .create_table()
+        .table_name(&table)
+        .attribute_definitions(
+            AttributeDefinition::builder().attribute_name("id").attribute_type(ScalarAttributeType::N).build().unwrap(),
+        )
+        .key_schema(KeySchemaElement::builder().attribute_name("id").key_type(KeyType::Hash).build().unwrap())
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await
+        .unwrap();
+    let url = format!("dynamodb://{table}?endpoint={}&region=us-east-1", require_env("PALISADE_DYNAMODB_ENDPOINT"));
+    let (code, view, said) = doctor(&["--lock", "memory://", "--store", &url]);
+    assert_eq!(code, Some(2), "{said}");
+    assert_eq!(verdict(&view, 1, "key schema"), "fail", "{said}");
+}
+
+/// DynamoDB's item expiry on the fence attribute, and a watermark whose fence is a string,
+/// both fail; with expiry off, deletion protection on and the store's own watermarks, every
+/// check passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn dynamodb_expiring_fences_fail_and_a_protected_table_passes() {
+    use palisade::dynamodb::aws_sdk_dynamodb::types::{AttributeValue, TimeToLiveSpecification};
+    use palisade::{FencedStoreExt, LockServiceExt, ResourceKey, WriteBatch};
+    let url = dynamodb_url("ttl");
+    let store = palisade::dynamodb::DynamoStore::connect(&url).await.unwrap();
+    let table = store.config().table.clone();
+    let locks = std::sync::Arc::new(palisade::MemoryLockService::new());
+    let key = ResourceKey::new("alloc", "WH-01").unwrap();
+    let lease = locks.lock(&key, palisade::LockOptions::ttl(std::time::Duration::from_secs(30))).await.unwrap();
+    store.write(&lease, &WriteBatch::new().put("alloc:WH-01/stock", b"9".to_vec())).await.unwrap();
+    lease.release().await.unwrap();
+
+    let ttl = |on: bool| {
+        let spec = TimeToLiveSpecification::builder().attribute_name("fence").enabled(on).build().unwrap();
+        store.client().update_time_to_live().table_name(&table).time_to_live_specification(spec).send()
+    };
+    ttl(true).await.unwrap();
+    store
+        .client()
+        .put_item()
+        .table_name(&table)
+        .item("pk", AttributeValue::S("fence#alloc:WH-02".to_string()))
+        .item("fence", AttributeValue::S("7".to_string()))
+        .send()
+        .await
+        .unwrap();
+    let (code, view, said) = doctor(&["--lock", "memory://", "--store", &url]);
+    assert_eq!(code, Some(2), "{said}");
+    assert_eq!(verdict(&view, 1, "key schema"), "pass", "{said}");
+    assert_eq!(verdict(&view, 1, "item expiry"), "fail", "{said}");
+    assert_eq!(verdict(&view, 1, "fence attributes"), "fail", "{said}");
+    assert!(said.contains("fence#alloc:WH-02"), "{said}");
+    assert_eq!(verdict(&view, 1, "deletion protection"), "warn", "{said}");
+
+    ttl(false).await.unwrap();
+    store
+        .client()
+        .delete_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S("fence#alloc:WH-02".to_string()))
+        .send()
+        .await
+        .unwrap();
+    store.client().update_table().table_name(&table).deletion_protection_enabled(true).send().await.unwrap();
+    let (code, view, said) = doctor(&["--lock", "memory://", "--store", &url]);
+    for check in ["key schema", "table status", "deletion protection", "item expiry", "fence attributes"] {
+        assert_eq!(verdict(&view, 1, check), "pass", "{check}: {said}");
+    }
+    // The lock service is the in-process one: its one check warns.
+    assert_eq!(verdict(&view, 0, "in-process"), "warn", "{said}");
+    assert_eq!(code, Some(1), "{said}");
 }

@@ -55,9 +55,12 @@ impl Check {
 
 /// A backend's checks of its servers' configuration.
 ///
-/// Contract: the checks only read. A setting the client may not read (a command disabled, a
-/// permission missing) is a [`Verdict::Warn`] that says so, not an error; an error is a server
-/// that cannot be reached at all.
+/// Contract: the checks change nothing a lock or a store relies on. They read, but for what a
+/// backend must make to see a setting that shows only in how the server answers (etcd raises a
+/// lease's TTL to its minimum without a word: its check grants one lease and revokes it). A
+/// setting the client may not read (a command disabled, a permission missing) is a
+/// [`Verdict::Warn`] that says so, not an error; an error is a server that cannot be reached
+/// at all.
 #[async_trait]
 pub trait Diagnose: Send + Sync + 'static {
     /// The backend's short name.

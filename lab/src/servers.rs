@@ -250,12 +250,24 @@ impl LoopbackServer {
         LoopbackServer::etcd_at(&Site::loopback(), program)
     }
 
+    /// [`etcd`](Self::etcd) with `extra` flags after the usual ones (a flag given again there
+    /// wins: `--election-timeout 5000`), for a test of a server configured its own way.
+    pub fn etcd_with(program: &str, extra: &[&str]) -> std::io::Result<Self> {
+        LoopbackServer::etcd_configured(&Site::loopback(), program, extra)
+    }
+
     /// [`etcd`](Self::etcd) at `site`.
     pub fn etcd_at(site: &Site, program: &str) -> std::io::Result<Self> {
+        LoopbackServer::etcd_configured(site, program, &[])
+    }
+
+    fn etcd_configured(site: &Site, program: &str, extra: &[&str]) -> std::io::Result<Self> {
         let peer = free_port()?;
         let cluster = format!("m0=http://{}", SocketAddr::new(site.ip, peer));
         let server = LoopbackServer::start_at(site, program, |port, dir| {
-            etcd_args("m0", site.ip, port, peer, dir, &cluster, "palisade-single")
+            let mut args = etcd_args("m0", site.ip, port, peer, dir, &cluster, "palisade-single");
+            args.extend(extra.iter().map(|s| s.to_string()));
+            args
         })?;
         wait_etcd_healthy(&[&server])?;
         Ok(server)

@@ -95,6 +95,7 @@
 mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod diagnose;
 mod errors;
 mod inspect;
 mod reply;

@@ -102,6 +102,33 @@ impl EtcdLockService {
 
     /// Connects and starts the session lease.
     pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
+        let service = EtcdLockService::open(config).await?;
+        let inner = &service.inner;
+        // Start the session now: a wrong address or credentials fail here, not at the first lock.
+        inner.session().await.map_err(|e| {
+            if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::OutcomeUnknown) {
+                Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot reach {}", inner.config.redacted_url()))
+                    .with_source(e)
+                    .with_retryable(true)
+            } else {
+                e
+            }
+        })?;
+        debug!(url = %inner.config.redacted_url(), "etcd lock service connected");
+        Ok(service)
+    }
+
+    /// Connects to `url` for reading only, as `palisade inspect` and `palisade doctor` do:
+    /// the same checks of the address, credentials and key prefix as
+    /// [`connect`](Self::connect), but no session lease is granted (a cluster that refuses
+    /// writes, out of space, can still be read). A lock taken through it starts the session
+    /// then.
+    pub async fn open_read_only(url: &str) -> Result<Self> {
+        EtcdLockService::open(EtcdConfig::from_url(url)?).await
+    }
+
+    /// Connects, and reads the key prefix once; no session yet.
+    async fn open(config: EtcdConfig) -> Result<Self> {
         config.validate()?;
         let scheme = if config.tls { "https" } else { "http" };
         let endpoints: Vec<String> = config.endpoints.iter().map(|e| format!("{scheme}://{e}")).collect();
@@ -169,17 +196,6 @@ impl EtcdLockService {
             }
             return Err(e);
         }
-        // Start the session now: a wrong address or credentials fail here, not at the first lock.
-        inner.session().await.map_err(|e| {
-            if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::OutcomeUnknown) {
-                Error::new(ErrorKind::Unavailable, BACKEND, format!("cannot reach {}", inner.config.redacted_url()))
-                    .with_source(e)
-                    .with_retryable(true)
-            } else {
-                e
-            }
-        })?;
-        debug!(url = %inner.config.redacted_url(), "etcd lock service connected");
         Ok(EtcdLockService { inner })
     }
 
@@ -263,7 +279,7 @@ impl Inner {
     }
 
     /// The live session, starting a new one if there is none or the last one was lost.
-    async fn session(&self) -> Result<Arc<Session>> {
+    pub(crate) async fn session(&self) -> Result<Arc<Session>> {
         let mut slot = self.session.lock().await;
         if let Some(s) = slot.as_ref().filter(|s| s.alive_at(Instant::now())) {
             return Ok(Arc::clone(s));

@@ -53,6 +53,7 @@
 mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod diagnose;
 mod inspect;
 mod service;
 #[cfg(feature = "tls")]

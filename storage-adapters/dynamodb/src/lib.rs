@@ -63,6 +63,7 @@
 mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod diagnose;
 mod errors;
 mod single_item;
 mod store;

@@ -48,7 +48,7 @@ pub const GRANT_ATTRIBUTE: &str = "fence_grant";
 /// The most items DynamoDB takes in one `TransactWriteItems`.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 
-const FENCE_PREFIX: &str = "fence#";
+pub(crate) const FENCE_PREFIX: &str = "fence#";
 const RECORD_PREFIX: &str = "rec#";
 /// The condition every fenced write carries: no fence yet, one below ours, or ours from the
 /// same grant (or from an item written before grants were recorded).
