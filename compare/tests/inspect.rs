@@ -508,3 +508,71 @@ fn serve_usage() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// The primitives, seen whole against the real PostgreSQL: a semaphore's permits (its name
+/// alone finds them), a read-write lock's reader inside and last writer, an election's leader,
+/// term and proclaimed value; in the listing, in one resource's view and in the text.
+#[tokio::test(flavor = "multi_thread")]
+async fn semaphore_rwlock_and_election_are_shown_whole() {
+    use std::sync::Arc;
+    let url = require_env("PALISADE_POSTGRES_URL");
+    let d = domain("prim");
+    let locks = palisade::connect_lock(&url).await.unwrap();
+    let store = palisade::connect_store(&url).await.unwrap();
+    let opts = LockOptions::ttl(Duration::from_secs(60)).wait(Duration::from_secs(10));
+
+    let semaphore = palisade::Semaphore::new(Arc::clone(&locks), ResourceKey::new(&d, "pool").unwrap(), 3).unwrap();
+    let (p1, p2) = (semaphore.acquire(opts).await.unwrap(), semaphore.acquire(opts).await.unwrap());
+    let rw = palisade::RwLock::new(Arc::clone(&locks), Arc::clone(&store), ResourceKey::new(&d, "prices").unwrap(), 4)
+        .unwrap();
+    let writer = rw.write(opts).await.unwrap();
+    let writer_fence = writer.fence().get();
+    writer.release().await.unwrap();
+    let reader = rw.read(opts).await.unwrap();
+    let election =
+        palisade::Election::new(Arc::clone(&locks), ResourceKey::new(&d, "relay").unwrap(), Duration::from_secs(60));
+    let leader = election.campaign(Duration::from_secs(10)).await.unwrap();
+    leader.proclaim(&*store, b"node-a".to_vec()).await.unwrap();
+    let term = leader.term().get();
+
+    let (code, listed, said) = inspect(&["--lock", &url, "--store", &url, "--prefix", &format!("{d}:"), "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    let primitives = listed["primitives"].as_array().unwrap_or_else(|| panic!("{said}"));
+    let find = |kind: &str| {
+        primitives.iter().find(|p| p["kind"] == kind).unwrap_or_else(|| panic!("no {kind} in {said}")).clone()
+    };
+    let sem = find("semaphore");
+    assert_eq!((&sem["resource"], &sem["permits_held"]), (&format!("{d}:pool").into(), &2.into()), "{said}");
+    let held_grants: Vec<&str> =
+        sem["permits"].as_array().unwrap().iter().filter_map(|p| p["holder"]["grant"].as_str()).collect();
+    for lease in [&p1, &p2] {
+        assert!(held_grants.contains(&lease.grant_fence().grant().to_string().as_str()), "{said}");
+    }
+    let rwl = find("rwlock");
+    assert_eq!(rwl["resource"], format!("{d}:prices"), "{said}");
+    assert_eq!(rwl["readers_inside"], 1, "{said}");
+    assert_eq!(rwl["gate"], Value::Null, "{said}");
+    assert_eq!(rwl["last_writer_fence"], writer_fence, "{said}");
+    let el = find("election");
+    assert_eq!(el["resource"], format!("{d}:relay"), "{said}");
+    assert_eq!(el["leader"]["grant"], leader.lease().grant_fence().grant().to_string(), "{said}");
+    assert_eq!((&el["term"], &el["proclaimed"]["term"]), (&term.into(), &term.into()), "{said}");
+    assert_eq!(el["proclaimed"]["value"], "node-a", "{said}");
+
+    // One resource's view finds the locks it is made of, and says it in words.
+    let (code, _, text) = inspect(&["--lock", &url, "--store", &url, &format!("{d}:pool")]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("semaphore {d}:pool: 2 of the 2 permits seen held")), "{text}");
+    let (code, _, text) = inspect(&["--lock", &url, "--store", &url, &format!("{d}:relay")]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("election {d}:relay: leader grant")), "{text}");
+    assert!(text.contains(&format!("proclaimed \"node-a\" at term {term}")), "{text}");
+
+    reader.release().await.unwrap();
+    leader.resign().await.unwrap();
+    p1.release().await.unwrap();
+    p2.release().await.unwrap();
+    let (_, after, said) = inspect(&["--lock", &url, "--store", &url, "--prefix", &format!("{d}:"), "--json"]);
+    let el = after["primitives"].as_array().unwrap().iter().find(|p| p["kind"] == "election").cloned().unwrap();
+    assert_eq!(el["leader"], Value::Null, "a resigned leader is gone: {said}");
+}

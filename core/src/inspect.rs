@@ -183,18 +183,16 @@ impl WatermarkView {
 }
 
 /// The read-only view of a fenced store's watermarks: which fence each resource's writes are
-/// now held to, and which grant set it.
+/// now held to, and which grant set it. A view is of a [`FencedStore`](crate::FencedStore),
+/// whose [`read`](crate::FencedStore::read) and [`list`](crate::FencedStore::list) show the
+/// records beside it (an election's proclaimed value, a read-write lock's last writer).
 ///
 /// Contract: nothing is changed. After a
 /// fenced write of `resource` by a grant, [`watermark_view`](InspectStore::watermark_view)
 /// shows that grant's fence and id (until a higher fence is accepted). A resource never
 /// written under a fence has no watermark.
 #[async_trait]
-pub trait InspectStore: Send + Sync + 'static {
-    /// The store's short name, as its [`FencedStore::backend`](crate::FencedStore::backend)
-    /// gives it.
-    fn backend(&self) -> &'static str;
-
+pub trait InspectStore: crate::FencedStore {
     /// Every resource with a watermark whose `domain:id` text starts with `prefix` (`""`:
     /// all), in key order, cut at [`MAX_LISTED`].
     async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>>;

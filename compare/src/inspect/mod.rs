@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod page;
+mod primitives;
 
 use clap::Args;
 use palisade::{DynInspectLocks, DynInspectStore, Fence, LockView, ResourceKey, Waiters, WatermarkView, redact_url};
@@ -138,7 +139,13 @@ impl Views {
         // Every resource either side keeps anything for: a store's watermark outlives a lock
         // that left nothing behind (etcd, ZooKeeper), and a lock may never have written.
         let keys: Vec<ResourceKey> = match one {
-            Some(key) => vec![key.clone()],
+            // The resource, and the locks it is made of when it is a primitive: a semaphore's
+            // permits, a read-write lock's reader slots (`KEY~…`).
+            Some(key) => {
+                let parts = locks.resources(&format!("{key}~")).await?;
+                truncated |= parts.truncated;
+                std::iter::once(key.clone()).chain(parts.entries).collect()
+            }
             None => {
                 let mut keys: BTreeMap<String, ResourceKey> = BTreeMap::new();
                 let listed = locks.resources(prefix).await?;
@@ -175,10 +182,32 @@ impl Views {
             }
             rows.push(Row { lock, marks });
         }
+        // What the primitives keep in the stores: an election's proclaimed value, a read-write
+        // lock's last writer.
+        let mut records = BTreeMap::new();
+        for (_, store) in &self.stores {
+            for kind in [primitives::ELECTION_RECORDS, primitives::RWLOCK_RECORDS] {
+                match one {
+                    Some(key) => {
+                        let name = format!("{kind}{key}");
+                        if let Some(record) = store.read(&name).await? {
+                            records.entry(name).or_insert(record);
+                        }
+                    }
+                    None => {
+                        for (name, record) in store.list(&format!("{kind}{prefix}")).await? {
+                            records.entry(name).or_insert(record);
+                        }
+                    }
+                }
+            }
+        }
+        let primitives = primitives::find(&rows, &records);
         Ok(Snapshot {
             lock: (locks.backend(), lock_url.clone()),
             stores: self.stores.iter().map(|(url, s)| (s.backend(), url.clone())).collect(),
             rows,
+            primitives,
             truncated,
         })
     }
@@ -242,6 +271,8 @@ struct Snapshot {
     lock: (&'static str, String),
     stores: Vec<(&'static str, String)>,
     rows: Vec<Row>,
+    /// The semaphores, read-write locks and elections among the rows and the stores' records.
+    primitives: Vec<primitives::Primitive>,
     truncated: bool,
 }
 
@@ -293,6 +324,7 @@ impl Snapshot {
             "lock": { "backend": self.lock.0, "url": self.lock.1 },
             "stores": self.stores.iter().map(|(b, u)| json!({ "backend": b, "url": u })).collect::<Vec<_>>(),
             "resources": rows,
+            "primitives": self.primitives.iter().map(primitives::Primitive::to_json).collect::<Vec<_>>(),
             "truncated": self.truncated,
             "warnings": self.warnings(),
         })
@@ -350,6 +382,12 @@ impl Snapshot {
             }
             for warning in row.warnings() {
                 let _ = writeln!(out, "  WARNING: {warning}");
+            }
+        }
+        if !self.primitives.is_empty() {
+            let _ = writeln!(out, "\nprimitives:");
+            for line in self.primitives.iter().flat_map(primitives::Primitive::to_lines) {
+                let _ = writeln!(out, "  {line}");
             }
         }
         if self.truncated {

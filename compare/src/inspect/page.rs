@@ -269,6 +269,19 @@ fn render_view(reading: &Reading, every: Duration) -> String {
         }
     }
     out.push_str("</tbody></table>");
+    if !view.primitives.is_empty() {
+        out.push_str("<h2>primitives</h2><ul class=\"primitives\">");
+        for primitive in &view.primitives {
+            let mut lines = primitive.to_lines().into_iter();
+            let _ = write!(out, "<li>{}", escape(&lines.next().unwrap_or_default()));
+            let rest: Vec<String> = lines.map(|l| format!("<li>{}</li>", escape(l.trim()))).collect();
+            if !rest.is_empty() {
+                let _ = write!(out, "<ul>{}</ul>", rest.concat());
+            }
+            out.push_str("</li>");
+        }
+        out.push_str("</ul>");
+    }
     if view.truncated {
         let _ = write!(
             out,
@@ -314,6 +327,7 @@ mod tests {
             lock: ("sqlite", "sqlite:///tmp/a.db".to_string()),
             stores: vec![("sqlite", "sqlite:///tmp/a.db".to_string())],
             rows,
+            primitives: Vec::new(),
             truncated: false,
         }
     }

@@ -116,10 +116,6 @@ impl FencedStore for MemoryFencedStore {
 
 #[async_trait]
 impl InspectStore for MemoryFencedStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
     async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>> {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let mut marks: Vec<(ResourceKey, WatermarkView)> = state

@@ -742,10 +742,6 @@ fn to_record(item: &HashMap<String, AttributeValue>) -> Result<Record> {
 /// listing is a `Scan` of the whole table (see [`FencedStore::list`]).
 #[async_trait]
 impl InspectStore for DynamoStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
     async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>> {
         let mut marks = Vec::new();
         for item in self.scan_prefix(&format!("{FENCE_PREFIX}{prefix}"), "listing watermarks").await? {

@@ -695,10 +695,6 @@ impl FencedStore for PostgresStore {
 /// `palisade inspect`'s view of the watermark table: reads only.
 #[async_trait]
 impl InspectStore for PostgresStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
     async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>> {
         match sql::list_watermarks(&self.pool, &self.statements.list_watermarks, prefix, map_err).await {
             Err(e) if crate::db::undefined_table(&e) => Ok(Listing::of(Vec::new())),

@@ -757,10 +757,6 @@ impl FencedStore for SqliteStore {
 /// `palisade inspect`'s view of the watermark table: reads only.
 #[async_trait]
 impl InspectStore for SqliteStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
     async fn watermarks(&self, prefix: &str) -> Result<Listing<(ResourceKey, WatermarkView)>> {
         match sql::list_watermarks(&self.pool, &self.statements.list_watermarks, prefix, map_err).await {
             Err(e) if crate::db::no_such_table(&e) => Ok(Listing::of(Vec::new())),
