@@ -199,6 +199,13 @@ pub trait InspectStore: crate::FencedStore {
 
     /// The watermark of `resource`, or `None` if nothing was written under a fence for it.
     async fn watermark_view(&self, resource: &ResourceKey) -> Result<Option<WatermarkView>>;
+
+    /// The records whose name starts with `prefix`, in name order, as
+    /// [`list`](crate::FencedStore::list) gives them; a store whose tables were never made
+    /// has none (not an error), as for the watermarks.
+    async fn records(&self, prefix: &str) -> Result<Vec<(String, crate::Record)>> {
+        self.list(prefix).await
+    }
 }
 
 /// A lock service's read-only view behind a pointer: what `palisade::inspect_locks` returns.

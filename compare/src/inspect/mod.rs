@@ -187,17 +187,14 @@ impl Views {
         let mut records = BTreeMap::new();
         for (_, store) in &self.stores {
             for kind in [primitives::ELECTION_RECORDS, primitives::RWLOCK_RECORDS] {
-                match one {
-                    Some(key) => {
-                        let name = format!("{kind}{key}");
-                        if let Some(record) = store.read(&name).await? {
-                            records.entry(name).or_insert(record);
-                        }
-                    }
-                    None => {
-                        for (name, record) in store.list(&format!("{kind}{prefix}")).await? {
-                            records.entry(name).or_insert(record);
-                        }
+                let wanted = match one {
+                    Some(key) => format!("{kind}{key}"),
+                    None => format!("{kind}{prefix}"),
+                };
+                for (name, record) in store.records(&wanted).await? {
+                    // One resource's record is the one of its exact name.
+                    if one.is_none() || name == wanted {
+                        records.entry(name).or_insert(record);
                     }
                 }
             }

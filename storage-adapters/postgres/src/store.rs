@@ -708,6 +708,13 @@ impl InspectStore for PostgresStore {
             other => other,
         }
     }
+
+    async fn records(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
+        match self.list(prefix).await {
+            Err(e) if crate::db::undefined_table(&e) => Ok(Vec::new()),
+            other => other,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -770,6 +770,13 @@ impl InspectStore for SqliteStore {
             other => other,
         }
     }
+
+    async fn records(&self, prefix: &str) -> Result<Vec<(String, Record)>> {
+        match self.list(prefix).await {
+            Err(e) if crate::db::no_such_table(&e) => Ok(Vec::new()),
+            other => other,
+        }
+    }
 }
 
 #[cfg(test)]
