@@ -57,7 +57,8 @@ fn redis_that_syncs_every_second_or_may_evict_later_warns() {
 fn redis_with_a_replica_grants_do_not_wait_for_warns() {
     let primary = redis(&["--appendonly", "yes", "--appendfsync", "always"]);
     let port = primary.port().to_string();
-    let _replica = redis(&["--replicaof", "127.0.0.1", &port]);
+    // Configured as a master should be: only the grants' not waiting for it is wrong.
+    let _replica = redis(&["--replicaof", "127.0.0.1", &port, "--appendonly", "yes", "--appendfsync", "always"]);
     // The replica shows once it has connected: wait for that on the primary itself (up to
     // 20 s), then ask the doctor once.
     let client = redis::Client::open(primary.redis_url()).unwrap();
@@ -346,4 +347,62 @@ async fn dynamodb_expiring_fences_fail_and_a_protected_table_passes() {
     // The lock service is the in-process one: its one check warns.
     assert_eq!(verdict(&view, 0, "in-process"), "warn", "{said}");
     assert_eq!(code, Some(1), "{said}");
+}
+
+/// A replica is the next master: one that would evict fence keys and keep nothing fails the
+/// doctor of a master configured for locks.
+#[test]
+fn redis_replica_that_evicts_fails() {
+    let primary = redis(&["--appendonly", "yes", "--appendfsync", "always", "--no-appendfsync-on-rewrite", "no"]);
+    let port = primary.port().to_string();
+    let replica =
+        redis(&["--replicaof", "127.0.0.1", &port, "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
+    let client = redis::Client::open(primary.redis_url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !redis::cmd("INFO").arg("replication").query::<String>(&mut conn).unwrap().contains("connected_slaves:1") {
+        assert!(std::time::Instant::now() < deadline, "the replica never connected");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (code, view, said) = doctor(&["--lock", &primary.redis_url()]);
+    assert_eq!(code, Some(2), "{said}");
+    let on = format!("maxmemory-policy on replica 127.0.0.1:{}", replica.port());
+    assert_eq!(verdict(&view, 0, &on), "fail", "{said}");
+    assert_eq!(verdict(&view, 0, "maxmemory-policy"), "pass", "the master's own: {said}");
+}
+
+/// Sentinel's quorum: three Sentinels with a quorum of 2 pass; a quorum of 1 (a minority
+/// marks the master down) warns; a quorum of 4 (never reached: no failover ever) fails.
+#[test]
+fn redis_sentinel_quorum_is_judged() {
+    let group = palisade_lab::servers::RedisSentinels::start(&require_env("PALISADE_REDIS_SERVER")).unwrap();
+    let url = group.url();
+    let quorum_of = |view: &Value| verdict(view, 0, "sentinel quorum").to_string();
+    let (_, view, said) = doctor(&["--lock", &url]);
+    assert_eq!(quorum_of(&view), "pass", "{said}");
+    assert!(said.contains("3 Sentinels watch"), "{said}");
+    let replica_port = group.servers().1.port();
+    assert!(said.contains(&format!("on replica 127.0.0.1:{replica_port}")), "the replica is judged too: {said}");
+    let sentinels: Vec<String> = url
+        .trim_start_matches("redis+sentinel://")
+        .split('/')
+        .next()
+        .unwrap()
+        .split(',')
+        .map(|h| format!("redis://{h}"))
+        .collect();
+    let name = url.rsplit('/').next().unwrap().to_string();
+    let set_quorum = |q: u32| {
+        for sentinel in &sentinels {
+            let mut conn = redis::Client::open(sentinel.as_str()).unwrap().get_connection().unwrap();
+            let _: () = redis::cmd("SENTINEL").arg("SET").arg(&name).arg("quorum").arg(q).query(&mut conn).unwrap();
+        }
+    };
+    set_quorum(1);
+    let (_, view, said) = doctor(&["--lock", &url]);
+    assert_eq!(quorum_of(&view), "warn", "{said}");
+    set_quorum(4);
+    let (code, view, said) = doctor(&["--lock", &url]);
+    assert_eq!(quorum_of(&view), "fail", "{said}");
+    assert_eq!(code, Some(2), "{said}");
 }

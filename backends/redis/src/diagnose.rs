@@ -7,9 +7,10 @@ use async_trait::async_trait;
 use palisade_core::{Check, Diagnose, Result, Verdict};
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
-use crate::connection::Conn;
+use crate::connection::{Conn, url_address};
 use crate::errors::map;
 use crate::inspect::{ScanRoute, primaries};
+use crate::sentinel::SentinelTarget;
 use crate::service::{BACKEND, RedisLockService};
 
 const EXCLUSIVE: &str = "a lock has one holder for its TTL";
@@ -25,13 +26,27 @@ impl Diagnose for RedisLockService {
     async fn diagnose(&self) -> Result<Vec<Check>> {
         let waits_for_replicas = self.config().replica_acks.as_ref().map_or(0, |acks| acks.replicas);
         match self.conn() {
-            Conn::Server(mut conn) => judge(&mut conn, None, "", waits_for_replicas).await,
+            Conn::Server(mut conn) => {
+                let mut checks = settings(&mut conn, None, "").await?;
+                let replication = info_replication(&mut conn, None).await?;
+                checks.push(replication_check(&replication, "", waits_for_replicas));
+                // A replica is the next master: it must be configured as one.
+                for (host, port) in replicas_of(&replication) {
+                    checks.extend(self.replica_checks(&host, port).await);
+                }
+                if let Some(target) = self.sentinel_target() {
+                    checks.push(sentinel_check(target, self.config().connect_timeout).await);
+                }
+                Ok(checks)
+            }
             Conn::Cluster(mut conn) => {
                 let mut checks = Vec::new();
                 for (host, port) in primaries(&mut conn).await? {
                     let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host: host.clone(), port });
                     let on = format!(" on {host}:{port}");
-                    checks.extend(judge(&mut conn, Some(node), &on, waits_for_replicas).await?);
+                    checks.extend(settings(&mut conn, Some(node.clone()), &on).await?);
+                    let replication = info_replication(&mut conn, Some(node)).await?;
+                    checks.push(replication_check(&replication, &on, waits_for_replicas));
                 }
                 Ok(checks)
             }
@@ -39,13 +54,129 @@ impl Diagnose for RedisLockService {
     }
 }
 
-/// The checks of one server (`node` of a cluster; `on` names it in the checks).
-async fn judge<C: ScanRoute + Send>(
-    conn: &mut C,
-    node: Option<RoutingInfo>,
-    on: &str,
-    waits_for_replicas: u32,
-) -> Result<Vec<Check>> {
+impl RedisLockService {
+    /// The eviction and persistence checks of the replica at `host:port`, reached with the
+    /// master's credentials and database; a warning when it cannot be reached from here.
+    async fn replica_checks(&self, host: &str, port: u16) -> Vec<Check> {
+        let on = format!(" on replica {}", url_address(host, port));
+        let url = match self.sentinel_target() {
+            Some(target) => target.data_node_url(host, port),
+            None => same_server_elsewhere(&self.config().url, host, port),
+        };
+        let timeout = self.config().connect_timeout;
+        let connected = async {
+            let client = redis::Client::open(url.as_str())?;
+            client.get_multiplexed_async_connection().await
+        };
+        match tokio::time::timeout(timeout, connected).await {
+            Ok(Ok(mut conn)) => match settings(&mut conn, None, &on).await {
+                Ok(checks) => checks,
+                Err(e) => vec![replica_unreachable(&on, &e.report().to_string())],
+            },
+            Ok(Err(e)) => vec![replica_unreachable(&on, &e.to_string())],
+            Err(_) => vec![replica_unreachable(&on, &format!("no answer in {timeout:?}"))],
+        }
+    }
+}
+
+fn replica_unreachable(on: &str, why: &str) -> Check {
+    Check::new(
+        format!("replica{on}"),
+        Verdict::Warn,
+        format!(
+            "cannot be reached from here ({why}): check by hand that it evicts nothing and persists every write, for a \
+             failover promotes it"
+        ),
+        FAILOVER,
+    )
+}
+
+/// `url` (a `redis://` or `rediss://` URL) with its host and port replaced: the same
+/// credentials and database on another server.
+fn same_server_elsewhere(url: &str, host: &str, port: u16) -> String {
+    match palisade_core::spi::ConnectionUrl::parse(url) {
+        Ok(parsed) => {
+            format!("{}://{}{}{}", parsed.scheme, parsed.encoded_userinfo(), url_address(host, port), parsed.path)
+        }
+        Err(_) => format!("redis://{}", url_address(host, port)),
+    }
+}
+
+/// The replicas a master's `INFO replication` lists (`slaveN:ip=…,port=…,state=…`).
+fn replicas_of(replication: &HashMap<String, String>) -> Vec<(String, u16)> {
+    let mut found: Vec<(String, (String, u16))> = replication
+        .iter()
+        .filter(|(k, _)| k.starts_with("slave") && k[5..].chars().all(|c| c.is_ascii_digit()) && k.len() > 5)
+        .filter_map(|(k, v)| {
+            let fields: HashMap<&str, &str> = v.split(',').filter_map(|f| f.split_once('=')).collect();
+            Some((k.clone(), (fields.get("ip")?.to_string(), fields.get("port")?.parse().ok()?)))
+        })
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, addr)| addr).collect()
+}
+
+const SENTINELS: &str = "a failover happens when the master is lost, and only then";
+
+/// Sentinel's view of the master group: how many Sentinels watch it and the quorum that
+/// marks it down, as the first Sentinel that answers sees them.
+async fn sentinel_check(target: &SentinelTarget, timeout: std::time::Duration) -> Check {
+    let (state, answered, listed) = target.master_state(timeout).await;
+    let Some(state) = state else {
+        return Check::new(
+            "sentinel quorum",
+            Verdict::Warn,
+            format!("no Sentinel of the {listed} listed answered SENTINEL MASTER: check the quorum by hand"),
+            SENTINELS,
+        );
+    };
+    let number = |name: &str| state.get(name).and_then(|v| v.parse::<u32>().ok());
+    let (Some(quorum), Some(others)) = (number("quorum"), number("num-other-sentinels")) else {
+        return Check::new("sentinel quorum", Verdict::Warn, "SENTINEL MASTER did not show the quorum", SENTINELS);
+    };
+    let sentinels = others + 1;
+    let majority = sentinels / 2 + 1;
+    let reached =
+        if answered < listed { format!("; {answered} of the {listed} listed answered") } else { String::new() };
+    let (verdict, why) = if quorum > sentinels {
+        (
+            Verdict::Fail,
+            format!("the master is never marked down, so no failover ever happens; lower the quorum to {majority}"),
+        )
+    } else if sentinels < 3 {
+        (
+            Verdict::Warn,
+            format!(
+                "a failover needs a majority of the Sentinels ({majority} of {sentinels}) to elect the one that runs it: \
+                 with fewer than 3, losing one Sentinel (or its machine, with the master's) stops failovers; run 3 or 5 \
+                 on separate machines"
+            ),
+        )
+    } else if quorum < majority {
+        (
+            Verdict::Warn,
+            format!(
+                "a minority ({quorum} of {sentinels}) marks the master down: Sentinels cut off from it with a partition \
+                 start failovers the majority did not see the need for; a quorum of {majority} avoids it"
+            ),
+        )
+    } else {
+        (
+            Verdict::Pass,
+            format!("a failover needs {quorum} Sentinels to agree the master is down, and a majority to run it"),
+        )
+    };
+    Check::new(
+        "sentinel quorum",
+        verdict,
+        format!("{sentinels} Sentinels watch `{}`, quorum {quorum}{reached}: {why}", target.master_name),
+        SENTINELS,
+    )
+}
+
+/// The eviction and persistence checks of one server (`node` of a cluster; `on` names it in
+/// the checks).
+async fn settings<C: ScanRoute + Send>(conn: &mut C, node: Option<RoutingInfo>, on: &str) -> Result<Vec<Check>> {
     let names = ["maxmemory", "maxmemory-policy", "appendonly", "appendfsync", "no-appendfsync-on-rewrite", "save"];
     let settings = config_get(conn, node.clone(), &names).await?;
     let mut checks = Vec::new();
@@ -116,9 +247,13 @@ async fn judge<C: ScanRoute + Send>(
             DURABLE,
         ),
     });
-    let replication = info_replication(conn, node).await?;
+    Ok(checks)
+}
+
+/// Whether grants wait for every replica of a master (or primary), from its `INFO replication`.
+fn replication_check(replication: &HashMap<String, String>, on: &str, waits_for_replicas: u32) -> Check {
     let replicas = replication.get("connected_slaves").and_then(|n| n.parse::<u32>().ok());
-    checks.push(match (replication.get("role").map(String::as_str), replicas) {
+    match (replication.get("role").map(String::as_str), replicas) {
         (Some("master"), Some(0)) => Check::new(
             format!("replication{on}"),
             Verdict::Pass,
@@ -152,8 +287,7 @@ async fn judge<C: ScanRoute + Send>(
             FAILOVER,
         ),
         (None, _) => unreadable("replication", on, FAILOVER),
-    });
-    Ok(checks)
+    }
 }
 
 /// What a `policy` other than `noeviction` evicts.

@@ -142,6 +142,13 @@ impl ScanRoute for redis::aio::ConnectionManager {
 }
 
 #[async_trait]
+impl ScanRoute for redis::aio::MultiplexedConnection {
+    async fn send_to(&mut self, cmd: redis::Cmd, _: Option<RoutingInfo>) -> redis::RedisResult<Value> {
+        cmd.query_async(self).await
+    }
+}
+
+#[async_trait]
 impl ScanRoute for redis::cluster_async::ClusterConnection {
     async fn send_to(&mut self, cmd: redis::Cmd, node: Option<RoutingInfo>) -> redis::RedisResult<Value> {
         match node {

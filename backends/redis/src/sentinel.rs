@@ -130,6 +130,41 @@ impl SentinelTarget {
     }
 }
 
+impl SentinelTarget {
+    /// `SENTINEL MASTER` of the group, as the first Sentinel that answers gives it (field by
+    /// field), with how many of the listed Sentinels answered and how many are listed.
+    pub(crate) async fn master_state(
+        &self,
+        timeout: std::time::Duration,
+    ) -> (Option<std::collections::HashMap<String, String>>, usize, usize) {
+        let mut state = None;
+        let mut answered = 0;
+        for sentinel in &self.sentinels {
+            let asked = async {
+                let client = redis::Client::open(sentinel.as_str())?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("MASTER")
+                    .arg(&self.master_name)
+                    .query_async::<std::collections::HashMap<String, String>>(&mut conn)
+                    .await
+            };
+            if let Ok(Ok(fields)) = tokio::time::timeout(timeout, asked).await {
+                answered += 1;
+                state.get_or_insert(fields);
+            }
+        }
+        (state, answered, self.sentinels.len())
+    }
+
+    /// The `redis://` URL of a data node (a replica the master lists) at `host:port`, with the
+    /// master's credentials and database, at the address the address map gives for it.
+    pub(crate) fn data_node_url(&self, host: &str, port: u16) -> String {
+        let (dial_host, dial_port) = self.address_map.dial(host, port);
+        format!("redis://{}{}/{}", self.master_userinfo, url_address(dial_host, dial_port), self.db)
+    }
+}
+
 /// One Sentinel's answer: the master's address, or `None` if it does not know the name.
 async fn ask(
     sentinel: &str,

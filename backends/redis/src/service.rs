@@ -109,6 +109,11 @@ impl RedisLockService {
         Ok(service)
     }
 
+    /// Whom this service asks for the master, behind Sentinel.
+    pub(crate) fn sentinel_target(&self) -> Option<&SentinelTarget> {
+        self.sentinel.as_ref().map(|f| &f.target)
+    }
+
     /// "Eviction policies must never evict lock or fence keys." Only `noeviction` guarantees it:
     /// `allkeys-*` can evict fence keys, and every `volatile-*` policy can evict a held lock's
     /// key (it carries a PX expiry; `volatile-ttl` even prefers it), after which a second client
