@@ -291,7 +291,7 @@ impl<T: InspectStore + Diagnose> UnchangedStore for T {}
 /// read-only, PostgreSQL without migrations, a Redis whose eviction policy `connect` would
 /// refuse all the same (to show it, and to say what is wrong with it), etcd without its
 /// session lease, and the others as their `connect` does (ZooKeeper opens a session, which
-/// writes no node). `redlock` has no view ([`ErrorKind::Unsupported`]).
+/// writes no node; Redlock connects to its masters).
 async fn open_lock_unchanged(scheme: &str, url: &str) -> Result<Arc<dyn Unchanged>> {
     match scheme {
         #[cfg(feature = "sqlite")]
@@ -311,7 +311,8 @@ async fn open_lock_unchanged(scheme: &str, url: &str) -> Result<Arc<dyn Unchange
         }
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(palisade_etcd::EtcdLockService::open_read_only(url).await?)),
-        "redlock" => Err(Error::new(ErrorKind::Unsupported, BACKEND, "`redlock` has no read-only view or checks yet")),
+        #[cfg(feature = "redlock")]
+        "redlock" => Ok(Arc::new(palisade_redlock::RedlockService::connect(url).await?)),
         _ => {
             let service = connect_fenced(scheme, url).await?;
             let service: Arc<dyn Unchanged> = service;
@@ -354,8 +355,9 @@ async fn open_store_unchanged(url: &str) -> Result<Arc<dyn UnchangedStore>> {
 /// and changes nothing: an SQLite file is opened read-only (it must exist), PostgreSQL without
 /// making its tables, a Redis whose eviction policy [`connect_lock`] refuses is opened all the
 /// same, etcd without a session lease, and the other services as their `connect` does
-/// (ZooKeeper opens a session, which writes no node). A table that is not there shows as nothing locked. `redlock://` has
-/// no view yet: [`ErrorKind::Unsupported`].
+/// (ZooKeeper opens a session, which writes no node). A table that is not there shows as
+/// nothing locked. A `redlock://` lock shows its holder (the token on a majority of the
+/// masters), with no fence.
 ///
 /// Errors: as for [`connect_lock`].
 pub async fn inspect_locks(url: &str) -> Result<Arc<DynInspectLocks>> {
@@ -376,7 +378,7 @@ pub async fn inspect_store(url: &str) -> Result<Arc<DynInspectStore>> {
 
 /// The configuration checks of the lock service at `url` ([`Diagnose`](palisade_core::Diagnose)):
 /// what `palisade doctor` runs. Connects as [`inspect_locks`] does, changing nothing. Every
-/// fenced service has checks; `redlock://` has none yet ([`ErrorKind::Unsupported`]).
+/// service has checks.
 ///
 /// Errors: as for [`connect_lock`].
 pub async fn diagnose_lock(url: &str) -> Result<Arc<DynDiagnose>> {

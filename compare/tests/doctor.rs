@@ -168,11 +168,24 @@ fn unreachable_fails_and_unchecked_warns() {
     let (code, view, said) = doctor(&["--lock", "etcd://127.0.0.1:1"]);
     assert_eq!(code, Some(2), "{said}");
     assert_eq!(verdict(&view, 0, "connect"), "fail", "{said}");
-    // Refused before any connection: nothing listens on port 1.
     let (code, view, said) = doctor(&["--lock", "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"]);
-    assert_eq!(code, Some(1), "{said}");
-    assert_eq!(verdict(&view, 0, "connect"), "warn", "{said}");
-    assert!(said.contains("no read-only view or checks yet"), "{said}");
+    assert_eq!(code, Some(2), "{said}");
+    assert_eq!(verdict(&view, 0, "connect"), "fail", "{said}");
+}
+
+/// Redlock: its masters are counted (five pass) and each is judged as a Redis server is; the
+/// test's masters keep nothing on disk, so persistence fails on each.
+#[test]
+fn redlock_masters_are_counted_and_each_judged() {
+    let url = require_env("PALISADE_REDLOCK_URL");
+    let (code, view, said) = doctor(&["--lock", &url]);
+    assert_eq!(code, Some(2), "{said}");
+    assert_eq!(verdict(&view, 0, "masters"), "pass", "{said}");
+    let checks = view["targets"][0]["checks"].as_array().unwrap();
+    let persistence: Vec<&Value> =
+        checks.iter().filter(|c| c["name"].as_str().is_some_and(|n| n.starts_with("persistence on master"))).collect();
+    assert_eq!(persistence.len(), 5, "{said}");
+    assert!(persistence.iter().all(|c| c["verdict"] == "fail"), "{said}");
 }
 
 fn etcd(extra: &[&str]) -> LoopbackServer {

@@ -576,3 +576,29 @@ async fn semaphore_rwlock_and_election_are_shown_whole() {
     let el = after["primitives"].as_array().unwrap().iter().find(|p| p["kind"] == "election").cloned().unwrap();
     assert_eq!(el["leader"], Value::Null, "a resigned leader is gone: {said}");
 }
+
+/// Redlock: a lock held on a majority of the five masters shows its holder's grant id, with no
+/// fence and no counter (Redlock issues none); released, it shows free.
+#[tokio::test(flavor = "multi_thread")]
+async fn redlock_shows_the_majority_holder() {
+    let url = require_env("PALISADE_REDLOCK_URL");
+    let key = ResourceKey::new(domain("rl"), "WH-01").unwrap();
+    let palisade::AnyLockService::Unfenced(locks) = palisade::connect_any_lock(&url).await.unwrap() else {
+        panic!("redlock connected as a fenced service");
+    };
+    let ttl = palisade::Ttl::new(Duration::from_secs(30)).unwrap();
+    let grant = locks.try_acquire(&key, ttl).await.unwrap().expect("a fresh key is free");
+    let (code, view, said) = inspect(&["--lock", &url, &key.to_string(), "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    let row = &view["resources"][0];
+    assert_eq!(row["holder"]["grant"], grant.grant_id().to_string(), "{said}");
+    assert_eq!((&row["holder"]["fence"], &row["fence_counter"]), (&Value::Null, &Value::Null), "{said}");
+    assert!(row["holder"]["expires_in_ms"].as_u64().is_some_and(|ms| ms <= 30_000), "{said}");
+    assert!(!said.contains(&grant.token().to_string()), "the owner token was printed: {said}");
+    let (code, listed, said) = inspect(&["--lock", &url, "--prefix", &format!("{}:", key.domain()), "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(listed["resources"][0]["resource"], key.to_string(), "{said}");
+    locks.release(&grant).await.unwrap();
+    let (_, view, said) = inspect(&["--lock", &url, &key.to_string(), "--json"]);
+    assert_eq!(view["resources"][0]["held"], false, "{said}");
+}

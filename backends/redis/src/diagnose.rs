@@ -176,7 +176,11 @@ async fn sentinel_check(target: &SentinelTarget, timeout: std::time::Duration) -
 
 /// The eviction and persistence checks of one server (`node` of a cluster; `on` names it in
 /// the checks).
-async fn settings<C: ScanRoute + Send>(conn: &mut C, node: Option<RoutingInfo>, on: &str) -> Result<Vec<Check>> {
+pub(crate) async fn settings<C: ScanRoute + Send>(
+    conn: &mut C,
+    node: Option<RoutingInfo>,
+    on: &str,
+) -> Result<Vec<Check>> {
     let names = ["maxmemory", "maxmemory-policy", "appendonly", "appendfsync", "no-appendfsync-on-rewrite", "save"];
     let settings = config_get(conn, node.clone(), &names).await?;
     let mut checks = Vec::new();

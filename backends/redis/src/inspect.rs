@@ -90,7 +90,7 @@ impl InspectLocks for RedisLockService {
 }
 
 /// `text` as a `SCAN MATCH` glob matching itself.
-fn glob_escape(text: &str) -> String {
+pub(crate) fn glob_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
@@ -104,7 +104,7 @@ fn glob_escape(text: &str) -> String {
 /// Walks one server's keyspace with `SCAN` (on `node` of a cluster), adding the names that
 /// match `pattern` to `names`: whether the walk ended (`false`: it stopped once more than
 /// [`MAX_LISTED`] were found).
-async fn scan<C: redis::aio::ConnectionLike + ScanRoute>(
+pub(crate) async fn scan<C: redis::aio::ConnectionLike + ScanRoute>(
     conn: &mut C,
     node: Option<RoutingInfo>,
     pattern: &str,

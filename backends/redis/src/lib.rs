@@ -129,6 +129,7 @@ mod errors;
 mod inspect;
 pub mod scripts;
 mod sentinel;
+pub mod server;
 mod service;
 mod waiters;
 

@@ -88,6 +88,7 @@ pub mod conformance;
 mod node;
 mod scripts;
 mod service;
+mod view;
 
 pub use config::{MAX_NODES, RedlockConfig};
 pub use service::RedlockService;

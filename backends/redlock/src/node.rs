@@ -72,6 +72,28 @@ impl Node {
         }
     }
 
+    /// A connection for reading (`palisade inspect`, `palisade doctor`), made within the
+    /// connect timeout; `Err` says why not.
+    pub(crate) async fn reader(&self) -> Result<MultiplexedConnection, String> {
+        match tokio::time::timeout(self.connect_timeout, self.connection()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => Err(format!("master {} ({}): {e}", self.number, self.url)),
+            Err(_) => {
+                Err(format!("master {} ({}): no connection within {:?}", self.number, self.url, self.connect_timeout))
+            }
+        }
+    }
+
+    /// `master N (address)`, without credentials, for checks and errors.
+    pub(crate) fn label(&self) -> String {
+        format!("master {} ({})", self.number, self.url)
+    }
+
+    /// The bound on one reply of this master.
+    pub(crate) fn node_timeout(&self) -> Duration {
+        self.node_timeout
+    }
+
     fn cached(&self) -> Option<MultiplexedConnection> {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }

@@ -101,9 +101,14 @@ impl RedlockService {
         &self.config
     }
 
+    /// The masters, in the URL's order.
+    pub(crate) fn nodes(&self) -> &[Arc<Node>] {
+        &self.nodes
+    }
+
     /// The key on every master: `redlock:{domain:id}` (apart from the Redis backend's
     /// `lock:{domain:id}`, so the two never share a key by accident).
-    fn redis_key(key: &ResourceKey) -> String {
+    pub(crate) fn redis_key(key: &ResourceKey) -> String {
         format!("redlock:{{{}:{}}}", key.domain(), key.id())
     }
 

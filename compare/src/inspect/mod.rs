@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 /// `palisade inspect` flags.
 #[derive(Debug, Clone, Args)]
 pub struct InspectArgs {
-    /// The lock service's URL: redis://, redis+sentinel://, redis+cluster://, etcd://, zk://,
-    /// postgres://, sqlite://PATH.
+    /// The lock service's URL: redis://, redis+sentinel://, redis+cluster://, redlock://,
+    /// etcd://, zk://, postgres://, sqlite://PATH.
     #[arg(long)]
     pub lock: String,
     /// A fenced store's URL (repeatable): sqlite://PATH, postgres://, dynamodb://TABLE?…. Each
