@@ -72,3 +72,67 @@ pub trait Diagnose: Send + Sync + 'static {
 
 /// A backend's checks behind a pointer: what `palisade::diagnose_lock` returns.
 pub type DynDiagnose = dyn Diagnose;
+
+/// The check of a group that decides by majority (etcd's voting members, ZooKeeper's voting
+/// servers, Redlock's masters): `count` of them, each called `noun`. One or two warn (the
+/// loss of one stops everything; `alone` says what a lone member's loss costs besides), an
+/// even count warns (it tolerates no more losses than one fewer), an odd count of three or
+/// more passes. `name` is the check's name (`"cluster size"`).
+pub fn majority_group(name: &str, count: usize, noun: &str, alone: &str, protects: &'static str) -> Check {
+    let majority = count / 2 + 1;
+    let tolerated = count.saturating_sub(majority);
+    match count {
+        0..=2 => Check::new(
+            name,
+            Verdict::Warn,
+            format!(
+                "{count} {noun}{}, a majority of {majority}: while {} down, nothing is granted; {alone}; run 3 or 5",
+                if count == 1 { "" } else { "s" },
+                if count <= 1 { "it is" } else { "either is" }
+            ),
+            protects,
+        ),
+        n if n % 2 == 0 => Check::new(
+            name,
+            Verdict::Warn,
+            format!(
+                "{n} {noun}s, a majority of {majority}: an even count survives no more losses ({tolerated}) than {} \
+                 would, and needs more of them to agree; run an odd number",
+                n - 1
+            ),
+            protects,
+        ),
+        n => Check::new(
+            name,
+            Verdict::Pass,
+            format!("{n} {noun}s, a majority of {majority}: grants go on with {tolerated} of them down"),
+            protects,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn majority_groups_of_every_size() {
+        let verdict = |n| majority_group("size", n, "member", "a lost disk loses the counters", "p").verdict;
+        assert_eq!(
+            [0, 1, 2, 3, 4, 5, 6, 7].map(verdict),
+            [
+                Verdict::Warn,
+                Verdict::Warn,
+                Verdict::Warn,
+                Verdict::Pass,
+                Verdict::Warn,
+                Verdict::Pass,
+                Verdict::Warn,
+                Verdict::Pass
+            ]
+        );
+        let one = majority_group("size", 1, "member", "a lost disk loses the counters", "p");
+        assert!(one.found.contains("1 member, a majority of 1: while it is down"), "{}", one.found);
+        assert!(majority_group("size", 5, "server", "", "p").found.contains("with 2 of them down"));
+    }
+}

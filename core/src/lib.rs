@@ -148,6 +148,7 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 pub mod spi {
     pub use crate::connection_url::{ConnectionUrl, encode_userinfo};
     pub use crate::date::utc_timestamp;
+    pub use crate::diagnose::majority_group;
     pub use crate::epoch::EpochFence;
     pub use crate::held::{GiveUp, HeldGrants};
     pub use crate::key::parse_any_resource_key;

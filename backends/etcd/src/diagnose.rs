@@ -93,31 +93,14 @@ impl Diagnose for EtcdLockService {
 }
 
 fn cluster_size(voters: usize) -> Check {
-    match voters {
-        1 => Check::new(
-            "cluster size",
-            Verdict::Warn,
-            "1 member: while it is down no lock is granted, and a lost disk loses every fence counter (the stores \
-             refuse the fences issued again, and lock_checked moves past them); run 3 or 5 members",
-            AVAILABLE,
-        ),
-        n if n % 2 == 0 => Check::new(
-            "cluster size",
-            Verdict::Warn,
-            format!(
-                "{n} voting members: an even cluster survives no more losses than {} members would, and needs more \
-                 of them to agree; run an odd number",
-                n - 1
-            ),
-            AVAILABLE,
-        ),
-        n => Check::new(
-            "cluster size",
-            Verdict::Pass,
-            format!("{n} voting members: grants go on with {} of them down", (n - 1) / 2),
-            AVAILABLE,
-        ),
-    }
+    palisade_core::spi::majority_group(
+        "cluster size",
+        voters,
+        "voting member",
+        "a lone member's lost disk loses every fence counter (the stores refuse the fences issued again, and \
+         lock_checked moves past them)",
+        AVAILABLE,
+    )
 }
 
 fn alarm_check(alarms: &[AlarmType], db_size: i64, quota: i64) -> Check {

@@ -137,7 +137,7 @@ impl Diagnose for RedlockService {
 
     async fn diagnose(&self) -> Result<Vec<Check>> {
         let masters = self.nodes().len();
-        let mut checks = vec![masters_check(masters, self.config().quorum())];
+        let mut checks = vec![masters_check(masters)];
         for node in self.nodes() {
             let on = format!(" on {}", node.label());
             match node.reader().await {
@@ -154,34 +154,14 @@ impl Diagnose for RedlockService {
     }
 }
 
-fn masters_check(masters: usize, quorum: usize) -> Check {
-    let tolerated = masters - quorum;
-    match masters {
-        1 | 2 => Check::new(
-            "masters",
-            Verdict::Warn,
-            format!(
-                "{masters} master(s), a majority of {quorum}: the loss of {} stops every lock; run 5 independent masters",
-                if tolerated == 0 { "any" } else { "one more" }
-            ),
-            MAJORITY,
-        ),
-        n if n % 2 == 0 => Check::new(
-            "masters",
-            Verdict::Warn,
-            format!(
-                "{n} masters, a majority of {quorum}: an even count tolerates no more losses ({tolerated}) than {} would",
-                n - 1
-            ),
-            MAJORITY,
-        ),
-        n => Check::new(
-            "masters",
-            Verdict::Pass,
-            format!("{n} masters, a majority of {quorum}: locks go on with {tolerated} of them down"),
-            MAJORITY,
-        ),
-    }
+fn masters_check(masters: usize) -> Check {
+    palisade_core::spi::majority_group(
+        "masters",
+        masters,
+        "master",
+        "keep the masters independent (no replicas, separate machines)",
+        MAJORITY,
+    )
 }
 
 #[cfg(test)]
@@ -190,9 +170,9 @@ mod tests {
 
     #[test]
     fn master_counts() {
-        assert_eq!(masters_check(1, 1).verdict, Verdict::Warn);
-        assert_eq!(masters_check(3, 2).verdict, Verdict::Pass);
-        assert_eq!(masters_check(4, 3).verdict, Verdict::Warn);
-        assert_eq!(masters_check(5, 3).verdict, Verdict::Pass);
+        assert_eq!(masters_check(1).verdict, Verdict::Warn);
+        assert_eq!(masters_check(3).verdict, Verdict::Pass);
+        assert_eq!(masters_check(4).verdict, Verdict::Warn);
+        assert_eq!(masters_check(5).verdict, Verdict::Pass);
     }
 }

@@ -54,26 +54,12 @@ fn ensemble_check(voters: Option<usize>) -> Check {
             format!("cannot tell: {CONFIG_NODE} is not readable here (ZooKeeper before 3.5, or an ACL)"),
             AVAILABLE,
         ),
-        Some(0 | 1) => Check::new(
+        Some(n) => palisade_core::spi::majority_group(
             "ensemble size",
-            Verdict::Warn,
-            "a single server (standalone): while it is down no lock is granted, and a lost disk loses the zxids the \
-             fences are made of (lock_checked moves past the stores' watermarks); run 3 or 5 servers",
-            AVAILABLE,
-        ),
-        Some(n) if n % 2 == 0 => Check::new(
-            "ensemble size",
-            Verdict::Warn,
-            format!(
-                "{n} voting servers: an even ensemble survives no more losses than {} servers would; run an odd number",
-                n - 1
-            ),
-            AVAILABLE,
-        ),
-        Some(n) => Check::new(
-            "ensemble size",
-            Verdict::Pass,
-            format!("{n} voting servers: grants go on with {} of them down", (n - 1) / 2),
+            n.max(1),
+            "voting server",
+            "a lone server's lost disk loses the zxids the fences are made of (lock_checked moves past the stores' \
+             watermarks)",
             AVAILABLE,
         ),
     }
