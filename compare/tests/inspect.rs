@@ -509,9 +509,9 @@ fn serve_usage() {
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// The primitives, seen whole against the real PostgreSQL: a semaphore's permits (its name
-/// alone finds them), a read-write lock's reader inside and last writer, an election's leader,
-/// term and proclaimed value; in the listing, in one resource's view and in the text.
+/// The primitives, seen whole against the real PostgreSQL: a semaphore's permits, a read-write
+/// lock's reader inside and last writer, an election's leader, term and proclaimed value; in
+/// the listing, in one resource's view and in the text.
 #[tokio::test(flavor = "multi_thread")]
 async fn semaphore_rwlock_and_election_are_shown_whole() {
     use std::sync::Arc;
@@ -559,10 +559,14 @@ async fn semaphore_rwlock_and_election_are_shown_whole() {
     assert_eq!((&el["term"], &el["proclaimed"]["term"]), (&term.into(), &term.into()), "{said}");
     assert_eq!(el["proclaimed"]["value"], "node-a", "{said}");
 
-    // One resource's view finds the locks it is made of, and says it in words.
-    let (code, _, text) = inspect(&["--lock", &url, "--store", &url, &format!("{d}:pool")]);
+    // In words: a prefix lists the locks a semaphore is made of; one resource's view shows an
+    // election whole.
+    let (code, _, text) = inspect(&["--lock", &url, "--store", &url, "--prefix", &format!("{d}:pool")]);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains(&format!("semaphore {d}:pool: 2 of the 2 permits seen held")), "{text}");
+    let (code, _, text) = inspect(&["--lock", &url, "--store", &url, &format!("{d}:prices")]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("readers not listed (--prefix {d}:prices lists them)")), "{text}");
     let (code, _, text) = inspect(&["--lock", &url, "--store", &url, &format!("{d}:relay")]);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains(&format!("election {d}:relay: leader grant")), "{text}");

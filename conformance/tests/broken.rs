@@ -79,6 +79,12 @@ mod broken_twins {
         async fn skewed_client(&self, ahead: Duration) -> Result<Arc<BrokenLock>> {
             Ok(Arc::new(self.0.sibling(ahead).unwrap()))
         }
+        async fn view(&self) -> Result<Arc<dyn palisade_core::InspectLocks>> {
+            if self.0.flaw == LockFlaw::NoView {
+                return Err(Error::new(ErrorKind::Unsupported, "broken", "no view"));
+            }
+            Ok(Arc::clone(&self.0) as Arc<dyn palisade_core::InspectLocks>)
+        }
         async fn faulty_client(&self) -> Result<FaultyClient<Fenced>> {
             let relay = Relay::serve(self.lock()).await?;
             let proxy = FaultProxy::start(relay.addr()).await?;
@@ -677,6 +683,17 @@ mod broken_twins {
     }
 
     #[tokio::test]
+    async fn a_view_that_shows_the_last_grant_fails_the_view_scenario() {
+        lock_flaw_fails(LockFlaw::ViewKeepsTheLastHolder, &[("view_shows_the_holder", "still shows a holder")], &[])
+            .await;
+    }
+
+    #[tokio::test]
+    async fn a_factory_without_a_view_fails_the_view_scenario_naming_the_hook() {
+        lock_flaw_fails(LockFlaw::NoView, &[("view_shows_the_holder", "provides no `view`")], &[]).await;
+    }
+
+    #[tokio::test]
     async fn a_cancelled_waiter_that_keeps_its_place_fails_the_cancellation_scenario() {
         lock_flaw_fails(
             LockFlaw::CancelLeaksReservation,
@@ -884,11 +901,16 @@ mod broken_twins {
 
     type Node = Arc<dyn LockService<Fencing = Fenced>>;
 
+    /// Whose each server's grant is: the quorum grant's id by the server grant's id, shared by
+    /// a factory's clients and its view (as one token on every master shows it in Redlock).
+    type Owners = Arc<Mutex<HashMap<palisade_core::GrantId, palisade_core::GrantId>>>;
+
     struct Quorum {
         flaw: QuorumFlaw,
         nodes: Vec<Node>,
         /// Each grant's per-server grants, by the quorum grant's token.
         held: Mutex<HashMap<OwnerToken, Vec<Option<Grant<Fenced>>>>>,
+        owners: Owners,
     }
 
     const NODE_TIMEOUT: Duration = Duration::from_millis(100);
@@ -965,6 +987,11 @@ mod broken_twins {
             let needed = if self.flaw == QuorumFlaw::MinorityCounts { 1 } else { self.majority() };
             if yes >= needed {
                 let token = OwnerToken::generate()?;
+                let mut owners = self.owners.lock().unwrap();
+                for grant in grants.iter().flatten() {
+                    owners.insert(grant.grant_id(), palisade_core::GrantId::of(&token));
+                }
+                drop(owners);
                 self.held.lock().unwrap().insert(token, grants);
                 return Ok(Some(Grant::new(key.clone(), token, (), ttl, requested_at)));
             }
@@ -1015,6 +1042,7 @@ mod broken_twins {
     struct QuorumFactory {
         flaw: QuorumFlaw,
         services: Vec<Arc<palisade_core::MemoryLockService>>,
+        owners: Owners,
     }
 
     impl QuorumFactory {
@@ -1022,11 +1050,51 @@ mod broken_twins {
             QuorumFactory {
                 flaw,
                 services: (0..5).map(|_| Arc::new(palisade_core::MemoryLockService::new())).collect(),
+                owners: Owners::default(),
             }
         }
 
         fn quorum(&self, nodes: Vec<Node>) -> Quorum {
-            Quorum { flaw: self.flaw, nodes, held: Mutex::default() }
+            Quorum { flaw: self.flaw, nodes, held: Mutex::default(), owners: Arc::clone(&self.owners) }
+        }
+    }
+
+    /// The quorum's read-only view: the holder is the quorum grant whose server grants a
+    /// majority of the servers show.
+    struct QuorumView {
+        services: Vec<Arc<palisade_core::MemoryLockService>>,
+        owners: Owners,
+    }
+
+    #[async_trait]
+    impl palisade_core::InspectLocks for QuorumView {
+        fn backend(&self) -> &'static str {
+            "broken-quorum"
+        }
+
+        async fn resources(&self, prefix: &str) -> Result<palisade_core::Listing<ResourceKey>> {
+            let mut names = Vec::new();
+            for service in &self.services {
+                let listed = palisade_core::InspectLocks::resources(&**service, prefix).await?;
+                names.extend(listed.entries.iter().map(ToString::to_string));
+            }
+            Ok(palisade_core::Listing::of_names(names.iter().map(String::as_str)))
+        }
+
+        async fn lock_view(&self, key: &ResourceKey) -> Result<palisade_core::LockView> {
+            let mut shown: HashMap<palisade_core::GrantId, usize> = HashMap::new();
+            for service in &self.services {
+                if let Some(holder) = palisade_core::InspectLocks::lock_view(&**service, key).await?.holder
+                    && let Some(owner) = self.owners.lock().unwrap().get(&holder.grant)
+                {
+                    *shown.entry(*owner).or_default() += 1;
+                }
+            }
+            let view = palisade_core::LockView::free(key.clone());
+            Ok(match shown.into_iter().find(|(_, n)| *n > self.services.len() / 2) {
+                Some((owner, _)) => view.held_by(palisade_core::HolderView::new(owner, None, None)),
+                None => view,
+            })
         }
     }
 
@@ -1048,6 +1116,9 @@ mod broken_twins {
                 service.break_lock(key);
             }
             Ok(())
+        }
+        async fn view(&self) -> Result<Arc<dyn palisade_core::InspectLocks>> {
+            Ok(Arc::new(QuorumView { services: self.services.clone(), owners: Arc::clone(&self.owners) }))
         }
         async fn faulty_client(&self) -> Result<FaultyClient<palisade_core::Unfenced>> {
             let (mut nodes, mut proxies, mut relays) = (Vec::new(), Vec::new(), Vec::new());

@@ -137,3 +137,9 @@ async fn a_client_majority_behind_one_proxy_fails() {
     let c = ctx("quorum_faults_never_grant_a_minority");
     fails_naming(lock::quorum_faults_never_grant_a_minority(&c, &f).await, "ClientMajority", "three");
 }
+
+#[tokio::test]
+async fn a_factory_without_a_view_fails() {
+    let f = declaring(|_| {});
+    fails_naming(lock::view_shows_the_holder(&ctx("view_shows_the_holder"), &f).await, "every", "view");
+}

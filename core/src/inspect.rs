@@ -206,6 +206,12 @@ pub trait InspectStore: crate::FencedStore {
     async fn records(&self, prefix: &str) -> Result<Vec<(String, crate::Record)>> {
         self.list(prefix).await
     }
+
+    /// The record `name`, as [`read`](crate::FencedStore::read) gives it; `None` also when the
+    /// store's tables were never made.
+    async fn record(&self, name: &str) -> Result<Option<crate::Record>> {
+        self.read(name).await
+    }
 }
 
 /// A lock service's read-only view behind a pointer: what `palisade::inspect_locks` returns.

@@ -28,6 +28,8 @@ pub fn service_with_session(session_ttl_s: u64) -> impl LockServiceFactory<Servi
         let config = EtcdConfig::from_url(&url);
         async move { Ok(Arc::new(EtcdLockService::connect_with(config?).await?)) }
     })
+    // What `palisade inspect` reads: a client of its own, as the service is its own view.
+    .viewed()
     // An operator deleting the resource's keys (holder and waiters) with etcdctl.
     .with_break_lock(move |key| {
         let config = EtcdConfig::from_url(&raw);

@@ -23,6 +23,8 @@ pub fn service() -> impl LockServiceFactory<Service = RedisLockService> {
         let url = url.clone();
         async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
     })
+    // What `palisade inspect` reads: a client of its own, as the service is its own view.
+    .viewed()
     .with_break_lock(move |key| {
         let url = raw.clone();
         async move { raw_del(&url, &key.lock_key()).await }
@@ -47,6 +49,8 @@ pub fn sentinel_service() -> impl LockServiceFactory<Service = RedisLockService>
         let url = url.clone();
         async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
     })
+    // What `palisade inspect` reads: a client of its own, as the service is its own view.
+    .viewed()
     .with_break_lock(move |key| {
         let url = raw.clone();
         async move {
@@ -77,6 +81,8 @@ pub fn cluster_service() -> impl LockServiceFactory<Service = RedisLockService> 
         let url = url.clone();
         async move { Ok(Arc::new(RedisLockService::connect(&url).await?)) }
     })
+    // What `palisade inspect` reads: a client of its own, as the service is its own view.
+    .viewed()
     .with_break_lock(move |key| {
         let url = raw.clone();
         async move {

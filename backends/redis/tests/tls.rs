@@ -29,6 +29,8 @@ fn redis_tls() -> impl LockServiceFactory<Service = RedisLockService> {
         let config = config.clone();
         async move { Ok(Arc::new(RedisLockService::connect_with(config).await?)) }
     })
+    // What `palisade inspect` reads: a client of its own, as the service is its own view.
+    .viewed()
     // An operator's `DEL` over TLS, with the same certificates.
     .with_break_lock(|key| async move {
         let fail =

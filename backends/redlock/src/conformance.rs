@@ -33,6 +33,8 @@ pub fn service(n: usize) -> impl LockServiceFactory<Service = RedlockService> {
             Ok(Arc::new(RedlockService::connect(&url).await?))
         }
     })
+    // What `palisade inspect` reads: a client of its own, as the service is its own view.
+    .viewed()
     // An operator deleting the lock on every master (`redlock:{domain:id}`).
     .with_break_lock(move |key| {
         let masters = masters.clone();

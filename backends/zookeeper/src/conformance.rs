@@ -22,6 +22,8 @@ pub fn service() -> impl LockServiceFactory<Service = ZkLockService> {
         let config = ZkConfig::from_url(&url);
         async move { Ok(Arc::new(ZkLockService::connect_with(config?).await?)) }
     })
+    // What `palisade inspect` reads: a client of its own, as the service is its own view.
+    .viewed()
     // An operator deleting the resource's contender nodes with zkCli.
     .with_break_lock(move |key| {
         let config = ZkConfig::from_url(&raw);

@@ -139,13 +139,9 @@ impl Views {
         // Every resource either side keeps anything for: a store's watermark outlives a lock
         // that left nothing behind (etcd, ZooKeeper), and a lock may never have written.
         let keys: Vec<ResourceKey> = match one {
-            // The resource, and the locks it is made of when it is a primitive: a semaphore's
-            // permits, a read-write lock's reader slots (`KEY~…`).
-            Some(key) => {
-                let parts = locks.resources(&format!("{key}~")).await?;
-                truncated |= parts.truncated;
-                std::iter::once(key.clone()).chain(parts.entries).collect()
-            }
+            // The resource alone: finding the locks a primitive is made of (`KEY~…`) takes a
+            // listing (a walk of a whole Redis keyspace), which `--prefix KEY` asks for.
+            Some(key) => vec![key.clone()],
             None => {
                 let mut keys: BTreeMap<String, ResourceKey> = BTreeMap::new();
                 let listed = locks.resources(prefix).await?;
@@ -186,20 +182,31 @@ impl Views {
         // lock's last writer.
         let mut records = BTreeMap::new();
         for (_, store) in &self.stores {
-            for kind in [primitives::ELECTION_RECORDS, primitives::RWLOCK_RECORDS] {
-                let wanted = match one {
-                    Some(key) => format!("{kind}{key}"),
-                    None => format!("{kind}{prefix}"),
-                };
-                for (name, record) in store.records(&wanted).await? {
-                    // One resource's record is the one of its exact name.
-                    if one.is_none() || name == wanted {
-                        records.entry(name).or_insert(record);
+            match one {
+                Some(key) => {
+                    for kind in primitives::RECORD_KINDS {
+                        let name = format!("{kind}{key}");
+                        if let Some(record) = store.record(&name).await? {
+                            records.entry(name).or_insert(record);
+                        }
+                    }
+                }
+                // One listing of the primitives' records (one scan of a DynamoDB table), each
+                // kept when its resource starts with the prefix.
+                None => {
+                    for (name, record) in store.records(primitives::RECORDS).await? {
+                        let wanted = primitives::RECORD_KINDS
+                            .iter()
+                            .any(|kind| name.strip_prefix(kind).is_some_and(|resource| resource.starts_with(prefix)));
+                        if wanted {
+                            records.entry(name).or_insert(record);
+                        }
                     }
                 }
             }
         }
-        let primitives = primitives::find(&rows, &records);
+        // Listed, the locks a primitive is made of are all here; one resource's view has none.
+        let primitives = primitives::find(&rows, &records, one.is_none());
         Ok(Snapshot {
             lock: (locks.backend(), lock_url.clone()),
             stores: self.stores.iter().map(|(url, s)| (s.backend(), url.clone())).collect(),

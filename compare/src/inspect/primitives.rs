@@ -17,6 +17,10 @@ use super::Row;
 pub(super) const ELECTION_RECORDS: &str = "palisade/election/";
 /// Where a [`RwLock`](palisade::RwLock) keeps its last writer's generation.
 pub(super) const RWLOCK_RECORDS: &str = "palisade/rwlock/";
+/// The records of every kind above.
+pub(super) const RECORD_KINDS: [&str; 2] = [ELECTION_RECORDS, RWLOCK_RECORDS];
+/// What the names of every record above start with.
+pub(super) const RECORDS: &str = "palisade/";
 
 const PERMIT: &str = "~permit-";
 const READERS: &str = "~rw-read";
@@ -31,14 +35,28 @@ pub(super) struct Permit {
 /// A primitive found among the resources.
 #[derive(Clone)]
 pub(super) enum Primitive {
-    Semaphore { key: String, permits: Vec<Permit> },
-    RwLock { key: String, gate: Option<HolderView>, readers: Vec<Permit>, last_writer: Option<Fence> },
-    Election { key: String, leader: Option<HolderView>, proclaimed: Option<Record> },
+    Semaphore {
+        key: String,
+        permits: Vec<Permit>,
+    },
+    /// `readers`: `None` when the reader slots were not listed (one resource's view).
+    RwLock {
+        key: String,
+        gate: Option<HolderView>,
+        readers: Option<Vec<Permit>>,
+        last_writer: Option<Fence>,
+    },
+    Election {
+        key: String,
+        leader: Option<HolderView>,
+        proclaimed: Option<Record>,
+    },
 }
 
 /// The primitives `rows` and the stores' `records` (by name, election and read-write lock
-/// records only) show, in key order.
-pub(super) fn find(rows: &[Row], records: &BTreeMap<String, Record>) -> Vec<Primitive> {
+/// records only) show, in key order. `listed`: whether the rows are a listing, which holds
+/// every lock a primitive is made of (else a read-write lock's readers are not known).
+pub(super) fn find(rows: &[Row], records: &BTreeMap<String, Record>, listed: bool) -> Vec<Primitive> {
     let holder_of =
         |name: &str| rows.iter().find(|r| r.lock.key.to_string() == name).and_then(|r| r.lock.holder.clone());
     let mut semaphores: BTreeMap<String, Vec<Permit>> = BTreeMap::new();
@@ -67,7 +85,7 @@ pub(super) fn find(rows: &[Row], records: &BTreeMap<String, Record>) -> Vec<Prim
     let mut gates: std::collections::BTreeSet<String> = readers_of.keys().cloned().collect();
     gates.extend(records.keys().filter_map(|k| k.strip_prefix(RWLOCK_RECORDS)).map(str::to_string));
     for gate in gates {
-        let readers = readers_of.remove(&gate).unwrap_or_default();
+        let readers = readers_of.remove(&gate).or_else(|| listed.then(Vec::new));
         found.insert(
             gate.clone(),
             Primitive::RwLock { gate: holder_of(&gate), last_writer: generation(&gate), readers, key: gate },
@@ -120,8 +138,8 @@ impl Primitive {
                 "kind": "rwlock",
                 "resource": key,
                 "gate": holder_json(gate.as_ref()),
-                "readers_inside": held(readers),
-                "readers": permits_json(readers),
+                "readers_inside": readers.as_deref().map(held),
+                "readers": readers.as_deref().map(permits_json),
                 "last_writer_fence": last_writer.map(Fence::get),
             }),
             Primitive::Election { key, leader, proclaimed } => json!({
@@ -166,12 +184,13 @@ impl Primitive {
                 );
                 let last =
                     last_writer.map_or_else(|| "none recorded".to_string(), |f| format!("the writer with fence {f}"));
-                let mut out = vec![format!(
-                    "read-write lock {key}: gate {gate}; {} reader{} inside; last writer: {last}",
-                    held(readers),
-                    if held(readers) == 1 { "" } else { "s" }
-                )];
-                out.extend(permit_lines(readers, "reader slot"));
+                let inside = match readers.as_deref().map(held) {
+                    Some(1) => "1 reader inside".to_string(),
+                    Some(n) => format!("{n} readers inside"),
+                    None => format!("readers not listed (--prefix {key} lists them)"),
+                };
+                let mut out = vec![format!("read-write lock {key}: gate {gate}; {inside}; last writer: {last}")];
+                out.extend(permit_lines(readers.as_deref().unwrap_or_default(), "reader slot"));
                 out
             }
             Primitive::Election { key, leader, proclaimed } => {
@@ -236,7 +255,7 @@ mod tests {
         let mut records = BTreeMap::new();
         records.insert(format!("{RWLOCK_RECORDS}catalog:prices"), record(b"4", 4));
         records.insert(format!("{ELECTION_RECORDS}relay:orders"), record(b"node-a", 7));
-        let found = find(&rows, &records);
+        let found = find(&rows, &records, true);
         let lines: Vec<String> = found.iter().flat_map(Primitive::to_lines).collect();
         let text = lines.join("\n");
         assert!(text.contains("semaphore q:jobs: 2 of the 3 permits seen held"), "{text}");
@@ -257,6 +276,10 @@ mod tests {
         assert_eq!(json[1]["permits_held"], 2);
         assert_eq!(json[2]["leader"]["fence"], 9);
         assert_eq!(json[2]["proclaimed"]["value"], "node-a");
+        // One resource's view does not list the reader slots: it says so.
+        let gate_only = find(&rows[3..4], &records, false);
+        let text = gate_only.iter().flat_map(Primitive::to_lines).collect::<Vec<_>>().join("\n");
+        assert!(text.contains("readers not listed (--prefix catalog:prices lists them)"), "{text}");
     }
 
     #[test]

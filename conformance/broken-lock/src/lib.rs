@@ -108,6 +108,11 @@ pub enum LockFlaw {
     /// `try_acquire_all` takes the keys in order and, at a held one, answers `Held` but
     /// keeps the members it took before it (no rollback).
     SetKeepsTakenMembers,
+    /// The read-only view (`InspectLocks`) shows the last grant made, released or not: a view
+    /// that reads who was granted the lock, not who holds it.
+    ViewKeepsTheLastHolder,
+    /// The test factory gives no read-only view (the `view` hook every certification requires).
+    NoView,
 }
 
 /// How long a `ZeroWaitBlocks` zero wait may block: its lock timeout.
@@ -133,6 +138,8 @@ pub struct Slot {
     pub released_at: Option<Instant>,
     /// The TTL of the last grant (`CounterForgottenWhenIdle`).
     pub last_ttl: Duration,
+    /// The token of the last grant made, released or not (`ViewKeepsTheLastHolder`).
+    pub last_granted: Option<OwnerToken>,
 }
 
 /// The "server's" state: every key's slot, shared by the clients of one service.
@@ -446,6 +453,7 @@ impl BrokenLock {
         let expires =
             if self.flaw == LockFlaw::NeverExpires { now + Duration::from_secs(3600) } else { now + ttl.get() };
         slot.holder = Some((token, expires));
+        slot.last_granted = Some(token);
         slot.stranded = false;
         if self.flaw == LockFlaw::RenewsForever {
             tokio::spawn(renew_forever(Arc::clone(&self.slots), key.clone(), token, ttl));
@@ -475,6 +483,42 @@ impl BrokenLock {
             saved: Arc::clone(&self.saved),
             clock_ahead: ahead,
             client_token: OwnerToken::generate()?,
+        })
+    }
+}
+
+/// The view `palisade inspect` would read: the slot's live holder (its fence is the counter's
+/// unless a repair moved the counter under it), or with `ViewKeepsTheLastHolder` the last
+/// grant made.
+#[async_trait]
+impl palisade_core::InspectLocks for BrokenLock {
+    fn backend(&self) -> &'static str {
+        "broken"
+    }
+
+    async fn resources(&self, prefix: &str) -> Result<palisade_core::Listing<ResourceKey>> {
+        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let names: Vec<String> = slots.keys().map(ToString::to_string).filter(|n| n.starts_with(prefix)).collect();
+        Ok(palisade_core::Listing::of_names(names.iter().map(String::as_str)))
+    }
+
+    async fn lock_view(&self, key: &ResourceKey) -> Result<palisade_core::LockView> {
+        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let view = palisade_core::LockView::free(key.clone());
+        let Some(slot) = slots.get(key) else { return Ok(view) };
+        let view = view.with_counter(Some(Fence::new(slot.last_fence)));
+        let now = Instant::now();
+        let holder = match (self.flaw, slot.holder) {
+            (LockFlaw::ViewKeepsTheLastHolder, _) => slot.last_granted.map(|t| (t, None)),
+            (_, Some((token, expires))) if expires > now => Some((token, Some(expires - now))),
+            _ => None,
+        };
+        Ok(match holder {
+            Some((token, left)) => {
+                let fence = (!slot.stranded).then(|| Fence::new(slot.last_fence));
+                view.held_by(palisade_core::HolderView::new(palisade_core::GrantId::of(&token), fence, left))
+            }
+            None => view,
         })
     }
 }

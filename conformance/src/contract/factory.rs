@@ -190,6 +190,22 @@ pub trait LockServiceFactory: Send + Sync {
         ))
     }
 
+    /// The service's read-only view ([`InspectLocks`](palisade_core::InspectLocks)) over the
+    /// same server as [`client`](Self::client)'s, so the suite can check its contract: a held
+    /// lock shows its holder's grant id (never its token) and fence, a released one no holder,
+    /// and reading changes nothing. `palisade inspect` reads every backend through it.
+    /// **Required** of every factory: certification fails naming this hook without it.
+    /// Default: [`ErrorKind::Unsupported`].
+    ///
+    /// [`ErrorKind::Unsupported`]: palisade_core::ErrorKind::Unsupported
+    async fn view(&self) -> Result<Arc<dyn palisade_core::InspectLocks>> {
+        Err(palisade_core::Error::new(
+            palisade_core::ErrorKind::Unsupported,
+            "conformance",
+            "this factory gives no read-only view of its service",
+        ))
+    }
+
     /// A new, independent client whose every connection to the server passes through a
     /// [`FaultProxy`] of its own (start one per server with [`FaultProxy::start`] and dial its
     /// address), so the suite can lose replies, cut connections and partition the client.

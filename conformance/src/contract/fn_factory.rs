@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use palisade_core::{FencedStore, Fencing, GrantFence, LockService, ResourceKey, Result};
+use palisade_core::{FencedStore, Fencing, GrantFence, InspectLocks, LockService, ResourceKey, Result};
 
 use crate::{
     FaultyClient, FencedStoreFactory, HeldTransaction, LoadSettings, LockServiceFactory, ProcessAccess, Timing,
@@ -17,6 +17,9 @@ type BreakLock = Arc<dyn Fn(ResourceKey) -> Pin<Box<dyn Future<Output = Result<(
 /// What [`FnLockFactory::with_faulty_client`] calls.
 type MakeFaulty<G> = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<FaultyClient<G>>> + Send>> + Send + Sync>;
 
+/// What [`FnLockFactory::with_view`] calls.
+type MakeView = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Arc<dyn InspectLocks>>> + Send>> + Send + Sync>;
+
 /// A [`LockServiceFactory`] that calls a closure for each client (`G`: the service's fencing).
 pub struct FnLockFactory<F, G: Fencing = palisade_core::Fenced> {
     make: F,
@@ -24,6 +27,7 @@ pub struct FnLockFactory<F, G: Fencing = palisade_core::Fenced> {
     access: ProcessAccess,
     break_lock: Option<BreakLock>,
     faulty: Option<MakeFaulty<G>>,
+    view: Option<MakeView>,
 }
 
 /// A lock service factory from `make` (called once per client), reached directly by child
@@ -48,7 +52,7 @@ where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Arc<S>>> + Send,
 {
-    FnLockFactory { make, timing, access: ProcessAccess::Direct, break_lock: None, faulty: None }
+    FnLockFactory { make, timing, access: ProcessAccess::Direct, break_lock: None, faulty: None, view: None }
 }
 
 impl<F, G: Fencing> FnLockFactory<F, G> {
@@ -67,6 +71,37 @@ impl<F, G: Fencing> FnLockFactory<F, G> {
     {
         self.break_lock = Some(Arc::new(move |key| Box::pin(break_lock(key))));
         self
+    }
+
+    /// How to open the service's read-only view (see [`LockServiceFactory::view`]): for a
+    /// service that is its own view, the same closure as the clients'
+    /// (`.with_view(|| async { Ok(service().await? as Arc<dyn InspectLocks>) })`).
+    pub fn with_view<V, VFut>(mut self, view: V) -> Self
+    where
+        V: Fn() -> VFut + Send + Sync + 'static,
+        VFut: Future<Output = Result<Arc<dyn InspectLocks>>> + Send + 'static,
+    {
+        self.view = Some(Arc::new(move || Box::pin(view())));
+        self
+    }
+
+    /// The service is its own read-only view ([`LockServiceFactory::view`]): the view is a
+    /// client made as [`client`](LockServiceFactory::client) makes one, seen as
+    /// [`InspectLocks`].
+    pub fn viewed<S, Fut>(self) -> Self
+    where
+        S: InspectLocks,
+        F: Fn() -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<Arc<S>>> + Send + 'static,
+    {
+        let make = self.make.clone();
+        self.with_view(move || {
+            let client = make();
+            async move {
+                let view: Arc<dyn InspectLocks> = client.await?;
+                Ok(view)
+            }
+        })
     }
 
     /// How to make a client behind fault proxies (see [`LockServiceFactory::faulty_client`]).
@@ -104,6 +139,16 @@ where
                 palisade_core::ErrorKind::Unsupported,
                 "conformance",
                 format!("this factory cannot break the lock of {key} on the server"),
+            )),
+        }
+    }
+    async fn view(&self) -> Result<Arc<dyn InspectLocks>> {
+        match &self.view {
+            Some(view) => view().await,
+            None => Err(palisade_core::Error::new(
+                palisade_core::ErrorKind::Unsupported,
+                "conformance",
+                "this factory gives no read-only view of its service",
             )),
         }
     }

@@ -43,6 +43,10 @@ impl LockServiceFactory for MemoryLockFactory {
         Ok(())
     }
 
+    async fn view(&self) -> Result<Arc<dyn palisade_core::InspectLocks>> {
+        Ok(Arc::clone(&self.service) as Arc<dyn palisade_core::InspectLocks>)
+    }
+
     /// The shared service served over the loopback relay, its client dialing a fault proxy.
     async fn faulty_client(&self) -> Result<FaultyClient<Fenced>> {
         let relay = Relay::serve(Arc::clone(&self.service)).await?;

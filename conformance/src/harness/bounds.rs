@@ -522,6 +522,10 @@ impl<F: LockServiceFactory> LockServiceFactory for BoundedLockFactory<F> {
         self.inner.break_lock(key).await
     }
 
+    async fn view(&self) -> Result<Arc<dyn palisade_core::InspectLocks>> {
+        self.inner.view().await
+    }
+
     async fn faulty_client(&self) -> Result<FaultyClient<FencingOf<Self>>> {
         self.inner.faulty_client().await
     }
@@ -618,6 +622,10 @@ impl<F: LockServiceFactory + ?Sized> LockServiceFactory for &F {
 
     async fn break_lock(&self, key: &ResourceKey) -> Result<()> {
         (**self).break_lock(key).await
+    }
+
+    async fn view(&self) -> Result<Arc<dyn palisade_core::InspectLocks>> {
+        (**self).view().await
     }
 
     async fn faulty_client(&self) -> Result<FaultyClient<FencingOf<Self>>> {

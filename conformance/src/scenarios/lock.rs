@@ -1676,3 +1676,75 @@ impl<L: LockService<Fencing = Fenced> + ?Sized> KeptAlive<L> {
         let _ = self.lease.release().await;
     }
 }
+
+/// **The read-only view shows the holder and changes nothing** (`InspectLocks`, what
+/// `palisade inspect` reads; the factory's `view` hook, required). While a client holds a
+/// key:
+/// - `lock_view` shows a holder with that grant's id, its fence where the service keeps one
+///   beside the holder (else none), and a fence counter, where shown, at or above the fence;
+/// - `resources` of the namespace's domain lists the key;
+/// - no owner token appears anywhere in the view;
+/// - reading changed nothing: the holder extends, another client still cannot take the key.
+///
+/// Once released: no holder, and the counter, where shown, still at or above the fence.
+pub async fn view_shows_the_holder<F: LockServiceFactory>(ctx: &Ctx, factory: &F) -> Outcome {
+    let view = match factory.view().await {
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            ctx.saw_hook("view", false);
+            return Err(ctx.fail(
+                "the factory provides no `view`, which every certification requires: the suite cannot check what \
+                 `palisade inspect` shows of this service",
+            ));
+        }
+        other => {
+            ctx.saw_hook("view", true);
+            attempt!(ctx, other, "view")
+        }
+    };
+    let ns = Namespace::new();
+    let key = key(ctx, &ns, "viewed")?;
+    let ttl = attempt!(ctx, Ttl::new(factory.timing().ttl * 4), "ttl");
+    let (holder, other) = (client(ctx, factory).await?, client(ctx, factory).await?);
+    let grant = fresh(ctx, holder.try_acquire(&key, ttl).await)?;
+    let fence = grant.fence_if_any();
+    let seen = attempt!(ctx, view.lock_view(&key).await, "lock_view of a held key");
+    ensure!(ctx, seen.key == key, "lock_view of {key} answered for {}", seen.key);
+    let shown = format!("{seen:?}");
+    ensure!(ctx, !shown.contains(&grant.token().to_string()), "the view shows the holder's owner token");
+    let Some(shown_holder) = &seen.holder else {
+        return Err(ctx.fail(format!("lock_view shows no holder of a held key: {seen:?}")));
+    };
+    ensure!(
+        ctx,
+        shown_holder.grant == grant.grant_id(),
+        "lock_view shows grant {} holding {key}, but grant {} does",
+        shown_holder.grant,
+        grant.grant_id()
+    );
+    if let (Some(shown), Some(issued)) = (shown_holder.fence, fence) {
+        ensure!(ctx, shown == issued, "lock_view shows the holder's fence as {shown}; it was issued {issued}");
+    }
+    if let (Some(counter), Some(issued)) = (seen.fence_counter, fence) {
+        ensure!(ctx, counter >= issued, "lock_view shows the fence counter at {counter}, below the holder's {issued}");
+    }
+    let listed = attempt!(ctx, view.resources(&format!("{}:", key.domain())).await, "resources of the domain");
+    ensure!(ctx, listed.entries.contains(&key), "resources does not list the held {key}: {:?}", listed.entries);
+    attempt!(ctx, holder.extend(&grant, ttl).await, "the holder's extend after the view");
+    let busy = attempt!(ctx, other.try_acquire(&key, ttl).await, "another client's try_acquire after the view");
+    ensure!(ctx, busy.is_none(), "after the view, another client took the held {key}");
+    attempt!(ctx, holder.release(&grant).await, "release");
+    let after = attempt!(ctx, view.lock_view(&key).await, "lock_view of a released key");
+    ensure!(ctx, after.holder.is_none(), "lock_view still shows a holder of the released {key}: {after:?}");
+    if let (Some(counter), Some(issued)) = (after.fence_counter, fence) {
+        ensure!(ctx, counter >= issued, "after release the fence counter shows {counter}, below the fence {issued}");
+    }
+    ctx.note(match fence {
+        Some(_) => format!(
+            "holder shown with fence {}, counter {}",
+            shown_holder.fence.map_or_else(|| "not kept beside the holder".to_string(), |s| s.to_string()),
+            seen.fence_counter.map_or_else(|| "not shown".to_string(), |c| c.to_string())
+        ),
+        None => "holder shown (no fence: an unfenced service)".to_string(),
+    });
+    Ok(ctx.report())
+}

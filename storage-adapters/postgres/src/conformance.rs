@@ -77,6 +77,8 @@ pub fn service_at(url: String) -> impl LockServiceFactory<Service = PostgresLock
         let config = config(&url);
         async move { Ok(Arc::new(PostgresLockService::new(&PostgresStore::open(config?).await?).await?)) }
     })
+    // What `palisade inspect` reads: a client of its own, as the service is its own view.
+    .viewed()
     .with_break_lock(move |key| {
         let config = config(&broken);
         async move {

@@ -715,6 +715,13 @@ impl InspectStore for PostgresStore {
             other => other,
         }
     }
+
+    async fn record(&self, name: &str) -> Result<Option<Record>> {
+        match self.read(name).await {
+            Err(e) if crate::db::undefined_table(&e) => Ok(None),
+            other => other,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,8 @@ pub fn service(url: impl Into<String>) -> impl LockServiceFactory<Service = Sqli
         let url = url.clone();
         async move { Ok(Arc::new(SqliteLockService::connect(&url).await?)) }
     })
+    // What `palisade inspect` reads: a client of its own, as the service is its own view.
+    .viewed()
     .with_break_lock(move |key| {
         let url = raw.clone();
         async move {

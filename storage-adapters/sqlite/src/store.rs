@@ -777,6 +777,13 @@ impl InspectStore for SqliteStore {
             other => other,
         }
     }
+
+    async fn record(&self, name: &str) -> Result<Option<Record>> {
+        match self.read(name).await {
+            Err(e) if crate::db::no_such_table(&e) => Ok(None),
+            other => other,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,12 +8,12 @@ use palisade_conformance::{LockServiceFactory, Timing, lock_factory};
 
 use crate::TemplateLockService;
 
-/// Independent clients of one service, with the `break_lock` hook. A server-backed backend
+/// Independent clients of one service, with the `break_lock` and `view` hooks. A server-backed backend
 /// reads its server's address here with `palisade_conformance::require_env` and adds
 /// `with_faulty_client` (a client dialing `palisade_conformance::proxy::proxy_url(url)`).
 pub fn factory() -> impl LockServiceFactory<Service = TemplateLockService> {
     let service = Arc::new(TemplateLockService::new());
-    let broken = Arc::clone(&service);
+    let (broken, viewed) = (Arc::clone(&service), Arc::clone(&service));
     lock_factory(Timing::new(Duration::from_millis(200), Duration::from_millis(50)), move || {
         std::future::ready(Ok(Arc::clone(&service)))
     })
@@ -24,4 +24,6 @@ pub fn factory() -> impl LockServiceFactory<Service = TemplateLockService> {
         broken.break_lock(&key);
         std::future::ready(Ok(()))
     })
+    // The read-only view `palisade inspect` shows: your service itself, or a connection of its own.
+    .with_view(move || std::future::ready(Ok(Arc::clone(&viewed) as Arc<dyn palisade_core::InspectLocks>)))
 }

@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use palisade_core::{
-    Capabilities, Deployment, Fence, Fenced, Grant, LockService, MemoryLockService, ResourceKey, Result, Ttl,
+    Capabilities, Deployment, Fence, Fenced, Grant, InspectLocks, Listing, LockService, LockView, MemoryLockService,
+    ResourceKey, Result, Ttl,
 };
 
 #[cfg(feature = "conformance")]
@@ -95,5 +96,23 @@ impl LockService for TemplateLockService {
 
     async fn advance_fence(&self, key: &ResourceKey, floor: Fence) -> Result<()> {
         self.state.advance_fence(key, floor).await
+    }
+}
+
+/// What `palisade inspect` shows of your service, and what certification's `view` hook hands
+/// to the suite: who holds a key (its grant id, never its token), with which fence, read
+/// without changing anything. Read it from your server's own records.
+#[async_trait]
+impl InspectLocks for TemplateLockService {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn resources(&self, prefix: &str) -> Result<Listing<ResourceKey>> {
+        self.state.resources(prefix).await
+    }
+
+    async fn lock_view(&self, key: &ResourceKey) -> Result<LockView> {
+        self.state.lock_view(key).await
     }
 }
