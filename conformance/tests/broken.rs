@@ -197,6 +197,8 @@ mod broken_twins {
                 "acquire_cancelled_as_the_lock_frees",
                 // acquire_any takes the first key, held or not.
                 "releases_wake_waiters",
+                // Another client takes the key the view showed held.
+                "view_shows_the_holder",
             ],
         )
         .await;
@@ -1388,6 +1390,8 @@ mod broken_twins {
                 "releases_wake_waiters",
                 // So does a set's try_acquire of its held member.
                 "a_set_is_taken_all_or_nothing",
+                // And the view scenario's probe of the held key, after the view.
+                "view_shows_the_holder",
             ],
         )
         .await;
