@@ -57,17 +57,20 @@ pub(super) enum Primitive {
 /// records only) show, in key order. `listed`: whether the rows are a listing, which holds
 /// every lock a primitive is made of (else a read-write lock's readers are not known).
 pub(super) fn find(rows: &[Row], records: &BTreeMap<String, Record>, listed: bool) -> Vec<Primitive> {
-    let holder_of =
-        |name: &str| rows.iter().find(|r| r.lock.key.to_string() == name).and_then(|r| r.lock.holder.clone());
+    // Each row's holder by name, read once: a listing may hold 10,000 rows and as many
+    // primitives.
+    let mut holders: BTreeMap<String, Option<HolderView>> = BTreeMap::new();
     let mut semaphores: BTreeMap<String, Vec<Permit>> = BTreeMap::new();
     for row in rows {
         let name = row.lock.key.to_string();
+        holders.insert(name.clone(), row.lock.holder.clone());
         if let Some((base, number)) = name.rsplit_once(PERMIT)
             && let Ok(number) = number.parse::<u32>()
         {
             semaphores.entry(base.to_string()).or_default().push(Permit { number, holder: row.lock.holder.clone() });
         }
     }
+    let holder_of = |name: &str| holders.get(name).cloned().flatten();
     let mut found: BTreeMap<String, Primitive> = BTreeMap::new();
     let mut readers_of: BTreeMap<String, Vec<Permit>> = BTreeMap::new();
     for (base, mut permits) in semaphores {
