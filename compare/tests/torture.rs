@@ -300,9 +300,9 @@ fn judged(what: &str, args: &[&str]) -> Judged {
     Judged { code: output.status.code(), kinds, json: json.unwrap_or_default(), said }
 }
 
-/// How many runs a broken implementation gets: whether a frozen holder wakes with writes left,
-/// or a killed one held a lock it had not yet extended, is the machine's timing, not the
-/// schedule's, and a loaded CI machine missed once in about six runs of seed 725.
+/// How many runs a broken implementation (or a planted bug) gets: whether a frozen holder wakes
+/// with writes left, or a killed one held a lock it had not yet extended, is the machine's
+/// timing, not the schedule's.
 const RUNS: usize = 3;
 
 /// Passes when one of [`RUNS`] runs exits 1 with one of `kinds` among its anomalies, and
@@ -508,8 +508,8 @@ mod broken_stores {
 /// and the torture must find it from the history alone, name it, and exit 1, within the run's
 /// stated duration. Each run's seed draws a schedule with the fault the bug needs (a schedule
 /// is fixed by its seed number: the same every run). Each gets [`RUNS`] runs, as the broken
-/// twins do: the schedule is the seed's, but whether a holder is holding when a fault lands is
-/// the machine's timing. The thinnest, the wall-clock bug, showed 1 to 7 overlaps in ten runs.
+/// twins do: the seed number fixes when each fault lands, but whether a holder is holding then
+/// is the machine's timing. The thinnest, the wall-clock bug, showed 1 to 7 overlaps in ten runs.
 #[cfg(feature = "planted-bugs")]
 mod planted {
     use super::*;

@@ -57,20 +57,22 @@ pub(super) enum Primitive {
 /// records only) show, in key order. `listed`: whether the rows are a listing, which holds
 /// every lock a primitive is made of (else a read-write lock's readers are not known).
 pub(super) fn find(rows: &[Row], records: &BTreeMap<String, Record>, listed: bool) -> Vec<Primitive> {
-    // Each row's holder by name, read once: a listing may hold 10,000 rows and as many
+    // The held rows' holders by name, read once: a listing may hold 10,000 rows and as many
     // primitives.
-    let mut holders: BTreeMap<String, Option<HolderView>> = BTreeMap::new();
+    let mut holders: BTreeMap<String, &HolderView> = BTreeMap::new();
     let mut semaphores: BTreeMap<String, Vec<Permit>> = BTreeMap::new();
     for row in rows {
         let name = row.lock.key.to_string();
-        holders.insert(name.clone(), row.lock.holder.clone());
         if let Some((base, number)) = name.rsplit_once(PERMIT)
             && let Ok(number) = number.parse::<u32>()
         {
             semaphores.entry(base.to_string()).or_default().push(Permit { number, holder: row.lock.holder.clone() });
         }
+        if let Some(holder) = &row.lock.holder {
+            holders.insert(name, holder);
+        }
     }
-    let holder_of = |name: &str| holders.get(name).cloned().flatten();
+    let holder_of = |name: &str| holders.get(name).map(|&holder| holder.clone());
     let mut found: BTreeMap<String, Primitive> = BTreeMap::new();
     let mut readers_of: BTreeMap<String, Vec<Permit>> = BTreeMap::new();
     for (base, mut permits) in semaphores {
